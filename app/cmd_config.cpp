@@ -1,0 +1,42 @@
+// `llmtrain config show|validate --config F [--set k=v]...`: the resolved config, or just the
+// verdict. Nothing is allocated.
+#include <cstdio>
+
+#include "app/commands.h"
+#include "engine/model/model_spec.h"
+#include "engine/train/config.h"
+
+namespace llmt::app {
+
+Run add_config_command(CLI::App& app) {
+  struct Args {
+    std::string config;
+    std::vector<std::string> overrides;
+    bool show = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("config", "Show or validate a config without training");
+  cmd->require_subcommand(1);
+  for (const char* name : {"show", "validate"}) {
+    CLI::App* sub = cmd->add_subcommand(
+        name, std::string(name) == "show" ? "Print the fully resolved config (every key) as TOML"
+                                          : "Check the config; exit 0 if valid, 2 otherwise");
+    sub->add_option("-c,--config", args->config, "TOML config file")->required();
+    sub->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
+  }
+  return [args, cmd]() {
+    Config cfg = parse_config(args->config, args->overrides);
+    if (cmd->got_subcommand("show")) {
+      std::printf("%s", to_toml(cfg).c_str());
+      ModelSpec spec = ModelSpec::from_config(cfg.model);
+      std::printf("# parameters: %lld, gradient accumulation steps: %lld\n",
+                  static_cast<long long>(spec.num_params()),
+                  static_cast<long long>(grad_accum_steps(cfg)));
+    } else {
+      std::printf("%s: valid\n", args->config.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace llmt::app

@@ -1,0 +1,41 @@
+// Errors and checks. Every failure a user can cause names the key/file/numbers involved.
+// ConfigError (usage and configuration problems) maps to exit code 2, Error to exit code 1.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace llmt {
+
+// A runtime failure: exit code 1.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A usage or configuration error the user can fix: exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace detail
+
+}  // namespace llmt
+
+// LLMT_CHECK(cond, "seq_len=", T, " is not divisible by ", k): throws llmt::Error with file:line.
+#define LLMT_CHECK(cond, ...)                                                              \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]]                                                              \
+      ::llmt::detail::check_failed(__FILE__, __LINE__, #cond,                              \
+                                   ::llmt::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,36 @@
+// [model] section: the decoder-only transformer's hyper-parameters (docs/model.md). Lives with
+// the model so the model depends only on its own section; engine/train parses it.
+#pragma once
+
+#include <cstdint>
+
+namespace llmt {
+
+enum class Arch : uint8_t { gpt2, llama };
+enum class NormKind : uint8_t { layernorm, rmsnorm };
+enum class Activation : uint8_t { gelu, swiglu };
+enum class PositionKind : uint8_t { learned, rope };
+
+// [model]. `arch` is a preset: it sets the defaults of norm, activation, position, bias,
+// tie_embeddings and d_ff; each may still be set explicitly.
+struct ModelConfig {
+  Arch arch = Arch::gpt2;
+  int64_t vocab_size = 50257;
+  int64_t n_layers = 12;
+  int64_t d_model = 768;
+  int64_t n_heads = 12;
+  int64_t n_kv_heads = 0;  // 0 = n_heads
+  int64_t d_ff = 0;        // 0 = preset default: 4*d_model (gpt2), 256-multiple of 8/3*d_model (llama)
+  int64_t seq_len = 1024;  // training context; also the size of the learned position table
+  NormKind norm = NormKind::layernorm;
+  Activation activation = Activation::gelu;
+  PositionKind position = PositionKind::learned;
+  bool bias = true;
+  bool tie_embeddings = true;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  float dropout = 0.0f;
+  float init_std = 0.02f;
+};
+
+}  // namespace llmt

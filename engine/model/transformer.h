@@ -1,0 +1,114 @@
+// The decoder-only transformer with explicit forward and backward (llm.c style): parameters and
+// gradients are each one flat f32 buffer carved into per-parameter views in ModelSpec order;
+// activations of one micro-batch are one buffer laid out per layer at construction.
+//
+// Dims: B micro-batch, T seq_len, C d_model, V vocab, L layers, H heads, KV kv heads, D head dim,
+// Q = (H+2KV)*D, F ffn hidden, F1 = F (gelu) or 2F (swiglu), N = B*T.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/allocator.h"
+#include "engine/model/model_spec.h"
+
+namespace llmt {
+
+struct LayerWeights {
+  Tensor norm_1_w, norm_1_b;  // (C), (C) layernorm only
+  Tensor qkv_w, qkv_b;        // (Q, C), (Q) with bias
+  Tensor proj_w, proj_b;      // (C, H*D), (C)
+  Tensor norm_2_w, norm_2_b;  // (C), (C)
+  Tensor fc1_w, fc1_b;        // (F1, C), (F1)
+  Tensor fc2_w, fc2_b;        // (C, F), (C)
+};
+
+struct ModelWeights {
+  Tensor wte;                  // (V, C)
+  Tensor wpe;                  // (T, C) learned positions only
+  std::vector<LayerWeights> layers;
+  Tensor norm_f_w, norm_f_b;   // (C), (C)
+  Tensor head;                 // (V, C): wte when tied, else lm_head.weight
+};
+
+// Options of one forward/backward that are not shapes.
+struct StepContext {
+  uint64_t seed = 0;           // dropout key
+  int64_t step = 0;            // dropout key
+  int64_t first_sample = 0;    // global index of the micro-batch's first sample (dropout key)
+};
+
+class Transformer {
+ public:
+  // compute: f32, or bf16/f16 to emulate 16-bit storage (weights and activations rounded to
+  // that type at op boundaries; gradients and master weights stay f32).
+  Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute);
+
+  const ModelSpec& spec() const { return spec_; }
+  // Master parameters and their gradients, one view per ModelSpec::params entry.
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<Tensor>& grads() const { return grads_; }
+  Tensor flat_params() const { return flat_params_; }  // (P)
+  Tensor flat_grads() const { return flat_grads_; }    // (P)
+
+  // Initialise every parameter from (seed, its global name, element index).
+  void init(uint64_t seed);
+  // Refresh the compute copy of the weights after the master weights changed (no-op for f32).
+  void sync_compute_weights();
+  void zero_grads();
+
+  // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
+  // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
+  // loss, e.g. loss_scale / accumulation_steps). Returns the micro-batch's mean loss.
+  float forward_backward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
+  // Forward only: the mean loss (no gradients are touched).
+  float forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx);
+
+ private:
+  struct LayerActs {
+    Tensor res_in;            // (B,T,C) residual stream entering the layer
+    Tensor a, mean_1, rstd_1; // (B,T,C), (N), (N) norm_1
+    Tensor qkv;               // (B,T,H+2KV,D) after rope
+    Tensor att, lse;          // (B,T,H,D), (B,H,T)
+    Tensor res_mid;           // (B,T,C) after the attention residual
+    Tensor m, mean_2, rstd_2; // (B,T,C), (N), (N) norm_2
+    Tensor u;                 // (B,T,F1) fc1 output
+    Tensor g;                 // (B,T,F) activation output
+  };
+  float forward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
+  void backward(Tensor tokens, const StepContext& ctx);
+  void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b);
+  void norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
+                     Tensor mean, Tensor rstd);
+  // Rounds an activation (or, for f16, an activation gradient) to the compute type.
+  void lowp(Tensor t) const;
+  void residual_branch(Tensor out, Tensor res, Tensor branch, Tensor scratch, int64_t layer,
+                       int site, const StepContext& ctx);
+  uint64_t dropout_stream(int64_t layer, int site, int64_t step) const;
+
+  ModelSpec spec_;
+  Allocator& alloc_;
+  int64_t B_, T_;
+  DType compute_;
+
+  Buffer params_buf_, grads_buf_, compute_buf_, acts_buf_;
+  Tensor flat_params_, flat_grads_;
+  std::vector<Tensor> params_, grads_, compute_params_;
+  ModelWeights w_;   // views of the compute weights (== master for f32)
+  ModelWeights gw_;  // views of the gradients
+  std::vector<LayerActs> acts_;
+  Tensor res_final_;             // (B,T,C) residual stream after the last layer
+  Tensor xf_, mean_f_, rstd_f_;  // (B,T,C), (N), (N) norm_f
+  Tensor logits_;                // (B,T,V); overwritten by its gradient
+  Tensor losses_;                // (B,T)
+  // Backward scratch.
+  Tensor d_res_, d_tmp_, d_c_;   // (B,T,C) x3
+  Tensor d_qkv_, d_att_;         // (B,T,Q), (B,T,H*D)
+  Tensor d_u_, d_g_;             // (B,T,F1), (B,T,F)
+  Tensor scratch_c_;             // (B,T,C) branch output before dropout/residual
+  std::vector<float> host_losses_;
+};
+
+ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& views);
+
+}  // namespace llmt

@@ -1,0 +1,80 @@
+// AdamW state lives in two flat buffers (m, v) carved like the parameters; updates are ops.
+#include "engine/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "kernels/ops.h"
+
+namespace llmt {
+
+double lr_at(const OptimizerConfig& cfg, int64_t step) {
+  const double lr = cfg.lr, min_lr = cfg.min_lr;
+  if (cfg.warmup_steps > 0 && step <= cfg.warmup_steps)
+    return lr * static_cast<double>(step) / static_cast<double>(cfg.warmup_steps);
+  const double span = static_cast<double>(std::max<int64_t>(1, cfg.decay_steps - cfg.warmup_steps));
+  const double progress = std::clamp(static_cast<double>(step - cfg.warmup_steps) / span, 0.0, 1.0);
+  switch (cfg.decay) {
+    case LrDecay::cosine: return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+    case LrDecay::linear: return lr - (lr - min_lr) * progress;
+    case LrDecay::constant: return lr;
+  }
+  return lr;
+}
+
+double global_norm(const std::vector<Tensor>& tensors) {
+  double sum = 0.0;
+  for (const Tensor& t : tensors) sum += ops::sum_squares(t);
+  return std::sqrt(sum);
+}
+
+double clip_coefficient(const OptimizerConfig& cfg, double norm) {
+  if (cfg.grad_clip <= 0.0f) return 1.0;
+  return std::min(1.0, static_cast<double>(cfg.grad_clip) / (norm + 1e-6));
+}
+
+AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Tensor>& params,
+             std::vector<bool> decay)
+    : cfg_(cfg), decay_(std::move(decay)) {
+  LLMT_CHECK(decay_.size() == params.size(), decay_.size(), " decay flags for ", params.size(),
+             " parameters");
+  size_t bytes = 0;
+  for (const Tensor& p : params) bytes += p.nbytes();
+  m_buf_ = alloc.allocate(bytes, MemCategory::optimizer);
+  v_buf_ = alloc.allocate(bytes, MemCategory::optimizer);
+  size_t off = 0;
+  for (const Tensor& p : params) {
+    m_.push_back(m_buf_.tensor(p.shape, DType::f32, off));
+    v_.push_back(v_buf_.tensor(p.shape, DType::f32, off));
+    off += p.nbytes();
+  }
+}
+
+void AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                 int64_t step) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    ops::AdamWParams hp{static_cast<float>(lr), cfg_.beta1, cfg_.beta2, cfg_.eps,
+                        decay_[i] ? cfg_.weight_decay : 0.0f, step};
+    ops::adamw_update(params[i], grads[i], m_[i], v_[i], hp);
+  }
+}
+
+LossScaler::LossScaler(const OptimizerConfig& cfg, bool enabled)
+    : enabled_(enabled), scale_(cfg.initial_loss_scale), window_(cfg.loss_scale_window) {}
+
+bool LossScaler::update(bool overflow) {
+  if (!enabled_) return false;
+  if (overflow) {
+    scale_ = std::max(scale_ * 0.5f, 1.0f);
+    clean_steps_ = 0;
+    return true;
+  }
+  if (++clean_steps_ >= window_) {
+    scale_ *= 2.0f;
+    clean_steps_ = 0;
+  }
+  return false;
+}
+
+}  // namespace llmt

@@ -1,0 +1,27 @@
+// [optimizer] section: AdamW, the LR schedule, gradient clipping and fp16 loss scaling. Lives
+// with the optimizer so it depends only on its own section; engine/train parses it.
+#pragma once
+
+#include <cstdint>
+
+namespace llmt {
+
+enum class LrDecay : uint8_t { cosine, linear, constant };
+
+// [optimizer]: AdamW + LR schedule + clipping + fp16 loss scaling.
+struct OptimizerConfig {
+  float lr = 6e-4f;
+  float min_lr = 6e-5f;
+  int64_t warmup_steps = 0;
+  LrDecay decay = LrDecay::cosine;
+  int64_t decay_steps = 0;  // 0 = train.steps
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // 0 disables clipping
+  float initial_loss_scale = 65536.0f;  // fp16 only
+  int64_t loss_scale_window = 1000;     // fp16: steps without overflow before doubling the scale
+};
+
+}  // namespace llmt

@@ -1,0 +1,63 @@
+// JSONL metrics and the progress line. Numbers are written with enough digits to round-trip a
+// float (%.9g), so tests can compare losses bit-for-bit with other runs.
+#include "engine/train/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "engine/core/check.h"
+
+namespace llmt {
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  if (path_.empty()) return;
+  out_.open(path_, std::ios::out | std::ios::trunc);
+  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  if (path_.empty()) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_time_s\": %.6g, "
+                "\"loss_scale\": %.9g, \"skipped\": %s, \"peak_bytes\": {",
+                static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu,
+                m.step_time_s, m.loss_scale, m.skipped ? "true" : "false");
+  std::string line = buf;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    line += detail::concat(c ? ", " : "", "\"", category_name(static_cast<MemCategory>(c)),
+                           "\": ", m.mem.peak[c]);
+  }
+  line += detail::concat(", \"total\": ", m.mem.peak_total, "}}\n");
+  out_ << line;
+  out_.flush();
+  if (!out_) throw Error("writing metrics to " + path_ + " failed (disk full?)");
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long long t = std::llround(s);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t % 3600) / 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", t);
+  return buf;
+}
+
+std::string progress_line(const StepMetrics& m, double eta_s) {
+  char buf[256];
+  int width = static_cast<int>(std::to_string(m.steps).size());
+  std::snprintf(buf, sizeof buf,
+                "step %*lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | mfu %.1f%% | "
+                "eta %s%s",
+                width, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss,
+                m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta_s).c_str(),
+                m.skipped ? " | skipped (fp16 overflow)" : "");
+  return buf;
+}
+
+}  // namespace llmt

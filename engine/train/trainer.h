@@ -1,0 +1,31 @@
+// The training loop of one rank: build the model from the config, then per step: data ->
+// micro-batch forward/backward -> unscale/overflow check -> clip -> AdamW -> metrics.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/train/config.h"
+
+namespace llmt {
+
+struct TrainOptions {
+  std::string dump_dir;  // if set: initial weights and every step's tokens (docs/model.md)
+  bool quiet = false;    // no progress lines
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+};
+
+TrainResult train(const Config& cfg, const TrainOptions& opts);
+
+// Compute type of a precision setting: fp32 -> f32, bf16 -> bf16, fp16 -> f16.
+DType compute_dtype(Precision p);
+
+// FLOP/s used for MFU when log.peak_flops = 0: threads x 4.1 GHz x FLOP/cycle of the CPU's FMA
+// units (64 with AVX-512, 32 with AVX2), the figure REFERENCE.md gives for the CI machines.
+double default_peak_flops(int threads);
+
+}  // namespace llmt

@@ -1,0 +1,55 @@
+// Token (+ learned position) embeddings. Forward gathers rows in parallel over (b,t). Backward
+// scatters rows into dwte/dwpe, where two tokens may share a row: threads split the channels
+// instead of the rows, so each thread owns a column slice of every row and nothing races.
+#include <algorithm>
+
+#include "engine/core/check.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kernel_util.h"
+
+namespace llmt::cpu {
+namespace {
+
+void check_tokens(const int32_t* tokens, int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n)
+    LLMT_CHECK(tokens[n] >= 0 && tokens[n] < V, "embedding: token id ", tokens[n], " at index ", n,
+               " is outside the vocabulary [0, ", V, ")");
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset) {
+  check_tokens(tokens, B * T, V);
+  parallel_for(B * T, grain_rows(C), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      float* o = out + n * C;
+      const float* e = wte + tokens[n] * C;
+      if (wpe) {
+        const float* p = wpe + (pos_offset + n % T) * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      } else {
+        std::copy(e, e + C, o);
+      }
+    }
+  });
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset) {
+  check_tokens(tokens, B * T, V);
+  // Column slices of 16 floats (one cache line) keep threads off each other's lines.
+  constexpr int64_t kLine = 16;
+  const int64_t lines = (C + kLine - 1) / kLine;
+  parallel_for(lines, grain_rows(B * T * kLine), [&](int64_t begin, int64_t end) {
+                 const int64_t c0 = begin * kLine, c1 = std::min(C, end * kLine);
+                 for (int64_t n = 0; n < B * T; ++n) {
+                   const float* d = dout + n * C;
+                   accumulate(dwte + tokens[n] * C + c0, d + c0, c1 - c0);
+                   if (dwpe) accumulate(dwpe + (pos_offset + n % T) * C + c0, d + c0, c1 - c0);
+                 }
+               });
+}
+
+}  // namespace llmt::cpu

@@ -1,0 +1,63 @@
+// AdamW and the reductions the optimizer needs (grad norms, overflow checks). One pass over
+// memory each; reductions keep one partial per thread chunk and add them in chunk order, so a
+// rerun with the same thread count gives the same bits (OpenMP's reduction clause would not).
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kernel_util.h"
+
+namespace llmt::cpu {
+namespace {
+
+// Sum of f(i) over [0, n) in double, deterministic for a given thread count.
+template <typename F>
+double parallel_sum(int64_t n, F&& f) {
+  std::vector<double> partial(omp_get_max_threads(), 0.0);
+  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = begin; i < end; ++i) s += f(i);
+    partial[omp_get_thread_num()] = s;
+  });
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  const auto t = static_cast<double>(step);
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
+  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = grad[i];
+      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      param[i] -= lr * (weight_decay * param[i] + (mi / bc1) / (std::sqrt(vi / bc2) + eps));
+    }
+  });
+}
+
+double sum_squares(const float* x, int64_t n) {
+  return parallel_sum(n, [=](int64_t i) {
+    const double d = x[i];
+    return d * d;
+  });
+}
+
+bool has_nonfinite(const float* x, int64_t n) {
+  constexpr uint32_t kExp = 0x7f800000u;  // all exponent bits set: inf or nan
+  return parallel_sum(n, [=](int64_t i) {
+           return (std::bit_cast<uint32_t>(x[i]) & kExp) == kExp ? 1.0 : 0.0;
+         }) > 0.0;
+}
+
+}  // namespace llmt::cpu

@@ -1,0 +1,83 @@
+// bf16 / f16 storage emulation. Each format is a tiny codec (load to f32, store from f32 with
+// round-to-nearest-even) and every conversion or rounding is one vectorisable loop over a pair of
+// codecs. f16 uses the compiler's _Float16 (F16C instructions where available): IEEE half
+// including subnormals and overflow to inf.
+#include <bit>
+#include <cstdint>
+
+#include "engine/core/check.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kernel_util.h"
+
+namespace llmt::cpu {
+namespace {
+
+struct F32 {
+  using Storage = float;
+  static float load(float x) { return x; }
+  static float store(float x) { return x; }
+};
+
+struct BF16 {
+  using Storage = uint16_t;
+  static float load(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+  // Round to nearest even on the top 16 bits; a NaN stays a (quiet) NaN instead of rounding
+  // into inf. Finite values past the largest bf16 round to inf as they should.
+  static uint16_t store(float x) {
+    const uint32_t b = std::bit_cast<uint32_t>(x);
+    const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = b + 0x7fffu + ((b >> 16) & 1u);
+    return static_cast<uint16_t>((nan ? b | 0x00400000u : rounded) >> 16);
+  }
+};
+
+struct F16 {
+  using Storage = uint16_t;
+  static float load(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+  static uint16_t store(float x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); }
+};
+
+template <typename Src, typename Dst>
+void convert_as(void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<typename Dst::Storage*>(dst);
+  const auto* s = static_cast<const typename Src::Storage*>(src);
+  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) d[i] = Dst::store(Src::load(s[i]));
+  });
+}
+
+// x (n) f32 = the nearest value of Fmt.
+template <typename Fmt>
+void round_through(float* x, int64_t n) {
+  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) x[i] = Fmt::load(Fmt::store(x[i]));
+  });
+}
+
+// Calls f with the codec of t.
+template <typename F>
+void with_codec(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(F32{});
+    case DType::bf16: return f(BF16{});
+    case DType::f16: return f(F16{});
+    case DType::i32: break;
+  }
+  LLMT_CHECK(false, "convert: ", dtype_name(t), " is not a floating-point storage type");
+}
+
+}  // namespace
+
+void round_to_bf16(float* x, int64_t n) { round_through<BF16>(x, n); }
+
+void round_to_f16(float* x, int64_t n) { round_through<F16>(x, n); }
+
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  with_codec(src_type, [&](auto s) {
+    with_codec(dst_type, [&](auto d) { convert_as<decltype(s), decltype(d)>(dst, src, n); });
+  });
+}
+
+}  // namespace llmt::cpu

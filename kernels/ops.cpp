@@ -1,0 +1,434 @@
+// The op dispatcher: checks every argument's device, dtype and shape (messages name the op and
+// the tensors), then calls the raw-pointer kernel of the tensors' device. Row-wise ops accept any
+// leading dims, (N,C) or (B,T,C) alike. CUDA tensors are refused until kernels/cuda exists.
+#include "kernels/ops.h"
+
+#include <array>
+#include <initializer_list>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace llmt::ops {
+namespace {
+
+// The checks of one op call; constructing it checks that every given tensor is on the CPU.
+class Op {
+ public:
+  Op(const char* name, std::initializer_list<Tensor> tensors) : name_(name) {
+    for (const Tensor& t : tensors)
+      if (t.defined() && t.device.kind == DeviceKind::cuda)
+        throw Error(detail::concat("op ", name_, ": CUDA kernels are not built yet"));
+  }
+
+  float* f32(const char* arg, const Tensor& t) const {
+    LLMT_CHECK(t.defined(), "op ", name_, ": ", arg, " is required");
+    LLMT_CHECK(t.dtype == DType::f32, "op ", name_, ": ", arg, " is ", describe(t),
+               ", expected f32");
+    return static_cast<float*>(t.data);
+  }
+  // nullptr for an absent optional tensor.
+  float* f32_opt(const char* arg, const Tensor& t) const {
+    return t.defined() ? f32(arg, t) : nullptr;
+  }
+  const int32_t* i32(const char* arg, const Tensor& t) const {
+    LLMT_CHECK(t.defined(), "op ", name_, ": ", arg, " is required");
+    LLMT_CHECK(t.dtype == DType::i32, "op ", name_, ": ", arg, " is ", describe(t),
+               ", expected i32");
+    return static_cast<const int32_t*>(t.data);
+  }
+
+  void shape(const char* arg, const Tensor& t, const Shape& s) const {
+    LLMT_CHECK(t.shape == s, "op ", name_, ": ", arg, " is ", describe(t), ", expected shape ",
+               s.str());
+  }
+  // Absent, or of shape s.
+  void shape_opt(const char* arg, const Tensor& t, const Shape& s) const {
+    if (t.defined()) shape(arg, t, s);
+  }
+  void same_shape(const char* arg, const Tensor& t, const char* ref_arg, const Tensor& ref) const {
+    LLMT_CHECK(t.shape == ref.shape, "op ", name_, ": ", arg, " is ", describe(t), " but ",
+               ref_arg, " is ", describe(ref));
+  }
+  void ndim(const char* arg, const Tensor& t, int n) const {
+    LLMT_CHECK(t.ndim() == n, "op ", name_, ": ", arg, " is ", describe(t), ", expected ", n,
+               " dims");
+  }
+  void numel(const char* arg, const Tensor& t, int64_t n) const {
+    LLMT_CHECK(t.numel() == n, "op ", name_, ": ", arg, " is ", describe(t), ", expected ", n,
+               " elements");
+  }
+  // t is (..., C): returns the number of rows.
+  int64_t rows(const char* arg, const Tensor& t, int64_t C) const {
+    LLMT_CHECK(t.ndim() >= 1 && t.size(-1) == C && C > 0, "op ", name_, ": ", arg, " is ",
+               describe(t), ", expected (..., ", C, ")");
+    return t.numel() / C;
+  }
+  // t (P,C) holds positions [pos_offset, pos_offset + T).
+  void positions(const char* arg, const Tensor& t, int64_t C, int64_t pos_offset, int64_t T) const {
+    LLMT_CHECK(t.ndim() == 2 && t.size(1) == C && pos_offset >= 0 && t.size(0) >= pos_offset + T,
+               "op ", name_, ": ", arg, " is ", describe(t), ", which cannot hold positions [",
+               pos_offset, ", ", pos_offset + T, ") of width ", C);
+  }
+  template <typename... Args>
+  void require(bool ok, const Args&... msg) const {
+    LLMT_CHECK(ok, "op ", name_, ": ", msg...);
+  }
+
+ private:
+  const char* name_;
+};
+
+// The (N, C) split of a row-wise op's input: C = last dim.
+struct Rows {
+  int64_t N, C;
+};
+
+Rows rows_of(const Op& op, const char* arg, const Tensor& t) {
+  op.require(t.ndim() >= 1, arg, " is ", describe(t), ", expected (..., C)");
+  int64_t C = t.size(-1);
+  return {op.rows(arg, t, C), C};
+}
+
+// Shape checks shared by attention forward and backward: qkv (B,T,H+2KV,D), out (B,T,H,D),
+// lse (B,H,T).
+void check_attention(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                     int64_t H, int64_t KV) {
+  op.require(H > 0 && KV > 0 && H % KV == 0, "n_head=", H, " must be a positive multiple of ",
+             "n_kv_head=", KV);
+  op.ndim("qkv", qkv, 4);
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(3);
+  op.shape("qkv", qkv, {B, T, H + 2 * KV, D});
+  op.shape("out", out, {B, T, H, D});
+  op.shape("lse", lse, {B, H, T});
+}
+
+}  // namespace
+
+// ---- embeddings -------------------------------------------------------------------------------
+
+void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset) {
+  Op op("embedding_forward", {out, tokens, wte, wpe});
+  op.ndim("tokens", tokens, 2);
+  op.ndim("wte", wte, 2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
+  op.shape("out", out, {B, T, C});
+  if (wpe.defined()) op.positions("wpe", wpe, C, pos_offset, T);
+  cpu::embedding_forward(op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte),
+                         op.f32_opt("wpe", wpe), B, T, C, V, pos_offset);
+}
+
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset) {
+  Op op("embedding_backward", {dwte, dwpe, dout, tokens});
+  op.ndim("tokens", tokens, 2);
+  op.ndim("dwte", dwte, 2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = dwte.size(0), C = dwte.size(1);
+  op.shape("dout", dout, {B, T, C});
+  if (dwpe.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
+  cpu::embedding_backward(op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout),
+                          op.i32("tokens", tokens), B, T, C, V, pos_offset);
+}
+
+// ---- normalisation ----------------------------------------------------------------------------
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
+                       Tensor bias, float eps) {
+  Op op("layernorm_forward", {out, mean, rstd, inp, weight, bias});
+  const auto [N, C] = rows_of(op, "inp", inp);
+  op.same_shape("out", out, "inp", inp);
+  op.numel("mean", mean, N);
+  op.numel("rstd", rstd, N);
+  op.shape("weight", weight, {C});
+  op.shape_opt("bias", bias, {C});
+  cpu::layernorm_forward(op.f32("out", out), op.f32("mean", mean), op.f32("rstd", rstd),
+                         op.f32("inp", inp), op.f32("weight", weight), op.f32_opt("bias", bias), N,
+                         C, eps);
+}
+
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                        Tensor weight, Tensor mean, Tensor rstd) {
+  Op op("layernorm_backward", {dinp, dweight, dbias, dout, inp, weight, mean, rstd});
+  const auto [N, C] = rows_of(op, "inp", inp);
+  op.same_shape("dinp", dinp, "inp", inp);
+  op.same_shape("dout", dout, "inp", inp);
+  op.shape("weight", weight, {C});
+  op.shape("dweight", dweight, {C});
+  op.shape_opt("dbias", dbias, {C});
+  op.numel("mean", mean, N);
+  op.numel("rstd", rstd, N);
+  cpu::layernorm_backward(op.f32("dinp", dinp), op.f32("dweight", dweight),
+                          op.f32_opt("dbias", dbias), op.f32("dout", dout), op.f32("inp", inp),
+                          op.f32("weight", weight), op.f32("mean", mean), op.f32("rstd", rstd), N,
+                          C);
+}
+
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  Op op("rmsnorm_forward", {out, rstd, inp, weight});
+  const auto [N, C] = rows_of(op, "inp", inp);
+  op.same_shape("out", out, "inp", inp);
+  op.numel("rstd", rstd, N);
+  op.shape("weight", weight, {C});
+  cpu::rmsnorm_forward(op.f32("out", out), op.f32("rstd", rstd), op.f32("inp", inp),
+                       op.f32("weight", weight), N, C, eps);
+}
+
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                      Tensor rstd) {
+  Op op("rmsnorm_backward", {dinp, dweight, dout, inp, weight, rstd});
+  const auto [N, C] = rows_of(op, "inp", inp);
+  op.same_shape("dinp", dinp, "inp", inp);
+  op.same_shape("dout", dout, "inp", inp);
+  op.shape("weight", weight, {C});
+  op.shape("dweight", dweight, {C});
+  op.numel("rstd", rstd, N);
+  cpu::rmsnorm_backward(op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32("dout", dout),
+                        op.f32("inp", inp), op.f32("weight", weight), op.f32("rstd", rstd), N, C);
+}
+
+// ---- linear (GEMM) ----------------------------------------------------------------------------
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  Op op("linear_forward", {out, inp, weight, bias});
+  op.ndim("weight", weight, 2);
+  const int64_t OC = weight.size(0), IC = weight.size(1);
+  const int64_t N = op.rows("inp", inp, IC);
+  op.require(op.rows("out", out, OC) == N, "out ", describe(out), " and inp ", describe(inp),
+             " have different row counts");
+  op.shape_opt("bias", bias, {OC});
+  cpu::linear_forward(op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight),
+                      op.f32_opt("bias", bias), N, IC, OC);
+}
+
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                     Tensor weight) {
+  Op op("linear_backward", {dinp, dweight, dbias, dout, inp, weight});
+  op.ndim("weight", weight, 2);
+  const int64_t OC = weight.size(0), IC = weight.size(1);
+  const int64_t N = op.rows("inp", inp, IC);
+  op.require(op.rows("dout", dout, OC) == N, "dout ", describe(dout), " and inp ", describe(inp),
+             " have different row counts");
+  if (dinp.defined()) op.same_shape("dinp", dinp, "inp", inp);
+  op.shape("dweight", dweight, {OC, IC});
+  op.shape_opt("dbias", dbias, {OC});
+  cpu::linear_backward(op.f32_opt("dinp", dinp), op.f32("dweight", dweight),
+                       op.f32_opt("dbias", dbias), op.f32("dout", dout), op.f32("inp", inp),
+                       op.f32("weight", weight), N, IC, OC);
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+void gelu_forward(Tensor out, Tensor inp) {
+  Op op("gelu_forward", {out, inp});
+  op.same_shape("out", out, "inp", inp);
+  cpu::gelu_forward(op.f32("out", out), op.f32("inp", inp), inp.numel());
+}
+
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp) {
+  Op op("gelu_backward", {dinp, dout, inp});
+  op.same_shape("dinp", dinp, "inp", inp);
+  op.same_shape("dout", dout, "inp", inp);
+  cpu::gelu_backward(op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), inp.numel());
+}
+
+void swiglu_forward(Tensor out, Tensor inp) {
+  Op op("swiglu_forward", {out, inp});
+  const auto [N, F2] = rows_of(op, "inp", inp);
+  op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
+  op.require(op.rows("out", out, F2 / 2) == N, "out ", describe(out), " must be (..., F) for inp ",
+             describe(inp));
+  cpu::swiglu_forward(op.f32("out", out), op.f32("inp", inp), N, F2 / 2);
+}
+
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
+  Op op("swiglu_backward", {dinp, dout, inp});
+  const auto [N, F2] = rows_of(op, "inp", inp);
+  op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
+  op.same_shape("dinp", dinp, "inp", inp);
+  op.require(op.rows("dout", dout, F2 / 2) == N, "dout ", describe(dout),
+             " must be (..., F) for inp ", describe(inp));
+  cpu::swiglu_backward(op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), N, F2 / 2);
+}
+
+// ---- rotary position embedding ----------------------------------------------------------------
+
+namespace {
+
+// x (B,T,HT,D) with D even, 0 <= n_rot <= HT; returns the dims.
+std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, int64_t pos_offset,
+                                  float theta) {
+  op.ndim("x", x, 4);
+  op.require(x.size(3) % 2 == 0, "x ", describe(x), " has an odd head dim");
+  op.require(0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ",
+             x.size(2), "] for x ", describe(x));
+  op.require(pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
+  return {x.size(0), x.size(1), x.size(2), x.size(3)};
+}
+
+}  // namespace
+
+void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta) {
+  Op op("rope_forward", {x});
+  const auto [B, T, HT, D] = check_rope(op, x, n_rot_heads, pos_offset, theta);
+  cpu::rope_forward(op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset, theta);
+}
+
+void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta) {
+  Op op("rope_backward", {dx});
+  const auto [B, T, HT, D] = check_rope(op, dx, n_rot_heads, pos_offset, theta);
+  cpu::rope_backward(op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset, theta);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head) {
+  Op op("attention_forward", {out, lse, qkv});
+  check_attention(op, out, lse, qkv, n_head, n_kv_head);
+  cpu::attention_forward(op.f32("out", out), op.f32("lse", lse), op.f32("qkv", qkv), qkv.size(0),
+                         qkv.size(1), n_head, n_kv_head, qkv.size(3));
+}
+
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                        int64_t n_head, int64_t n_kv_head) {
+  Op op("attention_backward", {dqkv, dout, qkv, out, lse});
+  check_attention(op, out, lse, qkv, n_head, n_kv_head);
+  op.same_shape("dqkv", dqkv, "qkv", qkv);
+  op.same_shape("dout", dout, "out", out);
+  cpu::attention_backward(op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv),
+                          op.f32("out", out), op.f32("lse", lse), qkv.size(0), qkv.size(1),
+                          n_head, n_kv_head, qkv.size(3));
+}
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+void add(Tensor out, Tensor a, Tensor b) {
+  Op op("add", {out, a, b});
+  op.same_shape("out", out, "a", a);
+  op.same_shape("b", b, "a", a);
+  cpu::add(op.f32("out", out), op.f32("a", a), op.f32("b", b), a.numel());
+}
+
+void add_inplace(Tensor dst, Tensor src) {
+  Op op("add_inplace", {dst, src});
+  op.same_shape("dst", dst, "src", src);
+  cpu::add_inplace(op.f32("dst", dst), op.f32("src", src), src.numel());
+}
+
+void scale_inplace(Tensor x, float s) {
+  Op op("scale_inplace", {x});
+  cpu::scale_inplace(op.f32("x", x), s, x.numel());
+}
+
+void copy(Tensor dst, Tensor src) {
+  Op op("copy", {dst, src});
+  op.same_shape("dst", dst, "src", src);
+  op.require(dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
+             " differ in dtype (use convert)");
+  op.require(dst.defined() && src.defined(), "dst and src are required");
+  cpu::copy_bytes(dst.data, src.data, src.nbytes());
+}
+
+void fill_zero(Tensor x) {
+  Op op("fill_zero", {x});
+  op.require(x.defined(), "x is required");
+  cpu::fill_zero(x.data, x.nbytes());
+}
+
+void fill(Tensor x, float value) {
+  Op op("fill", {x});
+  cpu::fill(op.f32("x", x), value, x.numel());
+}
+
+namespace {
+
+void check_dropout(const Op& op, float p, int64_t global_offset) {
+  op.require(p >= 0.0f && p < 1.0f, "p=", p, " must be in [0, 1)");
+  op.require(global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
+}
+
+}  // namespace
+
+void dropout_forward(Tensor out, Tensor inp, float p, uint64_t seed, uint64_t stream,
+                     int64_t global_offset) {
+  Op op("dropout_forward", {out, inp});
+  op.same_shape("out", out, "inp", inp);
+  check_dropout(op, p, global_offset);
+  cpu::dropout(op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream,
+               global_offset);
+}
+
+void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t stream,
+                      int64_t global_offset) {
+  Op op("dropout_backward", {dinp, dout});
+  op.same_shape("dinp", dinp, "dout", dout);
+  check_dropout(op, p, global_offset);
+  cpu::dropout(op.f32("dinp", dinp), op.f32("dout", dout), dout.numel(), p, seed, stream,
+               global_offset);
+}
+
+// ---- loss -------------------------------------------------------------------------------------
+
+void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
+                           float dloss) {
+  Op op("softmax_cross_entropy", {losses, dlogits, logits, targets});
+  const auto [N, V] = rows_of(op, "logits", logits);
+  op.numel("losses", losses, N);
+  op.numel("targets", targets, N);
+  if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
+  cpu::softmax_cross_entropy(op.f32("losses", losses), op.f32_opt("dlogits", dlogits),
+                             op.f32("logits", logits), op.i32("targets", targets), N, V, dloss);
+}
+
+// ---- optimizer and reductions -----------------------------------------------------------------
+
+void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp) {
+  Op op("adamw_update", {param, grad, m, v});
+  op.same_shape("grad", grad, "param", param);
+  op.same_shape("m", m, "param", param);
+  op.same_shape("v", v, "param", param);
+  op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
+  cpu::adamw_update(op.f32("param", param), op.f32("grad", grad), op.f32("m", m), op.f32("v", v),
+                    param.numel(), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
+}
+
+double sum_squares(Tensor x) {
+  Op op("sum_squares", {x});
+  return cpu::sum_squares(op.f32("x", x), x.numel());
+}
+
+bool has_nonfinite(Tensor x) {
+  Op op("has_nonfinite", {x});
+  return cpu::has_nonfinite(op.f32("x", x), x.numel());
+}
+
+// ---- precision --------------------------------------------------------------------------------
+
+void round_to(Tensor x, DType target) {
+  Op op("round_to", {x});
+  float* p = op.f32("x", x);
+  switch (target) {
+    case DType::f32: return;
+    case DType::bf16: return cpu::round_to_bf16(p, x.numel());
+    case DType::f16: return cpu::round_to_f16(p, x.numel());
+    case DType::i32: break;
+  }
+  op.require(false, "cannot round to ", dtype_name(target), " (bf16, f16 or f32 only)");
+}
+
+void convert(Tensor dst, Tensor src) {
+  Op op("convert", {dst, src});
+  op.same_shape("dst", dst, "src", src);
+  op.require(dst.defined() && src.defined(), "dst and src are required");
+  op.require(dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst), ", src ",
+             describe(src), ": only f32, bf16 and f16 convert");
+  cpu::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel());
+}
+
+// ---- initialisation ---------------------------------------------------------------------------
+
+void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset) {
+  Op op("init_normal", {x});
+  op.require(global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
+  cpu::init_normal(op.f32("x", x), x.numel(), std, seed, stream, global_offset);
+}
+
+}  // namespace llmt::ops

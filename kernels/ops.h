@@ -1,0 +1,118 @@
+// The op API: one forward/backward pair per op, dispatching on the tensors' device.
+//
+// Conventions (llm.c): arguments are ordered outputs, inputs, weights, then sizes/options.
+// Backward functions ASSIGN activation gradients (dinp) and ADD INTO weight gradients (dweight,
+// dbias), so gradient accumulation over micro-batches is free. An absent optional tensor is a
+// default-constructed Tensor (defined() == false). All compute tensors are f32; token ids i32.
+//
+// Dims used below: B batch, T sequence, C channels (d_model), V vocabulary, N = B*T rows,
+// IC/OC in/out features, H heads (query), KV key/value heads, D head dim, F ffn hidden.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/tensor.h"
+
+namespace llmt::ops {
+
+// ---- embeddings -------------------------------------------------------------------------------
+// out (B,T,C) = wte[tokens] (+ wpe[pos_offset + t] when wpe is given).
+// tokens (B,T) i32, wte (V,C), wpe (P,C) optional with P >= pos_offset + T.
+void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset = 0);
+// dwte (V,C) +=, dwpe (P,C) += (optional); dout (B,T,C).
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset = 0);
+
+// ---- normalisation ----------------------------------------------------------------------------
+// out (N,C), mean (N), rstd (N) saved for backward; inp (N,C), weight (C), bias (C) optional.
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps);
+// dinp (N,C) assigned; dweight (C) +=; dbias (C) += (optional).
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                        Tensor weight, Tensor mean, Tensor rstd);
+// out (N,C) = inp * rstd * weight; rstd (N) saved.
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                      Tensor rstd);
+
+// ---- linear (GEMM) ----------------------------------------------------------------------------
+// out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias (OC, optional).
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+// dinp (N,IC) assigned (optional: skipped when absent); dweight (OC,IC) +=; dbias (OC) += opt.
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                     Tensor weight);
+
+// ---- activations ------------------------------------------------------------------------------
+// GELU, tanh approximation. Any shape; out may alias inp.
+void gelu_forward(Tensor out, Tensor inp);
+void gelu_backward(Tensor dinp, Tensor dout, Tensor inp);
+// SwiGLU: inp (N,2F) = [gate | up]; out (N,F) = silu(gate) * up.
+void swiglu_forward(Tensor out, Tensor inp);
+void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);  // dinp (N,2F) assigned
+
+// ---- rotary position embedding ----------------------------------------------------------------
+// In place on x (B,T,HT,D): rotates heads [0, n_rot_heads) at positions pos_offset + t, with the
+// "rotate half" pairing (i, i + D/2) and frequencies theta^(-2i/D). D even.
+void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta);
+// In place on dx (B,T,HT,D): the transpose (inverse rotation) of rope_forward.
+void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta);
+
+// ---- attention --------------------------------------------------------------------------------
+// Causal self-attention with grouped-query heads, computed in tiles with an online softmax:
+// memory O(T) per head, never a (T,T) matrix. qkv (B,T,H+2KV,D) holds q heads, then k, then v;
+// query head h uses kv head h / (H/KV). Scale 1/sqrt(D).
+// out (B,T,H,D); lse (B,H,T) log-sum-exp of each row's scores, saved for backward.
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head);
+// dqkv (B,T,H+2KV,D) assigned; dout (B,T,H,D); recomputes scores tile by tile from qkv and lse.
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                        int64_t n_head, int64_t n_kv_head);
+
+// ---- elementwise ------------------------------------------------------------------------------
+void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)
+void add_inplace(Tensor dst, Tensor src);  // dst += src
+void scale_inplace(Tensor x, float s);     // x *= s
+void copy(Tensor dst, Tensor src);         // same shape and dtype, any devices
+void fill_zero(Tensor x);
+
+// Dropout with a counter-based mask: element i (its global index i = global_offset + local
+// index) is kept with probability 1-p and scaled by 1/(1-p). The mask is a pure function of
+// (seed, stream, i), recomputed in backward; nothing is stored.
+void dropout_forward(Tensor out, Tensor inp, float p, uint64_t seed, uint64_t stream,
+                     int64_t global_offset);
+void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t stream,
+                      int64_t global_offset);
+
+// ---- loss -------------------------------------------------------------------------------------
+// Fused softmax + cross-entropy over V, one pass per row, never writing probabilities:
+// losses (N) = logsumexp(logits) - logits[target]; dlogits (N,V) = (softmax - onehot) * dloss.
+// dlogits may alias logits (the gradient overwrites them). A target < 0 is ignored (loss 0,
+// gradient 0). Returns nothing; read losses to get the mean.
+void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
+                           float dloss);
+
+// ---- optimizer and reductions -----------------------------------------------------------------
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+};
+// param, grad, m, v: same shape, f32. Decoupled weight decay: p -= lr * (wd * p + mhat/(sqrt(vhat)+eps)).
+void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp);
+// Sum of squares of x in double precision (global norms sum these over tensors and ranks).
+double sum_squares(Tensor x);
+// True if any element is inf or nan.
+bool has_nonfinite(Tensor x);
+
+// ---- precision --------------------------------------------------------------------------------
+// Rounds f32 values in place to the nearest value representable in `target` (bf16: round to
+// nearest even on the top 16 bits; f16: IEEE half incl. overflow to inf and subnormals). Used to
+// emulate 16-bit storage on the fp32 CPU backend.
+void round_to(Tensor x, DType target);
+// Converts between f32, bf16 and f16 storage (same shape).
+void convert(Tensor dst, Tensor src);
+
+// ---- initialisation ---------------------------------------------------------------------------
+// x[i] = std * normal(key(seed, stream, global_offset + i)): depends only on the seed, the
+// parameter's stream (hash of its global name) and the global index, never on the layout.
+void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset = 0);
+void fill(Tensor x, float value);
+
+}  // namespace llmt::ops

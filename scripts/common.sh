@@ -1,0 +1,52 @@
+# Shared by the setup, quickstart and test scripts: dependency install and the CPU build.
+# Sourced, not run. Debian packages only (REFERENCE.md).
+
+LLMT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LLMT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
+  libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece
+  libopenblas-dev libgtest-dev
+  python3-torch python3-numpy python3-h5py python3-sentencepiece
+)
+
+llmt_sudo() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Installs the Debian packages (skipped when all are present).
+llmt_install_deps() {
+  local missing=()
+  for p in "${LLMT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing ${missing[*]}"
+    llmt_sudo apt-get update -q
+    llmt_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# Configures and builds into $1 (default build/) with extra CMake args after it.
+llmt_build() {
+  local dir="${1:-$LLMT_ROOT/build}"
+  shift || true
+  cmake -S "$LLMT_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+  cmake --build "$dir" -j "$(nproc)"
+}
+
+# The CUDA compiler, if the toolkit is installed (on PATH or in /usr/local/cuda).
+llmt_nvcc() {
+  if command -v nvcc >/dev/null 2>&1; then command -v nvcc
+  elif [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc
+  fi
+}
+
+# mpirun with what Open MPI needs here: permission to run as root (containers, CI) and more
+# ranks than cores (--oversubscribe).
+llmt_mpirun() {
+  if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+  mpirun --oversubscribe "$@"
+}

@@ -1,0 +1,73 @@
+// Allocator accounting (live and peak per category), Buffer views and checks.
+#include <gtest/gtest.h>
+
+#include "engine/core/allocator.h"
+
+namespace llmt {
+namespace {
+
+int64_t live(const Allocator& a, MemCategory c) { return a.stats().live[static_cast<int>(c)]; }
+int64_t peak(const Allocator& a, MemCategory c) { return a.stats().peak[static_cast<int>(c)]; }
+
+TEST(Allocator, TracksLiveAndPeakPerCategory) {
+  auto backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  Buffer p = alloc.allocate(1000, MemCategory::params);
+  {
+    Buffer a1 = alloc.allocate(300, MemCategory::activations);
+    Buffer a2 = alloc.allocate(500, MemCategory::activations);
+    EXPECT_EQ(live(alloc, MemCategory::activations), 800);
+  }
+  Buffer a3 = alloc.allocate(200, MemCategory::activations);
+  EXPECT_EQ(live(alloc, MemCategory::params), 1000);
+  EXPECT_EQ(live(alloc, MemCategory::activations), 200);
+  EXPECT_EQ(peak(alloc, MemCategory::activations), 800);
+  EXPECT_EQ(alloc.stats().peak_total, 1800);
+  EXPECT_EQ(alloc.stats().live_total, 1200);
+  Buffer moved = std::move(p);
+  EXPECT_EQ(live(alloc, MemCategory::params), 1000);
+  moved.reset();
+  EXPECT_EQ(live(alloc, MemCategory::params), 0);
+  alloc.reset_peaks();
+  EXPECT_EQ(peak(alloc, MemCategory::activations), 200);
+}
+
+TEST(Allocator, BuffersAreZeroedAndViewsChecked) {
+  auto backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  Buffer b = alloc.allocate_tensor({4, 6}, DType::f32, MemCategory::other);
+  Tensor t = b.tensor({4, 6}, DType::f32);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.f32()[i], 0.0f);
+  Tensor r = t.rows(1, 3);
+  EXPECT_EQ(r.shape, Shape({2, 6}));
+  EXPECT_EQ(r.f32(), t.f32() + 6);
+  EXPECT_THROW(b.tensor({5, 6}, DType::f32), Error);
+  EXPECT_THROW(t.view({5, 5}), Error);
+  EXPECT_THROW(t.i32(), Error);
+}
+
+TEST(Check, MessageNamesFileLineAndContext) {
+  try {
+    int seq = 10;
+    LLMT_CHECK(seq % 4 == 0, "seq_len=", seq, " is not divisible by 4");
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("test_allocator.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("seq % 4 == 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("seq_len=10 is not divisible by 4"), std::string::npos) << msg;
+  }
+}
+
+TEST(Device, CudaRequestWithoutCudaSaysWhy) {
+  if (cuda_built_in()) GTEST_SKIP() << "CUDA is built in";
+  try {
+    make_device_backend({DeviceKind::cuda, 0});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace llmt

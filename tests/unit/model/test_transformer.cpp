@@ -1,0 +1,153 @@
+// The whole model's backward against finite differences: for every parameter tensor, the
+// directional derivative of the loss along the analytic gradient and along a random direction,
+// by central differences, for the GPT-2 and the Llama preset (and with dropout). Also: gradient
+// accumulation over micro-batches equals one big batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/model/transformer.h"
+
+namespace llmt {
+namespace {
+
+ModelConfig tiny(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 37;
+  c.n_layers = 2;
+  c.d_model = 16;
+  c.n_heads = 4;
+  c.seq_len = 7;
+  if (arch == Arch::gpt2) {
+    c.d_ff = 64;
+  } else {
+    c.n_kv_heads = 2;
+    c.d_ff = 24;
+    c.norm = NormKind::rmsnorm;
+    c.activation = Activation::swiglu;
+    c.position = PositionKind::rope;
+    c.bias = false;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+struct Fixture {
+  std::unique_ptr<DeviceBackend> backend = make_cpu_backend();
+  Allocator alloc{*backend};
+  Buffer tok_buf;
+  Tensor tokens, targets;
+  Fixture(int64_t B, int64_t T, int64_t V, uint32_t seed) {
+    tok_buf = alloc.allocate_tensor({2, B, T}, DType::i32, MemCategory::other);
+    tokens = tok_buf.tensor({B, T}, DType::i32);
+    targets = tok_buf.tensor({B, T}, DType::i32, static_cast<size_t>(B * T) * 4);
+    std::mt19937 gen(seed);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.i32()[i] = static_cast<int32_t>(gen() % V);
+      targets.i32()[i] = static_cast<int32_t>(gen() % V);
+    }
+  }
+};
+
+void check_gradients(const ModelConfig& cfg, float dropout) {
+  ModelConfig c = cfg;
+  c.dropout = dropout;
+  const int64_t B = 2;
+  Fixture f(B, c.seq_len, c.vocab_size, 5);
+  ModelSpec spec = ModelSpec::from_config(c);
+  Transformer model(spec, f.alloc, B, DType::f32);
+  model.init(42);
+  StepContext ctx{9, 3, 100};
+  model.zero_grads();
+  model.forward_backward(f.tokens, f.targets, 1.0f, ctx);
+
+  std::mt19937 gen(1);
+  std::normal_distribution<double> normal;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    float* p = model.params()[i].f32();
+    const float* g = model.grads()[i].f32();
+    const int64_t n = model.params()[i].numel();
+    std::vector<float> saved(p, p + n);
+    double gnorm = 0;
+    for (int64_t k = 0; k < n; ++k) gnorm += static_cast<double>(g[k]) * g[k];
+    gnorm = std::sqrt(gnorm);
+    std::vector<double> rnd(n);
+    double rnorm = 0;
+    for (auto& r : rnd) rnorm += (r = normal(gen)) * r;
+    rnorm = std::sqrt(rnorm);
+    for (int dir = 0; dir < 2; ++dir) {
+      auto direction = [&](int64_t k) { return dir == 0 ? (gnorm > 0 ? g[k] / gnorm : 0.0) : rnd[k] / rnorm; };
+      double analytic = 0;
+      for (int64_t k = 0; k < n; ++k) analytic += direction(k) * g[k];
+      const double eps = 1e-2;
+      auto loss_at = [&](double h) {
+        for (int64_t k = 0; k < n; ++k) p[k] = static_cast<float>(saved[k] + h * direction(k));
+        return static_cast<double>(model.forward_loss(f.tokens, f.targets, ctx));
+      };
+      double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+      EXPECT_NEAR(numeric, analytic, 3e-3 * std::max(1.0, std::abs(analytic)) + 2e-4)
+          << spec.params[i].name << (dir == 0 ? " along its gradient" : " along a random direction");
+    }
+    std::copy(saved.begin(), saved.end(), p);
+  }
+}
+
+TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::gpt2), 0.0f); }
+TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::llama), 0.0f); }
+TEST(Transformer, DropoutGradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::gpt2), 0.2f); }
+
+TEST(Transformer, InitialLossIsLnVocab) {
+  ModelConfig c = tiny(Arch::gpt2);
+  Fixture f(2, c.seq_len, c.vocab_size, 3);
+  Transformer model(ModelSpec::from_config(c), f.alloc, 2, DType::f32);
+  model.init(1);
+  float loss = model.forward_loss(f.tokens, f.targets, {});
+  EXPECT_NEAR(loss, std::log(37.0), 0.05);
+}
+
+TEST(Transformer, AccumulatingMicroBatchesEqualsOneBatch) {
+  ModelConfig c = tiny(Arch::llama);
+  Fixture f(4, c.seq_len, c.vocab_size, 11);
+  ModelSpec spec = ModelSpec::from_config(c);
+  Transformer big(spec, f.alloc, 4, DType::f32), small(spec, f.alloc, 2, DType::f32);
+  big.init(3);
+  small.init(3);
+  big.zero_grads();
+  small.zero_grads();
+  float lb = big.forward_backward(f.tokens, f.targets, 1.0f, {});
+  float ls = 0;
+  for (int m = 0; m < 2; ++m)
+    ls += small.forward_backward(f.tokens.rows(2 * m, 2 * m + 2), f.targets.rows(2 * m, 2 * m + 2),
+                                 0.5f, {}) / 2;
+  EXPECT_NEAR(ls, lb, 1e-6);
+  const float* gb = big.flat_grads().f32();
+  const float* gs = small.flat_grads().f32();
+  double max_diff = 0, max_g = 0;
+  for (int64_t i = 0; i < big.flat_grads().numel(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(gb[i] - gs[i])));
+    max_g = std::max(max_g, static_cast<double>(std::abs(gb[i])));
+  }
+  EXPECT_LT(max_diff, 1e-5 * max_g) << "max |g| " << max_g;
+}
+
+TEST(Transformer, Bf16EmulationRoundsWeightsButKeepsMasterExact) {
+  ModelConfig c = tiny(Arch::gpt2);
+  Fixture f(2, c.seq_len, c.vocab_size, 4);
+  ModelSpec spec = ModelSpec::from_config(c);
+  Transformer m32(spec, f.alloc, 2, DType::f32), m16(spec, f.alloc, 2, DType::bf16);
+  m32.init(8);
+  m16.init(8);
+  const float* a = m32.flat_params().f32();
+  const float* b = m16.flat_params().f32();
+  for (int64_t i = 0; i < m32.flat_params().numel(); ++i) ASSERT_EQ(a[i], b[i]);
+  float l32 = m32.forward_loss(f.tokens, f.targets, {});
+  float l16 = m16.forward_loss(f.tokens, f.targets, {});
+  EXPECT_NE(l32, l16);
+  EXPECT_NEAR(l16, l32, 2e-2 * l32);
+}
+
+}  // namespace
+}  // namespace llmt
