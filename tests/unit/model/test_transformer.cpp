@@ -21,6 +21,9 @@ ModelConfig tiny(Arch arch) {
   c.d_model = 16;
   c.n_heads = 4;
   c.seq_len = 7;
+  // Large weights make attention peaked and every gradient well above fp32 finite-difference
+  // noise; with GPT-2's 0.02 the q/k gradients are too small to test.
+  c.init_std = 0.3f;
   if (arch == Arch::gpt2) {
     c.d_ff = 64;
   } else {
@@ -82,13 +85,13 @@ void check_gradients(const ModelConfig& cfg, float dropout) {
       auto direction = [&](int64_t k) { return dir == 0 ? (gnorm > 0 ? g[k] / gnorm : 0.0) : rnd[k] / rnorm; };
       double analytic = 0;
       for (int64_t k = 0; k < n; ++k) analytic += direction(k) * g[k];
-      const double eps = 1e-2;
+      const double eps = 3e-3;  // larger steps see curvature (0.5% at 1e-2), smaller ones f32 noise
       auto loss_at = [&](double h) {
         for (int64_t k = 0; k < n; ++k) p[k] = static_cast<float>(saved[k] + h * direction(k));
         return static_cast<double>(model.forward_loss(f.tokens, f.targets, ctx));
       };
       double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-      EXPECT_NEAR(numeric, analytic, 3e-3 * std::max(1.0, std::abs(analytic)) + 2e-4)
+      EXPECT_NEAR(numeric, analytic, 5e-3 * std::abs(analytic) + 1e-4)
           << spec.params[i].name << (dir == 0 ? " along its gradient" : " along a random direction");
     }
     std::copy(saved.begin(), saved.end(), p);
@@ -101,6 +104,7 @@ TEST(Transformer, DropoutGradientsMatchFiniteDifferences) { check_gradients(tiny
 
 TEST(Transformer, InitialLossIsLnVocab) {
   ModelConfig c = tiny(Arch::gpt2);
+  c.init_std = 0.02f;
   Fixture f(2, c.seq_len, c.vocab_size, 3);
   Transformer model(ModelSpec::from_config(c), f.alloc, 2, DType::f32);
   model.init(1);

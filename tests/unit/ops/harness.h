@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "engine/core/rng.h"
@@ -25,14 +26,17 @@ class HostTensor {
   explicit HostTensor(Shape shape, DType dtype = DType::f32)
       : shape_(shape), dtype_(dtype), words_((shape.numel() * dtype_size(dtype) + 3) / 4, 0u) {}
 
-  Tensor t() { return Tensor(words_.data(), shape_, dtype_); }
+  // The view; an absent Tensor for a default-constructed (or empty) HostTensor, so optional
+  // arguments can be passed as `maybe.t()`.
+  Tensor t() { return defined() ? Tensor(words_.data(), shape_, dtype_) : Tensor(); }
+  bool defined() const { return !words_.empty(); }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   int64_t numel() const { return shape_.numel(); }
 
-  float* f32() { return t().f32(); }
+  float* f32() { return Tensor(words_.data(), shape_, dtype_).f32(); }
   const float* f32() const { return const_cast<HostTensor*>(this)->f32(); }
-  int32_t* i32() { return t().i32(); }
+  int32_t* i32() { return Tensor(words_.data(), shape_, dtype_).i32(); }
   const int32_t* i32() const { return const_cast<HostTensor*>(this)->i32(); }
   // Raw 16-bit storage of bf16 / f16 tensors.
   uint16_t* u16() {
@@ -145,6 +149,17 @@ inline ::testing::AssertionResult bits_equal(const HostTensor& a, const HostTens
     if (pa[i] != pb[i]) return ::testing::AssertionFailure() << "first differing byte " << i;
   return ::testing::AssertionSuccess();
 }
+
+// Test-name generator for INSTANTIATE_TEST_SUITE_P: the parameter's operator<< (which must print
+// only letters, digits and '_').
+struct ParamName {
+  template <typename P>
+  std::string operator()(const ::testing::TestParamInfo<P>& info) const {
+    std::ostringstream os;
+    os << info.param;
+    return os.str();
+  }
+};
 
 struct GradCheck {
   double eps = 1e-2;  // perturbation (the float-rounded step actually taken is used)

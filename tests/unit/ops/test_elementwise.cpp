@@ -1,0 +1,106 @@
+// Elementwise ops, fills, copies and dropout. Sizes straddle the threading threshold (n = 100003
+// splits over threads, odd so chunks are uneven). Dropout is checked for its keep rate, its
+// scaling, the identity of the forward and backward masks, and layout independence.
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "tests/unit/ops/harness.h"
+
+namespace llmt::test {
+namespace {
+
+class Elementwise : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Elementwise, AddAndAliases) {
+  const int64_t n = GetParam();
+  HostTensor a = uniform({n}, 1), b = uniform({n}, 2), b0 = b, out({n});
+  std::vector<double> ref(n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(a[i]) + b[i];
+  ops::add(out.t(), a.t(), b.t());
+  EXPECT_TRUE(all_close(out, ref, {1e-7, 0}));
+  ops::add(a.t(), a.t(), b.t());  // out aliases a
+  EXPECT_TRUE(all_close(a, ref, {1e-7, 0}));
+  ops::add_inplace(b.t(), out.t());  // b + (a + b)
+  for (int64_t i = 0; i < n; ++i) ref[i] += b0[i];
+  EXPECT_TRUE(all_close(b, ref, {1e-6, 1e-7}));
+}
+
+TEST_P(Elementwise, ScaleFillCopy) {
+  const int64_t n = GetParam();
+  HostTensor x = uniform({n}, 3), y({n});
+  std::vector<double> ref = to_double(x);
+  for (double& v : ref) v *= -0.37;
+  ops::scale_inplace(x.t(), -0.37f);
+  EXPECT_TRUE(all_close(x, ref, {1e-7, 0}));
+  ops::copy(y.t(), x.t());
+  EXPECT_TRUE(bits_equal(y, x));
+  ops::fill(y.t(), 2.5f);
+  EXPECT_TRUE(all_close(y, std::vector<double>(n, 2.5), {0, 0}));
+  ops::fill_zero(y.t());
+  EXPECT_TRUE(all_close(y, std::vector<double>(n, 0.0), {0, 0}));
+}
+
+TEST_P(Elementwise, CopyAndZeroAnyDtype) {
+  const int64_t n = GetParam();
+  HostTensor t = tokens({n}, 1000, 4), u({n}, DType::i32);
+  ops::copy(u.t(), t.t());
+  EXPECT_TRUE(bits_equal(u, t));
+  ops::fill_zero(u.t());
+  EXPECT_TRUE(bits_equal(u, HostTensor({n}, DType::i32)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, Elementwise, ::testing::Values(1, 67, 100003), ParamName());
+
+constexpr uint64_t kSeed = 42, kStream = 9;
+
+TEST(Dropout, KeepRateScaleAndBackwardMask) {
+  const int64_t n = 100003;
+  const float p = 0.1f;
+  HostTensor inp = uniform({n}, 1, 0.5f, 1.5f), out({n}), dinp({n});
+  ops::dropout_forward(out.t(), inp.t(), p, kSeed, kStream, 0);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] == 0.0f) continue;
+    ++kept;
+    ASSERT_FLOAT_EQ(out[i], inp[i] / (1.0f - p)) << "at " << i;
+  }
+  // Binomial: std of the keep rate is sqrt(p(1-p)/n) ~ 0.001; allow 5 sigma.
+  EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 5 * std::sqrt(p * (1 - p) / n));
+  // Backward recomputes the same mask: with dout = inp it reproduces the forward bit for bit.
+  ops::dropout_backward(dinp.t(), inp.t(), p, kSeed, kStream, 0);
+  EXPECT_TRUE(bits_equal(dinp, out));
+}
+
+TEST(Dropout, MaskIsTheCounterRngAndLayoutIndependent) {
+  const int64_t n = 1000, half = 373;
+  const float p = 0.25f;
+  HostTensor inp = uniform({n}, 2, 1.0f, 2.0f), whole({n}), parts({n});
+  ops::dropout_forward(whole.t(), inp.t(), p, kSeed, kStream, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    bool keep = rng::uniform(rng::key(kSeed, kStream, i)) >= p;
+    ASSERT_EQ(whole[i] != 0.0f, keep) << "at " << i;
+  }
+  Tensor in_t = inp.t(), parts_t = parts.t();
+  ops::dropout_forward(parts_t.rows(0, half), in_t.rows(0, half), p, kSeed, kStream, 0);
+  ops::dropout_forward(parts_t.rows(half, n), in_t.rows(half, n), p, kSeed, kStream, half);
+  EXPECT_TRUE(bits_equal(parts, whole));
+}
+
+TEST(Dropout, ZeroProbabilityIsIdentity) {
+  HostTensor inp = uniform({257}, 3), out({257});
+  ops::dropout_forward(out.t(), inp.t(), 0.0f, kSeed, kStream, 0);
+  EXPECT_TRUE(bits_equal(out, inp));
+}
+
+TEST(Dropout, GradientMatchesFiniteDifferences) {
+  HostTensor inp = uniform({3, 67}, 4), out({3, 67}), w = uniform({3, 67}, 5), dinp({3, 67});
+  ops::dropout_backward(dinp.t(), w.t(), 0.3f, kSeed, kStream, 11);
+  auto loss = [&] {
+    ops::dropout_forward(out.t(), inp.t(), 0.3f, kSeed, kStream, 11);
+    return weighted_sum(out, w);
+  };
+  EXPECT_TRUE(check_gradient(loss, inp, dinp));
+}
+
+}  // namespace
+}  // namespace llmt::test

@@ -1,0 +1,120 @@
+// linear_forward/backward (OpenBLAS GEMMs) against double-precision triple loops, with and without
+// bias and input gradient, plus finite differences and gradient accumulation.
+#include <ostream>
+
+#include "kernels/ops.h"
+#include "tests/unit/ops/harness.h"
+
+namespace llmt::test {
+namespace {
+
+struct LinearCase {
+  int64_t N, IC, OC;
+  bool bias;
+};
+
+std::ostream& operator<<(std::ostream& os, const LinearCase& c) {
+  return os << "N" << c.N << "_IC" << c.IC << "_OC" << c.OC << (c.bias ? "_bias" : "_nobias");
+}
+
+// GEMM results of K terms of size ~1: float error grows like sqrt(K) ulp.
+constexpr Tol kGemmTol{1e-5, 1e-5};
+
+class Linear : public ::testing::TestWithParam<LinearCase> {
+ protected:
+  void SetUp() override {
+    const auto& c = GetParam();
+    inp = uniform({c.N, c.IC}, 1);
+    weight = uniform({c.OC, c.IC}, 2);
+    if (c.bias) bias = uniform({c.OC}, 3);
+    out = HostTensor({c.N, c.OC});
+  }
+  void forward() { ops::linear_forward(out.t(), inp.t(), weight.t(), bias.t()); }
+
+  HostTensor inp, weight, bias, out;
+};
+
+TEST_P(Linear, ForwardMatchesReference) {
+  const auto& c = GetParam();
+  forward();
+  std::vector<double> ref(c.N * c.OC);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t o = 0; o < c.OC; ++o) {
+      double s = c.bias ? bias[o] : 0.0;
+      for (int64_t i = 0; i < c.IC; ++i) s += static_cast<double>(inp[n * c.IC + i]) * weight[o * c.IC + i];
+      ref[n * c.OC + o] = s;
+    }
+  EXPECT_TRUE(all_close(out, ref, kGemmTol));
+}
+
+TEST_P(Linear, BackwardMatchesReference) {
+  const auto& c = GetParam();
+  HostTensor dout = uniform({c.N, c.OC}, 4), dinp = uniform({c.N, c.IC}, 5);  // dinp is assigned
+  HostTensor dweight = uniform({c.OC, c.IC}, 6), dweight0 = dweight, dbias;  // added to
+  if (c.bias) dbias = uniform({c.OC}, 7);
+  std::vector<double> ref_inp(c.N * c.IC, 0.0), ref_w = to_double(dweight), ref_b;
+  if (c.bias) ref_b = to_double(dbias);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t o = 0; o < c.OC; ++o) {
+      const double d = dout[n * c.OC + o];
+      for (int64_t i = 0; i < c.IC; ++i) {
+        ref_inp[n * c.IC + i] += d * weight[o * c.IC + i];
+        ref_w[o * c.IC + i] += d * inp[n * c.IC + i];
+      }
+      if (c.bias) ref_b[o] += d;
+    }
+  ops::linear_backward(dinp.t(), dweight.t(), dbias.t(), dout.t(), inp.t(), weight.t());
+  EXPECT_TRUE(all_close(dinp, ref_inp, kGemmTol));
+  EXPECT_TRUE(all_close(dweight, ref_w, kGemmTol));
+  if (c.bias) EXPECT_TRUE(all_close(dbias, ref_b, kGemmTol));
+
+  // Without dinp only the parameter gradients are produced (added once more).
+  ops::linear_backward(Tensor(), dweight.t(), dbias.t(), dout.t(), inp.t(), weight.t());
+  for (int64_t k = 0; k < c.OC * c.IC; ++k) ref_w[k] += ref_w[k] - dweight0[k];
+  EXPECT_TRUE(all_close(dweight, ref_w, kGemmTol));
+}
+
+TEST_P(Linear, GradientsMatchFiniteDifferences) {
+  const auto& c = GetParam();
+  HostTensor w = uniform({c.N, c.OC}, 8);
+  HostTensor dinp({c.N, c.IC}), dweight({c.OC, c.IC}), dbias;
+  if (c.bias) dbias = HostTensor({c.OC});
+  ops::linear_backward(dinp.t(), dweight.t(), dbias.t(), w.t(), inp.t(), weight.t());
+  auto loss = [&] {
+    forward();
+    return weighted_sum(out, w);
+  };
+  EXPECT_TRUE(check_gradient(loss, inp, dinp));
+  EXPECT_TRUE(check_gradient(loss, weight, dweight));
+  if (c.bias) EXPECT_TRUE(check_gradient(loss, bias, dbias));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Linear,
+                         ::testing::Values(LinearCase{1, 3, 5, true}, LinearCase{2, 1, 1, false},
+                                           LinearCase{7, 67, 33, true},
+                                           LinearCase{7, 67, 33, false},
+                                           LinearCase{64, 128, 256, true}),
+                         ParamName());
+
+TEST(LinearOps, WeightGradientsAccumulate) {
+  HostTensor inp = uniform({5, 12}, 1), weight = uniform({9, 12}, 2), dout = uniform({5, 9}, 3);
+  HostTensor dw1({9, 12}), db1({9}), dw2({9, 12}), db2({9}), dinp({5, 12});
+  ops::linear_backward(dinp.t(), dw1.t(), db1.t(), dout.t(), inp.t(), weight.t());
+  for (int i = 0; i < 2; ++i)
+    ops::linear_backward(dinp.t(), dw2.t(), db2.t(), dout.t(), inp.t(), weight.t());
+  std::vector<double> ref_w = to_double(dw1), ref_b = to_double(db1);
+  for (double& x : ref_w) x *= 2;
+  for (double& x : ref_b) x *= 2;
+  EXPECT_TRUE(all_close(dw2, ref_w, {1e-6, 1e-7}));
+  EXPECT_TRUE(all_close(db2, ref_b, {1e-6, 1e-7}));
+}
+
+TEST(LinearOps, AcceptsLeadingDims) {
+  HostTensor inp = uniform({2, 3, 8}, 1), weight = uniform({4, 8}, 2), out({2, 3, 4}), flat({6, 4});
+  ops::linear_forward(out.t(), inp.t(), weight.t(), Tensor());
+  ops::linear_forward(flat.t(), inp.t().view({6, 8}), weight.t(), Tensor());
+  EXPECT_TRUE(all_close(out, to_double(flat), {0, 0}));
+}
+
+}  // namespace
+}  // namespace llmt::test
