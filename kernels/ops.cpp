@@ -12,6 +12,11 @@
 namespace llmt::ops {
 namespace {
 
+// Given, or an empty tensor (which may have no memory, e.g. a rank's empty shard).
+bool present(const Tensor& t) {
+  return t.defined() || (t.ndim() > 0 && t.numel() == 0);
+}
+
 // The checks of one op call; constructing it checks that every given tensor is on the CPU.
 class Op {
  public:
@@ -22,7 +27,7 @@ class Op {
   }
 
   float* f32(const char* arg, const Tensor& t) const {
-    LLMT_CHECK(t.defined(), "op ", name_, ": ", arg, " is required");
+    LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
     LLMT_CHECK(t.dtype == DType::f32, "op ", name_, ": ", arg, " is ", describe(t),
                ", expected f32");
     return static_cast<float*>(t.data);
@@ -32,7 +37,7 @@ class Op {
     return t.defined() ? f32(arg, t) : nullptr;
   }
   const int32_t* i32(const char* arg, const Tensor& t) const {
-    LLMT_CHECK(t.defined(), "op ", name_, ": ", arg, " is required");
+    LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
     LLMT_CHECK(t.dtype == DType::i32, "op ", name_, ": ", arg, " is ", describe(t),
                ", expected i32");
     return static_cast<const int32_t*>(t.data);
@@ -47,8 +52,8 @@ class Op {
     if (t.defined()) shape(arg, t, s);
   }
   void same_shape(const char* arg, const Tensor& t, const char* ref_arg, const Tensor& ref) const {
-    LLMT_CHECK(t.shape == ref.shape, "op ", name_, ": ", arg, " is ", describe(t), " but ",
-               ref_arg, " is ", describe(ref));
+    LLMT_CHECK(t.shape == ref.shape, "op ", name_, ": ", arg, " is ", describe(t), " but ", ref_arg,
+               " is ", describe(ref));
   }
   void ndim(const char* arg, const Tensor& t, int n) const {
     LLMT_CHECK(t.ndim() == n, "op ", name_, ": ", arg, " is ", describe(t), ", expected ", n,
@@ -131,8 +136,8 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, in
 
 // ---- normalisation ----------------------------------------------------------------------------
 
-void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
-                       Tensor bias, float eps) {
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias,
+                       float eps) {
   Op op("layernorm_forward", {out, mean, rstd, inp, weight, bias});
   const auto [N, C] = rows_of(op, "inp", inp);
   op.same_shape("out", out, "inp", inp);
@@ -258,8 +263,8 @@ std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, 
                                   float theta) {
   op.ndim("x", x, 4);
   op.require(x.size(3) % 2 == 0, "x ", describe(x), " has an odd head dim");
-  op.require(0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ",
-             x.size(2), "] for x ", describe(x));
+  op.require(0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ", x.size(2),
+             "] for x ", describe(x));
   op.require(pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
   return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
@@ -294,8 +299,8 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   op.same_shape("dqkv", dqkv, "qkv", qkv);
   op.same_shape("dout", dout, "out", out);
   cpu::attention_backward(op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv),
-                          op.f32("out", out), op.f32("lse", lse), qkv.size(0), qkv.size(1),
-                          n_head, n_kv_head, qkv.size(3));
+                          op.f32("out", out), op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head,
+                          n_kv_head, qkv.size(3));
 }
 
 // ---- elementwise ------------------------------------------------------------------------------
@@ -323,13 +328,13 @@ void copy(Tensor dst, Tensor src) {
   op.same_shape("dst", dst, "src", src);
   op.require(dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
              " differ in dtype (use convert)");
-  op.require(dst.defined() && src.defined(), "dst and src are required");
+  op.require(present(dst) && present(src), "dst and src are required");
   cpu::copy_bytes(dst.data, src.data, src.nbytes());
 }
 
 void fill_zero(Tensor x) {
   Op op("fill_zero", {x});
-  op.require(x.defined(), "x is required");
+  op.require(present(x), "x is required");
   cpu::fill_zero(x.data, x.nbytes());
 }
 
@@ -352,8 +357,7 @@ void dropout_forward(Tensor out, Tensor inp, float p, uint64_t seed, uint64_t st
   Op op("dropout_forward", {out, inp});
   op.same_shape("out", out, "inp", inp);
   check_dropout(op, p, global_offset);
-  cpu::dropout(op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream,
-               global_offset);
+  cpu::dropout(op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream, global_offset);
 }
 
 void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t stream,
@@ -406,10 +410,14 @@ void round_to(Tensor x, DType target) {
   Op op("round_to", {x});
   float* p = op.f32("x", x);
   switch (target) {
-    case DType::f32: return;
-    case DType::bf16: return cpu::round_to_bf16(p, x.numel());
-    case DType::f16: return cpu::round_to_f16(p, x.numel());
-    case DType::i32: break;
+    case DType::f32:
+      return;
+    case DType::bf16:
+      return cpu::round_to_bf16(p, x.numel());
+    case DType::f16:
+      return cpu::round_to_f16(p, x.numel());
+    case DType::i32:
+      break;
   }
   op.require(false, "cannot round to ", dtype_name(target), " (bf16, f16 or f32 only)");
 }
@@ -417,7 +425,7 @@ void round_to(Tensor x, DType target) {
 void convert(Tensor dst, Tensor src) {
   Op op("convert", {dst, src});
   op.same_shape("dst", dst, "src", src);
-  op.require(dst.defined() && src.defined(), "dst and src are required");
+  op.require(present(dst) && present(src), "dst and src are required");
   op.require(dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst), ", src ",
              describe(src), ": only f32, bf16 and f16 convert");
   cpu::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel());

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,21 +45,34 @@ constexpr std::array<std::string_view, 2> kDeviceNames{"cpu", "cuda"};
 
 // ---- TOML text for values (also used in messages, so numbers read the same everywhere) ----
 
-// Shortest text that reads back to exactly `v`, always with a '.' or an exponent so that TOML
-// sees a float. A float field is printed as the shortest float decimal when a double parse of it
-// rounds back to the same float (the reader goes through double), else as the exact double.
+// Shortest decimal that reads back to exactly `v` (std::to_chars), fixed for exponents in
+// [-4, 16) and scientific otherwise (as Python's repr), always with a '.' or an exponent so that
+// TOML reads a float.
+template <typename T>
+std::string shortest(T v) {
+  char buf[400];
+  std::string s(buf, std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific).ptr);
+  const size_t e = s.find('e');
+  if (e == std::string::npos) return s;  // inf, nan
+  const int exponent = std::atoi(s.c_str() + e + 1);
+  if (exponent >= -4 && exponent < 16) {
+    s.assign(buf, std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed).ptr);
+    if (s.find('.') == std::string::npos) s += ".0";
+  }
+  return s;
+}
+
+// A float field's text: its shortest float decimal when reading that through double (as the
+// TOML reader does) gives the same float back, else the double's, which always does.
 std::string float_text(double v, bool single) {
-  char buf[64];
-  std::string s(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
   if (single) {
     const float f = static_cast<float>(v);
-    std::string fs(buf, std::to_chars(buf, buf + sizeof buf, f).ptr);
+    const std::string s = shortest(f);
     double back = 0;
-    std::from_chars(fs.data(), fs.data() + fs.size(), back);
-    if (static_cast<float>(back) == f) s = fs;
+    std::from_chars(s.data(), s.data() + s.size(), back);
+    if (static_cast<float>(back) == f) return s;
   }
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // 'n': inf, nan
-  return s;
+  return shortest(v);
 }
 
 // A TOML basic string: quotes, backslashes and control characters escaped.
@@ -66,33 +80,42 @@ std::string toml_string(std::string_view s) {
   std::string out = "\"";
   for (char ch : s) {
     const auto u = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\f': out += "\\f"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (u < 0x20 || u == 0x7f) {
-          char hex[8];
-          std::snprintf(hex, sizeof hex, "\\u%04X", u);
-          out += hex;
-        } else {
-          out += ch;
-        }
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\u%04X", u);
+      out += hex;
+    } else {
+      out += ch;
     }
   }
   return out + "\"";
 }
 
-std::string toml_text(int64_t v) { return std::to_string(v); }
-std::string toml_text(uint64_t v) { return std::to_string(v); }
-std::string toml_text(float v) { return float_text(v, true); }
-std::string toml_text(double v) { return float_text(v, false); }
-std::string toml_text(bool v) { return v ? "true" : "false"; }
-std::string toml_text(const std::string& v) { return toml_string(v); }
+std::string toml_text(int64_t v) {
+  return std::to_string(v);
+}
+std::string toml_text(uint64_t v) {
+  return std::to_string(v);
+}
+std::string toml_text(float v) {
+  return float_text(v, true);
+}
+std::string toml_text(double v) {
+  return float_text(v, false);
+}
+std::string toml_text(bool v) {
+  return v ? "true" : "false";
+}
+std::string toml_text(const std::string& v) {
+  return toml_string(v);
+}
 
 template <size_t N>
 std::string one_of(const std::array<std::string_view, N>& names) {
@@ -219,16 +242,17 @@ class SectionBuilder {
   template <typename T>
   SectionBuilder& add(std::string_view name, T S::*m) {
     auto sec = section_;
-    out_.keys.push_back(Key{
-        name, std::is_same_v<T, std::string>,
-        [sec, m](const toml::node& n, Config& c) { return read_value(n, c.*sec.*m); },
-        [sec, m](const Config& c) { return toml_text(c.*sec.*m); }});
+    out_.keys.push_back(
+        Key{name, std::is_same_v<T, std::string>,
+            [sec, m](const toml::node& n, Config& c) { return read_value(n, c.*sec.*m); },
+            [sec, m](const Config& c) { return toml_text(c.*sec.*m); }});
     return *this;
   }
 
   // An enum, spelled as names[value].
   template <typename E, size_t N>
-  SectionBuilder& add(std::string_view name, E S::*m, const std::array<std::string_view, N>& names) {
+  SectionBuilder& add(std::string_view name, E S::*m,
+                      const std::array<std::string_view, N>& names) {
     auto sec = section_;
     out_.keys.push_back(Key{name, true,
                             [sec, m, &names](const toml::node& n, Config& c) {
@@ -433,9 +457,12 @@ std::string join_lines(const std::vector<std::string>& lines) {
 
 std::string read_file(const fs::path& path, const std::string& what) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw ConfigError(concat(what, ": ", path.string(), " is a directory"));
+  if (fs::is_directory(path, ec))
+    throw ConfigError(concat(what, ": ", path.string(), " is a directory"));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(concat(what, ": cannot open ", path.string(), " (", std::strerror(errno), ")"));
+  if (!in)
+    throw ConfigError(
+        concat(what, ": cannot open ", path.string(), " (", std::strerror(errno), ")"));
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
@@ -461,7 +488,8 @@ class Loader {
     try {
       doc = std::make_unique<toml::table>(toml::parse(text, std::string_view(name)));
     } catch (const toml::parse_error& e) {
-      throw ConfigError(concat("invalid TOML at ", where(name, e.source()).str(), ": ", e.description()));
+      throw ConfigError(
+          concat("invalid TOML at ", where(name, e.source()).str(), ": ", e.description()));
     }
     const toml::table& top = *docs_.emplace_back(std::move(doc));
     stack_.push_back({canonical, name});
@@ -474,11 +502,10 @@ class Loader {
       const Where at = where(name, key.source());
       const Section* section = find_section(key.str());
       if (!section) {
-        errors.push_back(node.is_table()
-                             ? concat("unknown section [", key.str(), "] at ", at.str(),
-                                      suggest_section(key.str()))
-                             : concat("unknown key ", key.str(), " at ", at.str(),
-                                      suggest_key("", key.str())));
+        errors.push_back(node.is_table() ? concat("unknown section [", key.str(), "] at ", at.str(),
+                                                  suggest_section(key.str()))
+                                         : concat("unknown key ", key.str(), " at ", at.str(),
+                                                  suggest_key("", key.str())));
         continue;
       }
       const toml::table* table = node.as_table();
@@ -501,7 +528,8 @@ class Loader {
     const size_t eq = text.find('=');
     const size_t dot = text.find('.');
     if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
-      errors.push_back(concat("--set ", toml_string(text), ": expected section.key=value, e.g. --set train.steps=10"));
+      errors.push_back(concat("--set ", toml_string(text),
+                              ": expected section.key=value, e.g. --set train.steps=10"));
       return;
     }
     const std::string section_name = text.substr(0, dot);
@@ -539,8 +567,8 @@ class Loader {
       const Where item_at = where(at.file, item.source());
       const toml::value<std::string>* file = item.as_string();
       if (!file) {
-        errors.push_back(concat("include at ", item_at.str(), ": expected a file name (string), found ",
-                                describe(item)));
+        errors.push_back(concat("include at ", item_at.str(),
+                                ": expected a file name (string), found ", describe(item)));
         continue;
       }
       const fs::path path = (dir / file->get()).lexically_normal();
@@ -585,15 +613,20 @@ class Loader {
 
 // ---- presets, derived defaults, rules ----
 
-int64_t llama_d_ff(int64_t d_model) { return 256 * ((8 * d_model + 767) / 768); }  // 256*ceil(8C/3/256)
+// 8/3*d_model rounded up to a multiple of 256: 256 * ceil(8*d_model / (3*256)).
+int64_t llama_d_ff(int64_t d_model) {
+  return 256 * ((8 * d_model + 767) / 768);
+}
 
 // Fills what the arch preset decides (unless given explicitly) and the 0 = "same as" defaults.
 void resolve(Config& c, const std::set<std::string>& given) {
   ModelConfig& m = c.model;
   const bool llama = m.arch == Arch::llama;
   if (!given.count("model.norm")) m.norm = llama ? NormKind::rmsnorm : NormKind::layernorm;
-  if (!given.count("model.activation")) m.activation = llama ? Activation::swiglu : Activation::gelu;
-  if (!given.count("model.position")) m.position = llama ? PositionKind::rope : PositionKind::learned;
+  if (!given.count("model.activation"))
+    m.activation = llama ? Activation::swiglu : Activation::gelu;
+  if (!given.count("model.position"))
+    m.position = llama ? PositionKind::rope : PositionKind::learned;
   if (!given.count("model.bias")) m.bias = !llama;
   if (!given.count("model.tie_embeddings")) m.tie_embeddings = !llama;
   if (m.d_ff == 0 && m.d_model >= 1) m.d_ff = llama ? llama_d_ff(m.d_model) : 4 * m.d_model;
@@ -654,9 +687,10 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
                      ": the head dim is d_model/n_heads"));
     if (m.d_model % m.n_heads == 0 && m.position == PositionKind::rope) {
       const int64_t head_dim = m.d_model / m.n_heads;
-      r.require(head_dim % 2 == 0, {"model.position", "model.arch", "model.d_model", "model.n_heads"},
-                concat("model.position=\"rope\" needs an even head dim, but model.d_model=", m.d_model,
-                       " / model.n_heads=", m.n_heads, " = ", head_dim));
+      r.require(
+          head_dim % 2 == 0, {"model.position", "model.arch", "model.d_model", "model.n_heads"},
+          concat("model.position=\"rope\" needs an even head dim, but model.d_model=", m.d_model,
+                 " / model.n_heads=", m.n_heads, " = ", head_dim));
     }
   }
   if (m.n_heads >= 1 && m.n_kv_heads >= 1) {
@@ -691,7 +725,8 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.at_least("optimizer.min_lr", o.min_lr, 0.0f);
   if (o.lr > 0 && o.min_lr >= 0) {
     r.require(o.min_lr <= o.lr, {"optimizer.min_lr", "optimizer.lr"},
-              concat("optimizer.min_lr=", toml_text(o.min_lr), " is above optimizer.lr=", toml_text(o.lr)));
+              concat("optimizer.min_lr=", toml_text(o.min_lr),
+                     " is above optimizer.lr=", toml_text(o.lr)));
   }
   r.at_least<int64_t>("optimizer.warmup_steps", o.warmup_steps, 0);
   const bool decay_derived = raw.optimizer.decay_steps == 0;
@@ -731,7 +766,8 @@ Config build(Loader& loader, const std::vector<std::string>& overrides, const st
   for (const Setting& s : loader.settings) {
     given.insert(s.dotted());
     const Key* key = find_section(s.section)->find(s.key);
-    if (Problem p = key->read(*s.node, c)) errors.push_back(concat(s.dotted(), " at ", s.at.str(), ": ", *p));
+    if (Problem p = key->read(*s.node, c))
+      errors.push_back(concat(s.dotted(), " at ", s.at.str(), ": ", *p));
   }
   if (!errors.empty()) throw ConfigError(join_lines(errors));
 
@@ -759,7 +795,8 @@ Config parse_config_string(const std::string& text, const std::string& name,
 }
 
 std::string to_toml(const Config& c) {
-  std::string out = "# llmtrain config, fully resolved: every key, presets and defaults filled in.\n";
+  std::string out =
+      "# llmtrain config, fully resolved: every key, presets and defaults filled in.\n";
   if (!c.source_path.empty()) out += concat("# source: ", toml_string(c.source_path), "\n");
   for (const Section& s : sections()) {
     out += concat("\n[", s.name, "]\n");
@@ -769,10 +806,13 @@ std::string to_toml(const Config& c) {
 }
 
 int64_t grad_accum_steps(const Config& c) {
-  const int64_t micro = c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.global_batch_size;
+  const int64_t micro =
+      c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.global_batch_size;
   return c.train.global_batch_size / micro;
 }
 
-std::string_view precision_name(Precision p) { return kPrecisionNames[static_cast<size_t>(p)]; }
+std::string_view precision_name(Precision p) {
+  return kPrecisionNames[static_cast<size_t>(p)];
+}
 
 }  // namespace llmt

@@ -15,16 +15,25 @@ MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
 }
 
+namespace {
+// A JSON number, or null for inf/nan (an fp16 overflow step), which JSON cannot spell.
+std::string json_number(double v, const char* fmt = "%.9g") {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+}  // namespace
+
 void MetricsWriter::write(const StepMetrics& m) {
   if (path_.empty()) return;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_time_s\": %.6g, "
-                "\"loss_scale\": %.9g, \"skipped\": %s, \"peak_bytes\": {",
-                static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu,
-                m.step_time_s, m.loss_scale, m.skipped ? "true" : "false");
-  std::string line = buf;
+  std::string line = detail::concat(
+      "{\"step\": ", m.step, ", \"loss\": ", json_number(m.loss), ", \"lr\": ", json_number(m.lr),
+      ", \"grad_norm\": ", json_number(m.grad_norm), ", \"tokens_per_s\": ",
+      json_number(m.tokens_per_s, "%.6g"), ", \"mfu\": ", json_number(m.mfu, "%.6g"),
+      ", \"step_time_s\": ", json_number(m.step_time_s, "%.6g"), ", \"loss_scale\": ",
+      json_number(m.loss_scale, "%.17g"), ", \"skipped\": ", m.skipped ? "true" : "false",
+      ", \"peak_bytes\": {");
   for (int c = 0; c < kNumMemCategories; ++c) {
     line += detail::concat(c ? ", " : "", "\"", category_name(static_cast<MemCategory>(c)),
                            "\": ", m.mem.peak[c]);

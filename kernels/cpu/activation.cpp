@@ -18,7 +18,9 @@ inline float tanh_approx(float u) {
   return std::copysign((1.0f - e) / (1.0f + e), u);
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + exp_approx(-x));
+}
 
 }  // namespace
 

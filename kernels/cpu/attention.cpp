@@ -1,39 +1,52 @@
-// CPU causal attention as flash-attention tiles: per-thread scratch holds a few (64,64) tiles and
-// never a (T,T) matrix. Tiles are packed padded to 16-float multiples so every product runs through
-// one register-blocked micro-kernel, and exp is a branch-free polynomial the compiler vectorises.
-// Dims: B batch, T sequence, H query heads, KV kv heads, D head dim, Dp = D rounded up to 16.
+// CPU causal attention in flash-attention tiles of 64 queries x 64 keys, so scratch is per thread
+// and O(T*D), never a (T,T) matrix. Tiles are zero-padded to whole vectors so every product
+// runs through one register-blocked micro-kernel; exp is kernel_util's vectorisable polynomial.
+// Dims: B batch, T sequence, H query heads, KV kv heads, D head dim, Dp = D rounded up to kVec.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <new>
 
 #include "engine/core/check.h"
+#include "kernels/cpu/kernel_util.h"
 
 namespace llmt::cpu {
 namespace {
 
 constexpr int64_t kTile = 64;  // query and key tile rows; only diagonal tiles need the causal mask
-constexpr int64_t kVec = 16;   // floats per vector: one zmm with AVX-512, two ymm with AVX2
-constexpr int kRows = 4;       // micro-kernel block: kRows x (up to 4 vectors) accumulators
+// Floats per vector and rows per micro-kernel block: kRows x 2 vector accumulators, half of the
+// vector registers (32 with AVX-512, 16 below).
+#if defined(__AVX512F__)
+constexpr int64_t kVec = 16;
+constexpr int kRows = 8;
+#elif defined(__AVX__)
+constexpr int64_t kVec = 8;
+constexpr int kRows = 4;
+#else
+constexpr int64_t kVec = 4;
+constexpr int kRows = 4;
+#endif
 constexpr float kNegBig = -1e30f;  // running-max start: finite, so m_old - m_new is never inf - inf
 
 using vec = float __attribute__((vector_size(kVec * sizeof(float))));
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 vec load(const float* p) {
   vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+void store(float* p, vec v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
-// c (kRows, NV*16) = [c +] a (kRows, K) . b (K, NV*16); ld* are row strides in floats. With
+// c (kRows, NV*kVec) = [c +] a (kRows, K) . b (K, NV*kVec); ld* are row strides in floats. With
 // kTransA, a is stored transposed: element (r, k) at a[k * lda + r].
 template <int NV, bool kAccumulate, bool kTransA>
 void micro_kernel(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -54,36 +67,20 @@ void micro_kernel(float* c, int64_t ldc, const float* a, int64_t lda, const floa
 }
 
 // c (M,N) = [c +] a (M,K) . b (K,N), row-major, a stored transposed (K,M) with kTransA;
-// M % kRows == 0, N % 16 == 0.
+// M % kRows == 0, N % kVec == 0.
 template <bool kAccumulate, bool kTransA = false>
 void gemm(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb,
           int64_t M, int64_t N, int64_t K) {
-  for (int64_t n = 0; n < N; n += 4 * kVec) {
-    const int64_t nv = std::min<int64_t>(4, (N - n) / kVec);
+  for (int64_t n = 0; n < N; n += 2 * kVec) {
     for (int64_t m = 0; m < M; m += kRows) {
       float* cm = c + m * ldc + n;
       const float* am = kTransA ? a + m : a + m * lda;
-      switch (nv) {
-        case 4: micro_kernel<4, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K); break;
-        case 3: micro_kernel<3, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K); break;
-        case 2: micro_kernel<2, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K); break;
-        default: micro_kernel<1, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K); break;
-      }
+      if (N - n >= 2 * kVec)
+        micro_kernel<2, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K);
+      else
+        micro_kernel<1, kAccumulate, kTransA>(cm, ldc, am, lda, b + n, ldb, K);
     }
   }
-}
-
-// exp(x) to ~1 ulp (Cephes expf): x = n ln2 + r, a polynomial in r, 2^n built in the exponent
-// bits. Branch-free (rounding by adding 1.5*2^23) so `omp simd` loops vectorise it; x is clamped
-// to [-87, 88], so exp(-inf) and exp(-1e30) come out as ~1e-38, not 0.
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
-                    4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
-  const float y = p * (r * r) + r + 1.0f;
-  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
 // dst (rows, Dp) = s * the first D floats of n rows of src (row stride ld); the rest zero.
@@ -97,11 +94,12 @@ void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows
   }
 }
 
-// dst (Dp, kTile) = the transpose of pack_rows(src, ld, n, kTile rows, D, Dp, s = 1).
-void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp) {
+// dst (Dp, kTile) = the transpose of pack_rows(dst, src, ld, n, kTile, D, Dp, s).
+void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp,
+                     float s) {
   std::fill(dst, dst + Dp * kTile, 0.0f);
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < D; ++c) dst[c * kTile + i] = src[i * ld + c];
+    for (int64_t c = 0; c < D; ++c) dst[c * kTile + i] = s * src[i * ld + c];
 }
 
 // 64-byte aligned per-thread scratch: tiles start on cache lines, so vector loads never split.
@@ -115,10 +113,11 @@ std::unique_ptr<float[], AlignedDelete> alloc_scratch(int64_t n) {
 
 }  // namespace
 
-// Work items are (query tile, b, h), the largest (last) query tiles first so the dynamic schedule
-// ends balanced. Each streams key tiles 0..diagonal with scores transposed, St = K Q^T (keys,
-// queries), so the online softmax (running max m and sum l per query, output rescaled by
-// exp(m_old - m_new)) vectorises across queries and only Q, once per item, is transposed.
+// Work items are (b, h, query tile), a head's query tiles consecutive and the largest (last) first:
+// neighbouring items share K/V in cache and the dynamic schedule ends on small items. An item
+// streams key tiles 0..diagonal with scores transposed, St = K Q^T (keys, queries), so the online
+// softmax (running max m and sum l per query; o and l rescaled by exp(m_old - m_new)) vectorises
+// across queries, and only Q, once per item, needs a transposed copy.
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
                        int64_t KV, int64_t D) {
   LLMT_CHECK(KV > 0 && H % KV == 0, "n_head=", H, " is not a multiple of n_kv_head=", KV);
@@ -127,29 +126,43 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel
   {
-    auto scratch = alloc_scratch(3 * kTile * Dp + kTile * kTile + 4 * kTile);
-    float* qt = scratch.get();       // (Dp,kTile) queries transposed
-    float* kv = qt + Dp * kTile;     // (kTile,Dp) keys times scale, then values
-    float* o = kv + kTile * Dp;      // (kTile,Dp) unnormalised output
-    float* st = o + kTile * Dp;      // (kTile keys,kTile queries) scores, then probabilities
-    float* m = st + kTile * kTile;   // (kTile) running max of each query's scores
-    float* m_new = m + kTile;        // (kTile) the max including this key tile
-    float* alpha = m_new + kTile;    // (kTile) exp(m - m_new), the rescale of o and l
-    float* l = alpha + kTile;        // (kTile) running sum of exp(score - m)
+    auto scratch = alloc_scratch(4 * kTile * Dp + kTile * kTile + 4 * kTile);
+    float* qt = scratch.get();        // (Dp,kTile) queries times scale, transposed
+    float* kbuf = qt + Dp * kTile;    // (kTile,Dp) keys, when they need padding
+    float* vbuf = kbuf + kTile * Dp;  // (kTile,Dp) values, when they need padding
+    float* o = vbuf + kTile * Dp;     // (kTile,Dp) unnormalised output
+    float* st = o + kTile * Dp;       // (kTile keys,kTile queries) scores, then probabilities
+    float* m = st + kTile * kTile;    // (kTile) running max of each query's scores
+    float* m_new = m + kTile;         // (kTile) the max including this key tile
+    float* alpha = m_new + kTile;     // (kTile) exp(m - m_new), the rescale of o and l
+    float* l = alpha + kTile;         // (kTile) running sum of exp(score - m)
 #pragma omp for schedule(dynamic)
     for (int64_t item = 0; item < n_tiles * B * H; ++item) {
-      const int64_t qb = n_tiles - 1 - item / (B * H), b = item / H % B, h = item % H;
+      const int64_t qb = n_tiles - 1 - item % n_tiles, b = item / n_tiles / H,
+                    h = item / n_tiles % H;
       const int64_t g = h / group, q0 = qb * kTile, mq = std::min(kTile, T - q0);
       const int64_t mrows = round_up(mq, kRows);
       const float* x = qkv + b * T * ld;  // (T,H+2KV,D) of batch row b
-      pack_transposed(qt, x + q0 * ld + h * D, ld, mq, D, Dp);
+      pack_transposed(qt, x + q0 * ld + h * D, ld, mq, D, Dp, scale);
       std::fill(o, o + mrows * Dp, 0.0f);
       std::fill(m, m + kTile, kNegBig);
       std::fill(l, l + kTile, 0.0f);
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t k0 = kb * kTile, nk = std::min(kTile, T - k0);
-        pack_rows(kv, x + k0 * ld + (H + g) * D, ld, nk, round_up(nk, kRows), D, Dp, scale);
-        gemm<false>(st, kTile, kv, Dp, qt, kTile, round_up(nk, kRows), kTile, Dp);
+        const int64_t krows = round_up(nk, kRows);
+        // K (krows,Dp) and V (nk,Dp) are read in place from qkv unless they need zero padding.
+        const float* k = x + k0 * ld + (H + g) * D;
+        const float* v = x + k0 * ld + (H + KV + g) * D;
+        int64_t ldk = ld, ldv = ld;
+        if (Dp != D || krows != nk) {
+          pack_rows(kbuf, k, ld, nk, krows, D, Dp, 1.0f);
+          k = kbuf, ldk = Dp;
+        }
+        if (Dp != D) {
+          pack_rows(vbuf, v, ld, nk, nk, D, Dp, 1.0f);
+          v = vbuf, ldv = Dp;
+        }
+        gemm<false>(st, kTile, k, ldk, qt, kTile, krows, kTile, Dp);
         // Key j is visible to queries i >= k0 + j - q0 (causal) and i < mq.
         std::copy(m, m + kTile, m_new);
         for (int64_t j = 0; j < nk; ++j) {
@@ -161,7 +174,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
         }
 #pragma omp simd
         for (int64_t i = 0; i < kTile; ++i) {
-          alpha[i] = fast_exp(m[i] - m_new[i]);
+          alpha[i] = exp_approx(m[i] - m_new[i]);
           l[i] *= alpha[i];
           m[i] = m_new[i];
         }
@@ -170,7 +183,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
           const int64_t first = k0 + j - q0;
 #pragma omp simd
           for (int64_t i = 0; i < kTile; ++i) {
-            const float e = fast_exp(sj[i] - m[i]);
+            const float e = exp_approx(sj[i] - m[i]);
             const float p = i >= first && i < mq ? e : 0.0f;
             sj[i] = p;
             l[i] += p;
@@ -182,8 +195,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 #pragma omp simd
           for (int64_t d = 0; d < Dp; ++d) oi[d] *= a;
         }
-        pack_rows(kv, x + k0 * ld + (H + KV + g) * D, ld, nk, nk, D, Dp, 1.0f);
-        gemm<true, true>(o, Dp, st, kTile, kv, Dp, mrows, Dp, nk);
+        gemm<true, true>(o, Dp, st, kTile, v, ldv, mrows, Dp, nk);
       }
       for (int64_t i = 0; i < mq; ++i) {
         const float inv = 1.0f / l[i];
@@ -197,88 +209,97 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 }
 
 // FlashAttention-2 backward, one work item per (b, kv head) so dK/dV of the kv head and dQ of its
-// query heads have one writer. For each key tile (outer), each of its query heads and each query
-// tile on or below the diagonal: P = exp(Q K^T scale - lse), dV += P^T dO, dP = dO V^T,
-// dS = P (dP - delta) scale, dK += dS^T Q, dQ += dS K, with delta_i = dout_i . out_i.
+// query heads have one writer. Per query head the item packs q and dout, delta_i = dout_i . out_i
+// and lse once and keeps a dQ accumulator: per-thread scratch O(T*D), like FlashAttention-2's dq
+// accumulator. Then for each key tile (outer) and query tile on or below the diagonal:
+//   P = exp(Q K^T scale - lse), dV += P^T dO, dP = dO V^T, dS = P (dP - delta) scale,
+//   dK += dS^T Q, dQ += dS K.
+// The first query head of the group assigns dK/dV, the others add to them.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   LLMT_CHECK(KV > 0 && H % KV == 0, "n_head=", H, " is not a multiple of n_kv_head=", KV);
   const int64_t Dp = round_up(D, kVec), ld = (H + 2 * KV) * D, ldo = H * D, group = H / KV;
-  const int64_t n_tiles = (T + kTile - 1) / kTile;
+  const int64_t n_tiles = (T + kTile - 1) / kTile, Tp = n_tiles * kTile;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel
   {
-    auto scratch = alloc_scratch(8 * kTile * Dp + 2 * kTile * kTile);
-    float* k = scratch.get();          // (kTile,Dp) keys
-    float* kt = k + kTile * Dp;        // (Dp,kTile) keys transposed
-    float* vt = kt + Dp * kTile;       // (Dp,kTile) values transposed
-    float* q = vt + Dp * kTile;        // (kTile,Dp) queries
-    float* g = q + kTile * Dp;         // (kTile,Dp) dout
-    float* dq = g + kTile * Dp;        // (kTile,Dp) dQ of one tile pair
-    float* dk = dq + kTile * Dp;       // (kTile,Dp) dK of the key tile, summed over heads
-    float* dv = dk + kTile * Dp;       // (kTile,Dp) dV of the key tile, summed over heads
-    float* p = dv + kTile * Dp;        // (kTile queries,kTile keys) scores, then P
-    float* ds = p + kTile * kTile;     // (kTile,kTile) dP, then dS
+    auto scratch = alloc_scratch(5 * kTile * Dp + 2 * kTile * kTile + Tp * (3 * Dp + 2));
+    float* k = scratch.get();        // (kTile,Dp) keys
+    float* kt = k + kTile * Dp;      // (Dp,kTile) keys transposed
+    float* vt = kt + Dp * kTile;     // (Dp,kTile) values transposed
+    float* dk = vt + Dp * kTile;     // (kTile,Dp) dK of the key tile
+    float* dv = dk + kTile * Dp;     // (kTile,Dp) dV of the key tile
+    float* p = dv + kTile * Dp;      // (kTile queries,kTile keys) scores, then P
+    float* ds = p + kTile * kTile;   // (kTile,kTile) dP, then dS
+    float* qa = ds + kTile * kTile;  // (Tp,Dp) queries of the head, zero-padded
+    float* ga = qa + Tp * Dp;        // (Tp,Dp) dout of the head
+    float* dqa = ga + Tp * Dp;       // (Tp,Dp) dQ accumulator
+    float* lse_a = dqa + Tp * Dp;    // (Tp) lse, 0 on padding rows
+    float* delta = lse_a + Tp;       // (Tp) dout . out, 0 on padding rows
 #pragma omp for schedule(dynamic)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
-      const int64_t b = bg / KV, kh = bg % KV, h_begin = kh * group;
+      const int64_t b = bg / KV, kh = bg % KV;
       const float* x = qkv + b * T * ld;  // (T,H+2KV,D) of batch row b
       float* dx = dqkv + b * T * ld;
-      const float* y = out + b * T * ldo;  // (T,H,D)
-      const float* dy = dout + b * T * ldo;
-      for (int64_t t = 0; t < T; ++t) std::fill_n(dx + t * ld + h_begin * D, group * D, 0.0f);
-      for (int64_t kb = 0; kb < n_tiles; ++kb) {
-        const int64_t k0 = kb * kTile, nk = std::min(kTile, T - k0);
-        const int64_t krows = round_up(nk, kRows);
-        pack_rows(k, x + k0 * ld + (H + kh) * D, ld, nk, nk, D, Dp, 1.0f);
-        pack_transposed(kt, x + k0 * ld + (H + kh) * D, ld, nk, D, Dp);
-        pack_transposed(vt, x + k0 * ld + (H + KV + kh) * D, ld, nk, D, Dp);
-        std::fill(dk, dk + kTile * Dp, 0.0f);
-        std::fill(dv, dv + kTile * Dp, 0.0f);
-        for (int64_t h = h_begin; h < h_begin + group; ++h) {
+      for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+        pack_rows(qa, x + h * D, ld, T, Tp, D, Dp, 1.0f);
+        pack_rows(ga, dout + b * T * ldo + h * D, ldo, T, Tp, D, Dp, 1.0f);
+        for (int64_t t = 0; t < Tp; ++t) {
+          float dot = 0.0f;
+          if (t < T) {
+            const float* yt = out + (b * T + t) * ldo + h * D;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < D; ++d) dot += ga[t * Dp + d] * yt[d];
+          }
+          delta[t] = dot;
+          lse_a[t] = t < T ? lse[(b * H + h) * T + t] : 0.0f;
+        }
+        std::fill(dqa, dqa + Tp * Dp, 0.0f);
+        for (int64_t kb = 0; kb < n_tiles; ++kb) {
+          const int64_t k0 = kb * kTile, nk = std::min(kTile, T - k0);
+          const int64_t krows = round_up(nk, kRows);
+          pack_rows(k, x + k0 * ld + (H + kh) * D, ld, nk, nk, D, Dp, 1.0f);
+          pack_transposed(kt, x + k0 * ld + (H + kh) * D, ld, nk, D, Dp, 1.0f);
+          pack_transposed(vt, x + k0 * ld + (H + KV + kh) * D, ld, nk, D, Dp, 1.0f);
+          std::fill(dk, dk + kTile * Dp, 0.0f);
+          std::fill(dv, dv + kTile * Dp, 0.0f);
           for (int64_t qb = kb; qb < n_tiles; ++qb) {
             const int64_t q0 = qb * kTile, mq = std::min(kTile, T - q0);
             const int64_t qrows = round_up(mq, kRows);
-            pack_rows(q, x + q0 * ld + h * D, ld, mq, qrows, D, Dp, 1.0f);
-            pack_rows(g, dy + q0 * ldo + h * D, ldo, mq, qrows, D, Dp, 1.0f);
+            const float* q = qa + q0 * Dp;  // (qrows,Dp) of this tile
+            const float* g = ga + q0 * Dp;
             gemm<false>(p, kTile, q, Dp, kt, kTile, qrows, kTile, Dp);
             gemm<false>(ds, kTile, g, Dp, vt, kTile, qrows, kTile, Dp);
             for (int64_t i = 0; i < qrows; ++i) {
               float* pi = p + i * kTile;
               float* dsi = ds + i * kTile;
-              if (i >= mq) {  // padding rows: P = dS = 0
-                std::fill_n(pi, kTile, 0.0f);
-                std::fill_n(dsi, kTile, 0.0f);
-                continue;
-              }
-              const int64_t visible = std::min(kTile, q0 + i - k0 + 1);  // keys [0, visible)
-              const float lse_row = lse[(b * H + h) * T + q0 + i];
-              const float* yi = y + (q0 + i) * ldo + h * D;
-              float delta = 0.0f;  // dout_i . out_i
-#pragma omp simd reduction(+ : delta)
-              for (int64_t d = 0; d < D; ++d) delta += g[i * Dp + d] * yi[d];
+              // keys [0, visible) of the tile are visible to query i; none to padding rows
+              const int64_t visible = i < mq ? std::min(kTile, q0 + i - k0 + 1) : 0;
+              const float lse_i = lse_a[q0 + i], delta_i = delta[q0 + i];
 #pragma omp simd
               for (int64_t j = 0; j < kTile; ++j) {
-                const float e = fast_exp(pi[j] * scale - lse_row);
+                const float e = exp_approx(pi[j] * scale - lse_i);
                 const float pij = j < visible ? e : 0.0f;
                 pi[j] = pij;
-                dsi[j] = pij * (dsi[j] - delta) * scale;
+                dsi[j] = pij * (dsi[j] - delta_i) * scale;
               }
             }
             gemm<true, true>(dv, Dp, p, kTile, g, Dp, krows, Dp, mq);
             gemm<true, true>(dk, Dp, ds, kTile, q, Dp, krows, Dp, mq);
-            gemm<false>(dq, Dp, ds, kTile, k, Dp, qrows, Dp, nk);
-            for (int64_t i = 0; i < mq; ++i) {
-              float* dxi = dx + (q0 + i) * ld + h * D;
+            gemm<true>(dqa + q0 * Dp, Dp, ds, kTile, k, Dp, qrows, Dp, nk);
+          }
+          const bool assign = h == kh * group;
+          for (int64_t j = 0; j < nk; ++j) {
+            float* dkj = dx + (k0 + j) * ld + (H + kh) * D;
+            float* dvj = dx + (k0 + j) * ld + (H + KV + kh) * D;
 #pragma omp simd
-              for (int64_t d = 0; d < D; ++d) dxi[d] += dq[i * Dp + d];
+            for (int64_t d = 0; d < D; ++d) {
+              dkj[d] = assign ? dk[j * Dp + d] : dkj[d] + dk[j * Dp + d];
+              dvj[d] = assign ? dv[j * Dp + d] : dvj[d] + dv[j * Dp + d];
             }
           }
         }
-        for (int64_t j = 0; j < nk; ++j) {
-          std::copy_n(dk + j * Dp, D, dx + (k0 + j) * ld + (H + kh) * D);
-          std::copy_n(dv + j * Dp, D, dx + (k0 + j) * ld + (H + KV + kh) * D);
-        }
+        for (int64_t t = 0; t < T; ++t) std::copy_n(dqa + t * Dp, D, dx + t * ld + h * D);
       }
     }
   }

@@ -28,8 +28,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, int64_t N, int64_t C, float eps);
 // dinp (N,C) =; dweight (C) +=; dbias (C) += (may be null).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t N, int64_t C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                      int64_t C, float eps);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -37,12 +37,12 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 // ---- linear.cpp -------------------------------------------------------------------------------
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC) (may be null).
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t N, int64_t IC, int64_t OC);
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
+                    int64_t IC, int64_t OC);
 // dinp (N,IC) = dout @ weight (skipped when null); dweight (OC,IC) += dout^T @ inp;
 // dbias (OC) += column sums of dout (may be null).
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t IC, int64_t OC);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int64_t IC, int64_t OC);
 
 // ---- activation.cpp ---------------------------------------------------------------------------
 // GELU (tanh) over n elements; out may alias inp.

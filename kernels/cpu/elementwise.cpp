@@ -22,6 +22,7 @@ void map_indices(float* dst, int64_t n, F&& f) {
 // The same over raw bytes (copies and zero fills of any dtype).
 template <typename F>
 void for_byte_chunks(size_t bytes, F&& f) {
+  if (bytes == 0) return;  // an empty tensor may have no memory at all
   parallel_for(static_cast<int64_t>(bytes), 4 * kGrainElems,
                [&](int64_t begin, int64_t end) { f(begin, static_cast<size_t>(end - begin)); });
 }
@@ -51,9 +52,8 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
 }
 
 void fill_zero(void* x, size_t bytes) {
-  for_byte_chunks(bytes, [=](int64_t off, size_t len) {
-    std::memset(static_cast<char*>(x) + off, 0, len);
-  });
+  for_byte_chunks(
+      bytes, [=](int64_t off, size_t len) { std::memset(static_cast<char*>(x) + off, 0, len); });
 }
 
 void dropout(float* out, const float* inp, int64_t n, float p, uint64_t seed, uint64_t stream,

@@ -43,13 +43,13 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   constexpr int64_t kLine = 16;
   const int64_t lines = (C + kLine - 1) / kLine;
   parallel_for(lines, grain_rows(B * T * kLine), [&](int64_t begin, int64_t end) {
-                 const int64_t c0 = begin * kLine, c1 = std::min(C, end * kLine);
-                 for (int64_t n = 0; n < B * T; ++n) {
-                   const float* d = dout + n * C;
-                   accumulate(dwte + tokens[n] * C + c0, d + c0, c1 - c0);
-                   if (dwpe) accumulate(dwpe + (pos_offset + n % T) * C + c0, d + c0, c1 - c0);
-                 }
-               });
+    const int64_t c0 = begin * kLine, c1 = std::min(C, end * kLine);
+    for (int64_t n = 0; n < B * T; ++n) {
+      const float* d = dout + n * C;
+      accumulate(dwte + tokens[n] * C + c0, d + c0, c1 - c0);
+      if (dwpe) accumulate(dwpe + (pos_offset + n % T) * C + c0, d + c0, c1 - c0);
+    }
+  });
 }
 
 }  // namespace llmt::cpu

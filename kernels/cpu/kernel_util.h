@@ -21,8 +21,8 @@ inline int64_t grain_rows(int64_t row_elems) {
 }
 
 inline int threads_for(int64_t n, int64_t grain) {
-  return static_cast<int>(std::clamp<int64_t>(n / std::max<int64_t>(1, grain), 1,
-                                              omp_get_max_threads()));
+  return static_cast<int>(
+      std::clamp<int64_t>(n / std::max<int64_t>(1, grain), 1, omp_get_max_threads()));
 }
 
 // dst (n) += src (n).
@@ -31,19 +31,25 @@ inline void accumulate(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-// body(begin, end) over [0, n) in one contiguous chunk per thread, or serially when n is small.
+// body(thread, begin, end) on nt contiguous chunks of [0, n), one per thread (serial if nt == 1).
 template <typename Body>
-void parallel_for(int64_t n, int64_t grain, Body&& body) {
-  int nt = threads_for(n, grain);
+void run_chunks(int64_t n, int nt, Body&& body) {
   if (nt == 1) {
-    body(int64_t{0}, n);
+    body(int64_t{0}, int64_t{0}, n);
     return;
   }
 #pragma omp parallel num_threads(nt)
   {
     int64_t t = omp_get_thread_num(), nth = omp_get_num_threads();
-    body(n * t / nth, n * (t + 1) / nth);
+    body(t, n * t / nth, n * (t + 1) / nth);
   }
+}
+
+// body(begin, end) over [0, n) in one contiguous chunk per thread, or serially when n is small.
+template <typename Body>
+void parallel_for(int64_t n, int64_t grain, Body&& body) {
+  run_chunks(n, threads_for(n, grain),
+             [&](int64_t, int64_t begin, int64_t end) { body(begin, end); });
 }
 
 // Row-parallel pass that also reduces over rows: body(begin, end, acc) adds its rows' share into
@@ -51,18 +57,12 @@ void parallel_for(int64_t n, int64_t grain, Body&& body) {
 // thread order. Parameter gradients (norm weights, biases) are built this way without races.
 template <typename Body>
 std::vector<float> parallel_rows_sum(int64_t N, int64_t grain, int64_t width, Body&& body) {
-  int nt = threads_for(N, grain);
+  const int nt = threads_for(N, grain);
   std::vector<float> acc(static_cast<size_t>(nt) * width, 0.0f);
-  if (nt == 1) {
-    body(int64_t{0}, N, acc.data());
-  } else {
-#pragma omp parallel num_threads(nt)
-    {
-      int64_t t = omp_get_thread_num(), nth = omp_get_num_threads();
-      body(N * t / nth, N * (t + 1) / nth, acc.data() + t * width);
-    }
-    for (int t = 1; t < nt; ++t) accumulate(acc.data(), acc.data() + t * width, width);
-  }
+  run_chunks(N, nt, [&](int64_t t, int64_t begin, int64_t end) {
+    body(begin, end, acc.data() + t * width);
+  });
+  for (int t = 1; t < nt; ++t) accumulate(acc.data(), acc.data() + t * width, width);
   acc.resize(width);
   return acc;
 }

@@ -10,8 +10,8 @@
 
 namespace llmt::cpu {
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t N, int64_t IC, int64_t OC) {
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
+                    int64_t IC, int64_t OC) {
   if (N == 0) return;
   if (bias) {
     parallel_for(N, grain_rows(OC), [&](int64_t begin, int64_t end) {
@@ -22,8 +22,8 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
               bias ? 1.0f : 0.0f, out, OC);
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t N, int64_t IC, int64_t OC) {
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int64_t IC, int64_t OC) {
   if (N == 0) return;
   if (dinp)  // (N,IC) = (N,OC) @ (OC,IC)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,

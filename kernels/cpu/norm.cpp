@@ -79,8 +79,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t N, int64_t C) {
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
   norm_backward<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 

@@ -14,12 +14,13 @@ namespace {
 // Sum of f(i) over [0, n) in double, deterministic for a given thread count.
 template <typename F>
 double parallel_sum(int64_t n, F&& f) {
-  std::vector<double> partial(omp_get_max_threads(), 0.0);
-  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
+  const int nt = threads_for(n, kGrainElems);
+  std::vector<double> partial(nt, 0.0);
+  run_chunks(n, nt, [&](int64_t t, int64_t begin, int64_t end) {
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = begin; i < end; ++i) s += f(i);
-    partial[omp_get_thread_num()] = s;
+    partial[t] = s;
   });
   double total = 0.0;
   for (double s : partial) total += s;

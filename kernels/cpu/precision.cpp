@@ -60,19 +60,27 @@ void round_through(float* x, int64_t n) {
 template <typename F>
 void with_codec(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f(F32{});
-    case DType::bf16: return f(BF16{});
-    case DType::f16: return f(F16{});
-    case DType::i32: break;
+    case DType::f32:
+      return f(F32{});
+    case DType::bf16:
+      return f(BF16{});
+    case DType::f16:
+      return f(F16{});
+    case DType::i32:
+      break;
   }
   LLMT_CHECK(false, "convert: ", dtype_name(t), " is not a floating-point storage type");
 }
 
 }  // namespace
 
-void round_to_bf16(float* x, int64_t n) { round_through<BF16>(x, n); }
+void round_to_bf16(float* x, int64_t n) {
+  round_through<BF16>(x, n);
+}
 
-void round_to_f16(float* x, int64_t n) { round_through<F16>(x, n); }
+void round_to_f16(float* x, int64_t n) {
+  round_through<F16>(x, n);
+}
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
   with_codec(src_type, [&](auto s) {

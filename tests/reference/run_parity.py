@@ -84,8 +84,30 @@ def read_metrics(path: Path) -> dict[int, dict]:
         for key in ("loss", "grad_norm", "lr"):
             if key not in rec:
                 raise Fail(f"{path}:{i}: record for step {rec['step']} has no {key!r}: {line}")
+        if rec.get("skipped", False):
+            raise Fail(f"{path}:{i}: step {rec['step']} was skipped (overflow?) in an fp32 run: {line}")
         out.setdefault(int(rec["step"]), rec)
     return out
+
+
+def check_init(model: Transformer) -> list[str]:
+    """docs/model.md Initialisation: N(0, init_std) matrices/embeddings, residual projections
+    N(0, init_std / sqrt(2L)), biases 0, norm weights 1 (statistics only: 10% on the std)."""
+    errors = []
+    c = model.cfg
+    for n, p in model.named_parameters():
+        p = p.detach().double()
+        if p.dim() == 2:
+            want = c.init_std / math.sqrt(2 * c.n_layers) if n.endswith(("attn.proj.weight", "mlp.fc2.weight")) else c.init_std
+            mean, std = p.mean().item(), p.std().item()
+            if abs(std / want - 1) > 0.1 or abs(mean) > 5 * want / math.sqrt(p.numel()):
+                errors.append(f"init {n}: mean {mean:.2e}, std {std:.5f}, doc says N(0, {want:.5f})")
+        elif n.endswith(".bias"):
+            if p.abs().max().item() != 0:
+                errors.append(f"init {n}: biases should be 0, max |b| = {p.abs().max().item():.3e}")
+        elif not torch.all(p == 1):
+            errors.append(f"init {n}: norm weights should be 1")
+    return errors
 
 
 def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_batch: int) -> list[tuple[float, float, float]]:
@@ -229,11 +251,13 @@ def main() -> int:
         print(f"FAIL: {e}", file=sys.stderr)
         return 2
 
+    init_errors = check_init(model)
+    print("initialisation statistics: " + ("as docs/model.md" if not init_errors else f"{len(init_errors)} deviations"))
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     t0 = time.time()
     ours = reference_run(model, opt, tokens, micro_batch)
     print(f"reference: {time.time() - t0:.1f} s")
-    errors = compare(ours, metrics, args)
+    errors = init_errors + compare(ours, metrics, args)
     extra = sorted(s for s in metrics if s > args.steps)
     if extra:
         errors.append(f"metrics.jsonl has steps beyond {args.steps}: {extra}")

@@ -1,6 +1,7 @@
 // Shared harness of the op tests (the shape of ggml's test-backend-ops): host tensors with seeded
 // contents, comparison against double-precision references that reports the worst element, and a
-// central-difference gradient checker, so every op file tests forward, backward and gradients alike.
+// central-difference gradient checker, so every op file tests forward, backward and gradients
+// alike.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -140,8 +141,8 @@ inline ::testing::AssertionResult all_close(const HostTensor& got, const HostTen
 // Bitwise equality of two tensors' storage (layout-independence and determinism checks).
 inline ::testing::AssertionResult bits_equal(const HostTensor& a, const HostTensor& b) {
   if (!(a.shape() == b.shape()) || a.dtype() != b.dtype())
-    return ::testing::AssertionFailure() << "shape/dtype differ: " << a.shape().str() << " vs "
-                                         << b.shape().str();
+    return ::testing::AssertionFailure()
+           << "shape/dtype differ: " << a.shape().str() << " vs " << b.shape().str();
   size_t bytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype());
   const auto* pa = static_cast<const unsigned char*>(a.bytes());
   const auto* pb = static_cast<const unsigned char*>(b.bytes());
@@ -176,8 +177,8 @@ inline ::testing::AssertionResult check_gradient(const std::function<double()>& 
                                                  const HostTensor& analytic, GradCheck opt = {}) {
   const int64_t n = x.numel();
   if (analytic.numel() != n)
-    return ::testing::AssertionFailure() << "analytic gradient has " << analytic.numel()
-                                         << " elements, input " << n;
+    return ::testing::AssertionFailure()
+           << "analytic gradient has " << analytic.numel() << " elements, input " << n;
   std::vector<int64_t> probes;
   if (n <= opt.max_probes) {
     for (int64_t i = 0; i < n; ++i) probes.push_back(i);

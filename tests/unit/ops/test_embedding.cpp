@@ -27,7 +27,9 @@ class Embedding : public ::testing::TestWithParam<EmbeddingCase> {
     if (c.P) wpe = uniform({c.P, c.C}, 3);
     out = HostTensor({c.B, c.T, c.C});
   }
-  void forward() { ops::embedding_forward(out.t(), tok.t(), wte.t(), wpe.t(), GetParam().pos_offset); }
+  void forward() {
+    ops::embedding_forward(out.t(), tok.t(), wte.t(), wpe.t(), GetParam().pos_offset);
+  }
 
   HostTensor tok, wte, wpe, out;
 };
@@ -60,7 +62,9 @@ TEST_P(Embedding, BackwardAddsScatteredRows) {
     }
   ops::embedding_backward(dwte.t(), dwpe.t(), dout.t(), tok.t(), c.pos_offset);
   EXPECT_TRUE(all_close(dwte, ref_wte, {1e-6, 1e-6}));
-  if (c.P) EXPECT_TRUE(all_close(dwpe, ref_wpe, {1e-6, 1e-6}));
+  if (c.P) {
+    EXPECT_TRUE(all_close(dwpe, ref_wpe, {1e-6, 1e-6}));
+  }
 }
 
 TEST_P(Embedding, GradientsMatchFiniteDifferences) {
@@ -74,7 +78,9 @@ TEST_P(Embedding, GradientsMatchFiniteDifferences) {
     return weighted_sum(out, w);
   };
   EXPECT_TRUE(check_gradient(loss, wte, dwte));
-  if (c.P) EXPECT_TRUE(check_gradient(loss, wpe, dwpe));
+  if (c.P) {
+    EXPECT_TRUE(check_gradient(loss, wpe, dwpe));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Embedding,

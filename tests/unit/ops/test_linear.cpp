@@ -41,7 +41,8 @@ TEST_P(Linear, ForwardMatchesReference) {
   for (int64_t n = 0; n < c.N; ++n)
     for (int64_t o = 0; o < c.OC; ++o) {
       double s = c.bias ? bias[o] : 0.0;
-      for (int64_t i = 0; i < c.IC; ++i) s += static_cast<double>(inp[n * c.IC + i]) * weight[o * c.IC + i];
+      for (int64_t i = 0; i < c.IC; ++i)
+        s += static_cast<double>(inp[n * c.IC + i]) * weight[o * c.IC + i];
       ref[n * c.OC + o] = s;
     }
   EXPECT_TRUE(all_close(out, ref, kGemmTol));
@@ -50,7 +51,7 @@ TEST_P(Linear, ForwardMatchesReference) {
 TEST_P(Linear, BackwardMatchesReference) {
   const auto& c = GetParam();
   HostTensor dout = uniform({c.N, c.OC}, 4), dinp = uniform({c.N, c.IC}, 5);  // dinp is assigned
-  HostTensor dweight = uniform({c.OC, c.IC}, 6), dweight0 = dweight, dbias;  // added to
+  HostTensor dweight = uniform({c.OC, c.IC}, 6), dweight0 = dweight, dbias;   // added to
   if (c.bias) dbias = uniform({c.OC}, 7);
   std::vector<double> ref_inp(c.N * c.IC, 0.0), ref_w = to_double(dweight), ref_b;
   if (c.bias) ref_b = to_double(dbias);
@@ -66,7 +67,9 @@ TEST_P(Linear, BackwardMatchesReference) {
   ops::linear_backward(dinp.t(), dweight.t(), dbias.t(), dout.t(), inp.t(), weight.t());
   EXPECT_TRUE(all_close(dinp, ref_inp, kGemmTol));
   EXPECT_TRUE(all_close(dweight, ref_w, kGemmTol));
-  if (c.bias) EXPECT_TRUE(all_close(dbias, ref_b, kGemmTol));
+  if (c.bias) {
+    EXPECT_TRUE(all_close(dbias, ref_b, kGemmTol));
+  }
 
   // Without dinp only the parameter gradients are produced (added once more).
   ops::linear_backward(Tensor(), dweight.t(), dbias.t(), dout.t(), inp.t(), weight.t());
@@ -86,14 +89,17 @@ TEST_P(Linear, GradientsMatchFiniteDifferences) {
   };
   EXPECT_TRUE(check_gradient(loss, inp, dinp));
   EXPECT_TRUE(check_gradient(loss, weight, dweight));
-  if (c.bias) EXPECT_TRUE(check_gradient(loss, bias, dbias));
+  if (c.bias) {
+    EXPECT_TRUE(check_gradient(loss, bias, dbias));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Linear,
                          ::testing::Values(LinearCase{1, 3, 5, true}, LinearCase{2, 1, 1, false},
                                            LinearCase{7, 67, 33, true},
                                            LinearCase{7, 67, 33, false},
-                                           LinearCase{64, 128, 256, true}),
+                                           LinearCase{64, 128, 256, true},
+                                           LinearCase{300, 64, 160, true}),
                          ParamName());
 
 TEST(LinearOps, WeightGradientsAccumulate) {

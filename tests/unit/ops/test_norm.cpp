@@ -55,9 +55,8 @@ NormRef reference(const NormCase& c, const HostTensor& inp, const HostTensor& we
     }
     for (int64_t j = 0; j < c.C; ++j) {
       const double norm = (x[j] - mean) * rstd;
-      r.dinp[n * c.C + j] =
-          rstd * (d[j] * static_cast<double>(weight[j]) - (center ? g_sum / c.C : 0.0) -
-                  norm * gn_sum / c.C);
+      r.dinp[n * c.C + j] = rstd * (d[j] * static_cast<double>(weight[j]) -
+                                    (center ? g_sum / c.C : 0.0) - norm * gn_sum / c.C);
     }
   }
   return r;
@@ -99,7 +98,7 @@ TEST_P(Norm, ForwardAndBackwardMatchReference) {
   forward();
   EXPECT_TRUE(all_close(out, ref.out, {1e-5, 1e-5}));
 
-  HostTensor dinp = uniform({c.N, c.C}, 5);  // assigned
+  HostTensor dinp = uniform({c.N, c.C}, 5);       // assigned
   HostTensor dweight = uniform({c.C}, 6), dbias;  // added to
   if (bias.defined()) dbias = uniform({c.C}, 7);
   for (int64_t i = 0; i < c.C; ++i) {
@@ -109,7 +108,9 @@ TEST_P(Norm, ForwardAndBackwardMatchReference) {
   backward(dinp, dweight, dbias, dout);
   EXPECT_TRUE(all_close(dinp, ref.dinp, {1e-4, 1e-5}));
   EXPECT_TRUE(all_close(dweight, ref.dweight, {1e-5, 1e-5}));
-  if (bias.defined()) EXPECT_TRUE(all_close(dbias, ref.dbias, {1e-5, 1e-5}));
+  if (bias.defined()) {
+    EXPECT_TRUE(all_close(dbias, ref.dbias, {1e-5, 1e-5}));
+  }
 }
 
 TEST_P(Norm, GradientsMatchFiniteDifferences) {
@@ -125,7 +126,9 @@ TEST_P(Norm, GradientsMatchFiniteDifferences) {
   };
   EXPECT_TRUE(check_gradient(loss, inp, dinp));
   EXPECT_TRUE(check_gradient(loss, weight, dweight));
-  if (bias.defined()) EXPECT_TRUE(check_gradient(loss, bias, dbias));
+  if (bias.defined()) {
+    EXPECT_TRUE(check_gradient(loss, bias, dbias));
+  }
 }
 
 TEST_P(Norm, WeightGradientsAccumulate) {
@@ -150,7 +153,7 @@ TEST_P(Norm, WeightGradientsAccumulate) {
 std::vector<NormCase> norm_cases() {
   std::vector<NormCase> cases;
   for (Kind k : {Kind::layernorm, Kind::layernorm_nobias, Kind::rmsnorm})
-    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {7, 67}, {64, 256}, {3, 1000}})
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {7, 67}, {3, 1000}, {300, 128}})
       cases.push_back({N, C, k});
   return cases;
 }

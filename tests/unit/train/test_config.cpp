@@ -1,0 +1,755 @@
+// Config parsing: presets, includes, --set overrides, the to_toml round trip, and the exact
+// content of every error (dotted key, file:line:col, numbers). Also runs the e2e bad-config cases
+// of tests/e2e/bad_configs through parse_config, so they are checked without the binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/train/config.h"
+
+namespace llmt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The message of the ConfigError that parsing throws; fails the test when nothing is thrown.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {},
+                     const std::string& name = "t.toml") {
+  try {
+    parse_config_string(text, name, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError for:\n" << text;
+  return "";
+}
+
+std::string file_error_of(const fs::path& path, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(path.string(), overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError for " << path;
+  return "";
+}
+
+void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
+  for (const std::string& p : parts) {
+    EXPECT_NE(msg.find(p), std::string::npos) << "missing: " << p << "\nin: " << msg;
+  }
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Every field, floats compared bit for bit.
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model.arch, b.model.arch);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.n_layers, b.model.n_layers);
+  EXPECT_EQ(a.model.d_model, b.model.d_model);
+  EXPECT_EQ(a.model.n_heads, b.model.n_heads);
+  EXPECT_EQ(a.model.n_kv_heads, b.model.n_kv_heads);
+  EXPECT_EQ(a.model.d_ff, b.model.d_ff);
+  EXPECT_EQ(a.model.seq_len, b.model.seq_len);
+  EXPECT_EQ(a.model.norm, b.model.norm);
+  EXPECT_EQ(a.model.activation, b.model.activation);
+  EXPECT_EQ(a.model.position, b.model.position);
+  EXPECT_EQ(a.model.bias, b.model.bias);
+  EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
+  EXPECT_EQ(bits(a.model.norm_eps), bits(b.model.norm_eps));
+  EXPECT_EQ(bits(a.model.rope_theta), bits(b.model.rope_theta));
+  EXPECT_EQ(bits(a.model.dropout), bits(b.model.dropout));
+  EXPECT_EQ(bits(a.model.init_std), bits(b.model.init_std));
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.global_batch_size, b.train.global_batch_size);
+  EXPECT_EQ(a.train.micro_batch_size, b.train.micro_batch_size);
+  EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.run_dir, b.train.run_dir);
+  EXPECT_EQ(a.train.device, b.train.device);
+  EXPECT_EQ(a.train.threads, b.train.threads);
+  EXPECT_EQ(bits(a.optimizer.lr), bits(b.optimizer.lr));
+  EXPECT_EQ(bits(a.optimizer.min_lr), bits(b.optimizer.min_lr));
+  EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
+  EXPECT_EQ(a.optimizer.decay, b.optimizer.decay);
+  EXPECT_EQ(a.optimizer.decay_steps, b.optimizer.decay_steps);
+  EXPECT_EQ(bits(a.optimizer.beta1), bits(b.optimizer.beta1));
+  EXPECT_EQ(bits(a.optimizer.beta2), bits(b.optimizer.beta2));
+  EXPECT_EQ(bits(a.optimizer.eps), bits(b.optimizer.eps));
+  EXPECT_EQ(bits(a.optimizer.weight_decay), bits(b.optimizer.weight_decay));
+  EXPECT_EQ(bits(a.optimizer.grad_clip), bits(b.optimizer.grad_clip));
+  EXPECT_EQ(bits(a.optimizer.initial_loss_scale), bits(b.optimizer.initial_loss_scale));
+  EXPECT_EQ(a.optimizer.loss_scale_window, b.optimizer.loss_scale_window);
+  EXPECT_EQ(a.data.source, b.data.source);
+  EXPECT_EQ(a.data.seed, b.data.seed);
+  EXPECT_EQ(a.log.interval, b.log.interval);
+  EXPECT_EQ(a.log.progress, b.log.progress);
+  EXPECT_EQ(a.log.metrics, b.log.metrics);
+  EXPECT_EQ(a.log.peak_flops, b.log.peak_flops);
+}
+
+Config round_trip(const Config& c) {
+  const std::string text = to_toml(c);
+  Config back = parse_config_string(text, "resolved.toml");
+  const std::string again = to_toml(back);
+  EXPECT_EQ(again.substr(again.find("[model]")), text.substr(text.find("[model]")));
+  return back;
+}
+
+// A fresh directory per test for include files.
+class ConfigFiles : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("llmt_test_config_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path write(const std::string& rel, const std::string& text) {
+    const fs::path p = dir_ / rel;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p;
+  }
+  fs::path dir_;
+};
+
+// ---- presets and derived defaults ----
+
+TEST(ConfigPresets, EmptyFileIsGpt2WithDerivedDefaults) {
+  const Config c = parse_config_string("", "empty.toml");
+  EXPECT_EQ(c.source_path, "empty.toml");
+  EXPECT_EQ(c.model.arch, Arch::gpt2);
+  EXPECT_EQ(c.model.norm, NormKind::layernorm);
+  EXPECT_EQ(c.model.activation, Activation::gelu);
+  EXPECT_EQ(c.model.position, PositionKind::learned);
+  EXPECT_TRUE(c.model.bias);
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.d_ff, 4 * 768);
+  EXPECT_EQ(c.model.n_kv_heads, 12);
+  EXPECT_EQ(c.train.micro_batch_size, 8);
+  EXPECT_EQ(c.optimizer.decay_steps, 100);
+  EXPECT_EQ(c.data.seed, 1234u);
+  EXPECT_EQ(grad_accum_steps(c), 1);
+}
+
+TEST(ConfigPresets, LlamaSwitchesAndDff) {
+  const Config c =
+      parse_config_string("[model]\narch = \"llama\"\nd_model = 4096\nn_heads = 32\n", "l.toml");
+  EXPECT_EQ(c.model.norm, NormKind::rmsnorm);
+  EXPECT_EQ(c.model.activation, Activation::swiglu);
+  EXPECT_EQ(c.model.position, PositionKind::rope);
+  EXPECT_FALSE(c.model.bias);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.d_ff, 11008);  // Llama-7B: 256 * ceil(8*4096/3 / 256)
+  // 8/3*C rounded up to a multiple of 256.
+  const std::vector<std::pair<int, int>> dff = {
+      {64, 256}, {96, 256}, {128, 512}, {512, 1536}, {768, 2048}};
+  for (auto [d_model, d_ff] : dff) {
+    const Config s = parse_config_string(
+        "[model]\narch = \"llama\"\nn_heads = 2\nd_model = " + std::to_string(d_model), "l.toml");
+    EXPECT_EQ(s.model.d_ff, d_ff) << "d_model=" << d_model;
+  }
+}
+
+TEST(ConfigPresets, ExplicitKeysWin) {
+  const Config l = parse_config_string(
+      "[model]\narch = \"llama\"\nnorm = \"layernorm\"\nactivation = \"gelu\"\nposition = "
+      "\"learned\"\n"
+      "bias = true\ntie_embeddings = true\nd_ff = 1000\n",
+      "l.toml");
+  EXPECT_EQ(l.model.norm, NormKind::layernorm);
+  EXPECT_EQ(l.model.activation, Activation::gelu);
+  EXPECT_EQ(l.model.position, PositionKind::learned);
+  EXPECT_TRUE(l.model.bias);
+  EXPECT_TRUE(l.model.tie_embeddings);
+  EXPECT_EQ(l.model.d_ff, 1000);
+  const Config g = parse_config_string(
+      "[model]\nnorm = \"rmsnorm\"\nposition = \"rope\"\nbias = false\n", "g.toml");
+  EXPECT_EQ(g.model.arch, Arch::gpt2);
+  EXPECT_EQ(g.model.norm, NormKind::rmsnorm);
+  EXPECT_EQ(g.model.activation, Activation::gelu);
+  EXPECT_EQ(g.model.position, PositionKind::rope);
+  EXPECT_FALSE(g.model.bias);
+  EXPECT_TRUE(g.model.tie_embeddings);
+}
+
+TEST(ConfigPresets, ZeroMeansDerivedElseExplicit) {
+  const Config c = parse_config_string(
+      "[model]\nn_heads = 12\nn_kv_heads = 4\n[train]\nsteps = 500\nglobal_batch_size = 32\n"
+      "micro_batch_size = 4\nseed = 77\n[optimizer]\nwarmup_steps = 10\n",
+      "d.toml");
+  EXPECT_EQ(c.model.n_kv_heads, 4);
+  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_EQ(grad_accum_steps(c), 8);
+  EXPECT_EQ(c.optimizer.decay_steps, 500);
+  EXPECT_EQ(c.data.seed, 77u);
+  const Config e =
+      parse_config_string("[optimizer]\ndecay_steps = 50\n[data]\nseed = 5\n", "e.toml");
+  EXPECT_EQ(e.optimizer.decay_steps, 50);
+  EXPECT_EQ(e.data.seed, 5u);
+}
+
+TEST(ConfigPresets, DerivedNumbers) {
+  EXPECT_EQ(precision_name(Precision::fp32), "fp32");
+  EXPECT_EQ(precision_name(Precision::bf16), "bf16");
+  EXPECT_EQ(precision_name(Precision::fp16), "fp16");
+  Config c;
+  c.train.global_batch_size = 12;
+  EXPECT_EQ(grad_accum_steps(c), 1);  // micro 0 = global
+  c.train.micro_batch_size = 3;
+  EXPECT_EQ(grad_accum_steps(c), 4);
+}
+
+// ---- includes ----
+
+TEST_F(ConfigFiles, IncludesMergeKeyByKeyIncludingFileWins) {
+  write("base.toml",
+        "[model]\nn_layers = 2\nd_model = 64\nn_heads = 4\n[train]\nsteps = 10\n"
+        "[optimizer]\nlr = 0.01\n");
+  write("sub/mid.toml",
+        "include = [\"../base.toml\"]\n[model]\nn_layers = 3\n[train]\nglobal_batch_size = 16\n");
+  write("sub/other.toml", "[optimizer]\nlr = 0.02\n[train]\nsteps = 20\n");
+  const fs::path top =
+      write("top.toml", "include = [\"sub/mid.toml\", \"sub/other.toml\"]\n[train]\nsteps = 30\n");
+  const Config c = parse_config(top.string());
+  EXPECT_EQ(c.source_path, top.string());
+  EXPECT_EQ(c.model.n_layers, 3);            // mid over base
+  EXPECT_EQ(c.model.d_model, 64);            // base
+  EXPECT_EQ(c.model.n_heads, 4);             // base
+  EXPECT_EQ(c.train.global_batch_size, 16);  // mid
+  EXPECT_EQ(c.optimizer.lr, 0.02f);          // the later include over the earlier
+  EXPECT_EQ(c.train.steps, 30);              // the including file over every base
+  EXPECT_EQ(c.optimizer.decay_steps, 30);    // derived after merging
+}
+
+TEST_F(ConfigFiles, PresetAppliesAfterMerging) {
+  write("base.toml", "[model]\narch = \"llama\"\nd_model = 256\nn_heads = 4\n");
+  const fs::path top =
+      write("top.toml", "include = [\"base.toml\"]\n[model]\nposition = \"learned\"\n");
+  const Config c = parse_config(top.string());
+  EXPECT_EQ(c.model.norm, NormKind::rmsnorm);
+  EXPECT_EQ(c.model.position, PositionKind::learned);
+  EXPECT_EQ(c.model.d_ff, 768);
+  // And an arch given by --set re-derives the switches the files did not set.
+  const Config g = parse_config(top.string(), {"model.arch=gpt2"});
+  EXPECT_EQ(g.model.norm, NormKind::layernorm);
+  EXPECT_EQ(g.model.d_ff, 1024);
+  EXPECT_TRUE(g.model.bias);
+}
+
+TEST_F(ConfigFiles, DiamondIsNotACycle) {
+  write("d.toml", "[model]\nn_layers = 5\n");
+  write("b.toml", "include = [\"d.toml\"]\n");
+  write("c.toml", "include = [\"d.toml\"]\n[train]\nsteps = 7\n");
+  const fs::path a = write("a.toml", "include = [\"b.toml\", \"c.toml\"]\n");
+  const Config c = parse_config(a.string());
+  EXPECT_EQ(c.model.n_layers, 5);
+  EXPECT_EQ(c.train.steps, 7);
+}
+
+TEST_F(ConfigFiles, ErrorsNameTheIncludedFile) {
+  const fs::path base =
+      write("base.toml", "[model]\nn_layers = 2\nd_model = \"wide\"\n[train]\nstep = 3\n");
+  const fs::path top = write("top.toml", "include = [\"base.toml\"]\n[model]\nn_layers = 4\n");
+  const std::string msg = file_error_of(top);
+  expect_contains(
+      msg,
+      {"model.d_model at " + base.string() + ":3:1: expected an integer, found a string (\"wide\")",
+       "unknown key train.step at " + base.string() + ":5:1 — did you mean train.steps?"});
+  EXPECT_EQ(lines_of(msg).size(), 2u) << msg;
+  // A rule broken by keys from two files names both places.
+  write("heads.toml", "[model]\nn_heads = 12\n");
+  const fs::path two = write("two.toml", "include = [\"heads.toml\"]\n[model]\nd_model = 100\n");
+  expect_contains(file_error_of(two),
+                  {"model.d_model=100 is not divisible by model.n_heads=12",
+                   "model.d_model at " + two.string() + ":3:1",
+                   "model.n_heads at " + (dir_ / "heads.toml").string() + ":2:1"});
+}
+
+TEST_F(ConfigFiles, IncludeCycles) {
+  write("a.toml", "include = [\"b.toml\"]\n");
+  write("b.toml", "\ninclude = [\"a.toml\"]\n");
+  const std::string a = (dir_ / "a.toml").string(), b = (dir_ / "b.toml").string();
+  EXPECT_EQ(file_error_of(dir_ / "a.toml"), "include cycle: " + a + " -> " + b + " -> " + a +
+                                                " (include \"a.toml\" at " + b + ":2:12)");
+  const fs::path self = write("self.toml", "include = [\"./self.toml\"]\n");
+  expect_contains(file_error_of(self),
+                  {"include cycle: " + self.string() + " -> " + self.string()});
+}
+
+TEST_F(ConfigFiles, IncludeProblems) {
+  const fs::path missing = write("m.toml", "include = [\"nope.toml\"]\n");
+  expect_contains(file_error_of(missing),
+                  {"include \"nope.toml\" at " + missing.string() + ":1:12: cannot open " +
+                       (dir_ / "nope.toml").string(),
+                   "No such file"});
+  const fs::path not_list = write("s.toml", "include = \"base.toml\"\n");
+  expect_contains(file_error_of(not_list),
+                  {"include at " + not_list.string() +
+                   ":1:1: expected an array of file names, found a string (\"base.toml\")"});
+  const fs::path not_name = write("n.toml", "include = [3]\n");
+  expect_contains(file_error_of(not_name),
+                  {"include at " + not_name.string() +
+                   ":1:12: expected a file name (string), found an integer (3)"});
+  const fs::path syntax = write("base_bad.toml", "[model]\nn_layers = [\n");
+  const fs::path top = write("top.toml", "include = [\"base_bad.toml\"]\n");
+  expect_contains(file_error_of(top), {"invalid TOML at " + syntax.string() + ":"});
+  expect_contains(file_error_of(dir_ / "absent.toml"),
+                  {"cannot open " + (dir_ / "absent.toml").string()});
+}
+
+// ---- --set overrides ----
+
+TEST(ConfigOverrides, TypedValuesAndBareStrings) {
+  const Config c = parse_config_string(
+      "[train]\nsteps = 10\nrun_dir = \"runs/file\"\n", "o.toml",
+      {"train.steps=50", "optimizer.lr=1e-3", "optimizer.min_lr=0", "model.bias=false",
+       "log.peak_flops=1.5e12", "model.arch=llama", "train.run_dir=runs/x",
+       "log.metrics=", "train.device=cuda", "train.steps=60"});
+  EXPECT_EQ(c.train.steps, 60);  // the later --set wins
+  EXPECT_EQ(c.optimizer.lr, 1e-3f);
+  EXPECT_EQ(c.optimizer.min_lr, 0.0f);
+  EXPECT_FALSE(c.model.bias);
+  EXPECT_EQ(c.log.peak_flops, 1.5e12);
+  EXPECT_EQ(c.model.arch, Arch::llama);
+  EXPECT_EQ(c.model.norm, NormKind::rmsnorm);
+  EXPECT_EQ(c.train.run_dir, "runs/x");
+  EXPECT_EQ(c.log.metrics, "");
+  EXPECT_EQ(c.train.device, "cuda");
+}
+
+TEST(ConfigOverrides, TextKeysKeepTheirText) {
+  // A date, a number and a quoted TOML string, all into string keys.
+  EXPECT_EQ(parse_config_string("", "o.toml", {"train.run_dir=2024-01-01"}).train.run_dir,
+            "2024-01-01");
+  EXPECT_EQ(parse_config_string("", "o.toml", {"train.run_dir=42"}).train.run_dir, "42");
+  EXPECT_EQ(parse_config_string("", "o.toml", {"train.run_dir=\"a b\""}).train.run_dir, "a b");
+  EXPECT_EQ(parse_config_string("", "o.toml", {"log.metrics=m=1.jsonl"}).log.metrics, "m=1.jsonl");
+}
+
+TEST(ConfigOverrides, Errors) {
+  EXPECT_EQ(error_of("", {"model.n_layer=4"}),
+            "unknown key model.n_layer at --set — did you mean model.n_layers?");
+  EXPECT_EQ(error_of("", {"modle.n_layers=4"}),
+            "unknown section [modle] at --set — did you mean [model]?");
+  EXPECT_EQ(error_of("", {"train.steps=abc"}),
+            "train.steps at --set: expected an integer, found a string (\"abc\")");
+  EXPECT_EQ(error_of("", {"train.steps=4.0"}),
+            "train.steps at --set: expected an integer, found a float (4.0)");
+  EXPECT_EQ(error_of("", {"train.steps"}),
+            "--set \"train.steps\": expected section.key=value, e.g. --set train.steps=10");
+  EXPECT_EQ(error_of("", {"steps=3"}),
+            "--set \"steps=3\": expected section.key=value, e.g. --set train.steps=10");
+  // Several bad overrides: all reported.
+  EXPECT_EQ(
+      lines_of(error_of("", {"model.n_layer=4", "train.steps=x", "optimizer.lr=fast"})).size(), 3u);
+}
+
+// ---- to_toml ----
+
+TEST(ConfigToToml, DefaultsAndPresetsRoundTrip) {
+  for (const char* text :
+       {"", "[model]\narch = \"llama\"\nd_model = 512\nn_heads = 8\nn_kv_heads = 2\n"}) {
+    const Config c = parse_config_string(text, "p.toml");
+    expect_same(round_trip(c), c);
+  }
+}
+
+TEST(ConfigToToml, EveryKeyNonDefaultRoundTrips) {
+  const Config c = parse_config_string(R"(
+[model]
+arch = "llama"
+vocab_size = 32000
+n_layers = 3
+d_model = 192
+n_heads = 6
+n_kv_heads = 2
+d_ff = 500
+seq_len = 77
+norm = "layernorm"
+activation = "gelu"
+position = "learned"
+bias = true
+tie_embeddings = true
+norm_eps = 1e-6
+rope_theta = 500000.0
+dropout = 0.1
+init_std = 0.006
+[train]
+steps = 1000
+global_batch_size = 24
+micro_batch_size = 6
+precision = "fp16"
+seed = 9223372036854775807
+run_dir = "runs/\"quoted\" \\ tab\t nl\n é \u0001"
+device = "cuda"
+threads = 3
+[optimizer]
+lr = 3e-4
+min_lr = 3.3e-5
+warmup_steps = 100
+decay = "linear"
+decay_steps = 900
+beta1 = 0.85
+beta2 = 0.999
+eps = 1e-10
+weight_decay = 0.0
+grad_clip = 0.5
+initial_loss_scale = 1024
+loss_scale_window = 50
+[data]
+source = "synthetic"
+seed = 11
+[log]
+interval = 10
+progress = false
+metrics = ""
+peak_flops = 989.5e12
+)",
+                                       "all.toml");
+  EXPECT_EQ(c.train.run_dir, "runs/\"quoted\" \\ tab\t nl\n é \x01");
+  EXPECT_EQ(c.optimizer.initial_loss_scale, 1024.0f);
+  const Config back = round_trip(c);
+  expect_same(back, c);
+  const std::string text = to_toml(c);
+  for (const char* line :
+       {"[model]\narch = \"llama\"\n", "\nn_kv_heads = 2\n", "\nlr = 0.0003\n", "\ndropout = 0.1\n",
+        "\nweight_decay = 0.0\n", "\nseed = 9223372036854775807\n", "\ndecay = \"linear\"\n"}) {
+    expect_contains(text, {line});
+  }
+}
+
+TEST(ConfigToToml, RandomFloatsRoundTripBitExactly) {
+  std::mt19937 gen(123);
+  std::uniform_real_distribution<double> exponent(-12, 12);
+  for (int i = 0; i < 2000; ++i) {
+    Config c = parse_config_string("", "r.toml");
+    auto draw = [&] { return static_cast<float>(std::pow(10.0, exponent(gen))); };
+    c.model.norm_eps = draw();
+    c.model.rope_theta = draw();
+    c.model.init_std = draw();
+    c.optimizer.lr = draw();
+    c.optimizer.min_lr = c.optimizer.lr * std::uniform_real_distribution<float>(0, 1)(gen);
+    c.optimizer.eps = draw();
+    c.optimizer.weight_decay = draw();
+    c.optimizer.grad_clip = draw();
+    c.optimizer.initial_loss_scale = draw();
+    c.model.dropout = std::uniform_real_distribution<float>(0, 1)(gen);
+    c.log.peak_flops = std::pow(10.0, exponent(gen));
+    const Config back = round_trip(c);
+    expect_same(back, c);
+    if (testing::Test::HasFailure()) {
+      ADD_FAILURE() << to_toml(c);
+      break;
+    }
+  }
+}
+
+// ---- unknown keys, types, enums ----
+
+TEST(ConfigErrors, UnknownKeysAndSections) {
+  EXPECT_EQ(error_of("[model]\n\n\nn_layer = 4\n", {}, "quick.toml"),
+            "unknown key model.n_layer at quick.toml:4:1 — did you mean model.n_layers?");
+  EXPECT_EQ(error_of("[model]\nsteps = 5\n"),
+            "unknown key model.steps at t.toml:2:1 — did you mean train.steps?");
+  EXPECT_EQ(error_of("steps = 5\n"), "unknown key steps at t.toml:1:1 — did you mean train.steps?");
+  EXPECT_EQ(error_of("includes = [\"a.toml\"]\n"),
+            "unknown key includes at t.toml:1:1 — did you mean include?");
+  EXPECT_EQ(error_of("[model]\nzzzzzz = 1\n"), "unknown key model.zzzzzz at t.toml:2:1");
+  EXPECT_EQ(error_of("\n[modle]\nn_layers = 4\n"),
+            "unknown section [modle] at t.toml:2:2 — did you mean [model]?");
+  EXPECT_EQ(error_of("[parallel]\ntp = 2\n"), "unknown section [parallel] at t.toml:1:2");
+  EXPECT_EQ(error_of("[model.sub]\nx = 1\n"), "unknown key model.sub at t.toml:1:8");
+  EXPECT_EQ(error_of("model = 5\n"),
+            "model at t.toml:1:1: expected a table [model], found an integer (5)");
+  EXPECT_EQ(error_of("[optimizer]\nlearning_rate = 1\n"),
+            "unknown key optimizer.learning_rate at t.toml:2:1");
+}
+
+struct ErrorCase {
+  const char* text;
+  std::vector<std::string> parts;
+};
+
+class ConfigTypeErrors : public testing::TestWithParam<ErrorCase> {};
+
+TEST_P(ConfigTypeErrors, NameKeyPlaceExpectedAndFound) {
+  const std::string msg = error_of(GetParam().text);
+  expect_contains(msg, GetParam().parts);
+  EXPECT_EQ(lines_of(msg).size(), 1u) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ConfigTypeErrors,
+    testing::Values(
+        ErrorCase{"[model]\nn_layers = \"four\"\n",
+                  {"model.n_layers at t.toml:2:1: expected an integer, found a string (\"four\")"}},
+        ErrorCase{"[train]\nsteps = 10.5\n",
+                  {"train.steps at t.toml:2:1: expected an integer, found a float (10.5)"}},
+        ErrorCase{
+            "[train]\nseed = -1\n",
+            {"train.seed at t.toml:2:1: expected a non-negative integer, found an integer (-1)"}},
+        ErrorCase{
+            "[data]\nseed = 1.0\n",
+            {"data.seed at t.toml:2:1: expected a non-negative integer, found a float (1.0)"}},
+        ErrorCase{"[optimizer]\nlr = \"1e-3\"\n",
+                  {"optimizer.lr at t.toml:2:1: expected a number, found a string (\"1e-3\")"}},
+        ErrorCase{"[optimizer]\nlr = nan\n",
+                  {"optimizer.lr at t.toml:2:1: expected a finite number, found a float (nan)"}},
+        ErrorCase{"[optimizer]\neps = inf\n",
+                  {"optimizer.eps at t.toml:2:1: expected a finite number, found a float (inf)"}},
+        ErrorCase{"[model]\nrope_theta = 1e39\n",
+                  {"model.rope_theta at t.toml:2:1: expected a number within 32-bit float range",
+                   "(1e+39)"}},
+        ErrorCase{
+            "[model]\nbias = 1\n",
+            {"model.bias at t.toml:2:1: expected a boolean (true or false), found an integer (1)"}},
+        ErrorCase{"[train]\nrun_dir = 5\n",
+                  {"train.run_dir at t.toml:2:1: expected a string, found an integer (5)"}},
+        ErrorCase{"[log]\nmetrics = [\"a\"]\n",
+                  {"log.metrics at t.toml:2:1: expected a string, found an array"}},
+        ErrorCase{"[log]\ninterval = { a = 1 }\n",
+                  {"log.interval at t.toml:2:1: expected an integer, found a table"}},
+        ErrorCase{
+            "[train]\nsteps = 1979-05-27\n",
+            {"train.steps at t.toml:2:1: expected an integer, found a date/time (1979-05-27)"}},
+        ErrorCase{"[model]\narch = \"gpt3\"\n",
+                  {"model.arch at t.toml:2:1: expected one of \"gpt2\", \"llama\", found a string "
+                   "(\"gpt3\")"}},
+        ErrorCase{"[model]\nnorm = \"batchnorm\"\n",
+                  {"model.norm at t.toml:2:1: expected one of \"layernorm\", \"rmsnorm\", found"}},
+        ErrorCase{"[model]\nactivation = \"relu\"\n",
+                  {"model.activation at t.toml:2:1: expected one of \"gelu\", \"swiglu\", found"}},
+        ErrorCase{"[model]\nposition = \"alibi\"\n",
+                  {"model.position at t.toml:2:1: expected one of \"learned\", \"rope\", found"}},
+        ErrorCase{"[optimizer]\ndecay = \"step\"\n",
+                  {"optimizer.decay at t.toml:2:1: expected one of \"cosine\", \"linear\", "
+                   "\"constant\", found"}},
+        ErrorCase{"[train]\nprecision = \"fp8\"\n",
+                  {"train.precision at t.toml:2:1: expected one of \"fp32\", \"bf16\", \"fp16\", "
+                   "found a string (\"fp8\")"}},
+        ErrorCase{"[data]\nsource = \"files\"\n",
+                  {"data.source at t.toml:2:1: expected one of \"synthetic\", found a string "
+                   "(\"files\")"}},
+        ErrorCase{"[train]\ndevice = \"gpu\"\n",
+                  {"train.device at t.toml:2:1: expected one of \"cpu\", \"cuda\", found a string "
+                   "(\"gpu\")"}},
+        ErrorCase{"[model]\narch = 2\n",
+                  {"model.arch at t.toml:2:1: expected one of \"gpt2\", \"llama\", found an "
+                   "integer (2)"}},
+        ErrorCase{"[model]\nn_layers = 4\nd_model = = 64\n", {"invalid TOML at t.toml:3:11:"}}));
+
+// ---- rules on the resolved config ----
+
+class ConfigRules : public testing::TestWithParam<ErrorCase> {};
+
+TEST_P(ConfigRules, NameKeysNumbersAndPlaces) {
+  const std::string msg = error_of(GetParam().text);
+  expect_contains(msg, GetParam().parts);
+  EXPECT_EQ(lines_of(msg).size(), 1u) << msg;  // one mistake, one message: no cascades
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ConfigRules,
+    testing::Values(
+        ErrorCase{"[model]\nvocab_size = 1\n",
+                  {"model.vocab_size=1 must be >= 2 (model.vocab_size at t.toml:2:1)"}},
+        ErrorCase{"[model]\nn_layers = 0\n",
+                  {"model.n_layers=0 must be >= 1 (model.n_layers at t.toml:2:1)"}},
+        ErrorCase{"[model]\nd_model = -8\n",
+                  {"model.d_model=-8 must be >= 1 (model.d_model at t.toml:2:1)"}},
+        ErrorCase{"[model]\nn_heads = 0\n",
+                  {"model.n_heads=0 must be >= 1 (model.n_heads at t.toml:2:1)"}},
+        ErrorCase{"[model]\nn_kv_heads = -2\n",
+                  {"model.n_kv_heads=-2 must be >= 1, or 0 for model.n_heads (model.n_kv_heads at "
+                   "t.toml:2:1)"}},
+        ErrorCase{
+            "[model]\nd_ff = -1\n",
+            {"model.d_ff=-1 must be >= 1, or 0 for the arch default (model.d_ff at t.toml:2:1)"}},
+        ErrorCase{"[model]\nseq_len = 0\n",
+                  {"model.seq_len=0 must be >= 1 (model.seq_len at t.toml:2:1)"}},
+        ErrorCase{"[model]\nd_model = 100\nn_heads = 12\n",
+                  {"model.d_model=100 is not divisible by model.n_heads=12",
+                   "(model.d_model at t.toml:2:1, model.n_heads at t.toml:3:1)"}},
+        ErrorCase{"[model]\nd_model = 100\n",
+                  {"model.d_model=100 is not divisible by model.n_heads=12",
+                   "(model.d_model at t.toml:2:1)"}},
+        ErrorCase{"[model]\nn_heads = 12\nn_kv_heads = 5\n",
+                  {"model.n_heads=12 is not divisible by model.n_kv_heads=5",
+                   "model.n_kv_heads at t.toml:3:1"}},
+        ErrorCase{"[model]\nn_heads = 4\nn_kv_heads = 8\nd_model = 64\n",
+                  {"model.n_heads=4 is not divisible by model.n_kv_heads=8"}},
+        ErrorCase{"[model]\narch = \"llama\"\nd_model = 120\nn_heads = 8\n",
+                  {"model.position=\"rope\" needs an even head dim, but model.d_model=120 / "
+                   "model.n_heads=8 = 15",
+                   "model.arch at t.toml:2:1"}},
+        ErrorCase{"[model]\nposition = \"rope\"\nd_model = 36\nn_heads = 4\n",
+                  {"model.d_model=36 / model.n_heads=4 = 9", "model.position at t.toml:2:1"}},
+        ErrorCase{"[model]\nnorm_eps = 0.0\n",
+                  {"model.norm_eps=0.0 must be > 0 (model.norm_eps at t.toml:2:1)"}},
+        ErrorCase{"[model]\nrope_theta = -1.0\n", {"model.rope_theta=-1.0 must be > 0"}},
+        ErrorCase{"[model]\ndropout = 1.0\n",
+                  {"model.dropout=1.0 must be in [0, 1) (model.dropout at t.toml:2:1)"}},
+        ErrorCase{"[model]\ndropout = -0.1\n", {"model.dropout=-0.1 must be in [0, 1)"}},
+        ErrorCase{"[model]\ninit_std = -0.02\n", {"model.init_std=-0.02 must be >= 0.0"}},
+        ErrorCase{"[train]\nsteps = -5\n",
+                  {"train.steps=-5 must be >= 1 (train.steps at t.toml:2:1)"}},
+        ErrorCase{"[train]\nglobal_batch_size = 0\n", {"train.global_batch_size=0 must be >= 1"}},
+        ErrorCase{"[train]\nmicro_batch_size = -1\n",
+                  {"train.micro_batch_size=-1 must be >= 1, or 0 for train.global_batch_size"}},
+        ErrorCase{"[train]\nglobal_batch_size = 10\nmicro_batch_size = 4\n",
+                  {"train.global_batch_size=10 is not divisible by train.micro_batch_size=4",
+                   "train.micro_batch_size at t.toml:3:1"}},
+        ErrorCase{"[train]\nglobal_batch_size = 4\nmicro_batch_size = 8\n",
+                  {"train.global_batch_size=4 is not divisible by train.micro_batch_size=8"}},
+        ErrorCase{"[train]\nrun_dir = \"\"\n",
+                  {"train.run_dir must not be empty (train.run_dir at t.toml:2:1)"}},
+        ErrorCase{"[train]\nthreads = -1\n",
+                  {"train.threads=-1 must be >= 0 (train.threads at t.toml:2:1)"}},
+        ErrorCase{"[optimizer]\nlr = 0.0\nmin_lr = 0.0\n", {"optimizer.lr=0.0 must be > 0"}},
+        ErrorCase{"[optimizer]\nmin_lr = -1e-5\n", {"optimizer.min_lr=-1e-05 must be >= 0.0"}},
+        ErrorCase{"[optimizer]\nlr = 0.001\nmin_lr = 0.01\n",
+                  {"optimizer.min_lr=0.01 is above optimizer.lr=0.001 (optimizer.min_lr at "
+                   "t.toml:3:1, optimizer.lr at t.toml:2:1)"}},
+        ErrorCase{"[optimizer]\nwarmup_steps = -1\n", {"optimizer.warmup_steps=-1 must be >= 0"}},
+        ErrorCase{"[optimizer]\ndecay_steps = -3\n",
+                  {"optimizer.decay_steps=-3 must be >= 1, or 0 for train.steps"}},
+        ErrorCase{"[train]\nsteps = 100\n[optimizer]\nwarmup_steps = 200\n",
+                  {"optimizer.warmup_steps=200 exceeds optimizer.decay_steps=100 = train.steps "
+                   "(optimizer.warmup_steps at t.toml:4:1, train.steps at t.toml:2:1)"}},
+        ErrorCase{"[optimizer]\nwarmup_steps = 60\ndecay_steps = 50\n",
+                  {"optimizer.warmup_steps=60 exceeds optimizer.decay_steps=50 "
+                   "(optimizer.warmup_steps at t.toml:2:1, optimizer.decay_steps at t.toml:3:1)"}},
+        ErrorCase{"[optimizer]\nbeta1 = 1.5\n", {"optimizer.beta1=1.5 must be in [0, 1)"}},
+        ErrorCase{"[optimizer]\nbeta2 = 1\n",
+                  {"optimizer.beta2=1.0 must be in [0, 1) (optimizer.beta2 at t.toml:2:1)"}},
+        ErrorCase{"[optimizer]\neps = 0\n", {"optimizer.eps=0.0 must be > 0"}},
+        ErrorCase{"[optimizer]\nweight_decay = -0.1\n",
+                  {"optimizer.weight_decay=-0.1 must be >= 0.0"}},
+        ErrorCase{"[optimizer]\ngrad_clip = -1\n", {"optimizer.grad_clip=-1.0 must be >= 0.0"}},
+        ErrorCase{"[train]\nprecision = \"fp16\"\n[optimizer]\ninitial_loss_scale = 0\n",
+                  {"optimizer.initial_loss_scale=0.0 must be > 0 with train.precision=\"fp16\"",
+                   "optimizer.initial_loss_scale at t.toml:4:1, train.precision at t.toml:2:1"}},
+        ErrorCase{"[train]\nprecision = \"fp16\"\n[optimizer]\nloss_scale_window = 0\n",
+                  {"optimizer.loss_scale_window=0 must be >= 1 with train.precision=\"fp16\""}},
+        ErrorCase{"[log]\ninterval = 0\n",
+                  {"log.interval=0 must be >= 1 (log.interval at t.toml:2:1)"}},
+        ErrorCase{"[log]\npeak_flops = -1\n", {"log.peak_flops=-1.0 must be >= 0.0"}}));
+
+TEST(ConfigErrors, LossScaleIgnoredWithoutFp16) {
+  const Config c = parse_config_string(
+      "[train]\nprecision = \"bf16\"\n[optimizer]\ninitial_loss_scale = 0\n", "t.toml");
+  EXPECT_EQ(c.train.precision, Precision::bf16);
+}
+
+TEST(ConfigErrors, AllProblemsReportedTogether) {
+  const std::string read =
+      error_of("[model]\nn_layer = 1\nd_model = \"x\"\n[train]\nsteps = 1.5\n[optimizre]\n");
+  const auto read_lines = lines_of(read);
+  ASSERT_EQ(read_lines.size(), 4u) << read;
+  EXPECT_EQ(read_lines[0],
+            "unknown key model.n_layer at t.toml:2:1 — did you mean model.n_layers?");
+  EXPECT_EQ(read_lines[1], "unknown section [optimizre] at t.toml:6:2 — did you mean [optimizer]?");
+  EXPECT_EQ(read_lines[2],
+            "model.d_model at t.toml:3:1: expected an integer, found a string (\"x\")");
+  EXPECT_EQ(read_lines[3], "train.steps at t.toml:5:1: expected an integer, found a float (1.5)");
+
+  const std::string rules =
+      error_of("[model]\nd_model = 100\n[train]\nsteps = 0\n[optimizer]\nbeta1 = 1.5\n");
+  const auto rule_lines = lines_of(rules);
+  ASSERT_EQ(rule_lines.size(), 3u) << rules;
+  EXPECT_EQ(rule_lines[1], "train.steps=0 must be >= 1 (train.steps at t.toml:4:1)");
+}
+
+// ---- the e2e bad-config cases, through parse_config ----
+
+struct BadCase {
+  std::string name, file;
+  std::vector<std::string> overrides, regexes;
+};
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Reads tests/e2e/bad_configs/expected.txt: name | file | overrides | regex [&& regex ...].
+std::vector<BadCase> bad_cases() {
+  std::ifstream in(std::string(LLMT_BAD_CONFIGS_DIR) + "/expected.txt");
+  std::vector<BadCase> cases;
+  for (std::string line; std::getline(in, line);) {
+    if (trim(line).empty() || line[0] == '#') continue;
+    std::vector<std::string> cols;
+    size_t pos = 0;
+    for (int i = 0; i < 3; ++i) {
+      const size_t bar = line.find('|', pos);
+      if (bar == std::string::npos) break;
+      cols.push_back(trim(line.substr(pos, bar - pos)));
+      pos = bar + 1;
+    }
+    EXPECT_EQ(cols.size(), 3u) << "cannot read: " << line;
+    if (cols.size() != 3) continue;
+    BadCase c{cols[0], cols[1], {}, {}};
+    std::istringstream sets(cols[2]);
+    for (std::string s; sets >> s;) c.overrides.push_back(s);
+    std::string rest = trim(line.substr(pos));
+    for (size_t amp; (amp = rest.find(" && ")) != std::string::npos; rest = rest.substr(amp + 4)) {
+      c.regexes.push_back(trim(rest.substr(0, amp)));
+    }
+    c.regexes.push_back(trim(rest));
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+TEST(ConfigBadConfigs, EachCaseFailsWithItsMessage) {
+  const std::vector<BadCase> cases = bad_cases();
+  EXPECT_GE(cases.size(), 16u);
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string msg = file_error_of(fs::path(LLMT_BAD_CONFIGS_DIR) / c.file, c.overrides);
+    const std::vector<std::string> lines = lines_of("error: " + msg);
+    for (const std::string& re : c.regexes) {
+      const std::regex r(re);  // the ERE subset used there reads the same in ECMAScript
+      const bool hit = std::any_of(lines.begin(), lines.end(),
+                                   [&](const std::string& l) { return std::regex_search(l, r); });
+      EXPECT_TRUE(hit) << "regex: " << re << "\nmessage: " << msg;
+    }
+  }
+}
+
+TEST(ConfigBadConfigs, TheBaseOfTheSetCasesIsValid) {
+  const Config c = parse_config(std::string(LLMT_BAD_CONFIGS_DIR) + "/good.toml");
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.train.steps, 10);
+}
+
+}  // namespace
+}  // namespace llmt
