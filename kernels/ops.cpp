@@ -391,7 +391,8 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWPara
   op.same_shape("v", v, "param", param);
   op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
   cpu::adamw_update(op.f32("param", param), op.f32("grad", grad), op.f32("m", m), op.f32("v", v),
-                    param.numel(), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
+                    param.numel(), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step,
+                    hp.grad_scale);
 }
 
 double sum_squares(Tensor x) {

@@ -92,7 +92,8 @@ void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor 
 // ---- optimizer and reductions -----------------------------------------------------------------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1-based, for bias correction
+  int64_t step;            // 1-based, for bias correction
+  float grad_scale = 1.0f;  // g = grad * grad_scale: clipping and loss unscaling, fused
 };
 // param, grad, m, v: same shape, f32. Decoupled weight decay: p -= lr * (wd * p + mhat/(sqrt(vhat)+eps)).
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp);

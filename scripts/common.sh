@@ -6,7 +6,7 @@ LLMT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
   libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece
-  libopenblas-dev libgtest-dev
+  libopenblas-openmp-dev libgtest-dev
   python3-torch python3-numpy python3-h5py python3-sentencepiece
 )
 
@@ -27,12 +27,14 @@ llmt_install_deps() {
   fi
 }
 
-# Configures and builds into $1 (default build/) with extra CMake args after it.
+# Configures and builds into $1 with extra CMake args after it; LLMT_TARGETS (space-separated)
+# limits the build to those targets.
 llmt_build() {
-  local dir="${1:-$LLMT_ROOT/build}"
-  shift || true
+  local dir="$1"
+  shift
   cmake -S "$LLMT_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-  cmake --build "$dir" -j "$(nproc)"
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j "$(nproc)" ${LLMT_TARGETS:+--target $LLMT_TARGETS}
 }
 
 # The CUDA compiler, if the toolkit is installed (on PATH or in /usr/local/cuda).

@@ -4,6 +4,6 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 llmt_install_deps
-llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=OFF
+LLMT_TARGETS=llmtrain llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF
 cd "$LLMT_ROOT"
 llmt_mpirun -np "${LLMT_RANKS:-1}" ./build/app/llmtrain train --config configs/quickstart.toml "$@"

@@ -7,11 +7,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 llmt_install_deps
 cd "$LLMT_ROOT"
 
-llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF
+llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON
 status=0
 nvcc_path="$(llmt_nvcc)"
 if [ -n "$nvcc_path" ]; then
-  llmt_build "$LLMT_ROOT/build-cuda" -DLLMTRAIN_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
+  # Only what the CUDA build adds: the binary (with the CUDA device) and the GPU tests.
+  LLMT_TARGETS="llmtrain test_gpu" llmt_build "$LLMT_ROOT/build-cuda" -DLLMTRAIN_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc_path"
   (cd build-cuda && ctest -L gpu --output-on-failure) || status=1
 else
   echo "==> no CUDA toolkit found: the CUDA build is not compiled"

@@ -52,10 +52,10 @@ AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Ten
 }
 
 void AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-                 int64_t step) {
+                 int64_t step, float grad_scale) {
   for (size_t i = 0; i < params.size(); ++i) {
     ops::AdamWParams hp{static_cast<float>(lr), cfg_.beta1, cfg_.beta2, cfg_.eps,
-                        decay_[i] ? cfg_.weight_decay : 0.0f, step};
+                        decay_[i] ? cfg_.weight_decay : 0.0f, step, grad_scale};
     ops::adamw_update(params[i], grads[i], m_[i], v_[i], hp);
   }
 }

@@ -25,10 +25,11 @@ class AdamW {
   // params/grads: one view per parameter (same order); decay[i]: weight decay applies to i.
   AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Tensor>& params,
         std::vector<bool> decay);
-  // One update with learning rate `lr` on gradients already scaled as wanted. `step` is the
-  // 1-based count of applied updates (bias correction).
+  // One update with learning rate `lr` on gradients multiplied by `grad_scale` as they are read
+  // (clipping and loss unscaling, fused into the update). `step` is the 1-based count of applied
+  // updates (bias correction).
   void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-            int64_t step);
+            int64_t step, float grad_scale = 1.0f);
 
  private:
   OptimizerConfig cfg_;

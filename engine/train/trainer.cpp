@@ -127,15 +127,15 @@ TrainResult train(const Config& cfg, const TrainOptions& opts) {
     m.lr = lr_at(cfg.optimizer, step);
     m.loss_scale = scale;
 
+    // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm
+    // is divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
     Tensor flat_grads = model.flat_grads();
-    if (scale != 1.0f) ops::scale_inplace(flat_grads, 1.0f / scale);
     const bool overflow = cfg.train.precision == Precision::fp16 && ops::has_nonfinite(flat_grads);
     m.skipped = scaler.update(overflow);
-    m.grad_norm = global_norm({flat_grads});
+    m.grad_norm = global_norm({flat_grads}) / scale;
     if (!m.skipped) {
       const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
-      if (coef < 1.0) ops::scale_inplace(flat_grads, static_cast<float>(coef));
-      adamw.step(model.params(), model.grads(), m.lr, ++updates);
+      adamw.step(model.params(), model.grads(), m.lr, ++updates, static_cast<float>(coef / scale));
       model.sync_compute_weights();
     }
     backend->synchronize();

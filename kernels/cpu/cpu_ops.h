@@ -80,7 +80,8 @@ void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
 // ---- optim.cpp --------------------------------------------------------------------------------
 // param, grad, m, v (n); step is 1-based.
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  float grad_scale);
 double sum_squares(const float* x, int64_t n);
 bool has_nonfinite(const float* x, int64_t n);
 

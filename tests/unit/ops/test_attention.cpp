@@ -146,14 +146,14 @@ TEST_P(Attention, DqkvIsAssigned) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
-                         ::testing::Values(AttnCase{1, 1, 1, 1, 8},     // one token
-                                           AttnCase{2, 7, 4, 2, 8},     // GQA, under one tile
-                                           AttnCase{1, 64, 2, 2, 64},   // exactly one tile
-                                           AttnCase{1, 65, 4, 1, 64},   // MQA, partial tile
-                                           AttnCase{2, 130, 4, 4, 64},  // MHA, three tiles
-                                           AttnCase{1, 130, 4, 2, 8},   // GQA, three tiles
-                                           AttnCase{2, 70, 6, 3, 24},   // D padded to 32
-                                           AttnCase{1, 33, 2, 1, 128}),
+                         ::testing::Values(AttnCase{1, 1, 1, 1, 8},      // one token
+                                           AttnCase{2, 7, 4, 2, 8},      // GQA, under one tile
+                                           AttnCase{1, 64, 2, 2, 64},    // exactly one tile
+                                           AttnCase{1, 65, 4, 1, 64},    // MQA, partial tile
+                                           AttnCase{2, 130, 4, 4, 64},   // MHA, three tiles
+                                           AttnCase{1, 130, 4, 2, 8},    // GQA, three tiles
+                                           AttnCase{2, 70, 6, 3, 24},    // D not a whole vector
+                                           AttnCase{1, 33, 2, 1, 128}),  // wide heads
                          ParamName());
 
 TEST(AttentionShapes, HeadsNotAMultipleOfKvHeadsThrow) {

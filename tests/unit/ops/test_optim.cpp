@@ -35,6 +35,21 @@ TEST_P(AdamW, StepsMatchHandFormula) {
   }
 }
 
+TEST_P(AdamW, GradScaleEqualsPrescaledGradient) {
+  const int64_t n = GetParam();
+  ops::AdamWParams hp{
+      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 1};
+  HostTensor p1 = uniform({n}, 1), p2 = p1, m1({n}), v1({n}), m2({n}), v2({n});
+  HostTensor g = uniform({n}, 4), g_half = g;
+  for (int64_t i = 0; i < n; ++i) g_half[i] = g[i] * 0.25f;  // exact: a power of two
+  ops::adamw_update(p1.t(), g_half.t(), m1.t(), v1.t(), hp);
+  hp.grad_scale = 0.25f;
+  ops::adamw_update(p2.t(), g.t(), m2.t(), v2.t(), hp);
+  EXPECT_TRUE(bits_equal(p1, p2));
+  EXPECT_TRUE(bits_equal(m1, m2));
+  EXPECT_TRUE(bits_equal(v1, v2));
+}
+
 TEST_P(AdamW, SumSquaresInDouble) {
   const int64_t n = GetParam();
   HostTensor x = uniform({n}, 2, -3.0f, 3.0f);
