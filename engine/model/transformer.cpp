@@ -90,6 +90,12 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
                                                      : params_.back());
     off += static_cast<size_t>(p.shape.numel()) * 4;
   }
+  // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head].
+  block_first_.push_back(0);
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    block_first_.push_back(spec_.index_of("layers." + std::to_string(l) + ".norm_1.weight"));
+  block_first_.push_back(spec_.index_of("norm_f.weight"));
+  block_first_.push_back(spec_.params.size());
   w_ = bind_weights(spec_, compute_params_);
   gw_ = bind_weights(spec_, grads_);
 
@@ -132,6 +138,11 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   Layout real(&acts_buf_);
   carve(real);
   host_losses_.resize(static_cast<size_t>(N));
+}
+
+std::pair<size_t, size_t> Transformer::block_params(int block) const {
+  LLMT_CHECK(block >= 0 && block < num_blocks(), "block ", block, " of ", num_blocks());
+  return {block_first_[block], block_first_[block + 1]};
 }
 
 void Transformer::init(uint64_t seed) {
@@ -206,12 +217,14 @@ float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const Ste
   const bool rope = cfg.position == PositionKind::rope;
 
   Tensor x = acts_.empty() ? res_final_ : acts_[0].res_in;  // (B,T,C)
+  if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(x, tokens, w_.wte, w_.wpe);
   lowp(x);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = w_.layers[l];
     LayerActs& a = acts_[l];
     Tensor res_out = l + 1 < cfg.n_layers ? acts_[l + 1].res_in : res_final_;
+    if (hooks_) hooks_->before_forward(static_cast<int>(l) + 1);
 
     norm_forward(a.a, a.mean_1, a.rstd_1, a.res_in, lw.norm_1_w, lw.norm_1_b);
     ops::linear_forward(a.qkv.view({N, spec_.qkv_dim}), a.a.view({N, C}), lw.qkv_w, lw.qkv_b);
@@ -235,6 +248,7 @@ float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const Ste
     lowp(scratch_c_);
     residual_branch(res_out, a.res_mid, scratch_c_, d_tmp_, l, 1, ctx);
   }
+  if (hooks_) hooks_->before_forward(static_cast<int>(cfg.n_layers) + 1);
   norm_forward(xf_, mean_f_, rstd_f_, res_final_, w_.norm_f_w, w_.norm_f_b);
   ops::linear_forward(logits_.view({N, V}), xf_.view({N, C}), w_.head, Tensor());
   lowp(logits_);
@@ -261,12 +275,16 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
     return d_tmp_;
   };
 
+  const int last_block = static_cast<int>(cfg.n_layers) + 1;
+  if (hooks_) hooks_->before_backward(last_block);
   ops::linear_backward(d_c_.view({N, C}), gw_.head, Tensor(), logits_.view({N, V}),
                        xf_.view({N, C}), w_.head);
   lowp(d_c_);
   norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, d_c_, res_final_, w_.norm_f_w, mean_f_,
                 rstd_f_);
+  if (hooks_) hooks_->after_backward(last_block);
   for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
+    if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
     const LayerWeights& lw = w_.layers[l];
     LayerWeights& lg = gw_.layers[l];
     LayerActs& a = acts_[l];
@@ -300,8 +318,11 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
                   a.rstd_1);
     ops::add_inplace(d_res_, d_tmp_);
     lowp(d_res_);
+    if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
+  if (hooks_) hooks_->before_backward(0);
   ops::embedding_backward(gw_.wte, gw_.wpe, d_res_, tokens);
+  if (hooks_) hooks_->after_backward(0);
 }
 
 float Transformer::forward_backward(Tensor tokens, Tensor targets, float dloss,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/core/allocator.h"
@@ -29,6 +30,19 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Tensor norm_f_w, norm_f_b;   // (C), (C)
   Tensor head;                 // (V, C): wte when tied, else lm_head.weight
+};
+
+// Callbacks around the model's blocks, for parallel strategies that act per block (DDP starts a
+// bucket's all-reduce when its gradients are complete; ZeRO-3 gathers a block's parameters just
+// before use). Blocks: 0 = embeddings, 1..L = layers, L+1 = final norm + head. Forward visits
+// them in that order, backward in reverse.
+class ModelHooks {
+ public:
+  virtual ~ModelHooks() = default;
+  virtual void before_forward(int block) { (void)block; }
+  virtual void before_backward(int block) { (void)block; }
+  // The block's weight gradients for this micro-batch are complete (wte's only after block 0).
+  virtual void after_backward(int block) { (void)block; }
 };
 
 // Options of one forward/backward that are not shapes.
@@ -56,6 +70,12 @@ class Transformer {
   // Refresh the compute copy of the weights after the master weights changed (no-op for f32).
   void sync_compute_weights();
   void zero_grads();
+
+  // Hooks called around each block (nullptr: none). Not owned.
+  void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
+  int num_blocks() const { return static_cast<int>(spec_.cfg.n_layers) + 2; }
+  // The parameters (indices into params()) that belong to a block: [first, last).
+  std::pair<size_t, size_t> block_params(int block) const;
 
   // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
@@ -88,6 +108,8 @@ class Transformer {
 
   ModelSpec spec_;
   Allocator& alloc_;
+  ModelHooks* hooks_ = nullptr;
+  std::vector<size_t> block_first_;  // block b owns params [block_first_[b], block_first_[b+1])
   int64_t B_, T_;
   DType compute_;
 

@@ -155,3 +155,39 @@ TEST(Transformer, Bf16EmulationRoundsWeightsButKeepsMasterExact) {
 
 }  // namespace
 }  // namespace llmt
+
+namespace llmt {
+namespace {
+
+struct RecordingHooks : ModelHooks {
+  std::vector<std::string> events;
+  void before_forward(int b) override { events.push_back("F" + std::to_string(b)); }
+  void before_backward(int b) override { events.push_back("B" + std::to_string(b)); }
+  void after_backward(int b) override { events.push_back("b" + std::to_string(b)); }
+};
+
+TEST(Transformer, HooksVisitBlocksInOrderAndBlocksPartitionTheParameters) {
+  ModelConfig c = tiny(Arch::llama);
+  Fixture f(1, c.seq_len, c.vocab_size, 2);
+  ModelSpec spec = ModelSpec::from_config(c);
+  Transformer model(spec, f.alloc, 1, DType::f32);
+  RecordingHooks hooks;
+  model.set_hooks(&hooks);
+  model.forward_backward(f.tokens, f.targets, 1.0f, {});
+  const std::vector<std::string> want = {"F0", "F1", "F2", "F3", "B3", "b3", "B2", "b2",
+                                         "B1", "b1", "B0", "b0"};
+  EXPECT_EQ(hooks.events, want);
+  size_t next = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    auto [first, last] = model.block_params(b);
+    EXPECT_EQ(first, next) << b;
+    EXPECT_LT(first, last) << b;
+    next = last;
+  }
+  EXPECT_EQ(next, spec.params.size());
+  EXPECT_EQ(spec.params[model.block_params(2).first].name, "layers.1.norm_1.weight");
+  EXPECT_EQ(spec.params[model.block_params(3).first].name, "norm_f.weight");
+}
+
+}  // namespace
+}  // namespace llmt
