@@ -12,6 +12,7 @@ Run add_config_command(CLI::App& app) {
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
+    int world = 0;
     bool show = false;
   };
   auto args = std::make_shared<Args>();
@@ -23,15 +24,27 @@ Run add_config_command(CLI::App& app) {
                                           : "Check the config; exit 0 if valid, 2 otherwise");
     sub->add_option("-c,--config", args->config, "TOML config file")->required();
     sub->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
+    sub->add_option("--world", args->world,
+                    "Check the [parallel] layout against this many ranks (show: print the rank "
+                    "map); MPI is not started")
+        ->check(CLI::PositiveNumber);
   }
   return [args, cmd]() {
     Config cfg = parse_config(args->config, args->overrides);
+    if (args->world > 0) validate_layout(cfg, args->world);
     if (cmd->got_subcommand("show")) {
       std::printf("%s", to_toml(cfg).c_str());
       ModelSpec spec = ModelSpec::from_config(cfg.model);
       std::printf("# parameters: %lld, gradient accumulation steps: %lld\n",
                   static_cast<long long>(spec.num_params()),
                   static_cast<long long>(grad_accum_steps(cfg)));
+      if (args->world > 0) {
+        const MeshShape shape = mesh_shape(cfg.parallel, args->world);
+        std::printf("# mesh for world size %d: tp %d, cp %d, dp %d, pp %d (tp fastest)\n",
+                    args->world, shape.size(Axis::tp), shape.size(Axis::cp),
+                    shape.size(Axis::dp), shape.size(Axis::pp));
+        std::printf("%s", rank_map(shape).c_str());
+      }
     } else {
       std::printf("%s: valid\n", args->config.c_str());
     }

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "app/commands.h"
+#include "engine/comm/communicator.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
 #include "engine/train/trainer.h"
@@ -13,6 +14,7 @@ Run add_train_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     std::string dump_dir;
+    std::string dump_final;
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
@@ -21,11 +23,27 @@ Run add_train_command(CLI::App& app) {
   cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
   cmd->add_option("--dump-dir", args->dump_dir,
                   "Write the initial weights and every step's tokens here (docs/model.md)");
+  cmd->add_option("--dump-final", args->dump_final,
+                  "Write the weights after the last step here, gathered at global shape "
+                  "(params.json + params.bin, as --dump-dir)");
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
+    // MPI starts here when launched by mpirun/srun; the layout is checked against the world
+    // size before anything is allocated.
+    CommRuntime runtime;
+    std::unique_ptr<Communicator> world = make_world_communicator();
+    const int world_size = world->size();
+    const bool rank0 = world->rank() == 0;
+    try {
+      validate_layout(cfg, world_size);
+    } catch (const ConfigError&) {
+      if (!rank0) return 2;  // every rank fails alike; rank 0 alone reports it
+      throw;
+    }
+    Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);
-    if (!args->quiet)
+    if (!args->quiet && rank0)
       std::printf("llmtrain: %s, %lld parameters, %lld layers, d_model %lld, seq_len %lld, %s\n",
                   cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
                   static_cast<long long>(spec.num_params()),
@@ -33,9 +51,16 @@ Run add_train_command(CLI::App& app) {
                   static_cast<long long>(cfg.model.d_model),
                   static_cast<long long>(cfg.model.seq_len),
                   std::string(precision_name(cfg.train.precision)).c_str());
-    TrainOptions opts{args->dump_dir, args->quiet};
-    TrainResult r = train(cfg, opts);
-    if (!args->quiet)
+    if (!args->quiet && rank0 && mesh.shape().world() > 1)
+      std::printf("mesh: tp %d, cp %d, dp %d, pp %d; zero_stage %lld\n", mesh.size(Axis::tp),
+                  mesh.size(Axis::cp), mesh.size(Axis::dp), mesh.size(Axis::pp),
+                  static_cast<long long>(cfg.parallel.zero_stage));
+    TrainOptions opts;
+    opts.dump_dir = args->dump_dir;
+    opts.dump_final = args->dump_final;
+    opts.quiet = args->quiet;
+    TrainResult r = train(cfg, opts, mesh);
+    if (!args->quiet && rank0)
       std::printf("done: %lld steps, final loss %.4f, metrics in %s\n",
                   static_cast<long long>(r.steps), r.final_loss, cfg.train.run_dir.c_str());
     return 0;

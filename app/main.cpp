@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   llmt::app::Run run_train = llmt::app::add_train_command(app);
   llmt::app::Run run_config = llmt::app::add_config_command(app);
+  llmt::app::Run run_data = llmt::app::add_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("train")) return run_train();
     if (app.got_subcommand("config")) return run_config();
+    if (app.got_subcommand("data")) return run_data();
     return 2;
   } catch (const llmt::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

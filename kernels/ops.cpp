@@ -112,26 +112,45 @@ void check_attention(const Op& op, const Tensor& out, const Tensor& lse, const T
 
 // ---- embeddings -------------------------------------------------------------------------------
 
-void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset) {
+namespace {
+
+// The vocabulary of an embedding call: wte's rows, or a shard [vocab_start, +Vl) of vocab_size.
+int64_t check_vocab_range(const Op& op, int64_t Vl, int64_t vocab_start, int64_t vocab_size) {
+  if (vocab_size == 0) {
+    op.require(vocab_start == 0, "vocab_start=", vocab_start, " needs vocab_size");
+    return Vl;
+  }
+  op.require(vocab_start >= 0 && vocab_start + Vl <= vocab_size, "the shard's rows [", vocab_start,
+             ", ", vocab_start + Vl, ") are outside the vocabulary [0, ", vocab_size, ")");
+  return vocab_size;
+}
+
+}  // namespace
+
+void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset,
+                       int64_t vocab_start, int64_t vocab_size) {
   Op op("embedding_forward", {out, tokens, wte, wpe});
   op.ndim("tokens", tokens, 2);
   op.ndim("wte", wte, 2);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
+  const int64_t B = tokens.size(0), T = tokens.size(1), Vl = wte.size(0), C = wte.size(1);
+  const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("out", out, {B, T, C});
   if (wpe.defined()) op.positions("wpe", wpe, C, pos_offset, T);
   cpu::embedding_forward(op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte),
-                         op.f32_opt("wpe", wpe), B, T, C, V, pos_offset);
+                         op.f32_opt("wpe", wpe), B, T, C, V, pos_offset, vocab_start, Vl);
 }
 
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset) {
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
+                        int64_t vocab_start, int64_t vocab_size) {
   Op op("embedding_backward", {dwte, dwpe, dout, tokens});
   op.ndim("tokens", tokens, 2);
   op.ndim("dwte", dwte, 2);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = dwte.size(0), C = dwte.size(1);
+  const int64_t B = tokens.size(0), T = tokens.size(1), Vl = dwte.size(0), C = dwte.size(1);
+  const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("dout", dout, {B, T, C});
   if (dwpe.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
   cpu::embedding_backward(op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout),
-                          op.i32("tokens", tokens), B, T, C, V, pos_offset);
+                          op.i32("tokens", tokens), B, T, C, V, pos_offset, vocab_start, Vl);
 }
 
 // ---- normalisation ----------------------------------------------------------------------------
@@ -323,6 +342,14 @@ void scale_inplace(Tensor x, float s) {
   cpu::scale_inplace(op.f32("x", x), s, x.numel());
 }
 
+void add_bias(Tensor x, Tensor bias) {
+  Op op("add_bias", {x, bias});
+  op.ndim("bias", bias, 1);
+  const int64_t C = bias.size(0);
+  const int64_t N = op.rows("x", x, C);
+  cpu::add_bias(op.f32("x", x), op.f32("bias", bias), N, C);
+}
+
 void copy(Tensor dst, Tensor src) {
   Op op("copy", {dst, src});
   op.same_shape("dst", dst, "src", src);
@@ -382,6 +409,53 @@ void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor 
                              op.f32("logits", logits), op.i32("targets", targets), N, V, dloss);
 }
 
+namespace {
+
+// logits (N,Vl), targets (N), a shard [vocab_start, +Vl) of some vocabulary: returns {N, Vl}.
+Rows check_ce_shard(const Op& op, const Tensor& logits, const Tensor& targets,
+                    int64_t vocab_start) {
+  const Rows r = rows_of(op, "logits", logits);
+  op.numel("targets", targets, r.N);
+  op.require(vocab_start >= 0, "vocab_start=", vocab_start, " must be >= 0");
+  return r;
+}
+
+}  // namespace
+
+void cross_entropy_shard_max(Tensor max, Tensor logits, Tensor targets, int64_t vocab_size) {
+  Op op("cross_entropy_shard_max", {max, logits, targets});
+  const auto [N, Vl] = check_ce_shard(op, logits, targets, 0);
+  op.numel("max", max, N);
+  op.require(vocab_size >= Vl, "vocab_size=", vocab_size, " is smaller than the shard's ", Vl);
+  cpu::cross_entropy_shard_max(op.f32("max", max), op.f32("logits", logits),
+                               op.i32("targets", targets), N, Vl, vocab_size);
+}
+
+void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor targets,
+                              int64_t vocab_start) {
+  Op op("cross_entropy_shard_sums", {sums, logits, max, targets});
+  const auto [N, Vl] = check_ce_shard(op, logits, targets, vocab_start);
+  op.numel("max", max, N);
+  op.shape("sums", sums, {2, N});
+  cpu::cross_entropy_shard_sums(op.f32("sums", sums), op.f32("logits", logits),
+                                op.f32("max", max), op.i32("targets", targets), N, Vl,
+                                vocab_start);
+}
+
+void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Tensor max,
+                                Tensor sums, Tensor targets, int64_t vocab_start, float dloss) {
+  Op op("cross_entropy_shard_finish", {losses, dlogits, logits, max, sums, targets});
+  const auto [N, Vl] = check_ce_shard(op, logits, targets, vocab_start);
+  op.numel("losses", losses, N);
+  op.numel("max", max, N);
+  op.shape("sums", sums, {2, N});
+  if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
+  cpu::cross_entropy_shard_finish(op.f32("losses", losses), op.f32_opt("dlogits", dlogits),
+                                  op.f32("logits", logits), op.f32("max", max),
+                                  op.f32("sums", sums), op.i32("targets", targets), N, Vl,
+                                  vocab_start, dloss);
+}
+
 // ---- optimizer and reductions -----------------------------------------------------------------
 
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp) {
@@ -434,10 +508,19 @@ void convert(Tensor dst, Tensor src) {
 
 // ---- initialisation ---------------------------------------------------------------------------
 
-void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset) {
+void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset,
+                 int64_t global_row_stride) {
   Op op("init_normal", {x});
   op.require(global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
-  cpu::init_normal(op.f32("x", x), x.numel(), std, seed, stream, global_offset);
+  int64_t W = x.numel(), stride = W;
+  if (global_row_stride > 0) {
+    op.ndim("x", x, 2);
+    W = x.size(1);
+    stride = global_row_stride;
+    op.require(W <= stride, "x is ", describe(x), ", wider than global_row_stride=", stride);
+  }
+  if (x.numel() == 0) return;
+  cpu::init_normal(op.f32("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
 }
 
 }  // namespace llmt::ops

@@ -18,9 +18,14 @@ namespace llmt::ops {
 // ---- embeddings -------------------------------------------------------------------------------
 // out (B,T,C) = wte[tokens] (+ wpe[pos_offset + t] when wpe is given).
 // tokens (B,T) i32, wte (V,C), wpe (P,C) optional with P >= pos_offset + T.
-void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset = 0);
-// dwte (V,C) +=, dwpe (P,C) += (optional); dout (B,T,C).
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset = 0);
+// Vocab-parallel: with vocab_size > 0, wte (Vl,C) holds rows [vocab_start, vocab_start + Vl) of a
+// vocabulary of vocab_size; tokens outside them read zeros (so the tp shards' outputs sum to the
+// full lookup). Token ids must lie in [0, vocab_size) (vocab_size = 0: wte's rows).
+void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset = 0,
+                       int64_t vocab_start = 0, int64_t vocab_size = 0);
+// dwte (Vl,C) += the rows of the shard's tokens, dwpe (P,C) += every row (optional); dout (B,T,C).
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset = 0,
+                        int64_t vocab_start = 0, int64_t vocab_size = 0);
 
 // ---- normalisation ----------------------------------------------------------------------------
 // out (N,C), mean (N), rstd (N) saved for backward; inp (N,C), weight (C), bias (C) optional.
@@ -70,6 +75,7 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
 void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)
 void add_inplace(Tensor dst, Tensor src);  // dst += src
 void scale_inplace(Tensor x, float s);     // x *= s
+void add_bias(Tensor x, Tensor bias);      // x (..., C) += bias (C) on every row
 void copy(Tensor dst, Tensor src);         // same shape and dtype, any devices
 void fill_zero(Tensor x);
 
@@ -88,6 +94,21 @@ void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t
 // gradient 0). Returns nothing; read losses to get the mean.
 void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
                            float dloss);
+
+// The same loss over a vocabulary shard, split at its reductions so that no rank ever holds the
+// full-vocabulary logits (Megatron's vocab-parallel cross-entropy). logits (N,Vl) hold vocabulary
+// [vocab_start, vocab_start + Vl) of vocab_size. Between the calls the caller reduces over the
+// shards: max with a max, sums with a sum.
+// 1. max (N) = row max of the shard. Checks every target < vocab_size.
+void cross_entropy_shard_max(Tensor max, Tensor logits, Tensor targets, int64_t vocab_size);
+// 2. sums (2,N): [0] = sum exp(logits - max) over the shard, [1] = logits[target] when the shard
+//    holds the target, else 0 (max: the reduced row max).
+void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor targets,
+                              int64_t vocab_start);
+// 3. losses (N) = max + log(sums[0]) - sums[1]; dlogits (N,Vl) = (softmax - onehot) * dloss,
+//    optional, may alias logits. A target < 0 is ignored (loss 0, gradient 0).
+void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Tensor max,
+                                Tensor sums, Tensor targets, int64_t vocab_start, float dloss);
 
 // ---- optimizer and reductions -----------------------------------------------------------------
 struct AdamWParams {
@@ -113,7 +134,10 @@ void convert(Tensor dst, Tensor src);
 // ---- initialisation ---------------------------------------------------------------------------
 // x[i] = std * normal(key(seed, stream, global_offset + i)): depends only on the seed, the
 // parameter's stream (hash of its global name) and the global index, never on the layout.
-void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset = 0);
+// A column shard of a 2-D tensor: x (R,W) and global_row_stride = the global row length; element
+// (r,w) takes index global_offset + r * global_row_stride + w (0: x is one contiguous run).
+void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset = 0,
+                 int64_t global_row_stride = 0);
 void fill(Tensor x, float value);
 
 }  // namespace llmt::ops

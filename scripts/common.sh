@@ -7,7 +7,7 @@ LLMT_PACKAGES=(
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
   libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece
   libopenblas-openmp-dev libgtest-dev
-  python3-torch python3-numpy python3-h5py python3-sentencepiece
+  python3-torch python3-numpy python3-h5py python3-sentencepiece fortunes
 )
 
 llmt_sudo() {

@@ -23,12 +23,21 @@ class Handle {
   struct Impl {
     virtual ~Impl() = default;
     virtual void wait() = 0;
+    // Non-blocking completion check that also drives the library's progress engine (MPI's
+    // non-blocking collectives advance only inside MPI calls). Default: not known to be done.
+    virtual bool test() { return false; }
   };
   Handle() = default;
   explicit Handle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait() {
     if (impl_) impl_->wait();
     impl_.reset();
+  }
+  bool done() const { return !impl_; }
+  // Advances the operation without blocking; true once it is complete.
+  bool poll() {
+    if (impl_ && impl_->test()) impl_.reset();
+    return !impl_;
   }
 
  private:
@@ -61,11 +70,23 @@ class Communicator {
   virtual Handle send(Tensor x, int peer, int tag = 0) = 0;
   virtual Handle recv(Tensor x, int peer, int tag = 0) = 0;
   virtual void barrier() = 0;
+  // Collective over this group: the ranks passing the same `color` form a new group, ordered
+  // by `key` (MPI_Comm_split semantics). Used by the Mesh to build one group per axis.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
+  // Seconds spent blocked in Handle::wait() since the last reset (how much communication was
+  // not hidden behind compute).
+  double wait_seconds() const { return wait_s_; }
+  void reset_wait_seconds() { wait_s_ = 0; }
+  void add_wait_seconds(double s) { wait_s_ += s; }
 
  protected:
+  // Ring volume per kind (docs/parallelism.md): all-reduce of n bytes 2(p-1)/p n, reduce-scatter
+  // of n input bytes and all-gather of n output bytes (p-1)/p n, all-to-all (p-1)/p n,
+  // broadcast n (each rank but the last forwards it once), send/recv n.
+  void count_collective(CommKind k, int64_t nbytes);
   void count(CommKind k, int64_t bytes) {
     counters_.bytes[static_cast<int>(k)] += bytes;
     counters_.calls[static_cast<int>(k)] += 1;
@@ -73,6 +94,37 @@ class Communicator {
 
  private:
   CommCounters counters_;
+  double wait_s_ = 0;
 };
+
+std::string_view comm_kind_name(CommKind k);
+
+// A group of one: every collective is a copy (or nothing), send/recv are errors. No MPI.
+std::unique_ptr<Communicator> make_local_communicator(const std::string& name = "world");
+
+// True when this process was started by mpirun/srun (Open MPI, PMIx or Slurm environment).
+bool launched_distributed();
+// This process's index among the ranks on its node (the GPU it drives): OMPI_COMM_WORLD_LOCAL_RANK
+// or SLURM_LOCALID; 0 when neither is set.
+int local_rank_from_env();
+
+// Owns the process-wide communication runtime: MPI_Init_thread at construction and
+// MPI_Finalize at destruction when launched_distributed() (and MPI is built in), nothing
+// otherwise. The app creates exactly one before any communicator and keeps it to the end.
+class CommRuntime {
+ public:
+  CommRuntime();
+  ~CommRuntime();
+  CommRuntime(const CommRuntime&) = delete;
+  CommRuntime& operator=(const CommRuntime&) = delete;
+  bool distributed() const { return distributed_; }
+
+ private:
+  bool distributed_ = false;
+};
+
+// The world group: MPI when launched by mpirun/srun (a CommRuntime must be alive), local
+// otherwise.
+std::unique_ptr<Communicator> make_world_communicator();
 
 }  // namespace llmt

@@ -18,38 +18,91 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   const float resid_std = std / std::sqrt(2.0f * static_cast<float>(L));
   const bool ln = cfg.norm == NormKind::layernorm;
 
-  auto add = [&](std::string name, Shape shape, InitKind init, float sd, bool decay) {
-    s.params.push_back({std::move(name), shape, init, sd, decay});
+  using P = Placement;
+  auto add = [&](std::string name, Shape shape, InitKind init, float sd, bool decay, P tp) {
+    s.params.push_back({std::move(name), shape, shape, init, sd, decay, std::move(tp)});
   };
   auto norm = [&](const std::string& prefix) {
-    add(prefix + ".weight", {C}, InitKind::ones, 0, false);
-    if (ln) add(prefix + ".bias", {C}, InitKind::zeros, 0, false);
+    add(prefix + ".weight", {C}, InitKind::ones, 0, false, P::replicate());
+    if (ln) add(prefix + ".bias", {C}, InitKind::zeros, 0, false, P::replicate());
   };
-  auto linear = [&](const std::string& prefix, int64_t out, int64_t in, float sd) {
-    add(prefix + ".weight", {out, in}, InitKind::normal, sd, true);
-    if (cfg.bias) add(prefix + ".bias", {out}, InitKind::zeros, 0, false);
+  // Column-parallel: weight rows and bias split (by `segments`); row-parallel: weight columns
+  // split, the bias whole (added once, after the partial products are summed).
+  auto column = [&](const std::string& prefix, int64_t out, int64_t in, float sd,
+                    std::vector<int64_t> segments) {
+    add(prefix + ".weight", {out, in}, InitKind::normal, sd, true, P::shard(0, segments));
+    if (cfg.bias) add(prefix + ".bias", {out}, InitKind::zeros, 0, false, P::shard(0, segments));
   };
+  auto row = [&](const std::string& prefix, int64_t out, int64_t in, float sd) {
+    add(prefix + ".weight", {out, in}, InitKind::normal, sd, true, P::shard(1));
+    if (cfg.bias) add(prefix + ".bias", {out}, InitKind::zeros, 0, false, P::replicate());
+  };
+  const int64_t D = s.head_dim, KV = s.n_kv_heads, F = cfg.d_ff;
+  std::vector<int64_t> qkv_segments{H * D, KV * D, KV * D}, fc1_segments;
+  if (cfg.activation == Activation::swiglu) fc1_segments = {F, F};
 
-  add("wte.weight", {V, C}, InitKind::normal, std, true);
+  add("wte.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
   if (cfg.position == PositionKind::learned)
-    add("wpe.weight", {cfg.seq_len, C}, InitKind::normal, std, true);
+    add("wpe.weight", {cfg.seq_len, C}, InitKind::normal, std, true, P::replicate());
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l);
     norm(p + ".norm_1");
-    linear(p + ".attn.qkv", s.qkv_dim, C, std);
-    linear(p + ".attn.proj", C, H * s.head_dim, resid_std);
+    column(p + ".attn.qkv", s.qkv_dim, C, std, qkv_segments);
+    row(p + ".attn.proj", C, H * D, resid_std);
     norm(p + ".norm_2");
-    linear(p + ".mlp.fc1", s.fc1_out, C, std);
-    linear(p + ".mlp.fc2", C, cfg.d_ff, resid_std);
+    column(p + ".mlp.fc1", s.fc1_out, C, std, fc1_segments);
+    row(p + ".mlp.fc2", C, F, resid_std);
   }
   norm("norm_f");
-  if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true);
+  if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
   return s;
+}
+
+ModelSpec ModelSpec::shard_tp(int size, int rank) const {
+  LLMT_CHECK(tp_size == 1, "shard_tp of a spec already sharded for tp=", tp_size);
+  LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "tp rank ", rank, " of ", size);
+  const auto errors = tensor_parallel_errors(cfg, size, false);
+  if (!errors.empty()) throw Error(errors.front());
+  ModelSpec s = *this;
+  s.tp_size = size;
+  s.tp_rank = rank;
+  for (ParamSpec& p : s.params) p.shape = local_shape(p.global_shape, p.tp, size, p.name);
+  return s;
+}
+
+std::vector<ShardSlice> ModelSpec::local_slices(size_t i) const {
+  return llmt::local_slices(params[i].global_shape, params[i].tp, tp_size, tp_rank);
+}
+
+int64_t ModelSpec::num_local_params() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.shape.numel();
+  return n;
+}
+
+std::vector<std::string> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
+                                                bool sequence_parallel) {
+  std::vector<std::string> out;
+  const int64_t kv = cfg.n_kv_heads > 0 ? cfg.n_kv_heads : cfg.n_heads;
+  auto need = [&](const char* key, int64_t value, const char* why) {
+    if (value % tp != 0)
+      out.push_back(detail::concat(key, "=", value, " is not divisible by parallel.tp=", tp, ": ",
+                                   why));
+  };
+  if (tp <= 1) return out;
+  need("model.n_heads", cfg.n_heads, "each tp rank holds n_heads/tp query heads");
+  need("model.n_kv_heads", kv, "each tp rank holds n_kv_heads/tp kv heads");
+  need("model.d_ff", cfg.d_ff, "fc1 and fc2 are split over tp along d_ff");
+  need("model.vocab_size", cfg.vocab_size, "wte and the head are split over tp by vocabulary rows");
+  if (sequence_parallel)
+    need("model.seq_len", cfg.seq_len,
+         "parallel.sequence_parallel splits each micro-batch's tokens over tp");
+  return out;
 }
 
 int64_t ModelSpec::num_params() const {
   int64_t n = 0;
-  for (const auto& p : params) n += p.shape.numel();
+  for (const auto& p : params) n += p.global_shape.numel();
   return n;
 }
 

@@ -2,6 +2,7 @@
 // never touches tensor memory itself; it lays out buffers once and calls ops on views.
 #include "engine/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -65,30 +66,58 @@ ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& view
 }
 
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
-                         DType compute)
-    : spec_(spec), alloc_(alloc), B_(micro_batch), T_(spec.cfg.seq_len), compute_(compute) {
+                         DType compute, ModelStorage storage, TensorParallel tp)
+    : spec_(tp.size() > 1 && spec.tp_size == 1 ? spec.shard_tp(tp.size(), tp.rank()) : spec),
+      alloc_(alloc), B_(micro_batch), T_(spec.cfg.seq_len), compute_(compute), storage_(storage),
+      tp_(tp) {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
+  LLMT_CHECK(spec_.tp_size == tp_.size() && spec_.tp_rank == tp_.rank(), "the model spec is for tp ",
+             "rank ", spec_.tp_rank, " of ", spec_.tp_size, ", the tp group has rank ", tp_.rank(),
+             " of ", tp_.size());
   const auto& cfg = spec_.cfg;
-  const int64_t B = B_, T = T_, C = cfg.d_model, V = cfg.vocab_size, H = cfg.n_heads;
-  const int64_t KV = spec_.n_kv_heads, D = spec_.head_dim;
-  const int64_t F = spec_.ffn_dim, F1 = spec_.fc1_out, N = B * T;
+  const int p = tp_.size();
+  H_ = cfg.n_heads / p;
+  KV_ = spec_.n_kv_heads / p;
+  F_ = spec_.ffn_dim / p;
+  F1_ = spec_.fc1_out / p;
+  V_ = cfg.vocab_size / p;
+  vocab_start_ = tp_.rank() * V_;
+  sp_ = tp_.sequence_parallel && p > 1;
+  R_ = B_ * T_;
+  if (sp_) {
+    LLMT_CHECK(R_ % p == 0, "sequence parallel: the micro-batch's ", B_, "x", T_,
+               " tokens are not divisible by tp=", p);
+    R_ /= p;
+    row0_ = tp_.rank() * R_;
+  }
+  const int64_t B = B_, T = T_, C = cfg.d_model, V = V_, H = H_, KV = KV_, R = R_;
+  const int64_t D = spec_.head_dim, F = F_, F1 = F1_, N = B * T;
 
-  // Parameters and gradients: one flat buffer each, views in spec order.
-  const int64_t P = spec_.num_params();
-  params_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
-  grads_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::grads);
-  flat_params_ = params_buf_.tensor({P}, DType::f32);
-  flat_grads_ = grads_buf_.tensor({P}, DType::f32);
-  if (compute_ != DType::f32)
-    compute_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
+  // Parameters and gradients: one flat buffer each, views in spec order (views without memory
+  // for what ModelStorage leaves to the caller, until bind_block).
+  const int64_t P = spec_.num_local_params();
+  if (storage_.params) {
+    params_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
+    flat_params_ = params_buf_.tensor({P}, DType::f32);
+    if (compute_ != DType::f32)
+      compute_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
+  }
+  if (storage_.grads) {
+    grads_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::grads);
+    flat_grads_ = grads_buf_.tensor({P}, DType::f32);
+  }
   size_t off = 0;
-  for (const auto& p : spec_.params) {
-    params_.push_back(params_buf_.tensor(p.shape, DType::f32, off));
-    grads_.push_back(grads_buf_.tensor(p.shape, DType::f32, off));
-    compute_params_.push_back(compute_ != DType::f32 ? compute_buf_.tensor(p.shape, DType::f32, off)
-                                                     : params_.back());
-    off += static_cast<size_t>(p.shape.numel()) * 4;
+  for (size_t i = 0; i < spec_.params.size(); ++i) {
+    const Shape& shape = spec_.params[i].shape;  // this tp rank's
+    params_.push_back(storage_.params ? params_buf_.tensor(shape, DType::f32, off)
+                                      : Tensor(nullptr, shape, DType::f32, alloc_.device()));
+    grads_.push_back(storage_.grads ? grads_buf_.tensor(shape, DType::f32, off)
+                                    : Tensor(nullptr, shape, DType::f32, alloc_.device()));
+    compute_params_.push_back(storage_.params && compute_ != DType::f32
+                                  ? compute_buf_.tensor(shape, DType::f32, off)
+                                  : params_.back());
+    off += static_cast<size_t>(shape.numel()) * 4;
   }
   // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head].
   block_first_.push_back(0);
@@ -103,34 +132,43 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   auto carve = [&](Layout& lay) {
     acts_.assign(cfg.n_layers, {});
     for (auto& a : acts_) {
-      a.res_in = lay.take({B, T, C});
-      a.a = lay.take({B, T, C});
-      a.mean_1 = lay.take({N});
-      a.rstd_1 = lay.take({N});
+      a.res_in = lay.take({R, C});
+      a.a = lay.take({R, C});
+      a.mean_1 = lay.take({R});
+      a.rstd_1 = lay.take({R});
       a.qkv = lay.take({B, T, H + 2 * KV, D});
       a.att = lay.take({B, T, H, D});
       a.lse = lay.take({B, H, T});
-      a.res_mid = lay.take({B, T, C});
-      a.m = lay.take({B, T, C});
-      a.mean_2 = lay.take({N});
-      a.rstd_2 = lay.take({N});
+      a.res_mid = lay.take({R, C});
+      a.m = lay.take({R, C});
+      a.mean_2 = lay.take({R});
+      a.rstd_2 = lay.take({R});
       a.u = lay.take({B, T, F1});
       a.g = lay.take({B, T, F});
     }
-    res_final_ = lay.take({B, T, C});
-    xf_ = lay.take({B, T, C});
-    mean_f_ = lay.take({N});
-    rstd_f_ = lay.take({N});
-    logits_ = lay.take({B, T, V});
+    res_final_ = lay.take({R, C});
+    xf_ = lay.take({N, C});
+    mean_f_ = lay.take({R});
+    rstd_f_ = lay.take({R});
+    logits_ = lay.take({N, V});
     losses_ = lay.take({B, T});
-    d_res_ = lay.take({B, T, C});
-    d_tmp_ = lay.take({B, T, C});
-    d_c_ = lay.take({B, T, C});
+    if (p > 1) {
+      ce_max_ = lay.take({N});
+      ce_sums_ = lay.take({2, N});
+    }
+    d_res_ = lay.take({R, C});
+    d_tmp_ = lay.take({R, C});
+    d_c_ = lay.take({N, C});
     d_qkv_ = lay.take({B, T, H + 2 * KV, D});
     d_att_ = lay.take({B, T, H, D});
     d_u_ = lay.take({B, T, F1});
     d_g_ = lay.take({B, T, F});
-    scratch_c_ = lay.take({B, T, C});
+    scratch_c_ = lay.take({N, C});
+    if (sp_) {
+      gather_ = lay.take({N, C});
+      branch_ = lay.take({R, C});
+      sp_dnorm_ = lay.take({2, C});
+    }
   };
   Layout count;
   carve(count);
@@ -145,11 +183,79 @@ std::pair<size_t, size_t> Transformer::block_params(int block) const {
   return {block_first_[block], block_first_[block + 1]};
 }
 
+void Transformer::bind_block(int block, Tensor weights, Tensor grads) {
+  const auto [first, last] = block_params(block);
+  LLMT_CHECK(!weights.defined() || !storage_.params, "bind_block: the model owns its weights");
+  LLMT_CHECK(!grads.defined() || !storage_.grads, "bind_block: the model owns its gradients");
+  int64_t off = 0;
+  for (size_t i = first; i < last; ++i) {
+    const Shape& shape = spec_.params[i].shape;
+    const int64_t n = shape.numel();
+    if (weights.defined()) {
+      LLMT_CHECK(off + n <= weights.numel(), "bind_block(", block, "): weights ",
+                 describe(weights), " too small");
+      compute_params_[i] = Tensor(weights.f32() + off, shape, DType::f32, weights.device);
+      params_[i] = compute_params_[i];
+    }
+    if (grads.defined()) {
+      LLMT_CHECK(off + n <= grads.numel(), "bind_block(", block, "): grads ", describe(grads),
+                 " too small");
+      grads_[i] = Tensor(grads.f32() + off, shape, DType::f32, grads.device);
+    }
+    off += n;
+  }
+  // Assigned member by member: forward/backward may hold references into the layer vectors
+  // while a hook rebinds.
+  auto rebind = [&](ModelWeights& dst, const std::vector<Tensor>& views) {
+    ModelWeights fresh = bind_weights(spec_, views);
+    std::copy(fresh.layers.begin(), fresh.layers.end(), dst.layers.begin());
+    dst.wte = fresh.wte;
+    dst.wpe = fresh.wpe;
+    dst.norm_f_w = fresh.norm_f_w;
+    dst.norm_f_b = fresh.norm_f_b;
+    dst.head = fresh.head;
+  };
+  if (weights.defined()) rebind(w_, compute_params_);
+  if (grads.defined()) rebind(gw_, grads_);
+}
+
+void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begin, uint64_t seed) {
+  const ParamSpec& p = spec.params[i];
+  LLMT_CHECK(x.ndim() == p.shape.ndim() && row_begin >= 0 && row_begin + x.shape[0] <= p.shape[0],
+             p.name, ": rows [", row_begin, ", ", row_begin + x.shape[0], ") of ", p.shape.str());
+  if (p.init != InitKind::normal) {
+    ops::fill(x, p.init == InitKind::ones ? 1.0f : 0.0f);
+    return;
+  }
+  const uint64_t stream = rng::hash_name(p.name);
+  const Shape& g = p.global_shape;
+  const int64_t row = g.numel() / g[0];  // global elements per dim-0 index
+  if (!p.tp.sharded() || spec.tp_size == 1) {
+    ops::init_normal(x, p.std, seed, stream, row_begin * row);
+    return;
+  }
+  const int64_t row_end = row_begin + x.shape[0];
+  for (const ShardSlice& s : spec.local_slices(i)) {
+    if (s.dim == 0) {  // local rows [local_start, +length) are global rows [global_start, +length)
+      const int64_t lo = std::max(row_begin, s.local_start);
+      const int64_t hi = std::min(row_end, s.local_start + s.length);
+      if (lo < hi)
+        ops::init_normal(x.rows(lo - row_begin, hi - row_begin), p.std, seed, stream,
+                         (s.global_start + lo - s.local_start) * row);
+    } else {  // one column slice of a 2-D weight: every row's columns [global_start, +length)
+      LLMT_CHECK(s.dim == 1 && g.ndim() == 2 && s.local_start == 0 && s.length == p.shape[1],
+                 p.name, ": only one column slice of a 2-D tensor is supported, got ", p.tp.str());
+      ops::init_normal(x, p.std, seed, stream, row_begin * g[1] + s.global_start, g[1]);
+    }
+  }
+}
+
 void Transformer::init(uint64_t seed) {
+  LLMT_CHECK(storage_.params, "init: the parameters are not the model's (ZeRO-3 initialises its shards)");
   for (size_t i = 0; i < spec_.params.size(); ++i) {
     const ParamSpec& p = spec_.params[i];
     switch (p.init) {
-      case InitKind::normal: ops::init_normal(params_[i], p.std, seed, rng::hash_name(p.name)); break;
+      case InitKind::normal: init_param_rows(spec_, i, params_[i], 0, seed); break;
       case InitKind::ones: ops::fill(params_[i], 1.0f); break;
       case InitKind::zeros: ops::fill(params_[i], 0.0f); break;
     }
@@ -158,12 +264,14 @@ void Transformer::init(uint64_t seed) {
 }
 
 void Transformer::sync_compute_weights() {
-  if (compute_ == DType::f32) return;
+  if (compute_ == DType::f32 || !storage_.params) return;
   ops::copy(compute_buf_.tensor(flat_params_.shape, DType::f32), flat_params_);
   ops::round_to(compute_buf_.tensor(flat_params_.shape, DType::f32), compute_);
 }
 
-void Transformer::zero_grads() { ops::fill_zero(flat_grads_); }
+void Transformer::zero_grads() {
+  if (storage_.grads) ops::fill_zero(flat_grads_);
+}
 
 void Transformer::lowp(Tensor t) const {
   if (compute_ != DType::f32) ops::round_to(t, compute_);
@@ -174,12 +282,13 @@ uint64_t Transformer::dropout_stream(int64_t layer, int site, int64_t step) cons
                     rng::mix64(static_cast<uint64_t>(step) + 0x51ed27ULL));
 }
 
-// out = res + dropout(branch); the dropout mask is keyed by the global element index.
+// out = res + dropout(branch); the dropout mask is keyed by the global element index (under
+// sequence parallelism this rank's rows start at global row row0_).
 void Transformer::residual_branch(Tensor out, Tensor res, Tensor branch, Tensor scratch,
                                     int64_t layer, int site, const StepContext& ctx) {
   const float p = spec_.cfg.dropout;
   if (p > 0.0f) {
-    const int64_t offset = ctx.first_sample * T_ * spec_.cfg.d_model;
+    const int64_t offset = (ctx.first_sample * T_ + row0_) * spec_.cfg.d_model;
     ops::dropout_forward(scratch, branch, p, ctx.seed, dropout_stream(layer, site, ctx.step), offset);
     branch = scratch;
   }
@@ -188,37 +297,103 @@ void Transformer::residual_branch(Tensor out, Tensor res, Tensor branch, Tensor 
 }
 
 void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b) {
-  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t R = R_, C = spec_.cfg.d_model;
   if (spec_.cfg.norm == NormKind::layernorm)
-    ops::layernorm_forward(out.view({N, C}), mean, rstd, inp.view({N, C}), w, b, spec_.cfg.norm_eps);
+    ops::layernorm_forward(out.view({R, C}), mean, rstd, inp.view({R, C}), w, b, spec_.cfg.norm_eps);
   else
-    ops::rmsnorm_forward(out.view({N, C}), rstd, inp.view({N, C}), w, spec_.cfg.norm_eps);
+    ops::rmsnorm_forward(out.view({R, C}), rstd, inp.view({R, C}), w, spec_.cfg.norm_eps);
   lowp(out);
 }
 
+// Under sequence parallelism a rank normalises only its rows, so its weight and bias gradients
+// are partial sums over the sequence: they are completed by an all-reduce over tp (of this
+// micro-batch's share only, so accumulation over micro-batches is not multiplied) before being
+// added into the gradients. Without SP every tp rank sees all rows and gets the whole gradient.
 void Transformer::norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp,
                                 Tensor w, Tensor mean, Tensor rstd) {
-  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t R = R_, C = spec_.cfg.d_model;
+  Tensor pdw = dw, pdb = db;
+  if (sp_) {
+    ops::fill_zero(sp_dnorm_);
+    pdw = sp_dnorm_.rows(0, 1).view({C});
+    pdb = db.defined() ? sp_dnorm_.rows(1, 2).view({C}) : Tensor();
+  }
   if (spec_.cfg.norm == NormKind::layernorm)
-    ops::layernorm_backward(dinp.view({N, C}), dw, db, dout.view({N, C}), inp.view({N, C}), w,
+    ops::layernorm_backward(dinp.view({R, C}), pdw, pdb, dout.view({R, C}), inp.view({R, C}), w,
                             mean, rstd);
   else
-    ops::rmsnorm_backward(dinp.view({N, C}), dw, dout.view({N, C}), inp.view({N, C}), w, rstd);
+    ops::rmsnorm_backward(dinp.view({R, C}), pdw, dout.view({R, C}), inp.view({R, C}), w, rstd);
   lowp(dinp);
+  if (sp_) {
+    tp::copy_to_region_backward(*tp_.comm, sp_dnorm_);
+    ops::add_inplace(dw, pdw);
+    if (db.defined()) ops::add_inplace(db, pdb);
+  }
+}
+
+Tensor Transformer::column_input(Tensor a) {
+  if (!sp_) return a;  // copy_to_region forward: identity
+  tp::gather_from_sequence_forward(*tp_.comm, gather_, a);
+  return gather_;
+}
+
+Tensor Transformer::row_output(Tensor partial, Tensor bias) {
+  if (tp_.size() == 1) return partial;  // the linear added the bias
+  Tensor out = partial;
+  if (sp_) {
+    tp::reduce_scatter_to_sequence_forward(*tp_.comm, branch_, partial);
+    out = branch_;
+  } else {
+    tp::reduce_from_region_forward(*tp_.comm, partial);
+  }
+  if (bias.defined()) ops::add_bias(out, bias);
+  return out;
+}
+
+Tensor Transformer::row_output_grad(Tensor dbranch) {
+  if (!sp_) return dbranch;  // reduce_from_region backward: identity
+  tp::reduce_scatter_to_sequence_backward(*tp_.comm, scratch_c_, dbranch);
+  return scratch_c_;
+}
+
+Tensor Transformer::column_input_grad(Tensor dinp) {
+  if (tp_.size() == 1) return dinp;
+  if (!sp_) {
+    tp::copy_to_region_backward(*tp_.comm, dinp);
+    return dinp;
+  }
+  tp::gather_from_sequence_backward(*tp_.comm, branch_, dinp);
+  return branch_;
 }
 
 float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx) {
   const auto& cfg = spec_.cfg;
-  const int64_t N = B_ * T_, C = cfg.d_model, H = cfg.n_heads, KV = spec_.n_kv_heads;
-  const int64_t D = spec_.head_dim, V = cfg.vocab_size;
+  const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model, H = H_, KV = KV_;
+  const int64_t D = spec_.head_dim, Q = (H + 2 * KV) * D;
   LLMT_CHECK(tokens.shape == Shape({B_, T_}) && targets.shape == Shape({B_, T_}), "tokens ",
              tokens.shape.str(), " and targets ", targets.shape.str(), " must be (", B_, ", ", T_,
              ")");
   const bool rope = cfg.position == PositionKind::rope;
+  const bool tp = tp_.size() > 1;
+  // Row-parallel linears add their bias after the reduction (row_output) under tp.
+  auto row_bias = [&](Tensor b) { return tp ? Tensor() : b; };
 
-  Tensor x = acts_.empty() ? res_final_ : acts_[0].res_in;  // (B,T,C)
+  Tensor x = acts_.empty() ? res_final_ : acts_[0].res_in;  // (R,C)
   if (hooks_) hooks_->before_forward(0);
-  ops::embedding_forward(x, tokens, w_.wte, w_.wpe);
+  if (!tp) {
+    ops::embedding_forward(x.view({B, T, C}), tokens, w_.wte, w_.wpe);
+  } else {
+    // Vocab-parallel embedding: each rank looks up only its vocabulary rows (zeros elsewhere),
+    // rank 0 adds the positions, and the sum over tp is the full embedding (all-reduce, or
+    // reduce-scatter to this rank's rows under SP).
+    Tensor full = sp_ ? scratch_c_ : x;
+    ops::embedding_forward(full.view({B, T, C}), tokens, w_.wte, tp_.rank() == 0 ? w_.wpe : Tensor(),
+                           0, vocab_start_, cfg.vocab_size);
+    if (sp_)
+      tp::reduce_scatter_to_sequence_forward(*tp_.comm, x, full);
+    else
+      tp::reduce_from_region_forward(*tp_.comm, x);
+  }
   lowp(x);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = w_.layers[l];
@@ -227,34 +402,42 @@ float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const Ste
     if (hooks_) hooks_->before_forward(static_cast<int>(l) + 1);
 
     norm_forward(a.a, a.mean_1, a.rstd_1, a.res_in, lw.norm_1_w, lw.norm_1_b);
-    ops::linear_forward(a.qkv.view({N, spec_.qkv_dim}), a.a.view({N, C}), lw.qkv_w, lw.qkv_b);
+    ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b);
     if (rope) ops::rope_forward(a.qkv, H + KV, 0, cfg.rope_theta);
     lowp(a.qkv);
     ops::attention_forward(a.att, a.lse, a.qkv, H, KV);
     lowp(a.att);
-    ops::linear_forward(scratch_c_.view({N, C}), a.att.view({N, H * D}), lw.proj_w, lw.proj_b);
-    lowp(scratch_c_);
-    residual_branch(a.res_mid, a.res_in, scratch_c_, d_tmp_, l, 0, ctx);
+    ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b));
+    Tensor y = row_output(scratch_c_, lw.proj_b);
+    lowp(y);
+    residual_branch(a.res_mid, a.res_in, y, d_tmp_, l, 0, ctx);
 
     norm_forward(a.m, a.mean_2, a.rstd_2, a.res_mid, lw.norm_2_w, lw.norm_2_b);
-    ops::linear_forward(a.u.view({N, spec_.fc1_out}), a.m.view({N, C}), lw.fc1_w, lw.fc1_b);
+    ops::linear_forward(a.u.view({N, F1_}), column_input(a.m), lw.fc1_w, lw.fc1_b);
     lowp(a.u);
     if (cfg.activation == Activation::gelu)
       ops::gelu_forward(a.g, a.u);
     else
-      ops::swiglu_forward(a.g.view({N, spec_.ffn_dim}), a.u.view({N, spec_.fc1_out}));
+      ops::swiglu_forward(a.g.view({N, F_}), a.u.view({N, F1_}));
     lowp(a.g);
-    ops::linear_forward(scratch_c_.view({N, C}), a.g.view({N, spec_.ffn_dim}), lw.fc2_w, lw.fc2_b);
-    lowp(scratch_c_);
-    residual_branch(res_out, a.res_mid, scratch_c_, d_tmp_, l, 1, ctx);
+    ops::linear_forward(scratch_c_, a.g.view({N, F_}), lw.fc2_w, row_bias(lw.fc2_b));
+    y = row_output(scratch_c_, lw.fc2_b);
+    lowp(y);
+    residual_branch(res_out, a.res_mid, y, d_tmp_, l, 1, ctx);
   }
   if (hooks_) hooks_->before_forward(static_cast<int>(cfg.n_layers) + 1);
-  norm_forward(xf_, mean_f_, rstd_f_, res_final_, w_.norm_f_w, w_.norm_f_b);
-  ops::linear_forward(logits_.view({N, V}), xf_.view({N, C}), w_.head, Tensor());
+  norm_forward(sp_ ? branch_ : xf_, mean_f_, rstd_f_, res_final_, w_.norm_f_w, w_.norm_f_b);
+  if (sp_) tp::gather_from_sequence_forward(*tp_.comm, xf_, branch_);
+  ops::linear_forward(logits_, xf_, w_.head, Tensor());
   lowp(logits_);
   // Fused: the losses and, in place of the logits, d(dloss * mean loss)/d logits.
-  ops::softmax_cross_entropy(losses_.view({N}), logits_.view({N, V}), logits_.view({N, V}),
-                             targets.view({N}), dloss / static_cast<float>(N));
+  if (!tp)
+    ops::softmax_cross_entropy(losses_.view({N}), logits_, logits_, targets.view({N}),
+                               dloss / static_cast<float>(N));
+  else
+    tp::vocab_parallel_cross_entropy(*tp_.comm, losses_.view({N}), logits_, targets.view({N}),
+                                     vocab_start_, cfg.vocab_size, dloss / static_cast<float>(N),
+                                     ce_max_, ce_sums_);
   alloc_.backend().copy_to_host(host_losses_.data(), losses_.data, losses_.nbytes());
   double sum = std::accumulate(host_losses_.begin(), host_losses_.end(), 0.0);
   return static_cast<float>(sum / static_cast<double>(N));
@@ -262,12 +445,12 @@ float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const Ste
 
 void Transformer::backward(Tensor tokens, const StepContext& ctx) {
   const auto& cfg = spec_.cfg;
-  const int64_t N = B_ * T_, C = cfg.d_model, H = cfg.n_heads, KV = spec_.n_kv_heads;
-  const int64_t D = spec_.head_dim, V = cfg.vocab_size, F = spec_.ffn_dim, F1 = spec_.fc1_out;
+  const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model, H = H_, KV = KV_;
+  const int64_t D = spec_.head_dim, F = F_, F1 = F1_, Q = (H + 2 * KV) * D;
   const bool rope = cfg.position == PositionKind::rope;
   const float p = cfg.dropout;
-  const int64_t drop_offset = ctx.first_sample * T_ * C;
-  // Gradient of a residual branch's output: d_res through the dropout mask (or d_res itself).
+  const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * C;
+  // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res).
   auto branch_grad = [&](int64_t layer, int site) {
     if (p == 0.0f) return d_res_;
     ops::dropout_backward(d_tmp_, d_res_, p, ctx.seed, dropout_stream(layer, site, ctx.step),
@@ -277,19 +460,19 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
 
   const int last_block = static_cast<int>(cfg.n_layers) + 1;
   if (hooks_) hooks_->before_backward(last_block);
-  ops::linear_backward(d_c_.view({N, C}), gw_.head, Tensor(), logits_.view({N, V}),
-                       xf_.view({N, C}), w_.head);
+  ops::linear_backward(d_c_, gw_.head, Tensor(), logits_, xf_, w_.head);
   lowp(d_c_);
-  norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, d_c_, res_final_, w_.norm_f_w, mean_f_,
-                rstd_f_);
+  norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, column_input_grad(d_c_), res_final_,
+                w_.norm_f_w, mean_f_, rstd_f_);
   if (hooks_) hooks_->after_backward(last_block);
   for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
     if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
     const LayerWeights& lw = w_.layers[l];
     LayerWeights& lg = gw_.layers[l];
     LayerActs& a = acts_[l];
-    // d_res: gradient w.r.t. the layer's output residual stream.
-    ops::linear_backward(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, branch_grad(l, 1).view({N, C}),
+    // d_res: gradient w.r.t. the layer's output residual stream. Row-parallel biases get their
+    // whole gradient from the (gathered) dy, the same on every tp rank.
+    ops::linear_backward(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, row_output_grad(branch_grad(l, 1)),
                          a.g.view({N, F}), lw.fc2_w);
     lowp(d_g_);
     if (cfg.activation == Activation::gelu)
@@ -297,31 +480,41 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
     else
       ops::swiglu_backward(d_u_.view({N, F1}), d_g_.view({N, F}), a.u.view({N, F1}));
     lowp(d_u_);
-    ops::linear_backward(d_c_.view({N, C}), lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}),
-                         a.m.view({N, C}), lw.fc1_w);
+    // fc1's input (N,C) again: under SP only this rank's rows were kept, so they are gathered
+    // once more (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
+    ops::linear_backward(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m),
+                         lw.fc1_w);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, d_c_, a.res_mid, lw.norm_2_w, a.mean_2,
-                  a.rstd_2);
+    norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, column_input_grad(d_c_), a.res_mid,
+                  lw.norm_2_w, a.mean_2, a.rstd_2);
     ops::add_inplace(d_res_, d_tmp_);
     lowp(d_res_);
     // d_res: gradient w.r.t. res_mid.
     ops::linear_backward(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b,
-                         branch_grad(l, 0).view({N, C}), a.att.view({N, H * D}), lw.proj_w);
+                         row_output_grad(branch_grad(l, 0)), a.att.view({N, H * D}), lw.proj_w);
     lowp(d_att_);
     ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV);
     if (rope) ops::rope_backward(d_qkv_, H + KV, 0, cfg.rope_theta);
     lowp(d_qkv_);
-    ops::linear_backward(d_c_.view({N, C}), lg.qkv_w, lg.qkv_b, d_qkv_.view({N, spec_.qkv_dim}),
-                         a.a.view({N, C}), lw.qkv_w);
+    ops::linear_backward(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a),
+                         lw.qkv_w);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, d_c_, a.res_in, lw.norm_1_w, a.mean_1,
-                  a.rstd_1);
+    norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, column_input_grad(d_c_), a.res_in,
+                  lw.norm_1_w, a.mean_1, a.rstd_1);
     ops::add_inplace(d_res_, d_tmp_);
     lowp(d_res_);
     if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
   if (hooks_) hooks_->before_backward(0);
-  ops::embedding_backward(gw_.wte, gw_.wpe, d_res_, tokens);
+  if (tp_.size() == 1) {
+    ops::embedding_backward(gw_.wte, gw_.wpe, d_res_.view({B, T, C}), tokens);
+  } else {
+    // Every rank has the whole (gathered, under SP) embedding gradient: its vocabulary rows go to
+    // its wte shard, and all of it to wpe, whose gradient is thus the same on every rank.
+    Tensor d_emb = sp_ ? row_output_grad(d_res_) : d_res_;
+    ops::embedding_backward(gw_.wte, gw_.wpe, d_emb.view({B, T, C}), tokens, 0, vocab_start_,
+                            cfg.vocab_size);
+  }
   if (hooks_) hooks_->after_backward(0);
 }
 

@@ -4,6 +4,10 @@
 //
 // Dims: B micro-batch, T seq_len, C d_model, V vocab, L layers, H heads, KV kv heads, D head dim,
 // Q = (H+2KV)*D, F ffn hidden, F1 = F (gelu) or 2F (swiglu), N = B*T.
+// Tensor parallel (tp ranks, docs/parallelism.md): a rank holds H/tp query heads, KV/tp kv heads,
+// F/tp of the ffn and V/tp of the vocabulary; below, H, KV, Q, F, F1, V of activations and
+// weights are those local counts. Rows of the residual stream: R = N, or N/tp with sequence
+// parallelism (this rank's block of tokens); column-parallel inputs are gathered to N rows.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +16,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace llmt {
 
@@ -52,13 +57,25 @@ struct StepContext {
   int64_t first_sample = 0;    // global index of the micro-batch's first sample (dropout key)
 };
 
+// Which full-size buffers the Transformer allocates. ZeRO-2 owns the gradients and ZeRO-3 also
+// the parameters (sharded); for what the model does not own it binds each block's views to its
+// own staging buffers (bind_block) before the block runs.
+struct ModelStorage {
+  bool params = true;  // master (and compute) weights
+  bool grads = true;
+};
+
 class Transformer {
  public:
   // compute: f32, or bf16/f16 to emulate 16-bit storage (weights and activations rounded to
   // that type at op boundaries; gradients and master weights stay f32).
-  Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute);
+  // tp: the tensor-parallel group (none: the whole model on this rank). `spec` is the global
+  // spec (sharded here for tp) or one already sharded for this tp rank.
+  Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute,
+              ModelStorage storage = {}, TensorParallel tp = {});
 
   const ModelSpec& spec() const { return spec_; }
+  DType compute_dtype() const { return compute_; }
   // Master parameters and their gradients, one view per ModelSpec::params entry.
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& grads() const { return grads_; }
@@ -76,6 +93,11 @@ class Transformer {
   int num_blocks() const { return static_cast<int>(spec_.cfg.n_layers) + 2; }
   // The parameters (indices into params()) that belong to a block: [first, last).
   std::pair<size_t, size_t> block_params(int block) const;
+  // Points the views of block `block`'s parameters at `weights` (the compute weights the forward
+  // and backward read) and/or `grads`, each a flat f32 buffer holding that block's parameters
+  // back to back in spec order; an undefined Tensor leaves that side unchanged. Only for what
+  // ModelStorage says the model does not own.
+  void bind_block(int block, Tensor weights, Tensor grads);
 
   // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
@@ -86,12 +108,12 @@ class Transformer {
 
  private:
   struct LayerActs {
-    Tensor res_in;            // (B,T,C) residual stream entering the layer
-    Tensor a, mean_1, rstd_1; // (B,T,C), (N), (N) norm_1
+    Tensor res_in;            // (R,C) residual stream entering the layer
+    Tensor a, mean_1, rstd_1; // (R,C), (R), (R) norm_1
     Tensor qkv;               // (B,T,H+2KV,D) after rope
     Tensor att, lse;          // (B,T,H,D), (B,H,T)
-    Tensor res_mid;           // (B,T,C) after the attention residual
-    Tensor m, mean_2, rstd_2; // (B,T,C), (N), (N) norm_2
+    Tensor res_mid;           // (R,C) after the attention residual
+    Tensor m, mean_2, rstd_2; // (R,C), (R), (R) norm_2
     Tensor u;                 // (B,T,F1) fc1 output
     Tensor g;                 // (B,T,F) activation output
   };
@@ -105,6 +127,16 @@ class Transformer {
   void residual_branch(Tensor out, Tensor res, Tensor branch, Tensor scratch, int64_t layer,
                        int site, const StepContext& ctx);
   uint64_t dropout_stream(int64_t layer, int site, int64_t step) const;
+  // Tensor-parallel regions (identity when tp = 1). The (N,C) input of a column-parallel linear
+  // from this rank's norm output a (R,C): all-gathered into gather_ under SP, else a itself.
+  Tensor column_input(Tensor a);
+  // A row-parallel linear's partial output (N,C) -> the branch (R,C): summed over tp (all-reduce,
+  // or reduce-scatter into branch_ under SP), then its bias added once.
+  Tensor row_output(Tensor partial, Tensor bias);
+  // Backward of row_output: the branch gradient (R,C) -> (N,C) (all-gathered into scratch_c_).
+  Tensor row_output_grad(Tensor dbranch);
+  // Backward of column_input: the partial input gradient (N,C) -> (R,C), summed over tp.
+  Tensor column_input_grad(Tensor dinp);
 
   ModelSpec spec_;
   Allocator& alloc_;
@@ -112,6 +144,12 @@ class Transformer {
   std::vector<size_t> block_first_;  // block b owns params [block_first_[b], block_first_[b+1])
   int64_t B_, T_;
   DType compute_;
+  ModelStorage storage_;
+  TensorParallel tp_;
+  bool sp_ = false;          // sequence parallel with tp > 1
+  int64_t R_;                // rows of the residual stream on this rank
+  int64_t row0_ = 0;         // global row (in the micro-batch's N) of this rank's first
+  int64_t H_, KV_, F_, F1_, V_, vocab_start_;  // this rank's heads, ffn, vocabulary
 
   Buffer params_buf_, grads_buf_, compute_buf_, acts_buf_;
   Tensor flat_params_, flat_grads_;
@@ -119,18 +157,29 @@ class Transformer {
   ModelWeights w_;   // views of the compute weights (== master for f32)
   ModelWeights gw_;  // views of the gradients
   std::vector<LayerActs> acts_;
-  Tensor res_final_;             // (B,T,C) residual stream after the last layer
-  Tensor xf_, mean_f_, rstd_f_;  // (B,T,C), (N), (N) norm_f
-  Tensor logits_;                // (B,T,V); overwritten by its gradient
+  Tensor res_final_;             // (R,C) residual stream after the last layer
+  Tensor xf_, mean_f_, rstd_f_;  // (N,C) (gathered under SP), (R), (R) norm_f
+  Tensor logits_;                // (N,V); overwritten by its gradient
   Tensor losses_;                // (B,T)
+  Tensor ce_max_, ce_sums_;      // (N), (2,N) vocab-parallel cross-entropy (tp > 1)
   // Backward scratch.
-  Tensor d_res_, d_tmp_, d_c_;   // (B,T,C) x3
+  Tensor d_res_, d_tmp_;         // (R,C) x2
+  Tensor d_c_;                   // (N,C)
   Tensor d_qkv_, d_att_;         // (B,T,Q), (B,T,H*D)
   Tensor d_u_, d_g_;             // (B,T,F1), (B,T,F)
-  Tensor scratch_c_;             // (B,T,C) branch output before dropout/residual
+  Tensor scratch_c_;             // (N,C) branch output before dropout/residual (partial under tp)
+  // Sequence parallel only: the gathered column-parallel input (N,C), the reduce-scattered
+  // branch (R,C), and a norm's partial weight/bias gradients (2,C) before their all-reduce.
+  Tensor gather_, branch_, sp_dnorm_;
   std::vector<float> host_losses_;
 };
 
 ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& views);
+
+// Initialises x = rows [row_begin, row_begin + x.shape[0]) of parameter i as this rank holds it
+// (spec.params[i].shape), with exactly the values of those elements in the single-rank tensor:
+// each piece from the counter-based generator at its global index, whatever the tp slices
+// (placement.h) and whatever further row split (ZeRO's dp shards) cut it.
+void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begin, uint64_t seed);
 
 }  // namespace llmt

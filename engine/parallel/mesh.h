@@ -33,6 +33,9 @@ class Mesh {
  public:
   Mesh(MeshShape shape, int rank, std::array<std::unique_ptr<Communicator>, kNumAxes> axes,
        std::unique_ptr<Communicator> world);
+  // Splits `world` (a collective over it) into one group per axis; world->size() must equal
+  // shape.world().
+  static Mesh create(MeshShape shape, std::unique_ptr<Communicator> world);
   const MeshShape& shape() const { return shape_; }
   int rank() const { return rank_; }
   int coord(Axis a) const { return coords_[static_cast<int>(a)]; }

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "data/gpt_dataset.h"
 #include "engine/core/check.h"
 
 namespace llmt {
@@ -40,7 +41,7 @@ constexpr std::array<std::string_view, 2> kActivationNames{"gelu", "swiglu"};
 constexpr std::array<std::string_view, 2> kPositionNames{"learned", "rope"};
 constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "constant"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
-constexpr std::array<std::string_view, 1> kSourceNames{"synthetic"};
+constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 2> kDeviceNames{"cpu", "cuda"};
 
 // ---- TOML text for values (also used in messages, so numbers read the same everywhere) ----
@@ -115,6 +116,14 @@ std::string toml_text(bool v) {
 }
 std::string toml_text(const std::string& v) {
   return toml_string(v);
+}
+// [[data.sources]] as an array of inline tables.
+std::string toml_text(const std::vector<DataSourceConfig>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    s += concat(i ? ", " : "", "{path = ", toml_string(v[i].path),
+                ", weight = ", toml_text(v[i].weight), "}");
+  return s + "]";
 }
 
 template <size_t N>
@@ -195,6 +204,37 @@ Problem read_value(const toml::node& n, std::string& out) {
     return {};
   }
   return concat("expected a string, found ", describe(n));
+}
+
+// [[data.sources]]: an array of tables, each with exactly `path` and `weight`.
+Problem read_value(const toml::node& n, std::vector<DataSourceConfig>& out) {
+  const toml::array* list = n.as_array();
+  if (!list) return concat("expected an array of tables ([[data.sources]]), found ", describe(n));
+  std::vector<DataSourceConfig> entries;
+  for (const toml::node& item : *list) {
+    const std::string entry = concat("entry ", entries.size() + 1);
+    const toml::table* t = item.as_table();
+    if (!t) return concat(entry, ": expected a table {path, weight}, found ", describe(item));
+    DataSourceConfig e;
+    std::set<std::string> seen;
+    for (auto&& [k, v] : *t) {
+      Problem p;
+      if (k.str() == "path") {
+        p = read_value(v, e.path);
+      } else if (k.str() == "weight") {
+        p = read_value(v, e.weight);
+      } else {
+        return concat(entry, ": unknown key ", k.str(), " (an entry has path and weight)");
+      }
+      if (p) return concat(entry, " ", k.str(), ": ", *p);
+      seen.insert(std::string(k.str()));
+    }
+    for (const char* key : {"path", "weight"})
+      if (!seen.count(key)) return concat(entry, ": missing ", key);
+    entries.push_back(std::move(e));
+  }
+  out = std::move(entries);
+  return {};
 }
 
 template <size_t N>
@@ -298,6 +338,7 @@ const std::vector<Section>& sections() {
     using O = OptimizerConfig;
     using D = DataConfig;
     using L = LogConfig;
+    using P = ParallelConfig;
     std::vector<Section> s;
     s.push_back(SectionBuilder<M>("model", &Config::model)
                     .add("arch", &M::arch, kArchNames)
@@ -327,6 +368,8 @@ const std::vector<Section>& sections() {
                     .add("run_dir", &T::run_dir)
                     .add("device", &T::device, kDeviceNames)
                     .add("threads", &T::threads)
+                    .add("eval_interval", &T::eval_interval)
+                    .add("eval_iters", &T::eval_iters)
                     .build());
     s.push_back(SectionBuilder<O>("optimizer", &Config::optimizer)
                     .add("lr", &O::lr)
@@ -342,9 +385,22 @@ const std::vector<Section>& sections() {
                     .add("initial_loss_scale", &O::initial_loss_scale)
                     .add("loss_scale_window", &O::loss_scale_window)
                     .build());
+    s.push_back(SectionBuilder<P>("parallel", &Config::parallel)
+                    .add("tp", &P::tp)
+                    .add("cp", &P::cp)
+                    .add("dp", &P::dp)
+                    .add("pp", &P::pp)
+                    .add("zero_stage", &P::zero_stage)
+                    .add("sequence_parallel", &P::sequence_parallel)
+                    .add("bucket_mb", &P::bucket_mb)
+                    .build());
     s.push_back(SectionBuilder<D>("data", &Config::data)
                     .add("source", &D::source, kSourceNames)
                     .add("seed", &D::seed)
+                    .add("path", &D::path)
+                    .add("sources", &D::sources)
+                    .add("split", &D::split)
+                    .add("tokenizer", &D::tokenizer)
                     .build());
     s.push_back(SectionBuilder<L>("log", &Config::log)
                     .add("interval", &L::interval)
@@ -670,6 +726,61 @@ class Rules {
   const std::vector<Setting>& settings_;
 };
 
+// "": the dataset PREFIX.idx + PREFIX.bin exists; else which file is missing.
+std::string missing_dataset_file(const std::string& prefix) {
+  std::error_code ec;
+  for (const char* ext : {".idx", ".bin"})
+    if (!fs::is_regular_file(prefix + ext, ec)) return prefix + ext;
+  return "";
+}
+
+// The split's syntax is checked whatever the source; the files only when they are used.
+void check_data(const Config& c, Rules& r) {
+  const DataConfig& d = c.data;
+  const std::optional<SplitWeights> split = parse_split(d.split);
+  r.require(split.has_value(), {"data.split"},
+            concat("data.split=", toml_string(d.split),
+                   " must be three comma-separated non-negative numbers with a positive sum, the "
+                   "shares of train,valid,test, e.g. \"98,1,1\""));
+  if (d.source != DataSource::indexed) return;
+  const std::string where_hint = " (a path in a config file is relative to that file's folder)";
+  r.require(!d.path.empty() || !d.sources.empty(), {"data.source"},
+            "data.source=\"indexed\" needs data.path (one dataset prefix) or [[data.sources]] "
+            "entries {path, weight} (a blend)");
+  if (!d.path.empty() && !d.sources.empty()) {
+    r.require(false, {"data.path", "data.sources"},
+              "data.path and [[data.sources]] are both set: give one dataset in data.path or a "
+              "blend in [[data.sources]]");
+    return;
+  }
+  if (!d.path.empty()) {
+    const std::string missing = missing_dataset_file(d.path);
+    r.require(missing.empty(), {"data.path"},
+              concat("data.path=", toml_string(d.path), ": ", missing, " not found", where_hint));
+  }
+  for (size_t i = 0; i < d.sources.size(); ++i) {
+    const DataSourceConfig& e = d.sources[i];
+    const std::string entry = concat("data.sources entry ", i + 1);
+    r.require(e.weight > 0, {"data.sources"},
+              concat(entry, ": weight=", toml_text(e.weight), " must be > 0"));
+    const std::string missing = missing_dataset_file(e.path);
+    r.require(
+        missing.empty(), {"data.sources"},
+        concat(entry, ": path=", toml_string(e.path), ": ", missing, " not found", where_hint));
+  }
+  if (!d.tokenizer.empty()) {
+    std::error_code ec;
+    r.require(fs::is_regular_file(d.tokenizer, ec), {"data.tokenizer"},
+              concat("data.tokenizer=", toml_string(d.tokenizer), ": file not found", where_hint));
+  }
+  if (split && c.train.eval_interval > 0) {
+    r.require((*split)[1] > 0, {"train.eval_interval", "data.split"},
+              concat("train.eval_interval=", c.train.eval_interval,
+                     " needs a validation split, but data.split=", toml_string(d.split),
+                     " gives it no documents"));
+  }
+}
+
 void check_rules(const Config& c, const Config& raw, Rules& r) {
   const ModelConfig& m = c.model;
   r.at_least<int64_t>("model.vocab_size", m.vocab_size, 2);
@@ -753,8 +864,69 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
                      " must be >= 1 with train.precision=\"fp16\""));
   }
 
+  const ParallelConfig& p = c.parallel;
+  r.at_least<int64_t>("parallel.tp", p.tp, 1);
+  r.at_least<int64_t>("parallel.cp", p.cp, 1);
+  r.at_least<int64_t>("parallel.pp", p.pp, 1);
+  r.require(p.dp == -1 || p.dp >= 1, {"parallel.dp"},
+            concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
+  r.require(
+      p.cp == 1 || p.cp < 1, {"parallel.cp"},
+      concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
+  r.require(
+      p.pp == 1 || p.pp < 1, {"parallel.pp"},
+      concat("parallel.pp=", p.pp, ": pipeline parallelism is not implemented yet; use pp = 1"));
+  r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
+            concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
+  r.positive("parallel.bucket_mb", p.bucket_mb);
+  if (p.tp >= 1) {
+    if (m.n_heads >= 1)
+      r.require(m.n_heads % p.tp == 0, {"model.n_heads", "parallel.tp"},
+                concat("model.n_heads=", m.n_heads, " is not divisible by parallel.tp=", p.tp,
+                       ": each tp rank holds n_heads/tp heads"));
+    if (m.n_kv_heads >= 1)
+      r.require(m.n_kv_heads % p.tp == 0, {"model.n_kv_heads", "parallel.tp"},
+                concat("model.n_kv_heads=", m.n_kv_heads, " is not divisible by parallel.tp=", p.tp,
+                       ": each tp rank holds n_kv_heads/tp kv heads"));
+    if (m.d_ff >= 1)
+      r.require(m.d_ff % p.tp == 0, {"model.d_ff", "parallel.tp"},
+                concat("model.d_ff=", m.d_ff, " is not divisible by parallel.tp=", p.tp,
+                       ": fc1 and fc2 are split over tp along d_ff"));
+    if (m.vocab_size >= 1)
+      r.require(m.vocab_size % p.tp == 0, {"model.vocab_size", "parallel.tp"},
+                concat("model.vocab_size=", m.vocab_size, " is not divisible by parallel.tp=", p.tp,
+                       ": the embedding and head are split by vocabulary rows"));
+    if (p.sequence_parallel && m.seq_len >= 1)
+      r.require(m.seq_len % p.tp == 0,
+                {"model.seq_len", "parallel.tp", "parallel.sequence_parallel"},
+                concat("model.seq_len=", m.seq_len, " is not divisible by parallel.tp=", p.tp,
+                       " with parallel.sequence_parallel=true: norms and dropout hold seq_len/tp "
+                       "positions per rank"));
+  }
+
+  r.at_least<int64_t>("train.eval_interval", t.eval_interval, 0, " (0 = no validation)");
+  if (t.eval_interval > 0) r.at_least<int64_t>("train.eval_iters", t.eval_iters, 1);
+  check_data(c, r);
+
   r.at_least<int64_t>("log.interval", c.log.interval, 1);
   r.at_least("log.peak_flops", c.log.peak_flops, 0.0);
+}
+
+// Data paths written in a config file are relative to that file's folder, as includes are;
+// --set ones (no line number) to the current directory.
+void resolve_data_paths(Config& c, const std::vector<Setting>& settings) {
+  for (const Setting& s : settings) {
+    if (s.section != "data" || s.at.line == 0) continue;
+    const fs::path dir = fs::path(s.at.file).parent_path();
+    auto resolve = [&](std::string& path) {
+      if (!path.empty() && fs::path(path).is_relative())
+        path = (dir / path).lexically_normal().string();
+    };
+    if (s.key == "path") resolve(c.data.path);
+    if (s.key == "tokenizer") resolve(c.data.tokenizer);
+    if (s.key == "sources")
+      for (DataSourceConfig& e : c.data.sources) resolve(e.path);
+  }
 }
 
 Config build(Loader& loader, const std::vector<std::string>& overrides, const std::string& source) {
@@ -770,6 +942,7 @@ Config build(Loader& loader, const std::vector<std::string>& overrides, const st
       errors.push_back(concat(s.dotted(), " at ", s.at.str(), ": ", *p));
   }
   if (!errors.empty()) throw ConfigError(join_lines(errors));
+  resolve_data_paths(c, loader.settings);
 
   const Config raw = c;
   resolve(c, given);
@@ -801,6 +974,50 @@ std::string to_toml(const Config& c) {
   for (const Section& s : sections()) {
     out += concat("\n[", s.name, "]\n");
     for (const Key& k : s.keys) out += concat(k.name, " = ", k.write(c), "\n");
+  }
+  return out;
+}
+
+MeshShape mesh_shape(const ParallelConfig& p, int world) {
+  MeshShape s;
+  const int64_t rest = p.tp * p.cp * p.pp;
+  const int64_t dp = p.dp == -1 ? (rest > 0 && world % rest == 0 ? world / rest : 0) : p.dp;
+  s.degree = {static_cast<int>(p.tp), static_cast<int>(p.cp), static_cast<int>(dp),
+              static_cast<int>(p.pp)};
+  return s;
+}
+
+void validate_layout(const Config& c, int world) {
+  const ParallelConfig& p = c.parallel;
+  std::vector<std::string> errors;
+  const int64_t rest = p.tp * p.cp * p.pp;
+  if (p.dp == -1 && world % rest != 0) {
+    errors.push_back(concat("parallel.dp=-1: world size ", world, " is not divisible by tp(", p.tp,
+                            ")*cp(", p.cp, ")*pp(", p.pp, ")=", rest));
+  } else {
+    const MeshShape s = mesh_shape(p, world);
+    if (s.world() != world)
+      errors.push_back(concat("tp(", p.tp, ")*cp(", p.cp, ")*dp(", s.size(Axis::dp), ")*pp(", p.pp,
+                              ")=", s.world(), " != world size ", world,
+                              ": set [parallel] degrees whose product is the number of ranks, or "
+                              "dp = -1"));
+    const int64_t dp = s.size(Axis::dp);
+    const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
+    if (dp >= 1 && gbs % (dp * mbs) != 0)
+      errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,
+                              ")*train.micro_batch_size(", mbs, ")=", dp * mbs,
+                              ": each dp rank runs a whole number of micro-batches"));
+  }
+  if (!errors.empty()) throw ConfigError(join_lines(errors));
+}
+
+std::string rank_map(const MeshShape& shape) {
+  std::string out = "# rank   tp cp dp pp\n";
+  for (int r = 0; r < shape.world(); ++r) {
+    const auto c = shape.coords(r);
+    char line[64];
+    std::snprintf(line, sizeof line, "%6d  %3d %2d %2d %2d\n", r, c[0], c[1], c[2], c[3]);
+    out += line;
   }
   return out;
 }

@@ -12,11 +12,13 @@
 #include "engine/core/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/optim/optimizer_config.h"
+#include "engine/parallel/mesh.h"
+#include "engine/parallel/parallel_config.h"
 
 namespace llmt {
 
 enum class Precision : uint8_t { fp32, bf16, fp16 };
-enum class DataSource : uint8_t { synthetic };
+enum class DataSource : uint8_t { synthetic, indexed };
 
 // [train]
 struct TrainConfig {
@@ -28,26 +30,41 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
   std::string device = "cpu";  // "cpu" | "cuda"
   int64_t threads = 0;         // OpenMP threads per rank; 0 = all cores
+  int64_t eval_interval = 0;   // validation loss every this many steps; 0 = never
+  int64_t eval_iters = 10;     // global batches of the valid split per validation
 };
 
-// [data]
+// One [[data.sources]] entry: a dataset of a blend.
+struct DataSourceConfig {
+  std::string path;   // dataset prefix (PREFIX.bin + PREFIX.idx)
+  double weight = 0;  // share of the samples, relative to the other entries' weights
+};
+
+// [data]. Paths written in a config file are relative to that file's folder (as includes are)
+// and are stored resolved; paths given with --set are relative to the current directory.
+// With source = "synthetic" the dataset keys are not used.
 struct DataConfig {
   DataSource source = DataSource::synthetic;
-  uint64_t seed = 0;  // synthetic: 0 = train.seed
+  uint64_t seed = 0;                      // samples and shuffles; 0 = train.seed
+  std::string path;                       // indexed: one dataset prefix
+  std::vector<DataSourceConfig> sources;  // indexed: a blend, instead of path
+  std::string split = "98,1,1";           // indexed: train,valid,test shares of the documents
+  std::string tokenizer;                  // optional SentencePiece model the data was made with
 };
 
 // [log]
 struct LogConfig {
-  int64_t interval = 1;         // progress line every `interval` steps
-  bool progress = true;         // print the progress line
+  int64_t interval = 1;                   // progress line every `interval` steps
+  bool progress = true;                   // print the progress line
   std::string metrics = "metrics.jsonl";  // relative to train.run_dir; "" disables
-  double peak_flops = 0;        // FLOP/s for MFU; 0 = this CPU's fp32 FMA peak estimate
+  double peak_flops = 0;                  // FLOP/s for MFU; 0 = this CPU's fp32 FMA peak estimate
 };
 
 struct Config {
   ModelConfig model;
   TrainConfig train;
   OptimizerConfig optimizer;
+  ParallelConfig parallel;
   DataConfig data;
   LogConfig log;
   std::string source_path;  // the top-level TOML file
@@ -61,6 +78,16 @@ Config parse_config_string(const std::string& text, const std::string& name,
                            const std::vector<std::string>& overrides = {});
 // The fully resolved config as TOML (every key, defaults included).
 std::string to_toml(const Config& c);
+
+// Checks the [parallel] layout against the world size (before MPI starts or anything is
+// allocated): tp*cp*dp*pp == world, heads / kv heads / vocab divisible by tp, seq_len by tp with
+// sequence_parallel, global_batch_size by dp*micro_batch_size. Throws ConfigError listing every
+// problem with all its factors.
+void validate_layout(const Config& c, int world);
+// The mesh degrees of a validated layout (dp = -1 resolved against `world`).
+MeshShape mesh_shape(const ParallelConfig& p, int world);
+// "rank  tp cp dp pp" lines, one per global rank.
+std::string rank_map(const MeshShape& shape);
 
 // Derived numbers.
 int64_t grad_accum_steps(const Config& c);  // global_batch_size / micro_batch_size

@@ -28,17 +28,36 @@ std::string json_number(double v, const char* fmt = "%.9g") {
 void MetricsWriter::write(const StepMetrics& m) {
   if (path_.empty()) return;
   std::string line = detail::concat(
-      "{\"step\": ", m.step, ", \"loss\": ", json_number(m.loss), ", \"lr\": ", json_number(m.lr),
-      ", \"grad_norm\": ", json_number(m.grad_norm), ", \"tokens_per_s\": ",
-      json_number(m.tokens_per_s, "%.6g"), ", \"mfu\": ", json_number(m.mfu, "%.6g"),
-      ", \"step_time_s\": ", json_number(m.step_time_s, "%.6g"), ", \"loss_scale\": ",
-      json_number(m.loss_scale, "%.17g"), ", \"skipped\": ", m.skipped ? "true" : "false",
-      ", \"peak_bytes\": {");
+      "{\"step\": ", m.step, ", \"loss\": ", json_number(m.loss),
+      m.val_loss ? detail::concat(", \"val_loss\": ", json_number(*m.val_loss)) : "",
+      ", \"lr\": ", json_number(m.lr), ", \"grad_norm\": ", json_number(m.grad_norm),
+      ", \"tokens_per_s\": ", json_number(m.tokens_per_s, "%.6g"),
+      ", \"mfu\": ", json_number(m.mfu, "%.6g"),
+      ", \"step_time_s\": ", json_number(m.step_time_s, "%.6g"),
+      ", \"loss_scale\": ", json_number(m.loss_scale, "%.17g"),
+      ", \"skipped\": ", m.skipped ? "true" : "false",
+      ", \"data_wait_s\": ", json_number(m.data_wait_s, "%.6g"), ", \"peak_bytes\": {");
   for (int c = 0; c < kNumMemCategories; ++c) {
     line += detail::concat(c ? ", " : "", "\"", category_name(static_cast<MemCategory>(c)),
                            "\": ", m.mem.peak[c]);
   }
-  line += detail::concat(", \"total\": ", m.mem.peak_total, "}}\n");
+  line += detail::concat(", \"total\": ", m.mem.peak_total, "}");
+  if (!m.comm.empty()) {
+    line += ", \"comm_bytes\": {";
+    for (size_t a = 0; a < m.comm.size(); ++a) {
+      line += detail::concat(a ? ", " : "", "\"", m.comm[a].first, "\": {");
+      bool first = true;
+      for (int k = 0; k < kNumCommKinds; ++k) {
+        if (m.comm[a].second.calls[k] == 0) continue;
+        line += detail::concat(first ? "" : ", ", "\"", comm_kind_name(static_cast<CommKind>(k)),
+                               "\": ", m.comm[a].second.bytes[k]);
+        first = false;
+      }
+      line += "}";
+    }
+    line += detail::concat("}, \"comm_wait_s\": ", json_number(m.comm_wait_s, "%.6g"));
+  }
+  line += "}\n";
   out_ << line;
   out_.flush();
   if (!out_) throw Error("writing metrics to " + path_ + " failed (disk full?)");
@@ -58,12 +77,13 @@ std::string format_duration(double s) {
 }
 
 std::string progress_line(const StepMetrics& m, double eta_s) {
-  char buf[256];
+  char buf[256], val[32] = "";
   int width = static_cast<int>(std::to_string(m.steps).size());
+  if (m.val_loss) std::snprintf(val, sizeof val, " | val %.4f", *m.val_loss);
   std::snprintf(buf, sizeof buf,
-                "step %*lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | mfu %.1f%% | "
+                "step %*lld/%lld | loss %.4f%s | lr %.2e | gnorm %.3f | %.0f tok/s | mfu %.1f%% | "
                 "eta %s%s",
-                width, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss,
+                width, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, val,
                 m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta_s).c_str(),
                 m.skipped ? " | skipped (fp16 overflow)" : "");
   return buf;

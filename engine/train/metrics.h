@@ -4,8 +4,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
+#include <utility>
+#include <vector>
+
+#include "engine/comm/communicator.h"
 #include "engine/core/allocator.h"
 
 namespace llmt {
@@ -20,8 +25,12 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double mfu = 0;
   double loss_scale = 1;
-  bool skipped = false;  // fp16 overflow: no update this step
+  bool skipped = false;            // fp16 overflow: no update this step
+  double data_wait_s = 0;          // time the step waited for its micro-batches from the loader
+  std::optional<double> val_loss;  // mean loss on the valid split, on evaluation steps only
   MemStats mem;
+  std::vector<std::pair<std::string, CommCounters>> comm;  // this step's bytes per mesh axis
+  double comm_wait_s = 0;  // time blocked on data-parallel communication (not hidden)
 };
 
 class MetricsWriter {
@@ -35,7 +44,8 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
-// "step   12/100 | loss 5.1234 | lr 3.00e-04 | gnorm 1.234 | 12,345 tok/s | mfu 31.2% | eta 1m23s"
+// "step   12/100 | loss 5.1234 | lr 3.00e-04 | gnorm 1.234 | 12,345 tok/s | mfu 31.2% | eta 1m23s",
+// with "| val 5.2345" after the loss on evaluation steps.
 std::string progress_line(const StepMetrics& m, double eta_s);
 // "1h02m", "3m04s", "12s".
 std::string format_duration(double seconds);

@@ -2,15 +2,21 @@
 // into the model, the optimizer and the metrics writer.
 #include "engine/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
-#include "data/synthetic.h"
+#include "data/blend.h"
+#include "data/gpt_dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
+#include "engine/parallel/data_parallel.h"
 #include "engine/train/metrics.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -35,63 +41,206 @@ double default_peak_flops(int threads) {
 
 namespace {
 
-// Writes the initial weights as params.json + params.bin (docs/model.md, "Debug dump").
-void dump_params(const fs::path& dir, const ModelSpec& spec, const Transformer& model,
-                 Allocator& alloc) {
+// Writes every parameter (`flat`: all of them at global shape, spec order) as params.json +
+// params.bin (docs/model.md, "Debug dump").
+void dump_params(const fs::path& dir, const ModelSpec& spec, const std::vector<float>& flat) {
+  fs::create_directories(dir);
   std::ofstream js(dir / "params.json");
   std::ofstream bin(dir / "params.bin", std::ios::binary);
   js << "{\"params\": [";
   int64_t offset = 0;
-  std::vector<float> host;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& p = spec.params[i];
     js << (i ? ",\n  " : "\n  ") << "{\"name\": \"" << p.name << "\", \"shape\": [";
     for (int d = 0; d < p.shape.ndim(); ++d) js << (d ? ", " : "") << p.shape[d];
     js << "], \"offset\": " << offset << "}";
-    const Tensor& t = model.params()[i];
-    host.resize(static_cast<size_t>(t.numel()));
-    alloc.backend().copy_to_host(host.data(), t.data, t.nbytes());
-    bin.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(t.nbytes()));
-    offset += t.numel();
+    offset += p.shape.numel();
   }
+  bin.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 4));
   js << "\n]}\n";
   if (!js || !bin) throw Error("writing the parameter dump to " + dir.string() + " failed");
+}
+
+// The train and valid samples of [data]: the synthetic process, or GPT samples of one dataset or
+// of a blend. Each dataset's token ids are checked against model.vocab_size first.
+struct DataSources {
+  std::shared_ptr<const SampleSource> train;
+  std::shared_ptr<const SampleSource> valid;  // only with train.eval_interval > 0
+};
+
+DataSources make_data_sources(const Config& cfg, bool verbose) {
+  const DataConfig& d = cfg.data;
+  const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
+  const bool eval = cfg.train.eval_interval > 0;
+  DataSources out;
+  if (d.source == DataSource::synthetic) {
+    out.train = std::make_shared<SyntheticSamples>(d.seed, V, T + 1);
+    // Validation: samples of the same process from 2^40 on, which no run trains on.
+    if (eval) out.valid = std::make_shared<SyntheticSamples>(d.seed, V, T + 1, int64_t{1} << 40);
+    return out;
+  }
+  std::optional<Tokenizer> tok;
+  if (!d.tokenizer.empty()) {
+    tok.emplace(d.tokenizer);
+    if (tok->vocab_size() > V)
+      throw ConfigError(
+          detail::concat("model.vocab_size=", V, " is smaller than the vocabulary of ",
+                         "data.tokenizer=", d.tokenizer, " (", tok->vocab_size(), ")"));
+  }
+  std::vector<DataSourceConfig> entries = d.sources;
+  if (!d.path.empty()) entries.push_back({d.path, 1.0});
+  const SplitWeights split = *parse_split(d.split);
+  double total_weight = 0;
+  for (const DataSourceConfig& e : entries) total_weight += e.weight;
+  std::vector<std::shared_ptr<const SampleSource>> train, valid;
+  std::vector<double> weights;
+  for (const DataSourceConfig& e : entries) {
+    std::shared_ptr<const IndexedDataset> data = IndexedDataset::open(e.path);
+    try {
+      data->verify_tokens(V);
+    } catch (const Error& err) {
+      throw ConfigError(detail::concat("model.vocab_size=", V, " is too small for dataset ", e.path,
+                                       ": ", err.what(),
+                                       "; set model.vocab_size to at least the tokenizer's "
+                                       "vocabulary size"));
+    }
+    auto t = std::make_shared<GptDataset>(data, Split::train, split, d.seed, T);
+    if (verbose) {
+      const double run_samples = static_cast<double>(cfg.train.steps * cfg.train.global_batch_size);
+      std::printf(
+          "data: %s: %lld documents, %lld tokens; train split: %lld documents, %lld "
+          "tokens, %lld samples per epoch; this run reads %.2f epochs of it\n",
+          e.path.c_str(), static_cast<long long>(data->num_sequences()),
+          static_cast<long long>(data->num_tokens()), static_cast<long long>(t->num_documents()),
+          static_cast<long long>(t->tokens_per_epoch()),
+          static_cast<long long>(t->samples_per_epoch()),
+          run_samples * e.weight / total_weight / static_cast<double>(t->samples_per_epoch()));
+    }
+    train.push_back(t);
+    if (eval) valid.push_back(std::make_shared<GptDataset>(data, Split::valid, split, d.seed, T));
+    weights.push_back(e.weight);
+  }
+  auto combine = [&](const std::vector<std::shared_ptr<const SampleSource>>& parts)
+      -> std::shared_ptr<const SampleSource> {
+    if (parts.size() == 1) return parts[0];
+    return std::make_shared<Blend>(parts, weights);
+  };
+  out.train = combine(train);
+  if (eval) out.valid = combine(valid);
+  if (tok && verbose) {
+    std::vector<int32_t> sample(static_cast<size_t>(T + 1));
+    out.train->fill(sample.data(), 0, 1);
+    std::string text = tok->decode(sample);
+    size_t cut = std::min<size_t>(text.size(), 160);
+    while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    if (cut < text.size()) text = text.substr(0, cut) + "...";  // at a UTF-8 character boundary
+    for (char& ch : text)
+      if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // one log line
+    std::printf("data: sample 0: \"%s\"\n", text.c_str());
+  }
+  return out;
+}
+
+// This step's traffic per mesh axis (axes of one rank move nothing and are left out).
+std::vector<std::pair<std::string, CommCounters>> take_comm_counters(Mesh& mesh) {
+  std::vector<std::pair<std::string, CommCounters>> out;
+  for (int a = 0; a < kNumAxes; ++a) {
+    Communicator& c = mesh.comm(static_cast<Axis>(a));
+    if (c.size() > 1) out.emplace_back(c.name(), c.counters());
+    c.reset_counters();
+  }
+  return out;
 }
 
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainOptions& opts) {
+  Mesh mesh = Mesh::create(MeshShape{}, make_local_communicator("world"));
+  validate_layout(cfg, 1);
+  return train(cfg, opts, mesh);
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
+  const bool rank0 = mesh.rank() == 0;
+  const int64_t dp = mesh.size(Axis::dp), dp_rank = mesh.coord(Axis::dp);
   const int threads = set_cpu_threads(static_cast<int>(cfg.train.threads));
-  auto backend = make_device_backend(cfg.train.device == "cuda" ? Device{DeviceKind::cuda, 0}
-                                                                : Device{DeviceKind::cpu, 0});
+  // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
+  auto backend = make_device_backend(cfg.train.device == "cuda"
+                                         ? Device{DeviceKind::cuda, local_rank_from_env()}
+                                         : Device{DeviceKind::cpu, 0});
   Allocator alloc(*backend);
 
   const ModelSpec spec = ModelSpec::from_config(cfg.model);
   const int64_t T = cfg.model.seq_len, gbs = cfg.train.global_batch_size;
-  const int64_t mbs = cfg.train.micro_batch_size, accum = grad_accum_steps(cfg);
-  Transformer model(spec, alloc, mbs, compute_dtype(cfg.train.precision));
-  model.init(cfg.train.seed);
-  std::vector<bool> decay;
-  for (const auto& p : spec.params) decay.push_back(p.decay);
-  AdamW adamw(cfg.optimizer, alloc, model.params(), decay);
+  // Each dp rank runs `accum` micro-batches of its slice of the global batch.
+  const int64_t mbs = cfg.train.micro_batch_size, accum = grad_accum_steps(cfg) / dp;
+  // Under tp the model holds this rank's shards (ModelSpec::shard_tp); every rank of a tp group
+  // reads the same micro-batches.
+  const TensorParallel tp{&mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
+  Transformer model(spec, alloc, mbs, compute_dtype(cfg.train.precision),
+                    model_storage(cfg.parallel.zero_stage), tp);
+  if (cfg.parallel.zero_stage < 3) model.init(cfg.train.seed);
+  std::unique_ptr<DataParallel> data_parallel =
+      make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);
+  model.set_hooks(data_parallel.get());
   LossScaler scaler(cfg.optimizer, cfg.train.precision == Precision::fp16);
-  SyntheticSource source(cfg.data.seed, cfg.model.vocab_size);
+  const DataSources data = make_data_sources(cfg, rank0 && !opts.quiet);
+  const BatchLayout layout{gbs, mbs, dp_rank, dp};
+  DataLoader loader(data.train, layout, 0, cfg.train.steps * gbs);
 
-  // Token staging: the host window (mbs, T+1) and the device inputs/targets (mbs, T).
+  // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
+  // (mbs, T+1) on the host.
   Buffer tok_buf = alloc.allocate_tensor({2, mbs, T}, DType::i32, MemCategory::other);
   Tensor inputs = tok_buf.tensor({mbs, T}, DType::i32);
   Tensor targets = tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(mbs * T) * 4);
-  std::vector<int32_t> window(static_cast<size_t>(mbs * (T + 1)));
   std::vector<int32_t> host_in(static_cast<size_t>(mbs * T)), host_tg(host_in.size());
+  auto stage = [&](const MicroBatch& mb) {
+    for (int64_t b = 0; b < mbs; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        host_in[b * T + t] = mb.tokens[b * (T + 1) + t];
+        host_tg[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
+      }
+    backend->copy_from_host(inputs.data, host_in.data(), inputs.nbytes());
+    backend->copy_from_host(targets.data, host_tg.data(), targets.nbytes());
+  };
 
-  fs::create_directories(cfg.train.run_dir);
-  MetricsWriter metrics(cfg.log.metrics.empty() ? "" : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string());
+  if (rank0) fs::create_directories(cfg.train.run_dir);
+  MetricsWriter metrics(cfg.log.metrics.empty() || !rank0
+                            ? ""
+                            : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string());
   std::ofstream dump_tokens;
+  std::vector<float> host_params;
   if (!opts.dump_dir.empty()) {
-    fs::create_directories(opts.dump_dir);
-    dump_params(opts.dump_dir, spec, model, alloc);
-    dump_tokens.open(fs::path(opts.dump_dir) / "tokens.bin", std::ios::binary);
+    data_parallel->gather_params(host_params);
+    if (rank0) {
+      dump_params(opts.dump_dir, spec, host_params);
+      dump_tokens.open(fs::path(opts.dump_dir) / "tokens.bin", std::ios::binary);
+    }
   }
+  std::vector<int32_t> global_window;
+  // Losses are averaged over the world: every rank of a dp group saw different samples, tp/cp
+  // ranks of one group the same.
+  Communicator& world = mesh.world();
+  auto world_mean = [&](double v) {
+    if (world.size() == 1) return v;
+    float x = static_cast<float>(v);
+    world.all_reduce(Tensor(&x, {1}, DType::f32)).wait();
+    return static_cast<double>(x) / world.size();
+  };
+  // Validation: the mean loss over train.eval_iters global batches of the valid split (the same
+  // ones every time), each rank taking its slices as in training.
+  auto evaluate = [&](int64_t step) {
+    DataLoader valid(data.valid, layout, 0, cfg.train.eval_iters * gbs);
+    const int64_t n = cfg.train.eval_iters * layout.micro_batches();
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const MicroBatch& mb = valid.next();
+      stage(mb);
+      sum +=
+          model.forward_loss(inputs, targets, StepContext{cfg.train.seed, step, mb.first_sample});
+    }
+    return world_mean(sum / static_cast<double>(n));
+  };
 
   const double peak = cfg.log.peak_flops > 0 ? cfg.log.peak_flops : default_peak_flops(threads);
   const double flops_per_step = spec.flops_per_token() * static_cast<double>(gbs * T);
@@ -101,42 +250,42 @@ TrainResult train(const Config& cfg, const TrainOptions& opts) {
   int64_t updates = 0;
   for (int64_t step = 1; step <= cfg.train.steps; ++step) {
     const auto t0 = clock::now();
-    model.zero_grads();
+    data_parallel->start_step();
     const float scale = scaler.scale();
+    if (dump_tokens.is_open()) {
+      global_window.resize(static_cast<size_t>(gbs * (T + 1)));
+      data.train->fill(global_window.data(), (step - 1) * gbs, gbs);
+      dump_tokens.write(reinterpret_cast<const char*>(global_window.data()),
+                        static_cast<std::streamsize>(global_window.size() * 4));
+    }
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
-      const int64_t first = (step - 1) * gbs + micro * mbs;
-      source.fill(window.data(), first, mbs, T + 1);
-      if (dump_tokens.is_open())
-        dump_tokens.write(reinterpret_cast<const char*>(window.data()),
-                          static_cast<std::streamsize>(window.size() * 4));
-      for (int64_t b = 0; b < mbs; ++b)
-        for (int64_t t = 0; t < T; ++t) {
-          host_in[b * T + t] = window[b * (T + 1) + t];
-          host_tg[b * T + t] = window[b * (T + 1) + t + 1];
-        }
-      backend->copy_from_host(inputs.data, host_in.data(), inputs.nbytes());
-      backend->copy_from_host(targets.data, host_tg.data(), targets.nbytes());
-      StepContext ctx{cfg.train.seed, step, first};
-      loss_sum += model.forward_backward(inputs, targets, scale / static_cast<float>(accum), ctx);
+      // This dp rank's slice of the step's global batch (BatchLayout).
+      const MicroBatch& mb = loader.next();
+      stage(mb);
+      StepContext ctx{cfg.train.seed, step, mb.first_sample};
+      data_parallel->start_micro_batch(micro + 1 == accum);
+      // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
+      loss_sum += model.forward_backward(inputs, targets,
+                                         scale / static_cast<float>(accum * dp), ctx);
     }
+    data_parallel->finish_backward();
     StepMetrics m;
     m.step = step;
     m.steps = cfg.train.steps;
-    m.loss = loss_sum / static_cast<double>(accum);
+    m.loss = world_mean(loss_sum / static_cast<double>(accum));
     m.lr = lr_at(cfg.optimizer, step);
     m.loss_scale = scale;
 
     // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm
     // is divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
-    Tensor flat_grads = model.flat_grads();
-    const bool overflow = cfg.train.precision == Precision::fp16 && ops::has_nonfinite(flat_grads);
+    const bool overflow =
+        cfg.train.precision == Precision::fp16 && data_parallel->grads_nonfinite();
     m.skipped = scaler.update(overflow);
-    m.grad_norm = global_norm({flat_grads}) / scale;
+    m.grad_norm = data_parallel->grad_norm() / scale;
     if (!m.skipped) {
       const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
-      adamw.step(model.params(), model.grads(), m.lr, ++updates, static_cast<float>(coef / scale));
-      model.sync_compute_weights();
+      data_parallel->step(m.lr, ++updates, static_cast<float>(coef / scale));
     }
     backend->synchronize();
 
@@ -145,9 +294,14 @@ TrainResult train(const Config& cfg, const TrainOptions& opts) {
     m.tokens_per_s = static_cast<double>(gbs * T) / m.step_time_s;
     m.mfu = flops_per_step / m.step_time_s / peak;
     m.mem = alloc.stats();
+    m.comm = take_comm_counters(mesh);
+    m.comm_wait_s = data_parallel->take_wait_seconds();
+    m.data_wait_s = loader.take_wait_seconds();
+    if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
+      m.val_loss = evaluate(step);
     metrics.write(m);
-    if (!opts.quiet && cfg.log.progress &&
-        (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps)) {
+    if (rank0 && !opts.quiet && cfg.log.progress &&
+        (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {
       const double elapsed = std::chrono::duration<double>(t1 - t_start).count();
       const double eta = elapsed / static_cast<double>(step) * static_cast<double>(cfg.train.steps - step);
       std::printf("%s\n", progress_line(m, eta).c_str());
@@ -156,6 +310,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts) {
     result.steps = step;
     result.final_loss = m.loss;
   }
+  if (!opts.dump_final.empty()) {
+    data_parallel->gather_params(host_params);
+    if (rank0) dump_params(opts.dump_final, spec, host_params);
+  }
+  model.set_hooks(nullptr);
   return result;
 }
 

@@ -5,12 +5,14 @@
 #include <memory>
 #include <string>
 
+#include "engine/parallel/mesh.h"
 #include "engine/train/config.h"
 
 namespace llmt {
 
 struct TrainOptions {
   std::string dump_dir;  // if set: initial weights and every step's tokens (docs/model.md)
+  std::string dump_final;  // if set: the weights after the last step, same format (rank 0)
   bool quiet = false;    // no progress lines
 };
 
@@ -19,6 +21,9 @@ struct TrainResult {
   double final_loss = 0;
 };
 
+// On `mesh` (validate_layout must have passed for its world size); rank 0 prints and writes.
+TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh);
+// Single rank (a local mesh of one).
 TrainResult train(const Config& cfg, const TrainOptions& opts);
 
 // Compute type of a precision setting: fp32 -> f32, bf16 -> bf16, fp16 -> f16.

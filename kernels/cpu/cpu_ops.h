@@ -14,13 +14,16 @@
 namespace llmt::cpu {
 
 // ---- embedding.cpp ----------------------------------------------------------------------------
-// out (B,T,C) = wte (V,C)[tokens (B,T)] + wpe (P,C)[pos_offset + t] (wpe may be null).
-// Throws if a token id is outside [0, V).
+// wte (Vl,C) holds vocabulary rows [vocab_start, vocab_start + Vl) of V (all of them: 0, V).
+// out (B,T,C) = wte[tokens (B,T) - vocab_start], 0 for tokens outside the shard, + wpe (P,C)
+// [pos_offset + t] (wpe may be null). Throws if a token id is outside [0, V).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset);
-// dwte (V,C) +=, dwpe (P,C) += (may be null); dout (B,T,C).
+                       int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
+                       int64_t vocab_start, int64_t Vl);
+// dwte (Vl,C) += rows of the shard's tokens, dwpe (P,C) += every row (may be null); dout (B,T,C).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset);
+                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
+                        int64_t vocab_start, int64_t Vl);
 
 // ---- norm.cpp ---------------------------------------------------------------------------------
 // out (N,C), mean (N), rstd (N); inp (N,C), weight (C), bias (C) may be null.
@@ -63,6 +66,8 @@ void rope_backward(float* dx, int64_t B, int64_t T, int64_t HT, int64_t D, int64
 void add(float* out, const float* a, const float* b, int64_t n);  // out may alias a or b
 void add_inplace(float* dst, const float* src, int64_t n);
 void scale_inplace(float* x, float s, int64_t n);
+// x (N,C) += bias (C) on every row.
+void add_bias(float* x, const float* bias, int64_t N, int64_t C);
 void copy_bytes(void* dst, const void* src, size_t bytes);
 void fill_zero(void* x, size_t bytes);
 void fill(float* x, float value, int64_t n);
@@ -76,6 +81,19 @@ void dropout(float* out, const float* inp, int64_t n, float p, uint64_t seed, ui
 // (may be null; may alias logits). target < 0: loss 0, gradient row 0. Throws if target >= V.
 void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
                            const int32_t* targets, int64_t N, int64_t V, float dloss);
+// Vocab-parallel pieces over a logits shard (N,Vl) holding vocabulary [vocab_start, +Vl) of V:
+// max (N) = row max. Throws if a target is >= V.
+void cross_entropy_shard_max(float* max, const float* logits, const int32_t* targets, int64_t N,
+                             int64_t Vl, int64_t V);
+// sums (2,N): sums[0] = sum exp(logits - max), sums[1] = logits[target - vocab_start] when this
+// shard holds the target, else 0.
+void cross_entropy_shard_sums(float* sums, const float* logits, const float* max,
+                              const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_start);
+// With max and sums reduced over the shards: losses (N) = max + log(sums[0]) - sums[1];
+// dlogits (N,Vl) = (softmax - onehot) * dloss (may alias logits). target < 0: loss 0, grad 0.
+void cross_entropy_shard_finish(float* losses, float* dlogits, const float* logits,
+                                const float* max, const float* sums, const int32_t* targets,
+                                int64_t N, int64_t Vl, int64_t vocab_start, float dloss);
 
 // ---- optim.cpp --------------------------------------------------------------------------------
 // param, grad, m, v (n); step is 1-based.
@@ -92,8 +110,9 @@ void round_to_f16(float* x, int64_t n);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 
 // ---- init.cpp ---------------------------------------------------------------------------------
-// x[i] = std * normal(key(seed, stream, global_offset + i)).
+// x (R,W) with n = R*W: x[r,w] = std * normal(key(seed, stream, global_offset + r*row_stride + w))
+// (row_stride = W: one contiguous run).
 void init_normal(float* x, int64_t n, float std, uint64_t seed, uint64_t stream,
-                 int64_t global_offset);
+                 int64_t global_offset, int64_t W, int64_t row_stride);
 
 }  // namespace llmt::cpu

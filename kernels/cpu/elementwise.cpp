@@ -41,6 +41,12 @@ void scale_inplace(float* x, float s, int64_t n) {
   map_indices(x, n, [=](int64_t i) { return x[i] * s; });
 }
 
+void add_bias(float* x, const float* bias, int64_t N, int64_t C) {
+  parallel_for(N, grain_rows(C), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) accumulate(x + n * C, bias, C);
+  });
+}
+
 void fill(float* x, float value, int64_t n) {
   map_indices(x, n, [=](int64_t) { return value; });
 }

@@ -1,6 +1,8 @@
 // Fused softmax cross-entropy. Each row's logsumexp comes from one pass with an online max/sum,
 // taken in blocks so the max and the exp-sum vectorise; the gradient pass then rereads the row
-// (still in cache) and may overwrite it in place. Probabilities are never stored.
+// (still in cache) and may overwrite it in place. Probabilities are never stored. The shard
+// variants split the same computation at its two reductions (row max, then exp-sum and target
+// logit), so a vocab-parallel caller reduces those over tp between the calls.
 #include <algorithm>
 #include <cmath>
 
@@ -55,6 +57,72 @@ void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
 #pragma omp simd
       for (int64_t i = 0; i < V; ++i) d[i] = exp_approx(x[i] - lse) * dloss;
       d[target] -= dloss;
+    }
+  });
+}
+
+}  // namespace llmt::cpu
+
+namespace llmt::cpu {
+namespace {
+
+void check_targets(const int32_t* targets, int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n)
+    LLMT_CHECK(targets[n] < V, "cross_entropy: target ", targets[n], " at row ", n,
+               " is outside the vocabulary [0, ", V, ")");
+}
+
+}  // namespace
+
+void cross_entropy_shard_max(float* max, const float* logits, const int32_t* targets, int64_t N,
+                             int64_t Vl, int64_t V) {
+  check_targets(targets, N, V);
+  parallel_for(N, grain_rows(Vl), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = logits + n * Vl;
+      float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+      for (int64_t i = 0; i < Vl; ++i) m = std::max(m, x[i]);
+      max[n] = m;
+    }
+  });
+}
+
+void cross_entropy_shard_sums(float* sums, const float* logits, const float* max,
+                              const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_start) {
+  parallel_for(N, grain_rows(Vl), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = logits + n * Vl;
+      const float m = max[n];
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < Vl; ++i) s += exp_approx(x[i] - m);
+      sums[n] = s;
+      const int64_t t = static_cast<int64_t>(targets[n]) - vocab_start;
+      sums[N + n] = targets[n] >= 0 && t >= 0 && t < Vl ? x[t] : 0.0f;
+    }
+  });
+}
+
+void cross_entropy_shard_finish(float* losses, float* dlogits, const float* logits,
+                                const float* max, const float* sums, const int32_t* targets,
+                                int64_t N, int64_t Vl, int64_t vocab_start, float dloss) {
+  parallel_for(N, grain_rows(Vl), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* x = logits + n * Vl;
+      float* d = dlogits ? dlogits + n * Vl : nullptr;
+      if (targets[n] < 0) {
+        losses[n] = 0.0f;
+        if (d) std::fill(d, d + Vl, 0.0f);
+        continue;
+      }
+      const float lse = max[n] + std::log(sums[n]);
+      losses[n] = lse - sums[N + n];
+      if (!d) continue;
+#pragma omp simd
+      for (int64_t i = 0; i < Vl; ++i) d[i] = exp_approx(x[i] - lse) * dloss;
+      const int64_t t = static_cast<int64_t>(targets[n]) - vocab_start;
+      if (t >= 0 && t < Vl) d[t] -= dloss;
     }
   });
 }

@@ -4,6 +4,7 @@ skipped steps) behaves as specified. Run by ctest; see --help."""
 import argparse
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -70,15 +71,39 @@ def precision(args):
           f"fp16 trains after the skips: {over[n_skip]['loss']:.4f} -> {over[-1]['loss']:.4f}")
 
 
+def text(args):
+    """configs/quickstart.toml on the real-text corpus that scripts/corpus.sh builds (into the
+    workdir here): the loss falls from ln(2048), validation runs every eval_interval steps."""
+    corpus = subprocess.run(["bash", str(args.config.parent.parent / "scripts" / "corpus.sh"),
+                             args.llmtrain], capture_output=True, text=True,
+                            env={**os.environ, "LLMT_CORPUS_DIR": str(args.workdir / "corpus")})
+    if corpus.returncode != 0:
+        sys.exit(f"FAIL: scripts/corpus.sh exited {corpus.returncode}\n{corpus.stderr}")
+    made = dict(line.split("=", 1) for line in corpus.stdout.split())
+    out, rows = train(args.llmtrain, args.config, args.workdir / "text", "train.steps=40",
+                      "train.eval_interval=20", f"data.path={made['data_prefix']}",
+                      f"data.tokenizer={made['tokenizer']}")
+    check(len(rows) == 40, f"40 metric rows (got {len(rows)})")
+    check(all(r["data_wait_s"] >= 0 for r in rows), "data_wait_s in every row")
+    evals = [r["step"] for r in rows if "val_loss" in r]
+    check(evals == [20, 40], f"val_loss at steps 20 and 40 (got {evals})")
+    first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-5:]) / 5
+    check(abs(first - math.log(2048)) < 0.3, f"initial loss {first:.4f} ~ ln(2048) = {math.log(2048):.4f}")
+    check(last < first - 0.8, f"loss falls: step 1 {first:.4f} -> last 5 mean {last:.4f}")
+    check(rows[39]["val_loss"] < first - 0.5,
+          f"val loss falls: step 1 loss {first:.4f} -> val {rows[39]['val_loss']:.4f} at step 40")
+    check("| val " in out and "data: sample 0: " in out, "progress shows val loss, log a decoded sample")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--llmtrain", required=True)
     p.add_argument("--config", required=True, type=pathlib.Path)
     p.add_argument("--workdir", required=True, type=pathlib.Path)
-    p.add_argument("check", choices=["quickstart", "precision"])
+    p.add_argument("check", choices=["quickstart", "precision", "text"])
     args = p.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    {"quickstart": quickstart, "precision": precision}[args.check](args)
+    {"quickstart": quickstart, "precision": precision, "text": text}[args.check](args)
 
 
 if __name__ == "__main__":

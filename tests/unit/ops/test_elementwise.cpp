@@ -102,5 +102,15 @@ TEST(Dropout, GradientMatchesFiniteDifferences) {
   EXPECT_TRUE(check_gradient(loss, inp, dinp));
 }
 
+TEST(AddBias, AddsToEveryRow) {
+  HostTensor x = uniform({5, 3, 17}, 1), bias = uniform({17}, 2);
+  std::vector<double> want = to_double(x);
+  for (int64_t i = 0; i < x.numel(); ++i) want[i] = static_cast<float>(x[i] + bias[i % 17]);
+  ops::add_bias(x.t(), bias.t());
+  EXPECT_TRUE(all_close(x, want, {0, 0}));
+  HostTensor wrong({16});
+  EXPECT_THROW(ops::add_bias(x.t(), wrong.t()), Error);
+}
+
 }  // namespace
 }  // namespace llmt::test

@@ -111,5 +111,33 @@ TEST(EmbeddingOps, RejectsTokenOutsideVocabulary) {
   EXPECT_THROW(ops::embedding_backward(wte.t(), Tensor(), out.t(), tok.t()), Error);
 }
 
+// Vocab-parallel: shards of wte, each looking up only its rows, sum to the whole lookup exactly
+// (one shard contributes each row, the others exact zeros; wpe is added by one shard only), and
+// their backward fills each shard's slice of the whole dwte while every shard gets all of dwpe.
+TEST(EmbeddingOps, VocabShardsSumToWholeLookup) {
+  const int64_t B = 2, T = 9, C = 20, V = 12, shards = 4, Vl = V / shards;
+  HostTensor tok = tokens({B, T}, static_cast<int32_t>(V), 1), wte = uniform({V, C}, 2);
+  HostTensor wpe = uniform({T, C}, 3), dout = uniform({B, T, C}, 4);
+  HostTensor whole({B, T, C}), dwte({V, C}), dwpe({T, C});
+  ops::embedding_forward(whole.t(), tok.t(), wte.t(), wpe.t());
+  ops::embedding_backward(dwte.t(), dwpe.t(), dout.t(), tok.t());
+  std::vector<double> sum(whole.numel(), 0.0);
+  for (int64_t r = 0; r < shards; ++r) {
+    HostTensor shard({Vl, C}), part({B, T, C}), dshard({Vl, C}), dpos({T, C});
+    std::copy(wte.f32() + r * Vl * C, wte.f32() + (r + 1) * Vl * C, shard.f32());
+    ops::embedding_forward(part.t(), tok.t(), shard.t(), r == 0 ? wpe.t() : Tensor(), 0, r * Vl, V);
+    for (int64_t i = 0; i < part.numel(); ++i) sum[i] += part[i];
+    ops::embedding_backward(dshard.t(), dpos.t(), dout.t(), tok.t(), 0, r * Vl, V);
+    std::vector<double> want(dwte.f32() + r * Vl * C, dwte.f32() + (r + 1) * Vl * C);
+    EXPECT_TRUE(all_close(dshard, want, {0, 0})) << "shard " << r;
+    EXPECT_TRUE(bits_equal(dpos, dwpe)) << "shard " << r;
+  }
+  EXPECT_TRUE(all_close(whole, sum, {0, 0}));
+  HostTensor shard({Vl, C}), part({B, T, C});
+  tok.i32()[3] = static_cast<int32_t>(V);  // outside the whole vocabulary, not just the shard
+  EXPECT_THROW(ops::embedding_forward(part.t(), tok.t(), shard.t(), Tensor(), 0, 0, V), Error);
+  EXPECT_THROW(ops::embedding_forward(part.t(), tok.t(), shard.t(), Tensor(), 0, V - 1, V), Error);
+}
+
 }  // namespace
 }  // namespace llmt::test

@@ -52,5 +52,19 @@ TEST(Fill, SetsEveryElement) {
   EXPECT_TRUE(all_close(x, std::vector<double>(100003, 1.0), {0, 0}));
 }
 
+// A column shard (every row's columns [c0, c0+W) of a (R, Cg) tensor) initialised on its own
+// equals that slice of the whole tensor, bit for bit: what a row-parallel weight's tp shard does.
+TEST(InitNormal, ColumnShardEqualsSliceOfWhole) {
+  const int64_t R = 7, Cg = 24, W = 6, c0 = 12;
+  HostTensor whole({R, Cg}), shard({R, W});
+  ops::init_normal(whole.t(), 0.02f, kSeed, kStream);
+  ops::init_normal(shard.t(), 0.02f, kSeed, kStream, c0, Cg);
+  HostTensor want({R, W});
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t w = 0; w < W; ++w) want[r * W + w] = whole[r * Cg + c0 + w];
+  EXPECT_TRUE(bits_equal(shard, want));
+  EXPECT_THROW(ops::init_normal(whole.t(), 0.02f, kSeed, kStream, 0, W), Error);  // wider
+}
+
 }  // namespace
 }  // namespace llmt::test

@@ -109,5 +109,51 @@ TEST(LossOps, RejectsTargetOutsideVocabulary) {
                Error);
 }
 
+// Vocab-parallel cross-entropy: the shard ops, with max and sums reduced over the shards as the
+// tp all-reduces would, give the fused loss and, shard by shard, its gradient.
+class LossShards : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(LossShards, MatchFusedLossAndGradient) {
+  const int64_t shards = GetParam(), N = 13, V = 96, Vl = V / shards;
+  const float dloss = 0.25f;
+  HostTensor logits = normal({N, V}, 1, 3.0f), targets = targets_with_ignored(N, V);
+  HostTensor losses({N}), dlogits({N, V});
+  ops::softmax_cross_entropy(losses.t(), dlogits.t(), logits.t(), targets.t(), dloss);
+  std::vector<HostTensor> parts;
+  for (int64_t r = 0; r < shards; ++r) {
+    HostTensor p({N, Vl});
+    for (int64_t n = 0; n < N; ++n)
+      std::copy(logits.f32() + n * V + r * Vl, logits.f32() + n * V + (r + 1) * Vl,
+                p.f32() + n * Vl);
+    parts.push_back(p);
+  }
+  HostTensor max = constant({N}, -INFINITY), sums({2, N});
+  for (int64_t r = 0; r < shards; ++r) {  // all-reduce(max)
+    HostTensor m({N});
+    ops::cross_entropy_shard_max(m.t(), parts[r].t(), targets.t(), V);
+    for (int64_t n = 0; n < N; ++n) max[n] = std::max(max[n], m[n]);
+  }
+  for (int64_t r = 0; r < shards; ++r) {  // all-reduce(sum)
+    HostTensor s({2, N});
+    ops::cross_entropy_shard_sums(s.t(), parts[r].t(), max.t(), targets.t(), r * Vl);
+    for (int64_t i = 0; i < 2 * N; ++i) sums[i] += s[i];
+  }
+  for (int64_t r = 0; r < shards; ++r) {
+    HostTensor l({N});
+    ops::cross_entropy_shard_finish(l.t(), parts[r].t(), parts[r].t(), max.t(), sums.t(),
+                                    targets.t(), r * Vl, dloss);  // in place
+    EXPECT_TRUE(all_close(l, losses, {1e-5, 1e-6})) << "shard " << r;
+    std::vector<double> want;
+    for (int64_t n = 0; n < N; ++n)
+      want.insert(want.end(), dlogits.f32() + n * V + r * Vl, dlogits.f32() + n * V + (r + 1) * Vl);
+    EXPECT_TRUE(all_close(parts[r], want, {1e-5, 1e-8})) << "shard " << r;
+  }
+  targets.i32()[0] = static_cast<int32_t>(V);
+  HostTensor m({N});
+  EXPECT_THROW(ops::cross_entropy_shard_max(m.t(), parts[0].t(), targets.t(), V), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shards, LossShards, ::testing::Values(1, 2, 4));
+
 }  // namespace
 }  // namespace llmt::test

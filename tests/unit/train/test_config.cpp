@@ -92,6 +92,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.run_dir, b.train.run_dir);
   EXPECT_EQ(a.train.device, b.train.device);
   EXPECT_EQ(a.train.threads, b.train.threads);
+  EXPECT_EQ(a.train.eval_interval, b.train.eval_interval);
+  EXPECT_EQ(a.train.eval_iters, b.train.eval_iters);
   EXPECT_EQ(bits(a.optimizer.lr), bits(b.optimizer.lr));
   EXPECT_EQ(bits(a.optimizer.min_lr), bits(b.optimizer.min_lr));
   EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
@@ -106,6 +108,14 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.optimizer.loss_scale_window, b.optimizer.loss_scale_window);
   EXPECT_EQ(a.data.source, b.data.source);
   EXPECT_EQ(a.data.seed, b.data.seed);
+  EXPECT_EQ(a.data.path, b.data.path);
+  ASSERT_EQ(a.data.sources.size(), b.data.sources.size());
+  for (size_t i = 0; i < a.data.sources.size(); ++i) {
+    EXPECT_EQ(a.data.sources[i].path, b.data.sources[i].path);
+    EXPECT_EQ(a.data.sources[i].weight, b.data.sources[i].weight);
+  }
+  EXPECT_EQ(a.data.split, b.data.split);
+  EXPECT_EQ(a.data.tokenizer, b.data.tokenizer);
   EXPECT_EQ(a.log.interval, b.log.interval);
   EXPECT_EQ(a.log.progress, b.log.progress);
   EXPECT_EQ(a.log.metrics, b.log.metrics);
@@ -411,6 +421,8 @@ seed = 9223372036854775807
 run_dir = "runs/\"quoted\" \\ tab\t nl\n é \u0001"
 device = "cuda"
 threads = 3
+eval_interval = 25
+eval_iters = 4
 [optimizer]
 lr = 3e-4
 min_lr = 3.3e-5
@@ -427,6 +439,15 @@ loss_scale_window = 50
 [data]
 source = "synthetic"
 seed = 11
+path = "corpus/a"
+split = "90,5,5"
+tokenizer = "corpus/tok.model"
+[[data.sources]]
+path = "corpus/b"
+weight = 0.3
+[[data.sources]]
+path = "/abs/c"
+weight = 2
 [log]
 interval = 10
 progress = false
@@ -441,7 +462,8 @@ peak_flops = 989.5e12
   const std::string text = to_toml(c);
   for (const char* line :
        {"[model]\narch = \"llama\"\n", "\nn_kv_heads = 2\n", "\nlr = 0.0003\n", "\ndropout = 0.1\n",
-        "\nweight_decay = 0.0\n", "\nseed = 9223372036854775807\n", "\ndecay = \"linear\"\n"}) {
+        "\nweight_decay = 0.0\n", "\nseed = 9223372036854775807\n", "\ndecay = \"linear\"\n",
+        "\nsources = [{path = \"corpus/b\", weight = 0.3}, {path = \"/abs/c\", weight = 2.0}]\n"}) {
     expect_contains(text, {line});
   }
 }
@@ -485,7 +507,7 @@ TEST(ConfigErrors, UnknownKeysAndSections) {
   EXPECT_EQ(error_of("[model]\nzzzzzz = 1\n"), "unknown key model.zzzzzz at t.toml:2:1");
   EXPECT_EQ(error_of("\n[modle]\nn_layers = 4\n"),
             "unknown section [modle] at t.toml:2:2 — did you mean [model]?");
-  EXPECT_EQ(error_of("[parallel]\ntp = 2\n"), "unknown section [parallel] at t.toml:1:2");
+  EXPECT_EQ(error_of("[pipeline]\nstages = 2\n"), "unknown section [pipeline] at t.toml:1:2");
   EXPECT_EQ(error_of("[model.sub]\nx = 1\n"), "unknown key model.sub at t.toml:1:8");
   EXPECT_EQ(error_of("model = 5\n"),
             "model at t.toml:1:1: expected a table [model], found an integer (5)");
@@ -556,8 +578,8 @@ INSTANTIATE_TEST_SUITE_P(
                   {"train.precision at t.toml:2:1: expected one of \"fp32\", \"bf16\", \"fp16\", "
                    "found a string (\"fp8\")"}},
         ErrorCase{"[data]\nsource = \"files\"\n",
-                  {"data.source at t.toml:2:1: expected one of \"synthetic\", found a string "
-                   "(\"files\")"}},
+                  {"data.source at t.toml:2:1: expected one of \"synthetic\", \"indexed\", found a "
+                   "string (\"files\")"}},
         ErrorCase{"[train]\ndevice = \"gpu\"\n",
                   {"train.device at t.toml:2:1: expected one of \"cpu\", \"cuda\", found a string "
                    "(\"gpu\")"}},
@@ -688,6 +710,124 @@ TEST(ConfigErrors, AllProblemsReportedTogether) {
   EXPECT_EQ(rule_lines[1], "train.steps=0 must be >= 1 (train.steps at t.toml:4:1)");
 }
 
+// ---- [data] and validation ----
+
+// A dataset prefix with empty .idx/.bin files: enough for the config's existence checks.
+void touch_dataset(const fs::path& prefix) {
+  fs::create_directories(prefix.parent_path());
+  std::ofstream(prefix.string() + ".idx");
+  std::ofstream(prefix.string() + ".bin");
+}
+
+TEST_F(ConfigFiles, DataPathsAreRelativeToTheirConfigFile) {
+  touch_dataset(dir_ / "corpus/web");
+  touch_dataset(dir_ / "corpus/books");
+  write("corpus/tok.model", "");
+  write("base/base.toml",
+        "[data]\nsource = \"indexed\"\ntokenizer = \"../corpus/tok.model\"\n"
+        "[[data.sources]]\npath = \"../corpus/web\"\nweight = 3\n"
+        "[[data.sources]]\npath = \"../corpus/books\"\nweight = 1\n");
+  const fs::path top = write("configs/run.toml", "include = [\"../base/base.toml\"]\n");
+  const Config c = parse_config(top.string());
+  EXPECT_EQ(c.data.source, DataSource::indexed);
+  ASSERT_EQ(c.data.sources.size(), 2u);
+  EXPECT_EQ(c.data.sources[0].path, (dir_ / "corpus/web").string());
+  EXPECT_EQ(c.data.sources[0].weight, 3.0);
+  EXPECT_EQ(c.data.sources[1].path, (dir_ / "corpus/books").string());
+  EXPECT_EQ(c.data.tokenizer, (dir_ / "corpus/tok.model").string());
+  EXPECT_EQ(c.data.split, "98,1,1");
+  // The resolved paths print as they are and read back unchanged.
+  expect_same(round_trip(c), c);
+
+  const fs::path one =
+      write("configs/one.toml", "[data]\nsource = \"indexed\"\npath = \"../corpus/web\"\n");
+  EXPECT_EQ(parse_config(one.string()).data.path, (dir_ / "corpus/web").string());
+  // --set paths are relative to the current directory, an absolute one is kept.
+  const std::string abs = (dir_ / "corpus/books").string();
+  EXPECT_EQ(parse_config(one.string(), {"data.path=" + abs}).data.path, abs);
+  EXPECT_EQ(file_error_of(one, {"data.path=corpus/web"}),
+            "data.path=\"corpus/web\": corpus/web.idx not found (a path in a config file is "
+            "relative to that file's folder) (data.path at --set)");
+}
+
+TEST_F(ConfigFiles, MissingDataFilesNameTheKeyAndFile) {
+  touch_dataset(dir_ / "d/ok");
+  std::ofstream((dir_ / "d/half.idx").string());  // no .bin
+  const fs::path cfg = write("run.toml",
+                             "[data]\nsource = \"indexed\"\n"
+                             "tokenizer = \"d/tok.model\"\n"
+                             "[[data.sources]]\npath = \"d/ok\"\nweight = 1\n"
+                             "[[data.sources]]\npath = \"d/half\"\nweight = 0\n"
+                             "[[data.sources]]\npath = \"d/none\"\nweight = 2\n");
+  const std::string d = (dir_ / "d").string(), at = cfg.string() + ":4:8";
+  const auto lines = lines_of(file_error_of(cfg));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "data.sources entry 2: weight=0.0 must be > 0 (data.sources at " + at + ")");
+  EXPECT_EQ(lines[1], "data.sources entry 2: path=\"" + d + "/half\": " + d +
+                          "/half.bin not found (a path in a config file is relative to that "
+                          "file's folder) (data.sources at " +
+                          at + ")");
+  EXPECT_EQ(lines[2], "data.sources entry 3: path=\"" + d + "/none\": " + d +
+                          "/none.idx not found (a path in a config file is relative to that "
+                          "file's folder) (data.sources at " +
+                          at + ")");
+  EXPECT_EQ(lines[3], "data.tokenizer=\"" + d +
+                          "/tok.model\": file not found (a path in a config file is relative to "
+                          "that file's folder) (data.tokenizer at " +
+                          cfg.string() + ":3:1)");
+  // A validation run needs documents in the valid split.
+  const fs::path no_valid = write("nv.toml",
+                                  "[train]\neval_interval = 10\n[data]\nsource = \"indexed\"\n"
+                                  "path = \"d/ok\"\nsplit = \"100,0,0\"\n");
+  EXPECT_EQ(file_error_of(no_valid),
+            "train.eval_interval=10 needs a validation split, but data.split=\"100,0,0\" gives it "
+            "no documents (train.eval_interval at " +
+                no_valid.string() + ":2:1, data.split at " + no_valid.string() + ":6:1)");
+  // The synthetic source uses none of them: switching to it needs no data files.
+  EXPECT_EQ(parse_config(cfg.string(), {"data.source=synthetic"}).data.source,
+            DataSource::synthetic);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Data, ConfigRules,
+    testing::Values(
+        ErrorCase{
+            "[data]\nsource = \"indexed\"\n",
+            {"data.source=\"indexed\" needs data.path (one dataset prefix) or "
+             "[[data.sources]] entries {path, weight} (a blend) (data.source at t.toml:2:1)"}},
+        ErrorCase{"[data]\nsource = \"indexed\"\npath = \"a\"\n[[data.sources]]\npath = \"b\"\n"
+                  "weight = 1\n",
+                  {"data.path and [[data.sources]] are both set: give one dataset in data.path or "
+                   "a blend in [[data.sources]] (data.path at t.toml:3:1, data.sources at "
+                   "t.toml:4:8)"}},
+        ErrorCase{"[data]\nsplit = \"98,2\"\n",
+                  {"data.split=\"98,2\" must be three comma-separated non-negative numbers with a "
+                   "positive sum, the shares of train,valid,test, e.g. \"98,1,1\" (data.split at "
+                   "t.toml:2:1)"}},
+        ErrorCase{"[data]\nsplit = \"0,0,0\"\n", {"data.split=\"0,0,0\" must be three"}},
+        ErrorCase{"[train]\neval_interval = -1\n",
+                  {"train.eval_interval=-1 must be >= 0 (0 = no validation)"}},
+        ErrorCase{"[train]\neval_interval = 5\neval_iters = 0\n",
+                  {"train.eval_iters=0 must be >= 1 (train.eval_iters at t.toml:3:1)"}}));
+
+INSTANTIATE_TEST_SUITE_P(
+    Data, ConfigTypeErrors,
+    testing::Values(
+        ErrorCase{"[data]\nsources = \"a\"\n",
+                  {"data.sources at t.toml:2:1: expected an array of tables ([[data.sources]]), "
+                   "found a string (\"a\")"}},
+        ErrorCase{"[data]\nsources = [1]\n",
+                  {"data.sources at t.toml:2:1: entry 1: expected a table {path, weight}, found "
+                   "an integer (1)"}},
+        ErrorCase{"[[data.sources]]\npath = \"a\"\nweight = 1\n[[data.sources]]\npath = \"b\"\n",
+                  {"data.sources at t.toml:1:8: entry 2: missing weight"}},
+        ErrorCase{"[[data.sources]]\npath = \"a\"\nwieght = 1\n",
+                  {"data.sources at t.toml:1:8: entry 1: unknown key wieght (an entry has path "
+                   "and weight)"}},
+        ErrorCase{"[[data.sources]]\npath = 3\nweight = 1\n",
+                  {"data.sources at t.toml:1:8: entry 1 path: expected a string, found an "
+                   "integer (3)"}}));
+
 // ---- the e2e bad-config cases, through parse_config ----
 
 struct BadCase {
@@ -749,6 +889,22 @@ TEST(ConfigBadConfigs, TheBaseOfTheSetCasesIsValid) {
   const Config c = parse_config(std::string(LLMT_BAD_CONFIGS_DIR) + "/good.toml");
   EXPECT_EQ(c.model.d_model, 64);
   EXPECT_EQ(c.train.steps, 10);
+}
+
+// Tensor parallelism splits heads, kv heads, d_ff and the vocabulary over tp, and sequence
+// parallelism the tokens: each that does not divide is reported with its numbers.
+TEST(ConfigErrors, TensorParallelDivisibility) {
+  const std::string text =
+      "[model]\nvocab_size = 258\nd_model = 64\nn_heads = 4\nd_ff = 250\nseq_len = 30\n"
+      "[parallel]\ntp = 4\nsequence_parallel = true\n";
+  expect_contains(error_of(text), {"model.d_ff=250 is not divisible by parallel.tp=4",
+                                   "model.vocab_size=258 is not divisible by parallel.tp=4",
+                                   "model.seq_len=30 is not divisible by parallel.tp=4"});
+  const Config ok = parse_config_string(
+      "[model]\nvocab_size = 256\nd_model = 64\nn_heads = 4\nd_ff = 256\nseq_len = 32\n"
+      "[parallel]\ntp = 4\nsequence_parallel = true\n",
+      "t.toml");
+  EXPECT_EQ(ok.parallel.tp, 4);
 }
 
 }  // namespace

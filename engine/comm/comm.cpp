@@ -1,0 +1,88 @@
+// What every backend shares: the ring-volume byte counting, the launcher environment (is this
+// an mpirun/srun process, which local rank), and the runtime/world factory that picks MPI or local.
+#include <cstdlib>
+#include <string>
+
+#include "engine/comm/communicator.h"
+#include "engine/core/check.h"
+#ifdef LLMTRAIN_HAVE_MPI
+#include "engine/comm/mpi/mpi_communicator.h"
+#endif
+
+namespace llmt {
+
+std::string_view comm_kind_name(CommKind k) {
+  switch (k) {
+    case CommKind::all_reduce: return "all_reduce";
+    case CommKind::reduce_scatter: return "reduce_scatter";
+    case CommKind::all_gather: return "all_gather";
+    case CommKind::broadcast: return "broadcast";
+    case CommKind::all_to_all: return "all_to_all";
+    case CommKind::send: return "send";
+    case CommKind::recv: return "recv";
+  }
+  return "?";
+}
+
+void Communicator::count_collective(CommKind k, int64_t nbytes) {
+  const int64_t p = size();
+  int64_t moved = 0;
+  if (p > 1) {
+    switch (k) {
+      case CommKind::all_reduce: moved = 2 * (p - 1) * nbytes / p; break;
+      case CommKind::reduce_scatter:
+      case CommKind::all_gather:
+      case CommKind::all_to_all: moved = (p - 1) * nbytes / p; break;
+      case CommKind::broadcast:
+      case CommKind::send:
+      case CommKind::recv: moved = nbytes; break;
+    }
+  }
+  count(k, moved);
+}
+
+namespace {
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+}  // namespace
+
+bool launched_distributed() {
+  return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_RANK") ||
+         (env("SLURM_PROCID") && env("SLURM_NTASKS") && std::atoi(env("SLURM_NTASKS")) > 1);
+}
+
+int local_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* v = env(name)) return std::atoi(v);
+  }
+  return 0;
+}
+
+CommRuntime::CommRuntime() {
+  if (!launched_distributed()) return;
+#ifdef LLMTRAIN_HAVE_MPI
+  mpi::init();
+  distributed_ = true;
+#else
+  throw Error(
+      "this process was started by mpirun/srun, but llmtrain was built without MPI "
+      "(install libopenmpi-dev and rebuild)");
+#endif
+}
+
+CommRuntime::~CommRuntime() {
+#ifdef LLMTRAIN_HAVE_MPI
+  if (distributed_) mpi::finalize();
+#endif
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+#ifdef LLMTRAIN_HAVE_MPI
+  if (launched_distributed()) return mpi::world();
+#endif
+  return make_local_communicator("world");
+}
+
+}  // namespace llmt

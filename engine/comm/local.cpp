@@ -1,0 +1,59 @@
+// A group of one rank: all-reduce and broadcast leave the data as it is, reduce-scatter,
+// all-gather and all-to-all are copies, point-to-point has no peer. Counts calls (0 bytes).
+#include "engine/comm/communicator.h"
+#include "kernels/ops.h"
+
+namespace llmt {
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+
+  Handle all_reduce(Tensor x, ReduceOp) override {
+    count(CommKind::all_reduce, 0);
+    (void)x;
+    return {};
+  }
+  Handle reduce_scatter(Tensor out, Tensor in) override { return copy(CommKind::reduce_scatter, out, in); }
+  Handle all_gather(Tensor out, Tensor in) override { return copy(CommKind::all_gather, out, in); }
+  Handle broadcast(Tensor x, int root) override {
+    LLMT_CHECK(root == 0, "broadcast root ", root, " in a group of one (", name_, ")");
+    (void)x;
+    count(CommKind::broadcast, 0);
+    return {};
+  }
+  Handle all_to_all(Tensor out, Tensor in) override { return copy(CommKind::all_to_all, out, in); }
+  Handle send(Tensor, int peer, int) override {
+    throw Error(detail::concat("send to rank ", peer, " in a group of one (", name_, ")"));
+  }
+  Handle recv(Tensor, int peer, int) override {
+    throw Error(detail::concat("recv from rank ", peer, " in a group of one (", name_, ")"));
+  }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
+    return std::make_unique<LocalCommunicator>(name);
+  }
+
+ private:
+  Handle copy(CommKind k, Tensor out, Tensor in) {
+    LLMT_CHECK(out.numel() == in.numel() && out.dtype == in.dtype, name_, " ",
+               comm_kind_name(k), ": out ", describe(out), " and in ", describe(in),
+               " differ in a group of one");
+    if (out.data != in.data) ops::copy(out.view(in.shape), in);
+    count(k, 0);
+    return {};
+  }
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator(const std::string& name) {
+  return std::make_unique<LocalCommunicator>(name);
+}
+
+}  // namespace llmt

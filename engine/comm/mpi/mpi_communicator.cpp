@@ -1,0 +1,194 @@
+// Open MPI backend: non-blocking collectives (MPI_I*) on host buffers, one MPI communicator per
+// group (MPI_Comm_split). Every MPI call goes through LLMT_MPI, which names the call on failure.
+#include "engine/comm/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+
+#include "engine/core/check.h"
+
+#define LLMT_MPI(call)                                                                   \
+  do {                                                                                   \
+    const int llmt_mpi_rc = (call);                                                      \
+    if (llmt_mpi_rc != MPI_SUCCESS) ::llmt::mpi::fail(__FILE__, __LINE__, #call, llmt_mpi_rc); \
+  } while (0)
+
+namespace llmt::mpi {
+
+[[noreturn]] void fail(const char* file, int line, const char* call, int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(detail::concat(file, ":", line, ": ", call, " failed: ", std::string(text, len)));
+}
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT32_T;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;  // moved, never reduced
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
+
+class MpiHandle final : public Handle::Impl {
+ public:
+  MpiHandle(Communicator& owner, MPI_Request req) : owner_(owner), req_(req) {}
+  ~MpiHandle() override {
+    // A dropped handle must still complete: MPI owns the buffers until then.
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  void wait() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    LLMT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    owner_.add_wait_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  bool test() override {
+    int flag = 0;
+    LLMT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  }
+
+ private:
+  Communicator& owner_;
+  MPI_Request req_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    LLMT_MPI(MPI_Comm_rank(comm_, &rank_));
+    LLMT_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  Handle all_reduce(Tensor x, ReduceOp op) override {
+    check_host(x, "all_reduce");
+    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32, name_,
+               " all_reduce of ", dtype_name(x.dtype), ": only f32 and i32 reduce on the CPU");
+    MPI_Request req;
+    LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op),
+                            comm_, &req));
+    count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
+    return handle(req);
+  }
+  Handle reduce_scatter(Tensor out, Tensor in) override {
+    check_host(out, "reduce_scatter");
+    check_blocks(out, in, "reduce_scatter");
+    MPI_Request req;
+    LLMT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
+                                       MPI_SUM, comm_, &req));
+    count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
+    return handle(req);
+  }
+  Handle all_gather(Tensor out, Tensor in) override {
+    check_host(out, "all_gather");
+    check_blocks(in, out, "all_gather");
+    MPI_Request req;
+    LLMT_MPI(MPI_Iallgather(in.data, count_of(in), mpi_type(in.dtype), out.data, count_of(in),
+                            mpi_type(in.dtype), comm_, &req));
+    count_collective(CommKind::all_gather, static_cast<int64_t>(out.nbytes()));
+    return handle(req);
+  }
+  Handle broadcast(Tensor x, int root) override {
+    check_host(x, "broadcast");
+    MPI_Request req;
+    LLMT_MPI(MPI_Ibcast(x.data, count_of(x), mpi_type(x.dtype), root, comm_, &req));
+    count_collective(CommKind::broadcast, rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
+    return handle(req);
+  }
+  Handle all_to_all(Tensor out, Tensor in) override {
+    check_host(out, "all_to_all");
+    LLMT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0, name_, " all_to_all: in ",
+               describe(in), ", out ", describe(out), " must have the same size, a multiple of ",
+               size_);
+    MPI_Request req;
+    const int n = static_cast<int>(in.numel() / size_);
+    LLMT_MPI(MPI_Ialltoall(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_,
+                           &req));
+    count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
+    return handle(req);
+  }
+  Handle send(Tensor x, int peer, int tag) override {
+    check_host(x, "send");
+    MPI_Request req;
+    LLMT_MPI(MPI_Isend(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
+    count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
+    return handle(req);
+  }
+  Handle recv(Tensor x, int peer, int tag) override {
+    check_host(x, "recv");
+    MPI_Request req;
+    LLMT_MPI(MPI_Irecv(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
+    count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
+    return handle(req);
+  }
+  void barrier() override { LLMT_MPI(MPI_Barrier(comm_)); }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    MPI_Comm sub;
+    LLMT_MPI(MPI_Comm_split(comm_, color, key, &sub));
+    return std::make_unique<MpiCommunicator>(sub, name);
+  }
+
+ private:
+  Handle handle(MPI_Request req) { return Handle(std::make_unique<MpiHandle>(*this, req)); }
+  void check_host(const Tensor& x, const char* what) const {
+    LLMT_CHECK(x.device.kind == DeviceKind::cpu, name_, " ", what, " on ", describe(x),
+               ": the MPI backend moves host buffers (GPU tensors go through NCCL)");
+  }
+  int count_of(const Tensor& x) const {
+    LLMT_CHECK(x.numel() <= INT32_MAX, name_, ": ", describe(x), " exceeds MPI's int count");
+    return static_cast<int>(x.numel());
+  }
+  // big = size * small elements, same dtype.
+  void check_blocks(const Tensor& small, const Tensor& big, const char* what) const {
+    LLMT_CHECK(big.numel() == small.numel() * size_ && big.dtype == small.dtype, name_, " ", what,
+               ": ", describe(big), " must hold ", size_, " blocks of ", describe(small));
+  }
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+void init() {
+  int initialized = 0;
+  LLMT_MPI(MPI_Initialized(&initialized));
+  if (initialized) return;
+  int provided = 0;
+  LLMT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void finalize() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> world() {
+  int initialized = 0;
+  LLMT_MPI(MPI_Initialized(&initialized));
+  LLMT_CHECK(initialized, "MPI world communicator requested before CommRuntime started MPI");
+  MPI_Comm dup;
+  LLMT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiCommunicator>(dup, "world");
+}
+
+}  // namespace llmt::mpi

@@ -1,0 +1,18 @@
+// The Open MPI backend's entry points. This header is private to engine/comm (no <mpi.h> here
+// either, so comm.cpp can call it without MPI types).
+#pragma once
+
+#include <memory>
+
+#include "engine/comm/communicator.h"
+
+namespace llmt::mpi {
+
+// MPI_Init_thread(FUNNELED: only the main thread calls MPI; OpenMP workers never do).
+void init();
+void finalize();
+// MPI_COMM_WORLD as a Communicator named "world" (a duplicate, so library traffic and ours never
+// match each other's messages).
+std::unique_ptr<Communicator> world();
+
+}  // namespace llmt::mpi

@@ -1,0 +1,195 @@
+// NCCL collectives on a dedicated stream per communicator; a Handle is a CUDA event recorded
+// after the call, and wait() blocks the host on it. Byte counts follow the same ring volumes as
+// the MPI backend (Communicator::count_collective).
+#include "engine/comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <vector>
+
+#include "engine/core/check.h"
+
+#define LLMT_NCCL(call)                                                                      \
+  do {                                                                                       \
+    const ncclResult_t llmt_nccl_rc = (call);                                                \
+    if (llmt_nccl_rc != ncclSuccess)                                                         \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,       \
+                                                 " failed: ", ncclGetErrorString(llmt_nccl_rc))); \
+  } while (0)
+#define LLMT_CUDA_RT(call)                                                                   \
+  do {                                                                                       \
+    const cudaError_t llmt_cuda_rc = (call);                                                 \
+    if (llmt_cuda_rc != cudaSuccess)                                                         \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,       \
+                                                 " failed: ", cudaGetErrorString(llmt_cuda_rc))); \
+  } while (0)
+
+namespace llmt {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+  }
+  return ncclUint8;
+}
+
+class NcclHandle final : public Handle::Impl {
+ public:
+  NcclHandle(Communicator& owner, cudaEvent_t ev) : owner_(owner), ev_(ev) {}
+  ~NcclHandle() override {
+    cudaEventSynchronize(ev_);
+    cudaEventDestroy(ev_);
+  }
+  void wait() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    LLMT_CUDA_RT(cudaEventSynchronize(ev_));
+    owner_.add_wait_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  bool test() override { return cudaEventQuery(ev_) == cudaSuccess; }
+
+ private:
+  Communicator& owner_;
+  cudaEvent_t ev_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device)
+      : name_(bootstrap.name()), rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device) {
+    LLMT_CUDA_RT(cudaSetDevice(device_));
+    ncclUniqueId id{};
+    if (rank_ == 0) LLMT_NCCL(ncclGetUniqueId(&id));
+    static_assert(sizeof(ncclUniqueId) % 4 == 0);
+    Tensor id_bytes(&id, {static_cast<int64_t>(sizeof id / 4)}, DType::i32);
+    bootstrap.broadcast(id_bytes, 0).wait();
+    LLMT_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
+    LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~NcclCommunicator() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  Handle all_reduce(Tensor x, ReduceOp op) override {
+    check_device(x, "all_reduce");
+    LLMT_NCCL(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
+                            op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_));
+    count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
+    return record();
+  }
+  Handle reduce_scatter(Tensor out, Tensor in) override {
+    check_device(out, "reduce_scatter");
+    check_blocks(out, in, "reduce_scatter");
+    LLMT_NCCL(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
+                                nccl_type(in.dtype), ncclSum, comm_, stream_));
+    count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
+    return record();
+  }
+  Handle all_gather(Tensor out, Tensor in) override {
+    check_device(out, "all_gather");
+    check_blocks(in, out, "all_gather");
+    LLMT_NCCL(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype),
+                            comm_, stream_));
+    count_collective(CommKind::all_gather, static_cast<int64_t>(out.nbytes()));
+    return record();
+  }
+  Handle broadcast(Tensor x, int root) override {
+    check_device(x, "broadcast");
+    LLMT_NCCL(ncclBroadcast(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
+                            root, comm_, stream_));
+    count_collective(CommKind::broadcast, rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
+    return record();
+  }
+  Handle all_to_all(Tensor out, Tensor in) override {
+    check_device(out, "all_to_all");
+    LLMT_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0, name_, " all_to_all: in ",
+               describe(in), ", out ", describe(out));
+    const size_t n = static_cast<size_t>(in.numel() / size_);
+    const size_t block = n * dtype_size(in.dtype);
+    LLMT_NCCL(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      LLMT_NCCL(ncclSend(static_cast<char*>(in.data) + r * block, n, nccl_type(in.dtype), r, comm_,
+                         stream_));
+      LLMT_NCCL(ncclRecv(static_cast<char*>(out.data) + r * block, n, nccl_type(in.dtype), r, comm_,
+                         stream_));
+    }
+    LLMT_NCCL(ncclGroupEnd());
+    count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
+    return record();
+  }
+  Handle send(Tensor x, int peer, int) override {
+    check_device(x, "send");
+    LLMT_NCCL(ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_,
+                       stream_));
+    count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
+    return record();
+  }
+  Handle recv(Tensor x, int peer, int) override {
+    check_device(x, "recv");
+    LLMT_NCCL(ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_,
+                       stream_));
+    count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
+    return record();
+  }
+  void barrier() override {
+    // An all-reduce of one int is NCCL's barrier.
+    void* p = nullptr;
+    LLMT_CUDA_RT(cudaMallocAsync(&p, 4, stream_));
+    LLMT_NCCL(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, comm_, stream_));
+    LLMT_CUDA_RT(cudaFreeAsync(p, stream_));
+    LLMT_CUDA_RT(cudaStreamSynchronize(stream_));
+  }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    ncclComm_t sub = nullptr;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    LLMT_NCCL(ncclCommSplit(comm_, color, key, &sub, &config));
+    return std::unique_ptr<Communicator>(new NcclCommunicator(sub, name, device_));
+  }
+
+ private:
+  NcclCommunicator(ncclComm_t comm, std::string name, int device)
+      : comm_(comm), name_(std::move(name)), device_(device) {
+    LLMT_NCCL(ncclCommUserRank(comm_, &rank_));
+    LLMT_NCCL(ncclCommCount(comm_, &size_));
+    LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  Handle record() {
+    cudaEvent_t ev;
+    LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    LLMT_CUDA_RT(cudaEventRecord(ev, stream_));
+    return Handle(std::make_unique<NcclHandle>(*this, ev));
+  }
+  void check_device(const Tensor& x, const char* what) const {
+    LLMT_CHECK(x.device.kind == DeviceKind::cuda, name_, " ", what, " on ", describe(x),
+               ": the NCCL backend moves GPU buffers");
+  }
+  void check_blocks(const Tensor& small, const Tensor& big, const char* what) const {
+    LLMT_CHECK(big.numel() == small.numel() * size_ && big.dtype == small.dtype, name_, " ", what,
+               ": ", describe(big), " must hold ", size_, " blocks of ", describe(small));
+  }
+
+  ncclComm_t comm_ = nullptr;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
+  return std::make_unique<NcclCommunicator>(bootstrap, device);
+}
+
+}  // namespace llmt

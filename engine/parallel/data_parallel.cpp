@@ -1,0 +1,132 @@
+// DDP: bucketed all-reduce of the flat gradient buffer over dp, started from after_backward on
+// the step's last micro-batch and waited before the optimizer. The factory for every strategy.
+#include "engine/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/parallel/tp_params.h"
+#include "engine/parallel/zero.h"
+#include "kernels/ops.h"
+
+namespace llmt {
+
+double DataParallel::take_wait_seconds() {
+  Communicator& dp = mesh_.comm(Axis::dp);
+  const double s = dp.wait_seconds();
+  dp.reset_wait_seconds();
+  return s;
+}
+
+ModelStorage model_storage(int64_t zero_stage) {
+  return ModelStorage{zero_stage < 3, zero_stage < 2};
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg, const OptimizerConfig& opt,
+                                                 Mesh& mesh, Transformer& model, Allocator& alloc,
+                                                 uint64_t seed) {
+  if (cfg.zero_stage == 0) return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, model, alloc);
+  return std::make_unique<Zero>(cfg, opt, mesh, model, alloc, seed);
+}
+
+std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
+                                                          int64_t bucket_bytes) {
+  // Offsets of each parameter in the flat buffer, and the block that completes it.
+  const auto& params = model.spec().params;
+  std::vector<int64_t> offset(params.size() + 1, 0);
+  for (size_t i = 0; i < params.size(); ++i) offset[i + 1] = offset[i] + params[i].shape.numel();
+  std::vector<int> block_of(params.size(), 0);
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    const auto [first, last] = model.block_params(b);
+    for (size_t i = first; i < last; ++i) block_of[i] = b;
+  }
+  std::vector<DistributedDataParallel::Bucket> buckets;
+  const int64_t max_elems = std::max<int64_t>(1, bucket_bytes / 4);
+  size_t end = params.size();
+  while (end > 0) {
+    size_t begin = end;
+    int ready = model.num_blocks();
+    do {
+      --begin;
+      ready = std::min(ready, block_of[begin]);
+    } while (begin > 0 && offset[end] - offset[begin] < max_elems);
+    buckets.push_back({offset[begin], offset[end], ready});
+    end = begin;
+  }
+  return buckets;
+}
+
+namespace {
+std::vector<bool> decay_flags(const ModelSpec& spec) {
+  std::vector<bool> d;
+  for (const auto& p : spec.params) d.push_back(p.decay);
+  return d;
+}
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
+                                                 const OptimizerConfig& opt, Mesh& mesh,
+                                                 Transformer& model, Allocator& alloc)
+    : DataParallel(mesh),
+      model_(model),
+      alloc_(alloc),
+      adamw_(opt, alloc, model.params(), decay_flags(model.spec())),
+      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024))) {}
+
+void DistributedDataParallel::start_step() {
+  model_.zero_grads();
+  next_bucket_ = 0;
+  pending_.clear();
+}
+
+void DistributedDataParallel::after_backward(int block) {
+  if (!last_micro_ || mesh_.size(Axis::dp) == 1) return;
+  Tensor flat = model_.flat_grads();
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
+    const Bucket& b = buckets_[next_bucket_++];
+    Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
+    pending_.push_back(mesh_.comm(Axis::dp).all_reduce(view));
+  }
+  // MPI advances non-blocking collectives only inside MPI calls: give it a turn per block.
+  for (Handle& h : pending_) h.poll();
+}
+
+void DistributedDataParallel::finish_backward() {
+  for (Handle& h : pending_) h.wait();
+  pending_.clear();
+  LLMT_CHECK(mesh_.size(Axis::dp) == 1 || next_bucket_ == buckets_.size(), "DDP: ", next_bucket_,
+             " of ", buckets_.size(), " buckets were started; was the last micro-batch marked?");
+}
+
+double DistributedDataParallel::grad_norm() {
+  if (mesh_.size(Axis::tp) == 1) return global_norm({model_.flat_grads()});
+  // Under tp: this rank's slices of the sharded parameters, the replicated ones once (tp_params.h).
+  float sum = static_cast<float>(tp_sum_squares(model_.spec(), model_.flat_grads()));
+  mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  return std::sqrt(static_cast<double>(sum));
+}
+
+bool DistributedDataParallel::grads_nonfinite() {
+  int32_t bad = ops::has_nonfinite(model_.flat_grads()) ? 1 : 0;
+  if (mesh_.size(Axis::tp) > 1)
+    mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  return bad != 0;
+}
+
+void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {
+  adamw_.step(model_.params(), model_.grads(), lr, t, grad_scale);
+  model_.sync_compute_weights();
+}
+
+void DistributedDataParallel::gather_params(std::vector<float>& out) {
+  Tensor flat = model_.flat_params();
+  out.resize(static_cast<size_t>(flat.numel()));
+  alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
+  if (mesh_.size(Axis::tp) > 1) {
+    std::vector<float> local;
+    local.swap(out);
+    gather_tp_params(mesh_.comm(Axis::tp), model_.spec(), local, out);
+  }
+}
+
+}  // namespace llmt

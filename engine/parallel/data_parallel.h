@@ -1,0 +1,89 @@
+// Data parallelism over the mesh's dp axis: the strategy that turns each rank's gradients of its
+// slice of the global batch into the update of the global model. DataParallel is the interface
+// the trainer drives; make_data_parallel picks DDP (zero_stage 0, this file) or ZeRO 1-3
+// (zero.h). Each is a ModelHooks: it acts per block while backward (and, for ZeRO-3, forward)
+// runs, so communication overlaps compute. The trainer pre-scales each micro-batch's loss
+// gradient by 1/(accumulation steps * dp), so a sum over dp is the global-batch mean.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/mesh.h"
+#include "engine/parallel/parallel_config.h"
+
+namespace llmt {
+
+class DataParallel : public ModelHooks {
+ public:
+  // Before the step's first micro-batch: gradients to zero.
+  virtual void start_step() = 0;
+  // Before each micro-batch's forward; `last`: the step's final micro-batch (DDP syncs only then).
+  virtual void start_micro_batch(bool last) = 0;
+  // After the final micro-batch's backward: every reduction of the step has completed.
+  virtual void finish_backward() = 0;
+  // The L2 norm of the global gradient (over all parameters, all shards) and whether any element
+  // is inf/nan (fp16), both the same on every dp rank.
+  virtual double grad_norm() = 0;
+  virtual bool grads_nonfinite() = 0;
+  // AdamW on what this rank owns with gradients multiplied by grad_scale, then whatever makes the
+  // parameters whole again (ZeRO-1/2: all-gather).
+  virtual void step(double lr, int64_t t, float grad_scale) = 0;
+  // Every parameter at global shape into `out` (P) f32 on the host, spec order, on every rank.
+  virtual void gather_params(std::vector<float>& out) = 0;
+  // Seconds blocked on communication handles since the last call (exposed communication).
+  double take_wait_seconds();
+
+ protected:
+  DataParallel(Mesh& mesh) : mesh_(mesh) {}
+  Mesh& mesh_;
+};
+
+// What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither).
+ModelStorage model_storage(int64_t zero_stage);
+
+// `model` must have been built with model_storage(cfg.zero_stage) and (stages 0-2) initialised.
+std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg, const OptimizerConfig& opt,
+                                                 Mesh& mesh, Transformer& model, Allocator& alloc,
+                                                 uint64_t seed);
+
+// DDP: the flat gradient buffer cut into buckets of about bucket_mb at parameter boundaries, in
+// reverse spec order (the order backward completes them); a bucket's all-reduce starts as soon
+// as after_backward has fired for every block it covers on the step's last micro-batch.
+class DistributedDataParallel final : public DataParallel {
+ public:
+  DistributedDataParallel(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh,
+                          Transformer& model, Allocator& alloc);
+  void start_step() override;
+  void start_micro_batch(bool last) override { last_micro_ = last; }
+  void after_backward(int block) override;
+  void finish_backward() override;
+  double grad_norm() override;
+  bool grads_nonfinite() override;
+  void step(double lr, int64_t t, float grad_scale) override;
+  void gather_params(std::vector<float>& out) override;
+
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // element range of the flat gradient buffer
+    int ready_block = 0;         // complete once after_backward(ready_block) has fired
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  Transformer& model_;
+  Allocator& alloc_;
+  AdamW adamw_;
+  std::vector<Bucket> buckets_;
+  std::vector<Handle> pending_;
+  size_t next_bucket_ = 0;
+  bool last_micro_ = true;
+};
+
+// Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel).
+std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
+                                                          int64_t bucket_bytes);
+
+}  // namespace llmt

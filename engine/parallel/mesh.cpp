@@ -1,0 +1,76 @@
+// MeshShape arithmetic (rank <-> coordinates, tp fastest) and the Mesh's per-axis groups, split
+// from the world communicator: the ranks that agree on every coordinate but `a` form a group of
+// axis a, ordered by their coordinate on a.
+#include "engine/parallel/mesh.h"
+
+#include "engine/core/check.h"
+
+namespace llmt {
+
+std::string_view axis_name(Axis a) {
+  switch (a) {
+    case Axis::tp: return "tp";
+    case Axis::cp: return "cp";
+    case Axis::dp: return "dp";
+    case Axis::pp: return "pp";
+  }
+  return "?";
+}
+
+std::array<int, kNumAxes> MeshShape::coords(int rank) const {
+  LLMT_CHECK(rank >= 0 && rank < world(), "rank ", rank, " outside a mesh of ", world());
+  std::array<int, kNumAxes> c{};
+  for (int a = 0; a < kNumAxes; ++a) {
+    c[a] = rank % degree[a];
+    rank /= degree[a];
+  }
+  return c;
+}
+
+int MeshShape::rank_of(const std::array<int, kNumAxes>& c) const {
+  int rank = 0;
+  for (int a = kNumAxes - 1; a >= 0; --a) {
+    LLMT_CHECK(c[a] >= 0 && c[a] < degree[a], axis_name(static_cast<Axis>(a)), " coordinate ",
+               c[a], " outside degree ", degree[a]);
+    rank = rank * degree[a] + c[a];
+  }
+  return rank;
+}
+
+std::vector<int> MeshShape::group(int rank, Axis a) const {
+  std::array<int, kNumAxes> c = coords(rank);
+  std::vector<int> ranks;
+  for (int i = 0; i < size(a); ++i) {
+    c[static_cast<int>(a)] = i;
+    ranks.push_back(rank_of(c));
+  }
+  return ranks;
+}
+
+Mesh::Mesh(MeshShape shape, int rank, std::array<std::unique_ptr<Communicator>, kNumAxes> axes,
+           std::unique_ptr<Communicator> world)
+    : shape_(shape), rank_(rank), coords_(shape.coords(rank)), axes_(std::move(axes)),
+      world_(std::move(world)) {
+  for (int a = 0; a < kNumAxes; ++a) {
+    LLMT_CHECK(axes_[a] && axes_[a]->size() == shape_.degree[a] && axes_[a]->rank() == coords_[a],
+               "mesh axis ", axis_name(static_cast<Axis>(a)), ": communicator does not match "
+               "degree ", shape_.degree[a], " / coordinate ", coords_[a]);
+  }
+}
+
+Mesh Mesh::create(MeshShape shape, std::unique_ptr<Communicator> world) {
+  LLMT_CHECK(world->size() == shape.world(), "mesh tp(", shape.degree[0], ")*cp(",
+             shape.degree[1], ")*dp(", shape.degree[2], ")*pp(", shape.degree[3], ")=",
+             shape.world(), " != world size ", world->size());
+  const int rank = world->rank();
+  std::array<std::unique_ptr<Communicator>, kNumAxes> axes;
+  for (int a = 0; a < kNumAxes; ++a) {
+    const Axis axis = static_cast<Axis>(a);
+    // Color: the group's lowest rank (coordinate on `a` set to 0); key: the coordinate on `a`.
+    const int color = shape.group(rank, axis).front();
+    axes[a] = world->split(color, shape.coords(rank)[a], std::string(axis_name(axis)));
+  }
+  return Mesh(shape, rank, std::move(axes), std::move(world));
+}
+
+}  // namespace llmt

@@ -1,0 +1,51 @@
+// Placement: how a parameter with a global shape is laid out over one mesh axis — replicated, or
+// sharded along one dim. Every shard is a list of rectangular slices of the global tensor, which
+// is what checkpoints (one hyperslab per slice), initialisation (each slice from its global
+// offset) and resharding rely on (DESIGN.md §4-§5).
+//
+// A sharded dim may be a concatenation of segments that are split separately: the fused QKV
+// weight's rows are [q heads | k heads | v heads] and SwiGLU's fc1 rows are [gate | up]. Rank r
+// of p holds rows [r*n/p, (r+1)*n/p) of every segment of length n, concatenated in segment order,
+// so its local tensor has the same [q | k | v] (or [gate | up]) layout as the global one.
+// Worked example: qkv.weight of H=4, KV=2, D=16 has rows [q 0..64 | k 64..96 | v 96..128); with
+// tp=2, rank 1 holds q heads 2-3 (rows 32..64), kv head 1 (rows 80..96 and 112..128): three
+// slices, local rows [0,32) [32,48) [48,64).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace llmt {
+
+struct Placement {
+  enum class Kind : uint8_t { replicate, shard };
+  Kind kind = Kind::replicate;
+  int dim = 0;                    // shard only: the tensor dim that is split
+  std::vector<int64_t> segments;  // shard only: the dim's parts, split separately; empty = one
+
+  static Placement replicate() { return {}; }
+  static Placement shard(int dim, std::vector<int64_t> segments = {}) {
+    return {Kind::shard, dim, std::move(segments)};
+  }
+  bool sharded() const { return kind == Kind::shard; }
+  std::string str() const;  // "Replicate", "Shard(0)", "Shard(0, [64, 32, 32])"
+};
+
+// One rectangular piece of a rank's shard: along `dim`, global [global_start, global_start +
+// length) is local [local_start, local_start + length); every other dim is whole.
+struct ShardSlice {
+  int dim;
+  int64_t global_start, local_start, length;
+};
+
+// The shape a rank holds of `global` under `p` over an axis of `axis_size` ranks. Throws (naming
+// `what`, the dim and the numbers) when a segment does not divide by the axis size.
+Shape local_shape(const Shape& global, const Placement& p, int axis_size, const std::string& what);
+// The slices rank `axis_rank` holds, in local order (one whole-tensor slice for Replicate).
+std::vector<ShardSlice> local_slices(const Shape& global, const Placement& p, int axis_size,
+                                     int axis_rank);
+
+}  // namespace llmt

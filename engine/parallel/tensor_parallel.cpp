@@ -1,0 +1,58 @@
+// The tp regions and vocab-parallel cross-entropy over a Communicator (tensor_parallel.h). Each
+// collective is waited on at once: the model's next op needs its result.
+#include "engine/parallel/tensor_parallel.h"
+
+#include "kernels/ops.h"
+
+namespace llmt::tp {
+namespace {
+
+// full (N, C) and shard (N/p, C) over a group of p.
+void check_rows(const char* what, const Communicator& tp, const Tensor& full, const Tensor& shard) {
+  LLMT_CHECK(full.ndim() >= 1 && shard.ndim() >= 1 && full.numel() == shard.numel() * tp.size() &&
+                 full.shape[0] == shard.shape[0] * tp.size(),
+             what, ": full ", describe(full), " must be ", tp.size(), " shards ", describe(shard),
+             " stacked along dim 0 (tp=", tp.size(), ")");
+}
+
+}  // namespace
+
+void copy_to_region_backward(Communicator& tp, Tensor dx) {
+  tp.all_reduce(dx).wait();
+}
+
+void reduce_from_region_forward(Communicator& tp, Tensor x) {
+  tp.all_reduce(x).wait();
+}
+
+void gather_from_sequence_forward(Communicator& tp, Tensor full, Tensor shard) {
+  check_rows("gather_from_sequence_forward", tp, full, shard);
+  tp.all_gather(full, shard).wait();
+}
+
+void gather_from_sequence_backward(Communicator& tp, Tensor dshard, Tensor dfull) {
+  check_rows("gather_from_sequence_backward", tp, dfull, dshard);
+  tp.reduce_scatter(dshard, dfull).wait();
+}
+
+void reduce_scatter_to_sequence_forward(Communicator& tp, Tensor shard, Tensor full) {
+  check_rows("reduce_scatter_to_sequence_forward", tp, full, shard);
+  tp.reduce_scatter(shard, full).wait();
+}
+
+void reduce_scatter_to_sequence_backward(Communicator& tp, Tensor dfull, Tensor dshard) {
+  check_rows("reduce_scatter_to_sequence_backward", tp, dfull, dshard);
+  tp.all_gather(dfull, dshard).wait();
+}
+
+void vocab_parallel_cross_entropy(Communicator& tp, Tensor losses, Tensor logits, Tensor targets,
+                                  int64_t vocab_start, int64_t vocab_size, float dloss, Tensor max,
+                                  Tensor sums) {
+  ops::cross_entropy_shard_max(max, logits, targets, vocab_size);
+  tp.all_reduce(max, ReduceOp::max).wait();
+  ops::cross_entropy_shard_sums(sums, logits, max, targets, vocab_start);
+  tp.all_reduce(sums).wait();
+  ops::cross_entropy_shard_finish(losses, logits, logits, max, sums, targets, vocab_start, dloss);
+}
+
+}  // namespace llmt::tp

@@ -1,0 +1,352 @@
+// ZeRO 1-3 (see zero.h for the layout and the schedule of collectives per stage).
+#include "engine/parallel/zero.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/core/rng.h"
+#include "engine/parallel/tp_params.h"
+#include "kernels/ops.h"
+
+namespace llmt {
+
+int64_t Zero::Param::own_rows_of(int r) const {
+  return std::clamp<int64_t>(rows - r * shard_rows, 0, shard_rows);
+}
+
+Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Transformer& model,
+           Allocator& alloc, uint64_t seed)
+    : DataParallel(mesh),
+      stage_(static_cast<int>(cfg.zero_stage)),
+      model_(model),
+      alloc_(alloc),
+      dp_(mesh.size(Axis::dp)),
+      rank_(mesh.coord(Axis::dp)),
+      L_(model.num_blocks() - 2) {
+  LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
+  const ModelSpec& spec = model.spec();
+  units_.resize(static_cast<size_t>(L_) + 1);
+  for (int b = 0; b < model.num_blocks(); ++b) units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
+  int64_t shard_total = 0;
+  for (Unit& u : units_) {
+    std::sort(u.blocks.begin(), u.blocks.end());
+    for (int b : u.blocks) {
+      u.block_off.push_back(u.full_numel);
+      const auto [first, last] = model.block_params(b);
+      for (size_t i = first; i < last; ++i) {
+        const Shape& shape = spec.params[i].shape;
+        Param p;
+        p.index = i;
+        p.rows = shape[0];
+        p.row_numel = shape.numel() / shape[0];
+        p.shard_rows = (p.rows + dp_ - 1) / dp_;
+        p.own_rows = p.own_rows_of(rank_);
+        p.full_off = u.full_numel;
+        p.shard_off = u.shard_numel;
+        u.full_numel += shape.numel();
+        u.shard_numel += p.shard_rows * p.row_numel;
+        u.params.push_back(p);
+      }
+    }
+    u.shard_begin = shard_total;
+    shard_total += u.shard_numel;
+  }
+  const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
+  if (stage_ >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
+  if (stage_ == 3) {
+    param_shard_ = alloc.allocate(shard_bytes, MemCategory::params);
+    init_shards(seed);
+  }
+
+  // AdamW over this rank's real rows.
+  std::vector<bool> decay;
+  for (const Unit& u : units_) {
+    for (const Param& p : u.params) {
+      if (p.own_rows == 0) continue;
+      const int64_t row0 = rank_ * p.shard_rows;
+      opt_params_.push_back(stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                                        : model.params()[p.index].rows(row0, row0 + p.own_rows));
+      opt_grads_.push_back(stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                                       : model.grads()[p.index].rows(row0, row0 + p.own_rows));
+      decay.push_back(spec.params[p.index].decay);
+    }
+  }
+  adamw_.emplace(opt, alloc, opt_params_, std::move(decay));
+}
+
+int Zero::unit_of(int block) const { return block == 0 || block == L_ + 1 ? 0 : block; }
+
+// The first `rows` rows of param p's shard inside a shard buffer.
+Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const {
+  const Shape& shape = model_.spec().params[p.index].shape;
+  return Tensor(shard_buf.f32() + u.shard_begin + p.shard_off, shape, DType::f32, shard_buf.device)
+      .rows(0, rows);
+}
+
+void Zero::init_shards(uint64_t seed) {
+  Tensor all = param_shard_.tensor({static_cast<int64_t>(param_shard_.bytes() / 4)}, DType::f32);
+  for (const Unit& u : units_) {
+    for (const Param& p : u.params) {
+      if (p.own_rows == 0) continue;
+      // The dp shard's rows of this tp rank's tensor, each element from its global index.
+      init_param_rows(model_.spec(), p.index, shard_rows(all, u, p, p.own_rows),
+                      rank_ * p.shard_rows, seed);
+    }
+  }
+}
+
+void Zero::pack(Tensor dst, const Unit& u, const std::vector<Tensor>& views, bool all_ranks) {
+  for (int r = all_ranks ? 0 : rank_; r < (all_ranks ? dp_ : rank_ + 1); ++r) {
+    float* block = dst.f32() + (all_ranks ? r * u.shard_numel : 0);
+    for (const Param& p : u.params) {
+      const int64_t own = p.own_rows_of(r);
+      if (own == 0) continue;
+      const Tensor& src = views[p.index];
+      Tensor from = src.rows(r * p.shard_rows, r * p.shard_rows + own);
+      ops::copy(Tensor(block + p.shard_off, from.shape, DType::f32, dst.device), from);
+    }
+  }
+}
+
+void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u) {
+  for (int r = 0; r < dp_; ++r) {
+    const float* block = src.f32() + r * u.shard_numel;
+    for (const Param& p : u.params) {
+      const int64_t own = p.own_rows_of(r);
+      if (own == 0) continue;
+      Tensor to = views[p.index].rows(r * p.shard_rows, r * p.shard_rows + own);
+      ops::copy(to, Tensor(const_cast<float*>(block) + p.shard_off, to.shape, DType::f32, src.device));
+    }
+  }
+}
+
+// Spec-indexed views of a unit's params inside its gathered buffer (other entries empty).
+std::vector<Tensor> Zero::unit_views(const Unit& u, Tensor gathered) const {
+  std::vector<Tensor> views(model_.spec().params.size());
+  for (const Param& p : u.params)
+    views[p.index] = Tensor(gathered.f32() + p.full_off, model_.spec().params[p.index].shape,
+                            DType::f32, gathered.device);
+  return views;
+}
+
+// ---- stage 3: gathering parameters ----
+
+void Zero::start_gather(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.gathered.data() || !u.gather.done()) return;
+  u.staging = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
+  Tensor in(static_cast<float*>(param_shard_.data()) + u.shard_begin, {u.shard_numel}, DType::f32,
+            alloc_.device());
+  u.gather = mesh_.comm(Axis::dp).all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
+}
+
+void Zero::finish_gather(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.gathered.data() && u.gather.done()) return;
+  start_gather(unit);
+  u.gather.wait();
+  u.gathered = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
+  Tensor g = u.gathered.tensor({u.full_numel}, DType::f32);
+  unpack(unit_views(u, g), u.staging.tensor({u.shard_numel * dp_}, DType::f32), u);
+  u.staging.reset();
+  // 16-bit emulation: the gathered copy is the compute copy of the fp32 master shards.
+  if (model_.compute_dtype() != DType::f32) ops::round_to(g, model_.compute_dtype());
+  for (size_t k = 0; k < u.blocks.size(); ++k) {
+    Tensor w(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
+    model_.bind_block(u.blocks[k], w, Tensor());
+  }
+}
+
+void Zero::release_gather(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  u.gather.wait();
+  u.staging.reset();
+  u.gathered.reset();
+}
+
+// ---- gradients ----
+
+void Zero::start_reduce(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  Reduction red;
+  red.unit = unit;
+  red.packed = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
+  red.out = alloc_.allocate(static_cast<size_t>(u.shard_numel) * 4, MemCategory::comm);
+  pack(red.packed.tensor({u.shard_numel * dp_}, DType::f32), u, model_.grads(), true);
+  u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
+  red.handle = mesh_.comm(Axis::dp).reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
+                                                   red.packed.tensor({u.shard_numel * dp_}, DType::f32));
+  reductions_.push_back(std::move(red));
+  // At most two reductions in flight: bounds the packed staging to two units.
+  complete_reductions(2);
+}
+
+void Zero::complete_reductions(size_t keep) {
+  while (reductions_.size() > keep) {
+    Reduction& red = reductions_.front();
+    red.handle.wait();
+    const Unit& u = units_[static_cast<size_t>(red.unit)];
+    Tensor out = red.out.tensor({u.shard_numel}, DType::f32);
+    if (stage_ >= 2) {
+      Tensor dst(static_cast<float*>(grad_shard_.data()) + u.shard_begin, {u.shard_numel},
+                 DType::f32, alloc_.device());
+      ops::add_inplace(dst, out);
+    } else {
+      // Stage 1: this rank's reduced rows back into the model's full gradient buffer.
+      for (const Param& p : u.params) {
+        if (p.own_rows == 0) continue;
+        const int64_t row0 = rank_ * p.shard_rows;
+        Tensor to = model_.grads()[p.index].rows(row0, row0 + p.own_rows);
+        ops::copy(to, Tensor(out.f32() + p.shard_off, to.shape, DType::f32, out.device));
+      }
+    }
+    reductions_.pop_front();
+  }
+}
+
+// ---- hooks ----
+
+void Zero::start_step() {
+  model_.zero_grads();
+  if (grad_shard_.data()) ops::fill_zero(grad_shard_.tensor({static_cast<int64_t>(grad_shard_.bytes() / 4)}, DType::f32));
+}
+
+void Zero::start_micro_batch(bool last) {
+  last_micro_ = last;
+  if (stage_ == 3) start_gather(0);
+}
+
+void Zero::before_forward(int block) {
+  if (stage_ != 3) return;
+  const int unit = unit_of(block);
+  if (block == L_ + 1) {
+    if (L_ >= 1) {
+      release_gather(L_);
+      start_gather(L_);  // prefetch for the backward of the last layer
+    }
+    return;
+  }
+  finish_gather(unit);
+  if (block >= 2) release_gather(block - 1);
+  if (block + 1 <= L_) start_gather(block + 1);
+}
+
+void Zero::before_backward(int block) {
+  const int unit = unit_of(block);
+  if (stage_ == 3 && block >= 1 && block <= L_) {
+    finish_gather(unit);
+    if (block - 1 >= 1) start_gather(block - 1);
+  }
+  // Stages 2-3: a fresh gradient staging buffer for the unit, bound before its first backward.
+  if (stage_ >= 2 && block != 0) {
+    Unit& u = units_[static_cast<size_t>(unit)];
+    u.grad_staging = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
+    Tensor g = u.grad_staging.tensor({u.full_numel}, DType::f32);
+    for (size_t k = 0; k < u.blocks.size(); ++k) {
+      Tensor v(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
+      model_.bind_block(u.blocks[k], Tensor(), v);
+    }
+  }
+  for (Reduction& red : reductions_) red.handle.poll();
+}
+
+void Zero::after_backward(int block) {
+  if (block == L_ + 1) return;  // the root unit completes with block 0
+  const int unit = unit_of(block);
+  if (stage_ >= 2 || last_micro_) start_reduce(unit);
+  if (stage_ == 3) release_gather(unit);
+  if (block == 0 && stage_ >= 2) complete_reductions();
+}
+
+void Zero::finish_backward() { complete_reductions(); }
+
+double Zero::grad_norm() {
+  // opt_grads_ follows the units' params with real rows; under tp a replicated parameter counts
+  // on tp rank 0 only (tp_params.h).
+  double local = 0;
+  size_t k = 0;
+  for (const Unit& u : units_)
+    for (const Param& p : u.params) {
+      if (p.own_rows == 0) continue;
+      if (counts_in_tp_norm(model_.spec(), p.index)) local += ops::sum_squares(opt_grads_[k]);
+      ++k;
+    }
+  float sum = static_cast<float>(local);
+  mesh_.comm(Axis::dp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  if (mesh_.size(Axis::tp) > 1) mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  return std::sqrt(static_cast<double>(sum));
+}
+
+bool Zero::grads_nonfinite() {
+  int32_t bad = 0;
+  for (const Tensor& g : opt_grads_) bad |= ops::has_nonfinite(g) ? 1 : 0;
+  mesh_.comm(Axis::dp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  if (mesh_.size(Axis::tp) > 1)
+    mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  return bad != 0;
+}
+
+void Zero::step(double lr, int64_t t, float grad_scale) {
+  adamw_->step(opt_params_, opt_grads_, lr, t, grad_scale);
+  if (stage_ == 3) {
+    // The shards are the parameters; no gathered copy may outlive the update (a forward-only
+    // evaluation leaves the root and a prefetch behind). The next forward gathers afresh.
+    for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
+    return;
+  }
+  // Stages 1-2: all-gather every unit's updated rows back into the full parameters, two units
+  // in flight (unit k's gather runs while unit k-1 is unpacked), so staging stays two units.
+  struct InFlight {
+    size_t unit;
+    Buffer in, out;
+    Handle handle;
+  };
+  auto finish = [&](InFlight& f) {
+    f.handle.wait();
+    const Unit& u = units_[f.unit];
+    unpack(model_.params(), f.out.tensor({u.shard_numel * dp_}, DType::f32), u);
+  };
+  std::optional<InFlight> prev;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = units_[k];
+    InFlight cur{k, alloc_.allocate(static_cast<size_t>(u.shard_numel) * 4, MemCategory::comm),
+                 alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm),
+                 Handle()};
+    pack(cur.in.tensor({u.shard_numel}, DType::f32), u, model_.params(), false);
+    cur.handle = mesh_.comm(Axis::dp).all_gather(cur.out.tensor({u.shard_numel * dp_}, DType::f32),
+                                                 cur.in.tensor({u.shard_numel}, DType::f32));
+    if (prev) finish(*prev);
+    prev = std::move(cur);
+  }
+  if (prev) finish(*prev);
+  model_.sync_compute_weights();
+}
+
+void Zero::gather_params(std::vector<float>& out) {
+  const ModelSpec& spec = model_.spec();
+  // This tp rank's tensors first (spec.params[i].shape), then, under tp, the global ones.
+  out.assign(static_cast<size_t>(spec.num_local_params()), 0.0f);
+  if (stage_ < 3) {
+    Tensor flat = model_.flat_params();
+    alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
+  } else {
+    std::vector<int64_t> offset(spec.params.size() + 1, 0);
+    for (size_t i = 0; i < spec.params.size(); ++i) offset[i + 1] = offset[i] + spec.params[i].shape.numel();
+    for (size_t k = 0; k < units_.size(); ++k) {
+      Unit& u = units_[k];
+      const bool had = u.gathered.data() != nullptr;
+      finish_gather(static_cast<int>(k));
+      for (const Param& p : u.params)
+        alloc_.backend().copy_to_host(out.data() + offset[p.index], static_cast<const float*>(u.gathered.data()) + p.full_off,
+                                      static_cast<size_t>(spec.params[p.index].shape.numel()) * 4);
+      if (!had) release_gather(static_cast<int>(k));
+    }
+  }
+  if (mesh_.size(Axis::tp) > 1) {
+    std::vector<float> local;
+    local.swap(out);
+    gather_tp_params(mesh_.comm(Axis::tp), spec, local, out);
+  }
+}
+
+}  // namespace llmt

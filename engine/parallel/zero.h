@@ -1,0 +1,102 @@
+// ZeRO stages 1-3 over the dp axis with per-parameter Shard(0) (the FSDP2 layout): parameter i
+// with R rows is cut into dp shards of s = ceil(R/dp) rows, rank r owning global rows
+// [r*s, min(R, (r+1)*s)) — a rectangular slice of the global tensor; the last ranks' shards are
+// padded with zero rows (kept zero: their gradient is zero, so AdamW leaves them at zero).
+// Collectives batch a unit's shards through one staging buffer laid out rank-major
+// ([rank 0's shards of the unit's params | rank 1's | ...]), packed and unpacked with copies.
+//
+// Units: unit 0 is the root (block 0, embeddings, and block L+1, final norm + head: with tied
+// embeddings both use wte, so they are gathered and reduced together, as FSDP2's root module),
+// unit l (1..L) is layer l.
+//   stage 1: full params and grads (model-owned); after the last micro-batch's backward, each
+//            unit's gradients are reduce-scattered and this rank's rows written back; AdamW
+//            (m, v for the shard only) updates this rank's rows; each unit is all-gathered.
+//   stage 2: as 1, but the model owns no gradient buffer: each unit's gradients go to a staging
+//            buffer bound just before its backward and are reduce-scattered into the fp32
+//            gradient shard right after it, every micro-batch.
+//   stage 3: as 2, and the parameters are shards too: a unit is all-gathered into a staging
+//            buffer just before its forward and again before its backward (the next unit's
+//            gather started one block early), and freed after use.
+// Staging buffers (gathered units, gradient staging, packed collectives) count under
+// MemCategory::comm; params/grads/optimizer hold exactly the (padded) shards.
+#pragma once
+
+#include <deque>
+#include <optional>
+
+#include "engine/parallel/data_parallel.h"
+
+namespace llmt {
+
+class Zero final : public DataParallel {
+ public:
+  // `seed`: stage 3 initialises its shards from (seed, global name, global element index), as
+  // Transformer::init does for whole tensors.
+  Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Transformer& model,
+       Allocator& alloc, uint64_t seed);
+
+  void start_step() override;
+  void start_micro_batch(bool last) override;
+  void before_forward(int block) override;
+  void before_backward(int block) override;
+  void after_backward(int block) override;
+  void finish_backward() override;
+  double grad_norm() override;
+  bool grads_nonfinite() override;
+  void step(double lr, int64_t t, float grad_scale) override;
+  void gather_params(std::vector<float>& out) override;
+
+ private:
+  struct Param {
+    size_t index = 0;         // into the model's params
+    int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/dp), this rank's real rows
+    int64_t row_numel = 0;    // elements per row
+    int64_t full_off = 0;     // offset in the unit's gathered (spec-order) layout
+    int64_t shard_off = 0;    // offset in the unit's shard
+    int64_t own_rows_of(int r) const;
+  };
+  struct Unit {
+    std::vector<Param> params;
+    std::vector<int> blocks;            // in spec order
+    std::vector<int64_t> block_off;     // each block's offset in the gathered layout
+    int64_t full_numel = 0, shard_numel = 0;
+    int64_t shard_begin = 0;            // offset in the shard buffers
+    // Stage 3: the gathered weights (spec order) and the in-flight all-gather into `staging`.
+    Buffer gathered, staging;
+    Handle gather;
+    Buffer grad_staging;                // stages 2-3: this micro-batch's gradients, spec order
+  };
+  struct Reduction {
+    int unit;
+    Handle handle;
+    Buffer packed, out;
+  };
+
+  int unit_of(int block) const;
+  Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
+  // dst (rank-major, dp x shard_numel) <- rows of each param's view (spec-order `views`).
+  void pack(Tensor dst, const Unit& u, const std::vector<Tensor>& views, bool all_ranks);
+  // views <- dst (rank-major).
+  void unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u);
+  std::vector<Tensor> unit_views(const Unit& u, Tensor gathered) const;
+  void start_gather(int unit);
+  void finish_gather(int unit);
+  void release_gather(int unit);
+  void start_reduce(int unit);
+  // Completes the oldest reductions until at most `keep` are in flight.
+  void complete_reductions(size_t keep = 0);
+  void init_shards(uint64_t seed);
+
+  int stage_;
+  Transformer& model_;
+  Allocator& alloc_;
+  int dp_, rank_, L_;
+  std::vector<Unit> units_;
+  Buffer param_shard_, grad_shard_;  // stage 3 / stages 2-3: (sum of unit shard_numel)
+  std::vector<Tensor> opt_params_, opt_grads_;  // this rank's real rows, for AdamW
+  std::optional<AdamW> adamw_;
+  std::deque<Reduction> reductions_;
+  bool last_micro_ = true;
+};
+
+}  // namespace llmt

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on one machine: tokens/s of dp=2 (two ranks under mpirun, one OpenMP
+# thread each) against dp=1 (one rank, one thread) on the same global batch, the scaling
+# efficiency, and how much of the gradient all-reduce was hidden behind backward:
+#   exposed = time blocked on handles with small buckets (overlapped with backward),
+#   total   = the same with one bucket, started only when backward has finished (nothing hidden),
+#   hidden  = 1 - exposed / total.
+# Steps 1-2 are warm-up; a run's figures are the median over the remaining steps, and each run
+# is repeated LLMT_BENCH_REPEAT times (default 2, interleaved) keeping the fastest, because a
+# shared 2-core machine is noisy (the load average is printed with the results).
+#
+#   scripts/bench/bench_dp.sh LLMTRAIN_BINARY [STEPS]
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 LLMTRAIN_BINARY [STEPS]" >&2
+  exit 2
+fi
+llmtrain="$(realpath "$1")"
+steps="${2:-12}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# GPT-2 shape, ~3.4M parameters (13.6 MB of fp32 gradients), 16 x 256 tokens per step.
+cat > "$work/bench.toml" <<TOML
+[model]
+arch = "gpt2"
+vocab_size = 2048
+n_layers = 4
+d_model = 256
+n_heads = 4
+seq_len = 256
+
+[train]
+steps = $steps
+global_batch_size = 16
+micro_batch_size = 4
+precision = "fp32"
+threads = 1
+
+[optimizer]
+warmup_steps = 1
+
+[log]
+progress = false
+TOML
+
+run() {  # run NAME RANKS --set...
+  local name="$1" ranks="$2"
+  shift 2
+  local cmd=("$llmtrain" train --config "$work/bench.toml" -q --set "train.run_dir=$work/$name" "$@")
+  if [[ "$ranks" -gt 1 ]]; then
+    mpirun --oversubscribe --bind-to core -np "$ranks" "${cmd[@]}"
+  else
+    "${cmd[@]}"
+  fi
+}
+
+for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
+  run dp1.$i 1
+  run dp2.$i 2 --set parallel.bucket_mb=1
+  run dp2_one_bucket.$i 2 --set parallel.bucket_mb=1000
+  run zero1.$i 2 --set parallel.zero_stage=1
+  run zero3.$i 2 --set parallel.zero_stage=3
+done
+
+/usr/bin/python3 - "$work" <<'PY'
+import json, os, statistics, sys
+work = sys.argv[1]
+def load_one(path):
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+        rows = [json.loads(l) for l in f][2:]
+    return {k: statistics.median(r.get(k, 0) for r in rows)
+            for k in ("tokens_per_s", "step_time_s", "comm_wait_s")}
+def load(name):  # the fastest repeat
+    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work) if d.split(".")[0] == name]
+    return max(runs, key=lambda m: m["tokens_per_s"])
+base = load("dp1")
+print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
+      f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, median of steps 3.., best run")
+print(f"{'run':<28} {'tokens/s':>10} {'step s':>8} {'comm wait s':>12} {'speedup':>8} {'efficiency':>10}")
+for name, label in [("dp1", "dp=1 (1 thread)"), ("dp2", "dp=2 DDP, 1 MB buckets"),
+                    ("dp2_one_bucket", "dp=2 DDP, one bucket"), ("zero1", "dp=2 ZeRO-1"),
+                    ("zero3", "dp=2 ZeRO-3")]:
+    m = load(name)
+    ranks = 1 if name == "dp1" else 2
+    sp = m["tokens_per_s"] / base["tokens_per_s"]
+    print(f"{label:<28} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {m['comm_wait_s']:>12.4f} "
+          f"{sp:>8.2f} {sp / ranks:>10.1%}")
+exposed, total = load("dp2")["comm_wait_s"], load("dp2_one_bucket")["comm_wait_s"]
+print(f"all-reduce time exposed with 1 MB buckets: {exposed:.4f} s of {total:.4f} s "
+      f"(one bucket after backward): {1 - exposed / total:.0%} hidden behind backward")
+PY

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Tensor-parallel scaling on one machine: tokens/s of tp=2 (two ranks under mpirun, one OpenMP
+# thread each), with and without sequence parallelism, against tp=1 (one rank, one thread) on
+# the same global batch, and the scaling efficiency. TP collectives are blocking (nothing is
+# hidden behind compute), so the gap to 100% is communication plus the work tp does not split
+# (norms, residuals and dropout without SP; the cross-entropy statistics).
+# Steps 1-2 are warm-up; a run's figures are the median over the remaining steps, and each run
+# is repeated LLMT_BENCH_REPEAT times (default 2, interleaved) keeping the fastest.
+#
+#   scripts/bench/bench_tp.sh LLMTRAIN_BINARY [STEPS]
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 LLMTRAIN_BINARY [STEPS]" >&2
+  exit 2
+fi
+llmtrain="$(realpath "$1")"
+steps="${2:-12}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# The model of bench_dp.sh: GPT-2 shape, ~3.4M parameters, 16 x 256 tokens per step.
+cat > "$work/bench.toml" <<TOML
+[model]
+arch = "gpt2"
+vocab_size = 2048
+n_layers = 4
+d_model = 256
+n_heads = 4
+seq_len = 256
+
+[train]
+steps = $steps
+global_batch_size = 16
+micro_batch_size = 4
+precision = "fp32"
+threads = 1
+
+[optimizer]
+warmup_steps = 1
+
+[log]
+progress = false
+TOML
+
+run() {  # run NAME RANKS --set...
+  local name="$1" ranks="$2"
+  shift 2
+  local cmd=("$llmtrain" train --config "$work/bench.toml" -q --set "train.run_dir=$work/$name" "$@")
+  if [[ "$ranks" -gt 1 ]]; then
+    mpirun --oversubscribe --bind-to core -np "$ranks" "${cmd[@]}"
+  else
+    "${cmd[@]}"
+  fi
+}
+
+for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
+  run tp1.$i 1
+  run tp2.$i 2 --set parallel.tp=2
+  run tp2_sp.$i 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+done
+
+/usr/bin/python3 - "$work" <<'PY'
+import json, os, statistics, sys
+work = sys.argv[1]
+def load_one(path):
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+        rows = [json.loads(l) for l in f][2:]
+    out = {k: statistics.median(r[k] for r in rows) for k in ("tokens_per_s", "step_time_s")}
+    out["tp_bytes"] = sum(rows[-1].get("comm_bytes", {}).get("tp", {}).values())
+    out["activations"] = rows[-1]["peak_bytes"]["activations"]
+    return out
+def load(name):  # the fastest repeat
+    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work) if d.split(".")[0] == name]
+    return max(runs, key=lambda m: m["tokens_per_s"])
+base = load("tp1")
+print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
+      f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, median of steps 3.., best run")
+print(f"{'run':<24} {'tokens/s':>10} {'step s':>8} {'speedup':>8} {'efficiency':>10} "
+      f"{'tp MB/step':>10} {'activations MB':>14}")
+for name, label, ranks in [("tp1", "tp=1 (1 thread)", 1), ("tp2", "tp=2", 2),
+                           ("tp2_sp", "tp=2 + sequence parallel", 2)]:
+    m = load(name)
+    sp = m["tokens_per_s"] / base["tokens_per_s"]
+    print(f"{label:<24} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {sp:>8.2f} "
+          f"{sp / ranks:>10.1%} {m['tp_bytes'] / 1e6:>10.1f} {m['activations'] / 1e6:>14.1f}")
+PY

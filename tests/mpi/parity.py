@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""Layout parity: run config C on one rank (cached per workdir) and at layout L under mpirun for
+its train.steps, then compare per-step loss and grad_norm (relative 1e-5 at step 1, 1e-4 after)
+and the parameters after the last step (--dump-final, gathered at global shape on rank 0).
+
+Layouts: dpN (DDP over N ranks), zeroS-dpN (ZeRO stage S; dp3 with global batch 6, so that
+shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation steps per rank on
+2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
+(tp inside dp with ZeRO). Prints one line: layout, max relative differences."""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+# layout: (ranks, its --set overrides, overrides for both it and its single-rank reference)
+GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
+LAYOUTS = {
+    "dp2": (2, [], []),
+    "dp4": (4, [], []),
+    "zero1-dp2": (2, ["parallel.zero_stage=1"], []),
+    "zero2-dp2": (2, ["parallel.zero_stage=2"], []),
+    "zero3-dp4": (4, ["parallel.zero_stage=3"], []),
+    "accum4-dp2": (2, ["train.micro_batch_size=1"], []),
+    "zero1-dp3": (3, ["parallel.zero_stage=1"], GBS6),
+    "zero3-dp3": (3, ["parallel.zero_stage=3"], GBS6),
+    "tp2": (2, ["parallel.tp=2"], []),
+    # kv heads must divide by tp (the Llama config has 2): 4 kv heads for 4 heads.
+    "tp4": (4, ["parallel.tp=4"], ["model.n_kv_heads=4"]),
+    "tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], []),
+    "tp2-dp2-zero1": (4, ["parallel.tp=2", "parallel.zero_stage=1"], []),
+    "tp2-dp2-zero3-sp": (4, ["parallel.tp=2", "parallel.zero_stage=3",
+                             "parallel.sequence_parallel=true"], []),
+}
+# Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
+COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)}\n{r.stdout}")
+    return r.stdout
+
+
+def train(args, out, ranks, sets):
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [args.llmtrain, "train", "--config", args.config, "-q", "--dump-final",
+           os.path.join(out, "final")]
+    for s in COMMON + sets + [f"train.run_dir={out}"]:
+        cmd += ["--set", s]
+    if ranks > 1:
+        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
+    run(cmd)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f]
+    params = np.fromfile(os.path.join(out, "final", "params.bin"), dtype="<f4")
+    return steps, params
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llmtrain", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+
+    os.makedirs(args.workdir, exist_ok=True)
+    ranks, sets, base = LAYOUTS[args.layout]
+    single = "single" + ("-" + "-".join(b.split(".")[-1] for b in base) if base else "")
+    ref_steps, ref_params = train(args, os.path.join(args.workdir, single), 1, base)
+    steps, params = train(args, os.path.join(args.workdir, args.layout), ranks, sets + base)
+
+    failures = []
+    if len(steps) != len(ref_steps):
+        failures.append(f"{len(steps)} steps vs {len(ref_steps)} single-rank")
+    worst = {"loss": 0.0, "grad_norm": 0.0}
+    for s, r in zip(steps, ref_steps):
+        tol = 1e-5 if s["step"] == 1 else 1e-4
+        for key in worst:
+            d = rel(s[key], r[key])
+            worst[key] = max(worst[key], d)
+            if d > tol:
+                failures.append(f"step {s['step']} {key}: {s[key]!r} vs single-rank {r[key]!r} "
+                                f"(relative {d:.2e} > {tol:.0e})")
+    if params.shape != ref_params.shape:
+        failures.append(f"final params: {params.size} values vs {ref_params.size}")
+        pdiff = float("inf")
+    else:
+        # Relative to the parameters' scale: max |a - b| / max |b|.
+        pdiff = float(np.max(np.abs(params - ref_params)) / np.max(np.abs(ref_params)))
+        if pdiff > 1e-4:
+            failures.append(f"final params differ: max |a-b| / max |b| = {pdiff:.2e} > 1e-4")
+    print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
+          f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
+          f"{pdiff:.2e}")
+    if failures:
+        sys.exit("FAIL:\n  " + "\n  ".join(failures))
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+// Communicator tests with exact per-rank answers, run under mpirun on 1, 2, 3 and 4 ranks (and
+// on the local backend without a launcher): every collective, point-to-point on a ring, split,
+// and the byte counters' ring volumes.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+
+namespace llmt {
+namespace {
+
+Communicator* g_world = nullptr;
+
+Tensor f32(std::vector<float>& v) { return Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f32); }
+
+TEST(Comm, AllReduceSum) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank();
+  std::vector<float> x(5);
+  for (int i = 0; i < 5; ++i) x[i] = static_cast<float>(r * 10 + i);
+  c.all_reduce(f32(x)).wait();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(x[i], 10.0f * p * (p - 1) / 2 + p * i) << "rank " << r;
+}
+
+TEST(Comm, AllReduceMaxAndInt) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank();
+  std::vector<float> x(4);
+  for (int i = 0; i < 4; ++i) x[i] = static_cast<float>((r + 1) * (i % 2 ? -1 : 1) * (i + 1));
+  c.all_reduce(f32(x), ReduceOp::max).wait();
+  EXPECT_EQ(x[0], static_cast<float>(p));
+  EXPECT_EQ(x[1], -2.0f);  // max of -(r+1)*2 is rank 0's
+  EXPECT_EQ(x[2], 3.0f * p);
+  int32_t n = r + 1;
+  c.all_reduce(Tensor(&n, {1}, DType::i32)).wait();
+  EXPECT_EQ(n, p * (p + 1) / 2);
+}
+
+TEST(Comm, ReduceScatter) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank(), n = 3;
+  std::vector<float> in(static_cast<size_t>(p * n)), out(n, -1.0f);
+  for (int j = 0; j < p * n; ++j) in[j] = static_cast<float>(r + j);
+  c.reduce_scatter(f32(out), f32(in)).wait();
+  for (int k = 0; k < n; ++k) EXPECT_EQ(out[k], p * (p - 1) / 2.0f + p * (r * n + k)) << "rank " << r;
+}
+
+TEST(Comm, AllGather) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank(), n = 2;
+  std::vector<float> in(n), out(static_cast<size_t>(p * n), -1.0f);
+  for (int k = 0; k < n; ++k) in[k] = static_cast<float>(r * 100 + k);
+  c.all_gather(f32(out), f32(in)).wait();
+  for (int q = 0; q < p; ++q)
+    for (int k = 0; k < n; ++k) EXPECT_EQ(out[q * n + k], q * 100.0f + k);
+}
+
+TEST(Comm, Broadcast) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank(), root = p - 1;
+  std::vector<float> x(3);
+  for (int k = 0; k < 3; ++k) x[k] = static_cast<float>(r * 7 + k);
+  c.broadcast(f32(x), root).wait();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(x[k], root * 7.0f + k);
+}
+
+TEST(Comm, AllToAll) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank(), n = 2;
+  std::vector<float> in(static_cast<size_t>(p * n)), out(in.size(), -1.0f);
+  for (int q = 0; q < p; ++q)
+    for (int k = 0; k < n; ++k) in[q * n + k] = static_cast<float>(r * 1000 + q * 10 + k);
+  c.all_to_all(f32(out), f32(in)).wait();
+  for (int q = 0; q < p; ++q)
+    for (int k = 0; k < n; ++k) EXPECT_EQ(out[q * n + k], q * 1000.0f + r * 10 + k);
+}
+
+TEST(Comm, SendRecvRing) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank();
+  if (p == 1) GTEST_SKIP() << "no peer in a group of one";
+  std::vector<float> out{static_cast<float>(r), static_cast<float>(r * r)}, in(2, -1.0f);
+  Handle rh = c.recv(f32(in), (r + p - 1) % p, 5);
+  Handle sh = c.send(f32(out), (r + 1) % p, 5);
+  rh.wait();
+  sh.wait();
+  const int from = (r + p - 1) % p;
+  EXPECT_EQ(in[0], static_cast<float>(from));
+  EXPECT_EQ(in[1], static_cast<float>(from * from));
+}
+
+TEST(Comm, Split) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank();
+  // Even and odd ranks, ordered by descending rank.
+  std::unique_ptr<Communicator> sub = c.split(r % 2, -r, "parity");
+  const int expected_size = r % 2 ? p / 2 : (p + 1) / 2;
+  EXPECT_EQ(sub->size(), expected_size);
+  EXPECT_EQ(sub->name(), "parity");
+  int32_t v = r;
+  sub->all_reduce(Tensor(&v, {1}, DType::i32)).wait();
+  int32_t expect = 0;
+  for (int q = r % 2; q < p; q += 2) expect += q;
+  EXPECT_EQ(v, expect);
+  // Highest rank of the parity class has sub-rank 0.
+  int top = r % 2;
+  while (top + 2 < p) top += 2;
+  EXPECT_EQ(sub->rank(), (top - r) / 2);
+}
+
+TEST(Comm, Counters) {
+  Communicator& c = *g_world;
+  const int64_t p = c.size();
+  c.reset_counters();
+  std::vector<float> x(12, 1.0f), big(static_cast<size_t>(12 * p));
+  c.all_reduce(f32(x)).wait();
+  c.all_gather(f32(big), f32(x)).wait();
+  c.reduce_scatter(f32(x), f32(big)).wait();
+  c.all_reduce(f32(x)).wait();
+  const CommCounters& k = c.counters();
+  EXPECT_EQ(k.calls[static_cast<int>(CommKind::all_reduce)], 2);
+  EXPECT_EQ(k.bytes[static_cast<int>(CommKind::all_reduce)], 2 * (2 * (p - 1) * 48 / p));
+  EXPECT_EQ(k.bytes[static_cast<int>(CommKind::all_gather)], (p - 1) * 48);
+  EXPECT_EQ(k.bytes[static_cast<int>(CommKind::reduce_scatter)], (p - 1) * 48);
+  EXPECT_EQ(k.calls[static_cast<int>(CommKind::broadcast)], 0);
+  c.reset_counters();
+  EXPECT_EQ(c.counters().bytes[static_cast<int>(CommKind::all_reduce)], 0);
+}
+
+TEST(Comm, ManyInFlight) {
+  // Several non-blocking collectives outstanding at once, completed in reverse order.
+  Communicator& c = *g_world;
+  const int p = c.size();
+  std::vector<std::vector<float>> xs(6, std::vector<float>(1000));
+  std::vector<Handle> hs;
+  for (size_t j = 0; j < xs.size(); ++j) {
+    std::fill(xs[j].begin(), xs[j].end(), static_cast<float>(j + c.rank()));
+    hs.push_back(c.all_reduce(f32(xs[j])));
+  }
+  for (size_t j = xs.size(); j-- > 0;) {
+    while (!hs[j].poll()) {
+    }
+    EXPECT_TRUE(hs[j].done());
+    EXPECT_EQ(xs[j][999], static_cast<float>(p * j + p * (p - 1) / 2));
+  }
+}
+
+}  // namespace
+}  // namespace llmt
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  llmt::CommRuntime runtime;
+  std::unique_ptr<llmt::Communicator> world = llmt::make_world_communicator();
+  llmt::g_world = world.get();
+  if (world->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  // Every rank's verdict: a failure on any rank fails the run.
+  int32_t bad = rc != 0;
+  world->all_reduce(llmt::Tensor(&bad, {1}, llmt::DType::i32), llmt::ReduceOp::max).wait();
+  world.reset();
+  return bad ? 1 : 0;
+}

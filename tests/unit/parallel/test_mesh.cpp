@@ -1,0 +1,154 @@
+// Mesh arithmetic without MPI: coordinates (tp fastest), groups per axis, the worked example in
+// mesh.h, the rank map, and validate_layout's messages.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "engine/parallel/mesh.h"
+#include "engine/train/config.h"
+
+namespace llmt {
+namespace {
+
+MeshShape shape(int tp, int cp, int dp, int pp) {
+  MeshShape s;
+  s.degree = {tp, cp, dp, pp};
+  return s;
+}
+
+TEST(Mesh, WorkedExample) {
+  // tp=2, dp=2, pp=2 (world 8): rank 5 = tp 1 + 2*(cp 0) + 2*(dp 0) + 4*(pp 1).
+  const MeshShape s = shape(2, 1, 2, 2);
+  EXPECT_EQ(s.world(), 8);
+  EXPECT_EQ(s.coords(5), (std::array<int, 4>{1, 0, 0, 1}));
+  EXPECT_EQ(s.rank_of({1, 0, 0, 1}), 5);
+  EXPECT_EQ(s.group(5, Axis::tp), (std::vector<int>{4, 5}));
+  EXPECT_EQ(s.group(5, Axis::dp), (std::vector<int>{5, 7}));
+  EXPECT_EQ(s.group(5, Axis::pp), (std::vector<int>{1, 5}));
+  EXPECT_EQ(s.group(5, Axis::cp), (std::vector<int>{5}));
+}
+
+TEST(Mesh, RoundTripAllAxes) {
+  const MeshShape s = shape(2, 3, 2, 2);
+  for (int r = 0; r < s.world(); ++r) {
+    EXPECT_EQ(s.rank_of(s.coords(r)), r);
+    for (int a = 0; a < kNumAxes; ++a) {
+      const auto g = s.group(r, static_cast<Axis>(a));
+      ASSERT_EQ(static_cast<int>(g.size()), s.degree[a]);
+      EXPECT_EQ(g[s.coords(r)[a]], r);  // a rank's place in its group is its coordinate
+    }
+  }
+  EXPECT_EQ(s.coords(23), (std::array<int, 4>{1, 2, 1, 1}));
+  EXPECT_EQ(s.coords(7), (std::array<int, 4>{1, 0, 1, 0}));
+  EXPECT_EQ(s.group(7, Axis::cp), (std::vector<int>{7, 9, 11}));
+}
+
+TEST(Launcher, EnvironmentDecides) {
+  // Saved and restored: the test itself may run under mpirun.
+  const char* names[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
+                         "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                         "MPI_LOCALRANKID"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* n : names) {
+    if (const char* v = std::getenv(n)) saved.emplace_back(n, v);
+    unsetenv(n);
+  }
+  EXPECT_FALSE(launched_distributed());
+  EXPECT_EQ(local_rank_from_env(), 0);
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "1", 1);
+  EXPECT_FALSE(launched_distributed());  // srun of one task: no MPI needed
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_LOCALID", "2", 1);
+  EXPECT_TRUE(launched_distributed());
+  EXPECT_EQ(local_rank_from_env(), 2);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  EXPECT_EQ(local_rank_from_env(), 3);  // Open MPI's variable first
+  for (const char* n : names) unsetenv(n);
+  for (const auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
+}
+
+TEST(Mesh, LocalMeshOfOne) {
+  Mesh m = Mesh::create(MeshShape{}, make_local_communicator());
+  EXPECT_EQ(m.rank(), 0);
+  for (int a = 0; a < kNumAxes; ++a) EXPECT_EQ(m.comm(static_cast<Axis>(a)).size(), 1);
+  EXPECT_EQ(m.comm(Axis::dp).name(), "dp");
+}
+
+const char* kBase = R"(
+[model]
+vocab_size = 256
+n_layers = 2
+d_model = 64
+n_heads = 4
+seq_len = 32
+[train]
+global_batch_size = 8
+micro_batch_size = 2
+)";
+
+std::string layout_error(const std::vector<std::string>& sets, int world) {
+  try {
+    validate_layout(parse_config_string(kBase, "base.toml", sets), world);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Layout, WorldSizeMismatchPrintsEveryFactor) {
+  EXPECT_EQ(layout_error({"parallel.tp=2", "parallel.dp=2"}, 8),
+            "tp(2)*cp(1)*dp(2)*pp(1)=4 != world size 8: set [parallel] degrees whose product is "
+            "the number of ranks, or dp = -1");
+  // Every problem at once: the batch does not split over dp(3) either.
+  EXPECT_EQ(layout_error({"parallel.tp=2", "parallel.dp=3"}, 8),
+            "tp(2)*cp(1)*dp(3)*pp(1)=6 != world size 8: set [parallel] degrees whose product is "
+            "the number of ranks, or dp = -1\ntrain.global_batch_size=8 is not divisible by "
+            "dp(3)*train.micro_batch_size(2)=6: each dp rank runs a whole number of micro-batches");
+  EXPECT_EQ(layout_error({"parallel.tp=4"}, 6),
+            "parallel.dp=-1: world size 6 is not divisible by tp(4)*cp(1)*pp(1)=4");
+}
+
+TEST(Layout, DpRestAndBatch) {
+  EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
+  const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});
+  EXPECT_EQ(mesh_shape(c.parallel, 8).size(Axis::dp), 4);
+  EXPECT_EQ(layout_error({}, 8),
+            "train.global_batch_size=8 is not divisible by dp(8)*train.micro_batch_size(2)=16: "
+            "each dp rank runs a whole number of micro-batches");
+}
+
+TEST(Layout, ParseTimeRules) {
+  auto parse_error = [](const std::vector<std::string>& sets) -> std::string {
+    try {
+      parse_config_string(kBase, "base.toml", sets);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(parse_error({"parallel.tp=8"}).find("model.n_heads=4 is not divisible by parallel.tp=8"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.tp=3"}).find("model.vocab_size=256 is not divisible by parallel.tp=3"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.tp=2", "parallel.sequence_parallel=true", "model.seq_len=33"})
+                .find("model.seq_len=33 is not divisible by parallel.tp=2 with parallel.sequence_parallel=true"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.cp=2"}).find("context parallelism is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.pp=2"}).find("pipeline parallelism is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.zero_stage=4"}).find("parallel.zero_stage=4 must be 0 (DDP), 1, 2 or 3"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.dp=0"}).find("parallel.dp=0 must be >= 1, or -1"), std::string::npos);
+}
+
+TEST(Layout, RankMap) {
+  const std::string map = rank_map(shape(2, 1, 2, 2));
+  EXPECT_NE(map.find("     5    1  0  0  1\n"), std::string::npos) << map;
+  EXPECT_NE(map.find("     7    1  0  1  1\n"), std::string::npos) << map;
+}
+
+}  // namespace
+}  // namespace llmt
