@@ -37,9 +37,12 @@ Run add_train_command(CLI::App& app) {
     const bool rank0 = world->rank() == 0;
     try {
       validate_layout(cfg, world_size);
-    } catch (const ConfigError&) {
-      if (!rank0) return 2;  // every rank fails alike; rank 0 alone reports it
-      throw;
+    } catch (const ConfigError& e) {
+      // Every rank fails alike: rank 0 alone reports it, and all leave together (a rank that
+      // exits first would make mpirun kill rank 0 before it has printed).
+      if (rank0) std::fprintf(stderr, "error: %s\n", e.what());
+      world->barrier();
+      return 2;
     }
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);

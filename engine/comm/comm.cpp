@@ -13,13 +13,20 @@ namespace llmt {
 
 std::string_view comm_kind_name(CommKind k) {
   switch (k) {
-    case CommKind::all_reduce: return "all_reduce";
-    case CommKind::reduce_scatter: return "reduce_scatter";
-    case CommKind::all_gather: return "all_gather";
-    case CommKind::broadcast: return "broadcast";
-    case CommKind::all_to_all: return "all_to_all";
-    case CommKind::send: return "send";
-    case CommKind::recv: return "recv";
+    case CommKind::all_reduce:
+      return "all_reduce";
+    case CommKind::reduce_scatter:
+      return "reduce_scatter";
+    case CommKind::all_gather:
+      return "all_gather";
+    case CommKind::broadcast:
+      return "broadcast";
+    case CommKind::all_to_all:
+      return "all_to_all";
+    case CommKind::send:
+      return "send";
+    case CommKind::recv:
+      return "recv";
   }
   return "?";
 }
@@ -29,13 +36,19 @@ void Communicator::count_collective(CommKind k, int64_t nbytes) {
   int64_t moved = 0;
   if (p > 1) {
     switch (k) {
-      case CommKind::all_reduce: moved = 2 * (p - 1) * nbytes / p; break;
+      case CommKind::all_reduce:
+        moved = 2 * (p - 1) * nbytes / p;
+        break;
       case CommKind::reduce_scatter:
       case CommKind::all_gather:
-      case CommKind::all_to_all: moved = (p - 1) * nbytes / p; break;
+      case CommKind::all_to_all:
+        moved = (p - 1) * nbytes / p;
+        break;
       case CommKind::broadcast:
       case CommKind::send:
-      case CommKind::recv: moved = nbytes; break;
+      case CommKind::recv:
+        moved = nbytes;
+        break;
     }
   }
   count(k, moved);

@@ -14,7 +14,15 @@
 namespace llmt {
 
 enum class ReduceOp : uint8_t { sum, max };
-enum class CommKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, recv };
+enum class CommKind : uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  all_to_all,
+  send,
+  recv
+};
 constexpr int kNumCommKinds = 7;
 
 // Completion of a non-blocking call. wait() is idempotent; a default Handle is complete.

@@ -18,7 +18,9 @@ class LocalCommunicator final : public Communicator {
     (void)x;
     return {};
   }
-  Handle reduce_scatter(Tensor out, Tensor in) override { return copy(CommKind::reduce_scatter, out, in); }
+  Handle reduce_scatter(Tensor out, Tensor in) override {
+    return copy(CommKind::reduce_scatter, out, in);
+  }
   Handle all_gather(Tensor out, Tensor in) override { return copy(CommKind::all_gather, out, in); }
   Handle broadcast(Tensor x, int root) override {
     LLMT_CHECK(root == 0, "broadcast root ", root, " in a group of one (", name_, ")");
@@ -40,9 +42,8 @@ class LocalCommunicator final : public Communicator {
 
  private:
   Handle copy(CommKind k, Tensor out, Tensor in) {
-    LLMT_CHECK(out.numel() == in.numel() && out.dtype == in.dtype, name_, " ",
-               comm_kind_name(k), ": out ", describe(out), " and in ", describe(in),
-               " differ in a group of one");
+    LLMT_CHECK(out.numel() == in.numel() && out.dtype == in.dtype, name_, " ", comm_kind_name(k),
+               ": out ", describe(out), " and in ", describe(in), " differ in a group of one");
     if (out.data != in.data) ops::copy(out.view(in.shape), in);
     count(k, 0);
     return {};

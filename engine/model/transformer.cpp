@@ -286,7 +286,7 @@ uint64_t Transformer::dropout_stream(int64_t layer, int site, int64_t step) cons
 // sequence parallelism this rank's rows start at global row row0_).
 void Transformer::residual_branch(Tensor out, Tensor res, Tensor branch, Tensor scratch,
                                     int64_t layer, int site, const StepContext& ctx) {
-  const float p = spec_.cfg.dropout;
+  const float p = ctx.dropout ? spec_.cfg.dropout : 0.0f;
   if (p > 0.0f) {
     const int64_t offset = (ctx.first_sample * T_ + row0_) * spec_.cfg.d_model;
     ops::dropout_forward(scratch, branch, p, ctx.seed, dropout_stream(layer, site, ctx.step), offset);
@@ -448,7 +448,7 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
   const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model, H = H_, KV = KV_;
   const int64_t D = spec_.head_dim, F = F_, F1 = F1_, Q = (H + 2 * KV) * D;
   const bool rope = cfg.position == PositionKind::rope;
-  const float p = cfg.dropout;
+  const float p = ctx.dropout ? cfg.dropout : 0.0f;
   const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * C;
   // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res).
   auto branch_grad = [&](int64_t layer, int site) {

@@ -55,6 +55,7 @@ struct StepContext {
   uint64_t seed = 0;           // dropout key
   int64_t step = 0;            // dropout key
   int64_t first_sample = 0;    // global index of the micro-batch's first sample (dropout key)
+  bool dropout = true;         // false for evaluation: no dropout whatever model.dropout says
 };
 
 // Which full-size buffers the Transformer allocates. ZeRO-2 owns the gradients and ZeRO-3 also

@@ -79,6 +79,13 @@ void DistributedDataParallel::start_step() {
   pending_.clear();
 }
 
+void DistributedDataParallel::before_backward(int block) {
+  (void)block;
+  // MPI advances non-blocking collectives only inside MPI calls: give the buckets in flight a
+  // turn before and after each block's backward.
+  for (Handle& h : pending_) h.poll();
+}
+
 void DistributedDataParallel::after_backward(int block) {
   if (!last_micro_ || mesh_.size(Axis::dp) == 1) return;
   Tensor flat = model_.flat_grads();
@@ -87,7 +94,6 @@ void DistributedDataParallel::after_backward(int block) {
     Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
     pending_.push_back(mesh_.comm(Axis::dp).all_reduce(view));
   }
-  // MPI advances non-blocking collectives only inside MPI calls: give it a turn per block.
   for (Handle& h : pending_) h.poll();
 }
 

@@ -59,6 +59,7 @@ class DistributedDataParallel final : public DataParallel {
                           Transformer& model, Allocator& alloc);
   void start_step() override;
   void start_micro_batch(bool last) override { last_micro_ = last; }
+  void before_backward(int block) override;
   void after_backward(int block) override;
   void finish_backward() override;
   double grad_norm() override;

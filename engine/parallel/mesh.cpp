@@ -9,10 +9,14 @@ namespace llmt {
 
 std::string_view axis_name(Axis a) {
   switch (a) {
-    case Axis::tp: return "tp";
-    case Axis::cp: return "cp";
-    case Axis::dp: return "dp";
-    case Axis::pp: return "pp";
+    case Axis::tp:
+      return "tp";
+    case Axis::cp:
+      return "cp";
+    case Axis::dp:
+      return "dp";
+    case Axis::pp:
+      return "pp";
   }
   return "?";
 }
@@ -30,8 +34,8 @@ std::array<int, kNumAxes> MeshShape::coords(int rank) const {
 int MeshShape::rank_of(const std::array<int, kNumAxes>& c) const {
   int rank = 0;
   for (int a = kNumAxes - 1; a >= 0; --a) {
-    LLMT_CHECK(c[a] >= 0 && c[a] < degree[a], axis_name(static_cast<Axis>(a)), " coordinate ",
-               c[a], " outside degree ", degree[a]);
+    LLMT_CHECK(c[a] >= 0 && c[a] < degree[a], axis_name(static_cast<Axis>(a)), " coordinate ", c[a],
+               " outside degree ", degree[a]);
     rank = rank * degree[a] + c[a];
   }
   return rank;
@@ -49,19 +53,24 @@ std::vector<int> MeshShape::group(int rank, Axis a) const {
 
 Mesh::Mesh(MeshShape shape, int rank, std::array<std::unique_ptr<Communicator>, kNumAxes> axes,
            std::unique_ptr<Communicator> world)
-    : shape_(shape), rank_(rank), coords_(shape.coords(rank)), axes_(std::move(axes)),
+    : shape_(shape),
+      rank_(rank),
+      coords_(shape.coords(rank)),
+      axes_(std::move(axes)),
       world_(std::move(world)) {
   for (int a = 0; a < kNumAxes; ++a) {
     LLMT_CHECK(axes_[a] && axes_[a]->size() == shape_.degree[a] && axes_[a]->rank() == coords_[a],
-               "mesh axis ", axis_name(static_cast<Axis>(a)), ": communicator does not match "
-               "degree ", shape_.degree[a], " / coordinate ", coords_[a]);
+               "mesh axis ", axis_name(static_cast<Axis>(a)),
+               ": communicator does not match "
+               "degree ",
+               shape_.degree[a], " / coordinate ", coords_[a]);
   }
 }
 
 Mesh Mesh::create(MeshShape shape, std::unique_ptr<Communicator> world) {
-  LLMT_CHECK(world->size() == shape.world(), "mesh tp(", shape.degree[0], ")*cp(",
-             shape.degree[1], ")*dp(", shape.degree[2], ")*pp(", shape.degree[3], ")=",
-             shape.world(), " != world size ", world->size());
+  LLMT_CHECK(world->size() == shape.world(), "mesh tp(", shape.degree[0], ")*cp(", shape.degree[1],
+             ")*dp(", shape.degree[2], ")*pp(", shape.degree[3], ")=", shape.world(),
+             " != world size ", world->size());
   const int rank = world->rank();
   std::array<std::unique_ptr<Communicator>, kNumAxes> axes;
   for (int a = 0; a < kNumAxes; ++a) {

@@ -8,10 +8,10 @@
 namespace llmt {
 
 struct ParallelConfig {
-  int64_t tp = 1;   // tensor parallel degree
-  int64_t cp = 1;   // context parallel degree (not implemented yet: must be 1)
-  int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
-  int64_t pp = 1;   // pipeline parallel degree (not implemented yet: must be 1)
+  int64_t tp = 1;                  // tensor parallel degree
+  int64_t cp = 1;                  // context parallel degree (not implemented yet: must be 1)
+  int64_t dp = -1;                 // data parallel degree; -1 = world / (tp * cp * pp)
+  int64_t pp = 1;                  // pipeline parallel degree (not implemented yet: must be 1)
   int64_t zero_stage = 0;          // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB

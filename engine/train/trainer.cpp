@@ -237,7 +237,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
       const MicroBatch& mb = valid.next();
       stage(mb);
       sum +=
-          model.forward_loss(inputs, targets, StepContext{cfg.train.seed, step, mb.first_sample});
+          model.forward_loss(inputs, targets,
+                             StepContext{cfg.train.seed, step, mb.first_sample, /*dropout=*/false});
     }
     return world_mean(sum / static_cast<double>(n));
   };

@@ -13,7 +13,9 @@ namespace {
 
 Communicator* g_world = nullptr;
 
-Tensor f32(std::vector<float>& v) { return Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f32); }
+Tensor f32(std::vector<float>& v) {
+  return Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f32);
+}
 
 TEST(Comm, AllReduceSum) {
   Communicator& c = *g_world;
@@ -44,7 +46,8 @@ TEST(Comm, ReduceScatter) {
   std::vector<float> in(static_cast<size_t>(p * n)), out(n, -1.0f);
   for (int j = 0; j < p * n; ++j) in[j] = static_cast<float>(r + j);
   c.reduce_scatter(f32(out), f32(in)).wait();
-  for (int k = 0; k < n; ++k) EXPECT_EQ(out[k], p * (p - 1) / 2.0f + p * (r * n + k)) << "rank " << r;
+  for (int k = 0; k < n; ++k)
+    EXPECT_EQ(out[k], p * (p - 1) / 2.0f + p * (r * n + k)) << "rank " << r;
 }
 
 TEST(Comm, AllGather) {

@@ -8,9 +8,9 @@
 
 #include "engine/core/check.h"
 
-#define LLMT_MPI(call)                                                                   \
-  do {                                                                                   \
-    const int llmt_mpi_rc = (call);                                                      \
+#define LLMT_MPI(call)                                                                         \
+  do {                                                                                         \
+    const int llmt_mpi_rc = (call);                                                            \
     if (llmt_mpi_rc != MPI_SUCCESS) ::llmt::mpi::fail(__FILE__, __LINE__, #call, llmt_mpi_rc); \
   } while (0)
 
@@ -27,15 +27,20 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::i32: return MPI_INT32_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT32_T;
     case DType::bf16:
-    case DType::f16: return MPI_UINT16_T;  // moved, never reduced
+    case DType::f16:
+      return MPI_UINT16_T;  // moved, never reduced
   }
   return MPI_BYTE;
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
 
 class MpiHandle final : public Handle::Impl {
  public:
@@ -78,11 +83,11 @@ class MpiCommunicator final : public Communicator {
 
   Handle all_reduce(Tensor x, ReduceOp op) override {
     check_host(x, "all_reduce");
-    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32, name_,
-               " all_reduce of ", dtype_name(x.dtype), ": only f32 and i32 reduce on the CPU");
+    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32, name_, " all_reduce of ",
+               dtype_name(x.dtype), ": only f32 and i32 reduce on the CPU");
     MPI_Request req;
-    LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op),
-                            comm_, &req));
+    LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op), comm_,
+                            &req));
     count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
     return handle(req);
   }
@@ -108,7 +113,8 @@ class MpiCommunicator final : public Communicator {
     check_host(x, "broadcast");
     MPI_Request req;
     LLMT_MPI(MPI_Ibcast(x.data, count_of(x), mpi_type(x.dtype), root, comm_, &req));
-    count_collective(CommKind::broadcast, rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
+    count_collective(CommKind::broadcast,
+                     rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
     return handle(req);
   }
   Handle all_to_all(Tensor out, Tensor in) override {

@@ -11,18 +11,18 @@
 
 #include "engine/core/check.h"
 
-#define LLMT_NCCL(call)                                                                      \
-  do {                                                                                       \
-    const ncclResult_t llmt_nccl_rc = (call);                                                \
-    if (llmt_nccl_rc != ncclSuccess)                                                         \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,       \
+#define LLMT_NCCL(call)                                                                           \
+  do {                                                                                            \
+    const ncclResult_t llmt_nccl_rc = (call);                                                     \
+    if (llmt_nccl_rc != ncclSuccess)                                                              \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,            \
                                                  " failed: ", ncclGetErrorString(llmt_nccl_rc))); \
   } while (0)
-#define LLMT_CUDA_RT(call)                                                                   \
-  do {                                                                                       \
-    const cudaError_t llmt_cuda_rc = (call);                                                 \
-    if (llmt_cuda_rc != cudaSuccess)                                                         \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,       \
+#define LLMT_CUDA_RT(call)                                                                        \
+  do {                                                                                            \
+    const cudaError_t llmt_cuda_rc = (call);                                                      \
+    if (llmt_cuda_rc != cudaSuccess)                                                              \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,            \
                                                  " failed: ", cudaGetErrorString(llmt_cuda_rc))); \
   } while (0)
 
@@ -31,10 +31,14 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::i32: return ncclInt32;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
   }
   return ncclUint8;
 }
@@ -108,7 +112,8 @@ class NcclCommunicator final : public Communicator {
     check_device(x, "broadcast");
     LLMT_NCCL(ncclBroadcast(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
                             root, comm_, stream_));
-    count_collective(CommKind::broadcast, rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
+    count_collective(CommKind::broadcast,
+                     rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
     return record();
   }
   Handle all_to_all(Tensor out, Tensor in) override {
@@ -130,15 +135,15 @@ class NcclCommunicator final : public Communicator {
   }
   Handle send(Tensor x, int peer, int) override {
     check_device(x, "send");
-    LLMT_NCCL(ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_,
-                       stream_));
+    LLMT_NCCL(
+        ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
     return record();
   }
   Handle recv(Tensor x, int peer, int) override {
     check_device(x, "recv");
-    LLMT_NCCL(ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_,
-                       stream_));
+    LLMT_NCCL(
+        ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
     return record();
   }

@@ -79,7 +79,10 @@ void check_gradients(const ModelConfig& cfg, float dropout) {
     gnorm = std::sqrt(gnorm);
     std::vector<double> rnd(n);
     double rnorm = 0;
-    for (auto& r : rnd) rnorm += (r = normal(gen)) * r;
+    for (auto& r : rnd) {
+      r = normal(gen);
+      rnorm += r * r;
+    }
     rnorm = std::sqrt(rnorm);
     for (int dir = 0; dir < 2; ++dir) {
       auto direction = [&](int64_t k) { return dir == 0 ? (gnorm > 0 ? g[k] / gnorm : 0.0) : rnd[k] / rnorm; };
@@ -161,9 +164,9 @@ namespace {
 
 struct RecordingHooks : ModelHooks {
   std::vector<std::string> events;
-  void before_forward(int b) override { events.push_back("F" + std::to_string(b)); }
-  void before_backward(int b) override { events.push_back("B" + std::to_string(b)); }
-  void after_backward(int b) override { events.push_back("b" + std::to_string(b)); }
+  void before_forward(int b) override { events.push_back(detail::concat("F", b)); }
+  void before_backward(int b) override { events.push_back(detail::concat("B", b)); }
+  void after_backward(int b) override { events.push_back(detail::concat("b", b)); }
 };
 
 TEST(Transformer, HooksVisitBlocksInOrderAndBlocksPartitionTheParameters) {
@@ -187,6 +190,26 @@ TEST(Transformer, HooksVisitBlocksInOrderAndBlocksPartitionTheParameters) {
   EXPECT_EQ(next, spec.params.size());
   EXPECT_EQ(spec.params[model.block_params(2).first].name, "layers.1.norm_1.weight");
   EXPECT_EQ(spec.params[model.block_params(3).first].name, "norm_f.weight");
+}
+
+}  // namespace
+}  // namespace llmt
+
+namespace llmt {
+namespace {
+
+TEST(Transformer, EvaluationContextTurnsDropoutOff) {
+  ModelConfig c = tiny(Arch::gpt2);
+  Fixture f(2, c.seq_len, c.vocab_size, 6);
+  ModelConfig with = c;
+  with.dropout = 0.3f;
+  Transformer plain(ModelSpec::from_config(c), f.alloc, 2, DType::f32);
+  Transformer dropped(ModelSpec::from_config(with), f.alloc, 2, DType::f32);
+  plain.init(5);
+  dropped.init(5);
+  StepContext eval{1, 1, 0, /*dropout=*/false};
+  EXPECT_EQ(dropped.forward_loss(f.tokens, f.targets, eval), plain.forward_loss(f.tokens, f.targets, eval));
+  EXPECT_NE(dropped.forward_loss(f.tokens, f.targets, {1, 1, 0}), plain.forward_loss(f.tokens, f.targets, eval));
 }
 
 }  // namespace

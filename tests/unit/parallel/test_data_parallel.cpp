@@ -43,7 +43,7 @@ TEST(Buckets, OneParameterEach) {
     EXPECT_EQ(buckets[k].end, off[i + 1]);
   }
   EXPECT_EQ(buckets.front().ready_block, f.model.num_blocks() - 1);  // norm_f.bias: final block
-  EXPECT_EQ(buckets.back().ready_block, 0);                         // wte: embeddings
+  EXPECT_EQ(buckets.back().ready_block, 0);                          // wte: embeddings
 }
 
 TEST(Buckets, OneBucket) {
@@ -67,8 +67,8 @@ TEST(Buckets, LayerSizedCoverExactly) {
     EXPECT_EQ(b.end, end);  // contiguous, back to front
     EXPECT_LT(b.begin, b.end);
     EXPECT_NE(std::find(off.begin(), off.end(), b.begin), off.end());  // at a parameter boundary
-    EXPECT_GE(b.end - b.begin, b.begin == 0 ? 1 : layer_bytes / 4);   // full unless the last
-    EXPECT_LE(b.ready_block, ready);  // ready in backward order
+    EXPECT_GE(b.end - b.begin, b.begin == 0 ? 1 : layer_bytes / 4);    // full unless the last
+    EXPECT_LE(b.ready_block, ready);                                   // ready in backward order
     ready = b.ready_block;
     end = b.begin;
   }

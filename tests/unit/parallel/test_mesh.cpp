@@ -45,8 +45,13 @@ TEST(Mesh, RoundTripAllAxes) {
 
 TEST(Launcher, EnvironmentDecides) {
   // Saved and restored: the test itself may run under mpirun.
-  const char* names[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
-                         "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+  const char* names[] = {"OMPI_COMM_WORLD_SIZE",
+                         "OMPI_COMM_WORLD_LOCAL_RANK",
+                         "PMIX_RANK",
+                         "PMI_RANK",
+                         "SLURM_PROCID",
+                         "SLURM_NTASKS",
+                         "SLURM_LOCALID",
                          "MPI_LOCALRANKID"};
   std::vector<std::pair<std::string, std::string>> saved;
   for (const char* n : names) {
@@ -128,20 +133,25 @@ TEST(Layout, ParseTimeRules) {
     }
     return "";
   };
-  EXPECT_NE(parse_error({"parallel.tp=8"}).find("model.n_heads=4 is not divisible by parallel.tp=8"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"parallel.tp=3"}).find("model.vocab_size=256 is not divisible by parallel.tp=3"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error({"parallel.tp=8"}).find("model.n_heads=4 is not divisible by parallel.tp=8"),
+      std::string::npos);
+  EXPECT_NE(
+      parse_error({"parallel.tp=3"}).find("model.vocab_size=256 is not divisible by parallel.tp=3"),
+      std::string::npos);
   EXPECT_NE(parse_error({"parallel.tp=2", "parallel.sequence_parallel=true", "model.seq_len=33"})
-                .find("model.seq_len=33 is not divisible by parallel.tp=2 with parallel.sequence_parallel=true"),
+                .find("model.seq_len=33 is not divisible by parallel.tp=2 with "
+                      "parallel.sequence_parallel=true"),
             std::string::npos);
   EXPECT_NE(parse_error({"parallel.cp=2"}).find("context parallelism is not implemented yet"),
             std::string::npos);
   EXPECT_NE(parse_error({"parallel.pp=2"}).find("pipeline parallelism is not implemented yet"),
             std::string::npos);
-  EXPECT_NE(parse_error({"parallel.zero_stage=4"}).find("parallel.zero_stage=4 must be 0 (DDP), 1, 2 or 3"),
+  EXPECT_NE(parse_error({"parallel.zero_stage=4"})
+                .find("parallel.zero_stage=4 must be 0 (DDP), 1, 2 or 3"),
             std::string::npos);
-  EXPECT_NE(parse_error({"parallel.dp=0"}).find("parallel.dp=0 must be >= 1, or -1"), std::string::npos);
+  EXPECT_NE(parse_error({"parallel.dp=0"}).find("parallel.dp=0 must be >= 1, or -1"),
+            std::string::npos);
 }
 
 TEST(Layout, RankMap) {
