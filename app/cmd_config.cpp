@@ -41,8 +41,8 @@ Run add_config_command(CLI::App& app) {
       if (args->world > 0) {
         const MeshShape shape = mesh_shape(cfg.parallel, args->world);
         std::printf("# mesh for world size %d: tp %d, cp %d, dp %d, pp %d (tp fastest)\n",
-                    args->world, shape.size(Axis::tp), shape.size(Axis::cp),
-                    shape.size(Axis::dp), shape.size(Axis::pp));
+                    args->world, shape.size(Axis::tp), shape.size(Axis::cp), shape.size(Axis::dp),
+                    shape.size(Axis::pp));
         std::printf("%s", rank_map(shape).c_str());
       }
     } else {

@@ -47,13 +47,12 @@ Run add_train_command(CLI::App& app) {
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);
     if (!args->quiet && rank0)
-      std::printf("llmtrain: %s, %lld parameters, %lld layers, d_model %lld, seq_len %lld, %s\n",
-                  cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
-                  static_cast<long long>(spec.num_params()),
-                  static_cast<long long>(cfg.model.n_layers),
-                  static_cast<long long>(cfg.model.d_model),
-                  static_cast<long long>(cfg.model.seq_len),
-                  std::string(precision_name(cfg.train.precision)).c_str());
+      std::printf(
+          "llmtrain: %s, %lld parameters, %lld layers, d_model %lld, seq_len %lld, %s\n",
+          cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
+          static_cast<long long>(spec.num_params()), static_cast<long long>(cfg.model.n_layers),
+          static_cast<long long>(cfg.model.d_model), static_cast<long long>(cfg.model.seq_len),
+          std::string(precision_name(cfg.train.precision)).c_str());
     if (!args->quiet && rank0 && mesh.shape().world() > 1)
       std::printf("mesh: tp %d, cp %d, dp %d, pp %d; zero_stage %lld\n", mesh.size(Axis::tp),
                   mesh.size(Axis::cp), mesh.size(Axis::dp), mesh.size(Axis::pp),

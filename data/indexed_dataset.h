@@ -10,7 +10,16 @@
 
 namespace llmt {
 
-enum class TokenDType : uint8_t { u8 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, f64 = 6, f32 = 7, u16 = 8 };
+enum class TokenDType : uint8_t {
+  u8 = 1,
+  i8 = 2,
+  i16 = 3,
+  i32 = 4,
+  i64 = 5,
+  f64 = 6,
+  f32 = 7,
+  u16 = 8
+};
 
 // The .idx layout: magic (9 bytes) | u64 version = 1 | u8 dtype code | u64 sequence count S |
 // u64 document index count D | i32 lengths[S] | i64 byte pointers[S] | i64 document indices[D].

@@ -437,9 +437,8 @@ void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor tar
   const auto [N, Vl] = check_ce_shard(op, logits, targets, vocab_start);
   op.numel("max", max, N);
   op.shape("sums", sums, {2, N});
-  cpu::cross_entropy_shard_sums(op.f32("sums", sums), op.f32("logits", logits),
-                                op.f32("max", max), op.i32("targets", targets), N, Vl,
-                                vocab_start);
+  cpu::cross_entropy_shard_sums(op.f32("sums", sums), op.f32("logits", logits), op.f32("max", max),
+                                op.i32("targets", targets), N, Vl, vocab_start);
 }
 
 void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Tensor max,

@@ -24,8 +24,8 @@ namespace llmt::ops {
 void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset = 0,
                        int64_t vocab_start = 0, int64_t vocab_size = 0);
 // dwte (Vl,C) += the rows of the shard's tokens, dwpe (P,C) += every row (optional); dout (B,T,C).
-void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset = 0,
-                        int64_t vocab_start = 0, int64_t vocab_size = 0);
+void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                        int64_t pos_offset = 0, int64_t vocab_start = 0, int64_t vocab_size = 0);
 
 // ---- normalisation ----------------------------------------------------------------------------
 // out (N,C), mean (N), rstd (N) saved for backward; inp (N,C), weight (C), bias (C) optional.
@@ -113,10 +113,11 @@ void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Te
 // ---- optimizer and reductions -----------------------------------------------------------------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
-  int64_t step;            // 1-based, for bias correction
+  int64_t step;             // 1-based, for bias correction
   float grad_scale = 1.0f;  // g = grad * grad_scale: clipping and loss unscaling, fused
 };
-// param, grad, m, v: same shape, f32. Decoupled weight decay: p -= lr * (wd * p + mhat/(sqrt(vhat)+eps)).
+// param, grad, m, v: same shape, f32. Decoupled weight decay: p -= lr * (wd * p +
+// mhat/(sqrt(vhat)+eps)).
 void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp);
 // Sum of squares of x in double precision (global norms sum these over tensors and ranks).
 double sum_squares(Tensor x);

@@ -9,12 +9,18 @@ namespace llmt {
 
 std::string_view category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::params: return "params";
-    case MemCategory::grads: return "grads";
-    case MemCategory::optimizer: return "optimizer";
-    case MemCategory::activations: return "activations";
-    case MemCategory::comm: return "comm";
-    case MemCategory::other: return "other";
+    case MemCategory::params:
+      return "params";
+    case MemCategory::grads:
+      return "grads";
+    case MemCategory::optimizer:
+      return "optimizer";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::comm:
+      return "comm";
+    case MemCategory::other:
+      return "other";
   }
   return "?";
 }
@@ -31,14 +37,20 @@ class CpuBackend final : public DeviceBackend {
   }
   void deallocate(void* p) override { std::free(p); }
   void memset_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 };
 }  // namespace
 
-std::unique_ptr<DeviceBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<DeviceBackend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {

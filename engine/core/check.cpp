@@ -13,7 +13,8 @@ void check_failed(const char* file, int line, const char* cond, const std::strin
       break;
     }
   }
-  throw Error(concat(where, ":", line, ": check failed (", cond, ")", msg.empty() ? "" : ": ", msg));
+  throw Error(
+      concat(where, ":", line, ": check failed (", cond, ")", msg.empty() ? "" : ": ", msg));
 }
 
 }  // namespace llmt::detail

@@ -27,7 +27,8 @@ std::string concat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 }  // namespace detail
 
 }  // namespace llmt

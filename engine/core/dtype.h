@@ -12,20 +12,28 @@ enum class DType : uint8_t { f32, bf16, f16, i32 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }
@@ -38,6 +46,8 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-constexpr std::string_view device_name(DeviceKind k) { return k == DeviceKind::cpu ? "cpu" : "cuda"; }
+constexpr std::string_view device_name(DeviceKind k) {
+  return k == DeviceKind::cpu ? "cpu" : "cuda";
+}
 
 }  // namespace llmt

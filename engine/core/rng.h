@@ -28,7 +28,9 @@ constexpr uint64_t key(uint64_t seed, uint64_t stream, uint64_t index) {
 }
 
 // Uniform in [0, 1) with 24 random bits.
-inline float uniform(uint64_t k) { return static_cast<float>(k >> 40) * (1.0f / 16777216.0f); }
+inline float uniform(uint64_t k) {
+  return static_cast<float>(k >> 40) * (1.0f / 16777216.0f);
+}
 
 // Standard normal from one 64-bit key (Box-Muller on its two 32-bit halves).
 inline float normal(uint64_t k) {

@@ -20,11 +20,20 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   Shape s = shape;
   Shape out;
   switch (ndim()) {
-    case 1: out = {end - begin}; break;
-    case 2: out = {end - begin, s[1]}; break;
-    case 3: out = {end - begin, s[1], s[2]}; break;
-    case 4: out = {end - begin, s[1], s[2], s[3]}; break;
-    default: LLMT_CHECK(false, "rows() supports up to 4 dims, got ", s.str());
+    case 1:
+      out = {end - begin};
+      break;
+    case 2:
+      out = {end - begin, s[1]};
+      break;
+    case 3:
+      out = {end - begin, s[1], s[2]};
+      break;
+    case 4:
+      out = {end - begin, s[1], s[2], s[3]};
+      break;
+    default:
+      LLMT_CHECK(false, "rows() supports up to 4 dims, got ", s.str());
   }
   return Tensor(static_cast<char*>(data) + begin * row * dtype_size(dtype), out, dtype, device);
 }

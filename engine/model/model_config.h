@@ -20,7 +20,7 @@ struct ModelConfig {
   int64_t d_model = 768;
   int64_t n_heads = 12;
   int64_t n_kv_heads = 0;  // 0 = n_heads
-  int64_t d_ff = 0;        // 0 = preset default: 4*d_model (gpt2), 256-multiple of 8/3*d_model (llama)
+  int64_t d_ff = 0;  // 0 = preset default: 4*d_model (gpt2), 256-multiple of 8/3*d_model (llama)
   int64_t seq_len = 1024;  // training context; also the size of the learned position table
   NormKind norm = NormKind::layernorm;
   Activation activation = Activation::gelu;

@@ -86,8 +86,8 @@ std::vector<std::string> tensor_parallel_errors(const ModelConfig& cfg, int64_t 
   const int64_t kv = cfg.n_kv_heads > 0 ? cfg.n_kv_heads : cfg.n_heads;
   auto need = [&](const char* key, int64_t value, const char* why) {
     if (value % tp != 0)
-      out.push_back(detail::concat(key, "=", value, " is not divisible by parallel.tp=", tp, ": ",
-                                   why));
+      out.push_back(
+          detail::concat(key, "=", value, " is not divisible by parallel.tp=", tp, ": ", why));
   };
   if (tp <= 1) return out;
   need("model.n_heads", cfg.n_heads, "each tp rank holds n_heads/tp query heads");

@@ -17,12 +17,12 @@ namespace llmt {
 enum class InitKind : uint8_t { normal, ones, zeros };
 
 struct ParamSpec {
-  std::string name;    // global name, e.g. "layers.3.mlp.fc1.weight"
-  Shape shape;         // what this rank holds: global_shape until a parallel transform shards it
+  std::string name;  // global name, e.g. "layers.3.mlp.fc1.weight"
+  Shape shape;       // what this rank holds: global_shape until a parallel transform shards it
   Shape global_shape;
   InitKind init = InitKind::normal;
-  float std = 0.0f;      // for InitKind::normal
-  bool decay = false;    // AdamW weight decay applies (2-D weights and embeddings)
+  float std = 0.0f;    // for InitKind::normal
+  bool decay = false;  // AdamW weight decay applies (2-D weights and embeddings)
   // Megatron 1D tensor parallelism: column-parallel qkv/fc1 Shard(0) by head groups / [gate|up],
   // row-parallel proj/fc2 Shard(1) (their biases replicated, added after the all-reduce),
   // vocab-parallel wte/lm_head Shard(0), norms and wpe replicated.

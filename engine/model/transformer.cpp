@@ -68,13 +68,17 @@ ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& view
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp)
     : spec_(tp.size() > 1 && spec.tp_size == 1 ? spec.shard_tp(tp.size(), tp.rank()) : spec),
-      alloc_(alloc), B_(micro_batch), T_(spec.cfg.seq_len), compute_(compute), storage_(storage),
+      alloc_(alloc),
+      B_(micro_batch),
+      T_(spec.cfg.seq_len),
+      compute_(compute),
+      storage_(storage),
       tp_(tp) {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
-  LLMT_CHECK(spec_.tp_size == tp_.size() && spec_.tp_rank == tp_.rank(), "the model spec is for tp ",
-             "rank ", spec_.tp_rank, " of ", spec_.tp_size, ", the tp group has rank ", tp_.rank(),
-             " of ", tp_.size());
+  LLMT_CHECK(spec_.tp_size == tp_.size() && spec_.tp_rank == tp_.rank(),
+             "the model spec is for tp ", "rank ", spec_.tp_rank, " of ", spec_.tp_size,
+             ", the tp group has rank ", tp_.rank(), " of ", tp_.size());
   const auto& cfg = spec_.cfg;
   const int p = tp_.size();
   H_ = cfg.n_heads / p;
@@ -192,8 +196,8 @@ void Transformer::bind_block(int block, Tensor weights, Tensor grads) {
     const Shape& shape = spec_.params[i].shape;
     const int64_t n = shape.numel();
     if (weights.defined()) {
-      LLMT_CHECK(off + n <= weights.numel(), "bind_block(", block, "): weights ",
-                 describe(weights), " too small");
+      LLMT_CHECK(off + n <= weights.numel(), "bind_block(", block, "): weights ", describe(weights),
+                 " too small");
       compute_params_[i] = Tensor(weights.f32() + off, shape, DType::f32, weights.device);
       params_[i] = compute_params_[i];
     }
@@ -251,13 +255,20 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
 }
 
 void Transformer::init(uint64_t seed) {
-  LLMT_CHECK(storage_.params, "init: the parameters are not the model's (ZeRO-3 initialises its shards)");
+  LLMT_CHECK(storage_.params,
+             "init: the parameters are not the model's (ZeRO-3 initialises its shards)");
   for (size_t i = 0; i < spec_.params.size(); ++i) {
     const ParamSpec& p = spec_.params[i];
     switch (p.init) {
-      case InitKind::normal: init_param_rows(spec_, i, params_[i], 0, seed); break;
-      case InitKind::ones: ops::fill(params_[i], 1.0f); break;
-      case InitKind::zeros: ops::fill(params_[i], 0.0f); break;
+      case InitKind::normal:
+        init_param_rows(spec_, i, params_[i], 0, seed);
+        break;
+      case InitKind::ones:
+        ops::fill(params_[i], 1.0f);
+        break;
+      case InitKind::zeros:
+        ops::fill(params_[i], 0.0f);
+        break;
     }
   }
   sync_compute_weights();
@@ -278,28 +289,32 @@ void Transformer::lowp(Tensor t) const {
 }
 
 uint64_t Transformer::dropout_stream(int64_t layer, int site, int64_t step) const {
-  return rng::mix64(rng::hash_name("dropout") ^ rng::mix64(static_cast<uint64_t>(layer * 2 + site)) ^
+  return rng::mix64(rng::hash_name("dropout") ^
+                    rng::mix64(static_cast<uint64_t>(layer * 2 + site)) ^
                     rng::mix64(static_cast<uint64_t>(step) + 0x51ed27ULL));
 }
 
 // out = res + dropout(branch); the dropout mask is keyed by the global element index (under
 // sequence parallelism this rank's rows start at global row row0_).
 void Transformer::residual_branch(Tensor out, Tensor res, Tensor branch, Tensor scratch,
-                                    int64_t layer, int site, const StepContext& ctx) {
+                                  int64_t layer, int site, const StepContext& ctx) {
   const float p = ctx.dropout ? spec_.cfg.dropout : 0.0f;
   if (p > 0.0f) {
     const int64_t offset = (ctx.first_sample * T_ + row0_) * spec_.cfg.d_model;
-    ops::dropout_forward(scratch, branch, p, ctx.seed, dropout_stream(layer, site, ctx.step), offset);
+    ops::dropout_forward(scratch, branch, p, ctx.seed, dropout_stream(layer, site, ctx.step),
+                         offset);
     branch = scratch;
   }
   ops::add(out, res, branch);
   lowp(out);
 }
 
-void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b) {
+void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w,
+                               Tensor b) {
   const int64_t R = R_, C = spec_.cfg.d_model;
   if (spec_.cfg.norm == NormKind::layernorm)
-    ops::layernorm_forward(out.view({R, C}), mean, rstd, inp.view({R, C}), w, b, spec_.cfg.norm_eps);
+    ops::layernorm_forward(out.view({R, C}), mean, rstd, inp.view({R, C}), w, b,
+                           spec_.cfg.norm_eps);
   else
     ops::rmsnorm_forward(out.view({R, C}), rstd, inp.view({R, C}), w, spec_.cfg.norm_eps);
   lowp(out);
@@ -387,8 +402,8 @@ float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const Ste
     // rank 0 adds the positions, and the sum over tp is the full embedding (all-reduce, or
     // reduce-scatter to this rank's rows under SP).
     Tensor full = sp_ ? scratch_c_ : x;
-    ops::embedding_forward(full.view({B, T, C}), tokens, w_.wte, tp_.rank() == 0 ? w_.wpe : Tensor(),
-                           0, vocab_start_, cfg.vocab_size);
+    ops::embedding_forward(full.view({B, T, C}), tokens, w_.wte,
+                           tp_.rank() == 0 ? w_.wpe : Tensor(), 0, vocab_start_, cfg.vocab_size);
     if (sp_)
       tp::reduce_scatter_to_sequence_forward(*tp_.comm, x, full);
     else
@@ -482,11 +497,10 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
     lowp(d_u_);
     // fc1's input (N,C) again: under SP only this rank's rows were kept, so they are gathered
     // once more (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
-    ops::linear_backward(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m),
-                         lw.fc1_w);
+    ops::linear_backward(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m), lw.fc1_w);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, column_input_grad(d_c_), a.res_mid,
-                  lw.norm_2_w, a.mean_2, a.rstd_2);
+    norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, column_input_grad(d_c_), a.res_mid, lw.norm_2_w,
+                  a.mean_2, a.rstd_2);
     ops::add_inplace(d_res_, d_tmp_);
     lowp(d_res_);
     // d_res: gradient w.r.t. res_mid.
@@ -499,8 +513,8 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
     ops::linear_backward(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a),
                          lw.qkv_w);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, column_input_grad(d_c_), a.res_in,
-                  lw.norm_1_w, a.mean_1, a.rstd_1);
+    norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, column_input_grad(d_c_), a.res_in, lw.norm_1_w,
+                  a.mean_1, a.rstd_1);
     ops::add_inplace(d_res_, d_tmp_);
     lowp(d_res_);
     if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);

@@ -30,11 +30,11 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor wte;                  // (V, C)
-  Tensor wpe;                  // (T, C) learned positions only
+  Tensor wte;  // (V, C)
+  Tensor wpe;  // (T, C) learned positions only
   std::vector<LayerWeights> layers;
-  Tensor norm_f_w, norm_f_b;   // (C), (C)
-  Tensor head;                 // (V, C): wte when tied, else lm_head.weight
+  Tensor norm_f_w, norm_f_b;  // (C), (C)
+  Tensor head;                // (V, C): wte when tied, else lm_head.weight
 };
 
 // Callbacks around the model's blocks, for parallel strategies that act per block (DDP starts a
@@ -52,10 +52,10 @@ class ModelHooks {
 
 // Options of one forward/backward that are not shapes.
 struct StepContext {
-  uint64_t seed = 0;           // dropout key
-  int64_t step = 0;            // dropout key
-  int64_t first_sample = 0;    // global index of the micro-batch's first sample (dropout key)
-  bool dropout = true;         // false for evaluation: no dropout whatever model.dropout says
+  uint64_t seed = 0;         // dropout key
+  int64_t step = 0;          // dropout key
+  int64_t first_sample = 0;  // global index of the micro-batch's first sample (dropout key)
+  bool dropout = true;       // false for evaluation: no dropout whatever model.dropout says
 };
 
 // Which full-size buffers the Transformer allocates. ZeRO-2 owns the gradients and ZeRO-3 also
@@ -109,14 +109,14 @@ class Transformer {
 
  private:
   struct LayerActs {
-    Tensor res_in;            // (R,C) residual stream entering the layer
-    Tensor a, mean_1, rstd_1; // (R,C), (R), (R) norm_1
-    Tensor qkv;               // (B,T,H+2KV,D) after rope
-    Tensor att, lse;          // (B,T,H,D), (B,H,T)
-    Tensor res_mid;           // (R,C) after the attention residual
-    Tensor m, mean_2, rstd_2; // (R,C), (R), (R) norm_2
-    Tensor u;                 // (B,T,F1) fc1 output
-    Tensor g;                 // (B,T,F) activation output
+    Tensor res_in;             // (R,C) residual stream entering the layer
+    Tensor a, mean_1, rstd_1;  // (R,C), (R), (R) norm_1
+    Tensor qkv;                // (B,T,H+2KV,D) after rope
+    Tensor att, lse;           // (B,T,H,D), (B,H,T)
+    Tensor res_mid;            // (R,C) after the attention residual
+    Tensor m, mean_2, rstd_2;  // (R,C), (R), (R) norm_2
+    Tensor u;                  // (B,T,F1) fc1 output
+    Tensor g;                  // (B,T,F) activation output
   };
   float forward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
   void backward(Tensor tokens, const StepContext& ctx);
@@ -147,9 +147,9 @@ class Transformer {
   DType compute_;
   ModelStorage storage_;
   TensorParallel tp_;
-  bool sp_ = false;          // sequence parallel with tp > 1
-  int64_t R_;                // rows of the residual stream on this rank
-  int64_t row0_ = 0;         // global row (in the micro-batch's N) of this rank's first
+  bool sp_ = false;   // sequence parallel with tp > 1
+  int64_t R_;         // rows of the residual stream on this rank
+  int64_t row0_ = 0;  // global row (in the micro-batch's N) of this rank's first
   int64_t H_, KV_, F_, F1_, V_, vocab_start_;  // this rank's heads, ffn, vocabulary
 
   Buffer params_buf_, grads_buf_, compute_buf_, acts_buf_;
@@ -164,11 +164,11 @@ class Transformer {
   Tensor losses_;                // (B,T)
   Tensor ce_max_, ce_sums_;      // (N), (2,N) vocab-parallel cross-entropy (tp > 1)
   // Backward scratch.
-  Tensor d_res_, d_tmp_;         // (R,C) x2
-  Tensor d_c_;                   // (N,C)
-  Tensor d_qkv_, d_att_;         // (B,T,Q), (B,T,H*D)
-  Tensor d_u_, d_g_;             // (B,T,F1), (B,T,F)
-  Tensor scratch_c_;             // (N,C) branch output before dropout/residual (partial under tp)
+  Tensor d_res_, d_tmp_;  // (R,C) x2
+  Tensor d_c_;            // (N,C)
+  Tensor d_qkv_, d_att_;  // (B,T,Q), (B,T,H*D)
+  Tensor d_u_, d_g_;      // (B,T,F1), (B,T,F)
+  Tensor scratch_c_;      // (N,C) branch output before dropout/residual (partial under tp)
   // Sequence parallel only: the gathered column-parallel input (N,C), the reduce-scattered
   // branch (R,C), and a norm's partial weight/bias gradients (2,C) before their all-reduce.
   Tensor gather_, branch_, sp_dnorm_;

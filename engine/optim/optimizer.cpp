@@ -16,9 +16,12 @@ double lr_at(const OptimizerConfig& cfg, int64_t step) {
   const double span = static_cast<double>(std::max<int64_t>(1, cfg.decay_steps - cfg.warmup_steps));
   const double progress = std::clamp(static_cast<double>(step - cfg.warmup_steps) / span, 0.0, 1.0);
   switch (cfg.decay) {
-    case LrDecay::cosine: return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
-    case LrDecay::linear: return lr - (lr - min_lr) * progress;
-    case LrDecay::constant: return lr;
+    case LrDecay::cosine:
+      return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+    case LrDecay::linear:
+      return lr - (lr - min_lr) * progress;
+    case LrDecay::constant:
+      return lr;
   }
   return lr;
 }
@@ -54,8 +57,13 @@ AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Ten
 void AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
                  int64_t step, float grad_scale) {
   for (size_t i = 0; i < params.size(); ++i) {
-    ops::AdamWParams hp{static_cast<float>(lr), cfg_.beta1, cfg_.beta2, cfg_.eps,
-                        decay_[i] ? cfg_.weight_decay : 0.0f, step, grad_scale};
+    ops::AdamWParams hp{static_cast<float>(lr),
+                        cfg_.beta1,
+                        cfg_.beta2,
+                        cfg_.eps,
+                        decay_[i] ? cfg_.weight_decay : 0.0f,
+                        step,
+                        grad_scale};
     ops::adamw_update(params[i], grads[i], m_[i], v_[i], hp);
   }
 }

@@ -19,7 +19,7 @@ struct OptimizerConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
-  float grad_clip = 1.0f;  // 0 disables clipping
+  float grad_clip = 1.0f;               // 0 disables clipping
   float initial_loss_scale = 65536.0f;  // fp16 only
   int64_t loss_scale_window = 1000;     // fp16: steps without overflow before doubling the scale
 };

@@ -22,10 +22,12 @@ ModelStorage model_storage(int64_t zero_stage) {
   return ModelStorage{zero_stage < 3, zero_stage < 2};
 }
 
-std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg, const OptimizerConfig& opt,
-                                                 Mesh& mesh, Transformer& model, Allocator& alloc,
+std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
+                                                 const OptimizerConfig& opt, Mesh& mesh,
+                                                 Transformer& model, Allocator& alloc,
                                                  uint64_t seed) {
-  if (cfg.zero_stage == 0) return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, model, alloc);
+  if (cfg.zero_stage == 0)
+    return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, model, alloc);
   return std::make_unique<Zero>(cfg, opt, mesh, model, alloc, seed);
 }
 

@@ -46,8 +46,9 @@ class DataParallel : public ModelHooks {
 ModelStorage model_storage(int64_t zero_stage);
 
 // `model` must have been built with model_storage(cfg.zero_stage) and (stages 0-2) initialised.
-std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg, const OptimizerConfig& opt,
-                                                 Mesh& mesh, Transformer& model, Allocator& alloc,
+std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
+                                                 const OptimizerConfig& opt, Mesh& mesh,
+                                                 Transformer& model, Allocator& alloc,
                                                  uint64_t seed);
 
 // DDP: the flat gradient buffer cut into buckets of about bucket_mb at parameter boundaries, in

@@ -26,7 +26,8 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Tr
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
   units_.resize(static_cast<size_t>(L_) + 1);
-  for (int b = 0; b < model.num_blocks(); ++b) units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
+  for (int b = 0; b < model.num_blocks(); ++b)
+    units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
   int64_t shard_total = 0;
   for (Unit& u : units_) {
     std::sort(u.blocks.begin(), u.blocks.end());
@@ -64,17 +65,21 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Tr
     for (const Param& p : u.params) {
       if (p.own_rows == 0) continue;
       const int64_t row0 = rank_ * p.shard_rows;
-      opt_params_.push_back(stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                                        : model.params()[p.index].rows(row0, row0 + p.own_rows));
-      opt_grads_.push_back(stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                                       : model.grads()[p.index].rows(row0, row0 + p.own_rows));
+      opt_params_.push_back(
+          stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                      : model.params()[p.index].rows(row0, row0 + p.own_rows));
+      opt_grads_.push_back(
+          stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                      : model.grads()[p.index].rows(row0, row0 + p.own_rows));
       decay.push_back(spec.params[p.index].decay);
     }
   }
   adamw_.emplace(opt, alloc, opt_params_, std::move(decay));
 }
 
-int Zero::unit_of(int block) const { return block == 0 || block == L_ + 1 ? 0 : block; }
+int Zero::unit_of(int block) const {
+  return block == 0 || block == L_ + 1 ? 0 : block;
+}
 
 // The first `rows` rows of param p's shard inside a shard buffer.
 Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const {
@@ -115,7 +120,8 @@ void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u) {
       const int64_t own = p.own_rows_of(r);
       if (own == 0) continue;
       Tensor to = views[p.index].rows(r * p.shard_rows, r * p.shard_rows + own);
-      ops::copy(to, Tensor(const_cast<float*>(block) + p.shard_off, to.shape, DType::f32, src.device));
+      ops::copy(to,
+                Tensor(const_cast<float*>(block) + p.shard_off, to.shape, DType::f32, src.device));
     }
   }
 }
@@ -137,7 +143,8 @@ void Zero::start_gather(int unit) {
   u.staging = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
   Tensor in(static_cast<float*>(param_shard_.data()) + u.shard_begin, {u.shard_numel}, DType::f32,
             alloc_.device());
-  u.gather = mesh_.comm(Axis::dp).all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
+  u.gather =
+      mesh_.comm(Axis::dp).all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
 }
 
 void Zero::finish_gather(int unit) {
@@ -174,8 +181,9 @@ void Zero::start_reduce(int unit) {
   red.out = alloc_.allocate(static_cast<size_t>(u.shard_numel) * 4, MemCategory::comm);
   pack(red.packed.tensor({u.shard_numel * dp_}, DType::f32), u, model_.grads(), true);
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
-  red.handle = mesh_.comm(Axis::dp).reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
-                                                   red.packed.tensor({u.shard_numel * dp_}, DType::f32));
+  red.handle =
+      mesh_.comm(Axis::dp).reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
+                                          red.packed.tensor({u.shard_numel * dp_}, DType::f32));
   reductions_.push_back(std::move(red));
   // At most two reductions in flight: bounds the packed staging to two units.
   complete_reductions(2);
@@ -208,7 +216,8 @@ void Zero::complete_reductions(size_t keep) {
 
 void Zero::start_step() {
   model_.zero_grads();
-  if (grad_shard_.data()) ops::fill_zero(grad_shard_.tensor({static_cast<int64_t>(grad_shard_.bytes() / 4)}, DType::f32));
+  if (grad_shard_.data())
+    ops::fill_zero(grad_shard_.tensor({static_cast<int64_t>(grad_shard_.bytes() / 4)}, DType::f32));
 }
 
 void Zero::start_micro_batch(bool last) {
@@ -258,7 +267,9 @@ void Zero::after_backward(int block) {
   if (block == 0 && stage_ >= 2) complete_reductions();
 }
 
-void Zero::finish_backward() { complete_reductions(); }
+void Zero::finish_backward() {
+  complete_reductions();
+}
 
 double Zero::grad_norm() {
   // opt_grads_ follows the units' params with real rows; under tp a replicated parameter counts
@@ -273,7 +284,8 @@ double Zero::grad_norm() {
     }
   float sum = static_cast<float>(local);
   mesh_.comm(Axis::dp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
-  if (mesh_.size(Axis::tp) > 1) mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  if (mesh_.size(Axis::tp) > 1)
+    mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   return std::sqrt(static_cast<double>(sum));
 }
 
@@ -331,13 +343,15 @@ void Zero::gather_params(std::vector<float>& out) {
     alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
   } else {
     std::vector<int64_t> offset(spec.params.size() + 1, 0);
-    for (size_t i = 0; i < spec.params.size(); ++i) offset[i + 1] = offset[i] + spec.params[i].shape.numel();
+    for (size_t i = 0; i < spec.params.size(); ++i)
+      offset[i + 1] = offset[i] + spec.params[i].shape.numel();
     for (size_t k = 0; k < units_.size(); ++k) {
       Unit& u = units_[k];
       const bool had = u.gathered.data() != nullptr;
       finish_gather(static_cast<int>(k));
       for (const Param& p : u.params)
-        alloc_.backend().copy_to_host(out.data() + offset[p.index], static_cast<const float*>(u.gathered.data()) + p.full_off,
+        alloc_.backend().copy_to_host(out.data() + offset[p.index],
+                                      static_cast<const float*>(u.gathered.data()) + p.full_off,
                                       static_cast<size_t>(spec.params[p.index].shape.numel()) * 4);
       if (!had) release_gather(static_cast<int>(k));
     }

@@ -48,23 +48,23 @@ class Zero final : public DataParallel {
 
  private:
   struct Param {
-    size_t index = 0;         // into the model's params
+    size_t index = 0;                                // into the model's params
     int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/dp), this rank's real rows
-    int64_t row_numel = 0;    // elements per row
-    int64_t full_off = 0;     // offset in the unit's gathered (spec-order) layout
-    int64_t shard_off = 0;    // offset in the unit's shard
+    int64_t row_numel = 0;                           // elements per row
+    int64_t full_off = 0;   // offset in the unit's gathered (spec-order) layout
+    int64_t shard_off = 0;  // offset in the unit's shard
     int64_t own_rows_of(int r) const;
   };
   struct Unit {
     std::vector<Param> params;
-    std::vector<int> blocks;            // in spec order
-    std::vector<int64_t> block_off;     // each block's offset in the gathered layout
+    std::vector<int> blocks;         // in spec order
+    std::vector<int64_t> block_off;  // each block's offset in the gathered layout
     int64_t full_numel = 0, shard_numel = 0;
-    int64_t shard_begin = 0;            // offset in the shard buffers
+    int64_t shard_begin = 0;  // offset in the shard buffers
     // Stage 3: the gathered weights (spec order) and the in-flight all-gather into `staging`.
     Buffer gathered, staging;
     Handle gather;
-    Buffer grad_staging;                // stages 2-3: this micro-batch's gradients, spec order
+    Buffer grad_staging;  // stages 2-3: this micro-batch's gradients, spec order
   };
   struct Reduction {
     int unit;
@@ -92,7 +92,7 @@ class Zero final : public DataParallel {
   Allocator& alloc_;
   int dp_, rank_, L_;
   std::vector<Unit> units_;
-  Buffer param_shard_, grad_shard_;  // stage 3 / stages 2-3: (sum of unit shard_numel)
+  Buffer param_shard_, grad_shard_;             // stage 3 / stages 2-3: (sum of unit shard_numel)
   std::vector<Tensor> opt_params_, opt_grads_;  // this rank's real rows, for AdamW
   std::optional<AdamW> adamw_;
   std::deque<Reduction> reductions_;

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <optional>
 #include <string>
-
 #include <utility>
 #include <vector>
 

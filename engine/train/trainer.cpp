@@ -27,9 +27,12 @@ namespace fs = std::filesystem;
 
 DType compute_dtype(Precision p) {
   switch (p) {
-    case Precision::fp32: return DType::f32;
-    case Precision::bf16: return DType::bf16;
-    case Precision::fp16: return DType::f16;
+    case Precision::fp32:
+      return DType::f32;
+    case Precision::bf16:
+      return DType::bf16;
+    case Precision::fp16:
+      return DType::f16;
   }
   return DType::f32;
 }
@@ -56,7 +59,8 @@ void dump_params(const fs::path& dir, const ModelSpec& spec, const std::vector<f
     js << "], \"offset\": " << offset << "}";
     offset += p.shape.numel();
   }
-  bin.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 4));
+  bin.write(reinterpret_cast<const char*>(flat.data()),
+            static_cast<std::streamsize>(flat.size() * 4));
   js << "\n]}\n";
   if (!js || !bin) throw Error("writing the parameter dump to " + dir.string() + " failed");
 }
@@ -236,9 +240,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     for (int64_t i = 0; i < n; ++i) {
       const MicroBatch& mb = valid.next();
       stage(mb);
-      sum +=
-          model.forward_loss(inputs, targets,
-                             StepContext{cfg.train.seed, step, mb.first_sample, /*dropout=*/false});
+      sum += model.forward_loss(
+          inputs, targets, StepContext{cfg.train.seed, step, mb.first_sample, /*dropout=*/false});
     }
     return world_mean(sum / static_cast<double>(n));
   };
@@ -267,8 +270,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
       StepContext ctx{cfg.train.seed, step, mb.first_sample};
       data_parallel->start_micro_batch(micro + 1 == accum);
       // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
-      loss_sum += model.forward_backward(inputs, targets,
-                                         scale / static_cast<float>(accum * dp), ctx);
+      loss_sum +=
+          model.forward_backward(inputs, targets, scale / static_cast<float>(accum * dp), ctx);
     }
     data_parallel->finish_backward();
     StepMetrics m;
@@ -304,7 +307,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     if (rank0 && !opts.quiet && cfg.log.progress &&
         (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {
       const double elapsed = std::chrono::duration<double>(t1 - t_start).count();
-      const double eta = elapsed / static_cast<double>(step) * static_cast<double>(cfg.train.steps - step);
+      const double eta =
+          elapsed / static_cast<double>(step) * static_cast<double>(cfg.train.steps - step);
       std::printf("%s\n", progress_line(m, eta).c_str());
       std::fflush(stdout);
     }

@@ -11,9 +11,9 @@
 namespace llmt {
 
 struct TrainOptions {
-  std::string dump_dir;  // if set: initial weights and every step's tokens (docs/model.md)
+  std::string dump_dir;    // if set: initial weights and every step's tokens (docs/model.md)
   std::string dump_final;  // if set: the weights after the last step, same format (rank 0)
-  bool quiet = false;    // no progress lines
+  bool quiet = false;      // no progress lines
 };
 
 struct TrainResult {

@@ -13,6 +13,8 @@ int set_cpu_threads(int n) {
   return n;
 }
 
-int cpu_threads() { return omp_get_max_threads(); }
+int cpu_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace llmt

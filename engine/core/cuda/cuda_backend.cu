@@ -75,9 +75,9 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess)
-    throw Error(detail::concat("device = \"cuda\" requested, but CUDA cannot start: ",
-                               cudaGetErrorString(err),
-                               " (no NVIDIA driver or GPU on this machine?); set device = \"cpu\""));
+    throw Error(detail::concat(
+        "device = \"cuda\" requested, but CUDA cannot start: ", cudaGetErrorString(err),
+        " (no NVIDIA driver or GPU on this machine?); set device = \"cpu\""));
   if (device_index >= n)
     throw Error(detail::concat("GPU ", device_index, " requested but only ", n, " visible"));
   return std::make_unique<CudaBackend>(device_index);

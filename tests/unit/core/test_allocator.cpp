@@ -6,8 +6,12 @@
 namespace llmt {
 namespace {
 
-int64_t live(const Allocator& a, MemCategory c) { return a.stats().live[static_cast<int>(c)]; }
-int64_t peak(const Allocator& a, MemCategory c) { return a.stats().peak[static_cast<int>(c)]; }
+int64_t live(const Allocator& a, MemCategory c) {
+  return a.stats().live[static_cast<int>(c)];
+}
+int64_t peak(const Allocator& a, MemCategory c) {
+  return a.stats().peak[static_cast<int>(c)];
+}
 
 TEST(Allocator, TracksLiveAndPeakPerCategory) {
   auto backend = make_cpu_backend();

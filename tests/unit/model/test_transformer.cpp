@@ -85,7 +85,9 @@ void check_gradients(const ModelConfig& cfg, float dropout) {
     }
     rnorm = std::sqrt(rnorm);
     for (int dir = 0; dir < 2; ++dir) {
-      auto direction = [&](int64_t k) { return dir == 0 ? (gnorm > 0 ? g[k] / gnorm : 0.0) : rnd[k] / rnorm; };
+      auto direction = [&](int64_t k) {
+        return dir == 0 ? (gnorm > 0 ? g[k] / gnorm : 0.0) : rnd[k] / rnorm;
+      };
       double analytic = 0;
       for (int64_t k = 0; k < n; ++k) analytic += direction(k) * g[k];
       const double eps = 3e-3;  // larger steps see curvature (0.5% at 1e-2), smaller ones f32 noise
@@ -95,15 +97,22 @@ void check_gradients(const ModelConfig& cfg, float dropout) {
       };
       double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
       EXPECT_NEAR(numeric, analytic, 5e-3 * std::abs(analytic) + 1e-4)
-          << spec.params[i].name << (dir == 0 ? " along its gradient" : " along a random direction");
+          << spec.params[i].name
+          << (dir == 0 ? " along its gradient" : " along a random direction");
     }
     std::copy(saved.begin(), saved.end(), p);
   }
 }
 
-TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::gpt2), 0.0f); }
-TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::llama), 0.0f); }
-TEST(Transformer, DropoutGradientsMatchFiniteDifferences) { check_gradients(tiny(Arch::gpt2), 0.2f); }
+TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) {
+  check_gradients(tiny(Arch::gpt2), 0.0f);
+}
+TEST(Transformer, LlamaGradientsMatchFiniteDifferences) {
+  check_gradients(tiny(Arch::llama), 0.0f);
+}
+TEST(Transformer, DropoutGradientsMatchFiniteDifferences) {
+  check_gradients(tiny(Arch::gpt2), 0.2f);
+}
 
 TEST(Transformer, InitialLossIsLnVocab) {
   ModelConfig c = tiny(Arch::gpt2);
@@ -128,7 +137,8 @@ TEST(Transformer, AccumulatingMicroBatchesEqualsOneBatch) {
   float ls = 0;
   for (int m = 0; m < 2; ++m)
     ls += small.forward_backward(f.tokens.rows(2 * m, 2 * m + 2), f.targets.rows(2 * m, 2 * m + 2),
-                                 0.5f, {}) / 2;
+                                 0.5f, {}) /
+          2;
   EXPECT_NEAR(ls, lb, 1e-6);
   const float* gb = big.flat_grads().f32();
   const float* gs = small.flat_grads().f32();
@@ -177,8 +187,8 @@ TEST(Transformer, HooksVisitBlocksInOrderAndBlocksPartitionTheParameters) {
   RecordingHooks hooks;
   model.set_hooks(&hooks);
   model.forward_backward(f.tokens, f.targets, 1.0f, {});
-  const std::vector<std::string> want = {"F0", "F1", "F2", "F3", "B3", "b3", "B2", "b2",
-                                         "B1", "b1", "B0", "b0"};
+  const std::vector<std::string> want = {"F0", "F1", "F2", "F3", "B3", "b3",
+                                         "B2", "b2", "B1", "b1", "B0", "b0"};
   EXPECT_EQ(hooks.events, want);
   size_t next = 0;
   for (int b = 0; b < model.num_blocks(); ++b) {
@@ -208,8 +218,10 @@ TEST(Transformer, EvaluationContextTurnsDropoutOff) {
   plain.init(5);
   dropped.init(5);
   StepContext eval{1, 1, 0, /*dropout=*/false};
-  EXPECT_EQ(dropped.forward_loss(f.tokens, f.targets, eval), plain.forward_loss(f.tokens, f.targets, eval));
-  EXPECT_NE(dropped.forward_loss(f.tokens, f.targets, {1, 1, 0}), plain.forward_loss(f.tokens, f.targets, eval));
+  EXPECT_EQ(dropped.forward_loss(f.tokens, f.targets, eval),
+            plain.forward_loss(f.tokens, f.targets, eval));
+  EXPECT_NE(dropped.forward_loss(f.tokens, f.targets, {1, 1, 0}),
+            plain.forward_loss(f.tokens, f.targets, eval));
 }
 
 }  // namespace
