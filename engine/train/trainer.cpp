@@ -246,7 +246,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     return world_mean(sum / static_cast<double>(n));
   };
 
-  const double peak = cfg.log.peak_flops > 0 ? cfg.log.peak_flops : default_peak_flops(threads);
+  // log.peak_flops is per rank; the step's FLOPs are the whole world's.
+  const double peak = (cfg.log.peak_flops > 0 ? cfg.log.peak_flops : default_peak_flops(threads)) *
+                      static_cast<double>(mesh.shape().world());
   const double flops_per_step = spec.flops_per_token() * static_cast<double>(gbs * T);
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
