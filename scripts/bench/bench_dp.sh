@@ -14,15 +14,7 @@
 #
 #   scripts/bench/bench_dp.sh LLMTRAIN_BINARY [STEPS]
 set -euo pipefail
-if [[ $# -lt 1 ]]; then
-  echo "usage: $0 LLMTRAIN_BINARY [STEPS]" >&2
-  exit 2
-fi
-llmtrain="$(realpath "$1")"
-steps="${2:-12}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 # GPT-2 shape, 16.8M parameters (67 MB of fp32 gradients: 13.1M of them in the 8192 x 512
 # embedding), 8 x 64 tokens per step: a short sequence, so the gradient all-reduce is a visible
@@ -50,25 +42,12 @@ warmup_steps = 1
 progress = false
 TOML
 
-run() {  # run NAME RANKS --set...
-  local name="$1" ranks="$2"
-  shift 2
-  local cmd=("$llmtrain" train --config "$work/bench.toml" -q --set "train.run_dir=$work/$name" "$@")
-  # CPU seconds (user + sys) of all ranks, through mpirun's waited-for children.
-  local timer=(/usr/bin/time -f "%U %S" -o "$work/$name.cpu")
-  if [[ "$ranks" -gt 1 ]]; then
-    "${timer[@]}" mpirun --oversubscribe --bind-to core -np "$ranks" "${cmd[@]}"
-  else
-    "${timer[@]}" "${cmd[@]}"
-  fi
-}
-
 for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
-  run dp1.$i 1
-  run dp2.$i 2 --set parallel.bucket_mb=1
-  run dp2_one_bucket.$i 2 --set parallel.bucket_mb=1000
-  run zero1.$i 2 --set parallel.zero_stage=1
-  run zero3.$i 2 --set parallel.zero_stage=3
+  bench_run dp1.$i 1
+  bench_run dp2.$i 2 --set parallel.bucket_mb=1
+  bench_run dp2_one_bucket.$i 2 --set parallel.bucket_mb=1000
+  bench_run zero1.$i 2 --set parallel.zero_stage=1
+  bench_run zero3.$i 2 --set parallel.zero_stage=3
 done
 
 /usr/bin/python3 - "$work" <<'PY'

@@ -9,15 +9,7 @@
 #
 #   scripts/bench/bench_tp.sh LLMTRAIN_BINARY [STEPS]
 set -euo pipefail
-if [[ $# -lt 1 ]]; then
-  echo "usage: $0 LLMTRAIN_BINARY [STEPS]" >&2
-  exit 2
-fi
-llmtrain="$(realpath "$1")"
-steps="${2:-12}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 # The model of bench_dp.sh: GPT-2 shape, ~3.4M parameters, 16 x 256 tokens per step.
 cat > "$work/bench.toml" <<TOML
@@ -43,21 +35,10 @@ warmup_steps = 1
 progress = false
 TOML
 
-run() {  # run NAME RANKS --set...
-  local name="$1" ranks="$2"
-  shift 2
-  local cmd=("$llmtrain" train --config "$work/bench.toml" -q --set "train.run_dir=$work/$name" "$@")
-  if [[ "$ranks" -gt 1 ]]; then
-    mpirun --oversubscribe --bind-to core -np "$ranks" "${cmd[@]}"
-  else
-    "${cmd[@]}"
-  fi
-}
-
 for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
-  run tp1.$i 1
-  run tp2.$i 2 --set parallel.tp=2
-  run tp2_sp.$i 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+  bench_run tp1.$i 1
+  bench_run tp2.$i 2 --set parallel.tp=2
+  bench_run tp2_sp.$i 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 done
 
 /usr/bin/python3 - "$work" <<'PY'
@@ -71,7 +52,8 @@ def load_one(path):
     out["activations"] = rows[-1]["peak_bytes"]["activations"]
     return out
 def load(name):  # the fastest repeat
-    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work) if d.split(".")[0] == name]
+    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work)
+            if d.split(".")[0] == name and not d.endswith(".cpu")]
     return max(runs, key=lambda m: m["tokens_per_s"])
 base = load("tp1")
 print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "

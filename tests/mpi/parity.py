@@ -7,14 +7,14 @@ Layouts: dpN (DDP over N ranks), zeroS-dpN (ZeRO stage S; dp3 with global batch 
 shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation steps per rank on
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
 (tp inside dp with ZeRO). Prints one line: layout, max relative differences."""
-import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
+
+from harness import parse_args, run
 
 # layout: (ranks, its --set overrides, overrides for both it and its single-rank reference)
 GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
@@ -39,13 +39,6 @@ LAYOUTS = {
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
 
 
-def run(cmd, env=None):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)}\n{r.stdout}")
-    return r.stdout
-
-
 def train(args, out, ranks, sets):
     shutil.rmtree(out, ignore_errors=True)
     cmd = [args.llmtrain, "train", "--config", args.config, "-q", "--dump-final",
@@ -66,13 +59,7 @@ def rel(a, b):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llmtrain", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
+    args = parse_args(lambda ap: ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS)))
 
     os.makedirs(args.workdir, exist_ok=True)
     ranks, sets, base = LAYOUTS[args.layout]

@@ -9,23 +9,15 @@ floats, E = 4 N C bytes, p = tp and f = (p-1)/p (ring volumes, as the communicat
            all-reduce   2f * (4 * 3N + 4 * 2C (2L + 1))    cross-entropy, norm gradients
 plus one float all-reduced per step for the gradient norm, times the micro-batches per rank.
 Checked within 5% (the counts are exact; the margin is the issue's)."""
-import argparse
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
+
+from harness import parse_args, resolved_config, run
 
 LAYOUTS = {"tp2": (2, False), "tp4": (4, False), "tp2-sp": (2, True), "tp4-sp": (4, True)}
 SETS = ["train.steps=2", "train.threads=1", "log.progress=false", "model.n_kv_heads=4"]
-
-
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)}\n{r.stdout}")
-    return r.stdout
 
 
 def analytic(cfg, p, sp):
@@ -40,17 +32,11 @@ def analytic(cfg, p, sp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llmtrain", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
+    args = parse_args()
+    _, cfg = resolved_config(args, SETS)
     sets = []
     for s in SETS:
         sets += ["--set", s]
-    shown = run([args.llmtrain, "config", "show", "--config", args.config] + sets)
-    cfg = dict(re.findall(r"^(\w+) = (\S+)$", shown, re.M))
     failures = []
     for name, (p, sp) in LAYOUTS.items():
         out = os.path.join(args.workdir, name)

@@ -12,40 +12,27 @@ Adam m+v 8Psi):
   DDP 16Psi; ZeRO-1 4Psi + 4Psi + 8Psi/Nd; ZeRO-2 4Psi + (4Psi + 8Psi)/Nd; ZeRO-3 16Psi/Nd
   within 10%; staging buffers (gathered units, packed collectives) are the `comm` category,
   reported next to it."""
-import argparse
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
+
+from harness import parse_args, resolved_config, run
 
 ND = 4
 SETS = ["model.n_layers=4", "train.steps=2", "train.global_batch_size=8", "train.micro_batch_size=2",
         "train.threads=1", "log.progress=false"]
 
 
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)}\n{r.stdout}")
-    return r.stdout
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llmtrain", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
+    args = parse_args()
+    shown, cfg = resolved_config(args, SETS)
     sets = []
     for s in SETS:
         sets += ["--set", s]
-    shown = run([args.llmtrain, "config", "show", "--config", args.config] + sets)
     psi = int(re.search(r"# parameters: (\d+)", shown).group(1))
     # Root unit: embeddings (wte, wpe) and final norm; with vocab V, seq T, width C (gpt2 preset).
-    cfg = dict(re.findall(r"^(\w+) = (\S+)$", shown, re.M))
     V, T, C = int(cfg["vocab_size"]), int(cfg["seq_len"]), int(cfg["d_model"])
     psi_root = V * C + T * C + 2 * C
     frac = (ND - 1) / ND
