@@ -33,4 +33,25 @@ struct ModelConfig {
   float init_std = 0.02f;
 };
 
+// d_ff when [model] leaves it 0: 4*d_model (gpt2), or 8/3*d_model rounded up to a multiple of
+// 256 (llama): 256 * ceil(8*d_model / (3*256)).
+constexpr int64_t preset_d_ff(Arch arch, int64_t d_model) {
+  return arch == Arch::llama ? 256 * ((8 * d_model + 767) / 768) : 4 * d_model;
+}
+
+// A config with `arch` and the five switches it presets (docs/model.md); the sizes keep their
+// defaults. The one place the presets are defined: config parsing fills unset switches from it.
+constexpr ModelConfig model_preset(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  if (arch == Arch::llama) {
+    c.norm = NormKind::rmsnorm;
+    c.activation = Activation::swiglu;
+    c.position = PositionKind::rope;
+    c.bias = false;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
 }  // namespace llmt

@@ -669,23 +669,16 @@ class Loader {
 
 // ---- presets, derived defaults, rules ----
 
-// 8/3*d_model rounded up to a multiple of 256: 256 * ceil(8*d_model / (3*256)).
-int64_t llama_d_ff(int64_t d_model) {
-  return 256 * ((8 * d_model + 767) / 768);
-}
-
 // Fills what the arch preset decides (unless given explicitly) and the 0 = "same as" defaults.
 void resolve(Config& c, const std::set<std::string>& given) {
   ModelConfig& m = c.model;
-  const bool llama = m.arch == Arch::llama;
-  if (!given.count("model.norm")) m.norm = llama ? NormKind::rmsnorm : NormKind::layernorm;
-  if (!given.count("model.activation"))
-    m.activation = llama ? Activation::swiglu : Activation::gelu;
-  if (!given.count("model.position"))
-    m.position = llama ? PositionKind::rope : PositionKind::learned;
-  if (!given.count("model.bias")) m.bias = !llama;
-  if (!given.count("model.tie_embeddings")) m.tie_embeddings = !llama;
-  if (m.d_ff == 0 && m.d_model >= 1) m.d_ff = llama ? llama_d_ff(m.d_model) : 4 * m.d_model;
+  const ModelConfig preset = model_preset(m.arch);
+  if (!given.count("model.norm")) m.norm = preset.norm;
+  if (!given.count("model.activation")) m.activation = preset.activation;
+  if (!given.count("model.position")) m.position = preset.position;
+  if (!given.count("model.bias")) m.bias = preset.bias;
+  if (!given.count("model.tie_embeddings")) m.tie_embeddings = preset.tie_embeddings;
+  if (m.d_ff == 0 && m.d_model >= 1) m.d_ff = preset_d_ff(m.arch, m.d_model);
   if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
   if (c.train.micro_batch_size == 0) c.train.micro_batch_size = c.train.global_batch_size;
   if (c.optimizer.decay_steps == 0) c.optimizer.decay_steps = c.train.steps;

@@ -19,28 +19,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 # GPT-2 shape, 16.8M parameters (67 MB of fp32 gradients: 13.1M of them in the 8192 x 512
 # embedding), 8 x 64 tokens per step: a short sequence, so the gradient all-reduce is a visible
 # share of the step and its overlap with backward can be measured.
-cat > "$work/bench.toml" <<TOML
-[model]
-arch = "gpt2"
-vocab_size = 8192
-n_layers = 4
-d_model = 512
-n_heads = 8
-seq_len = 64
-
-[train]
-steps = $steps
-global_batch_size = 8
-micro_batch_size = 4
-precision = "fp32"
-threads = 1
-
-[optimizer]
-warmup_steps = 1
-
-[log]
-progress = false
-TOML
+bench_config 8192 512 8 64 8
 
 for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   bench_run dp1.$i 1

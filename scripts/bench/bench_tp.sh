@@ -11,29 +11,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
-# The model of bench_dp.sh: GPT-2 shape, ~3.4M parameters, 16 x 256 tokens per step.
-cat > "$work/bench.toml" <<TOML
-[model]
-arch = "gpt2"
-vocab_size = 2048
-n_layers = 4
-d_model = 256
-n_heads = 4
-seq_len = 256
-
-[train]
-steps = $steps
-global_batch_size = 16
-micro_batch_size = 4
-precision = "fp32"
-threads = 1
-
-[optimizer]
-warmup_steps = 1
-
-[log]
-progress = false
-TOML
+# GPT-2 shape, 4 layers, d_model 256, ~3.4M parameters, 16 x 256 tokens per step.
+bench_config 2048 256 4 256 16
 
 for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   bench_run tp1.$i 1

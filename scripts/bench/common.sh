@@ -12,6 +12,33 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
+# bench_config VOCAB D_MODEL N_HEADS SEQ_LEN GLOBAL_BATCH: writes $work/bench.toml, a 4-layer GPT-2
+# shape trained for $steps steps in fp32 with micro-batches of 4 and one thread per rank.
+bench_config() {
+  cat > "$work/bench.toml" <<TOML
+[model]
+arch = "gpt2"
+vocab_size = $1
+n_layers = 4
+d_model = $2
+n_heads = $3
+seq_len = $4
+
+[train]
+steps = $steps
+global_batch_size = $5
+micro_batch_size = 4
+precision = "fp32"
+threads = 1
+
+[optimizer]
+warmup_steps = 1
+
+[log]
+progress = false
+TOML
+}
+
 # bench_run NAME RANKS --set...: trains $work/bench.toml into $work/NAME (metrics.jsonl), one
 # rank without mpirun or RANKS ranks bound to cores; CPU seconds (user + sys of all ranks, through
 # mpirun's waited-for children) go to $work/NAME.cpu.

@@ -21,39 +21,28 @@ TEST(ModelSpec, Gpt2SmallHas124439808Parameters) {
 }
 
 TEST(ModelSpec, Llama2_7bHas6738415616Parameters) {
-  ModelConfig c;
-  c.arch = Arch::llama;
+  ModelConfig c = model_preset(Arch::llama);
   c.vocab_size = 32000;
   c.n_layers = 32;
   c.d_model = 4096;
   c.n_heads = 32;
   c.n_kv_heads = 32;
-  c.d_ff = 11008;
+  c.d_ff = preset_d_ff(Arch::llama, 4096);
+  EXPECT_EQ(c.d_ff, 11008);
   c.seq_len = 4096;
-  c.norm = NormKind::rmsnorm;
-  c.activation = Activation::swiglu;
-  c.position = PositionKind::rope;
-  c.bias = false;
-  c.tie_embeddings = false;
   ModelSpec s = ModelSpec::from_config(c);
   EXPECT_EQ(s.num_params(), 6738415616);  // Meta's Llama-2-7B
   EXPECT_EQ(s.params[s.index_of("layers.0.mlp.fc1.weight")].shape, Shape({2 * 11008, 4096}));
 }
 
 TEST(ModelSpec, GroupedQueryShapesAndInitRules) {
-  ModelConfig c;
-  c.arch = Arch::llama;
+  ModelConfig c = model_preset(Arch::llama);
   c.vocab_size = 100;
   c.n_layers = 2;
   c.d_model = 64;
   c.n_heads = 8;
   c.n_kv_heads = 2;
   c.d_ff = 96;
-  c.position = PositionKind::rope;
-  c.norm = NormKind::rmsnorm;
-  c.activation = Activation::swiglu;
-  c.bias = false;
-  c.tie_embeddings = false;
   ModelSpec s = ModelSpec::from_config(c);
   EXPECT_EQ(s.qkv_dim, (8 + 2 * 2) * 8);
   const ParamSpec& proj = s.params[s.index_of("layers.1.attn.proj.weight")];

@@ -14,8 +14,7 @@ namespace llmt {
 namespace {
 
 ModelConfig tiny(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = model_preset(arch);
   c.vocab_size = 37;
   c.n_layers = 2;
   c.d_model = 16;
@@ -29,11 +28,6 @@ ModelConfig tiny(Arch arch) {
   } else {
     c.n_kv_heads = 2;
     c.d_ff = 24;
-    c.norm = NormKind::rmsnorm;
-    c.activation = Activation::swiglu;
-    c.position = PositionKind::rope;
-    c.bias = false;
-    c.tie_embeddings = false;
   }
   return c;
 }

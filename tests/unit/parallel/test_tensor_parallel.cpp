@@ -40,8 +40,7 @@ TEST(Placement, QkvShardIsThreeSlicesOfTheGlobalRows) {
 }
 
 ModelConfig tiny(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = model_preset(arch);
   c.vocab_size = 64;
   c.n_layers = 2;
   c.d_model = 32;
@@ -52,11 +51,6 @@ ModelConfig tiny(Arch arch) {
   c.dropout = 0.1f;
   if (arch == Arch::llama) {
     c.n_kv_heads = 4;
-    c.norm = NormKind::rmsnorm;
-    c.activation = Activation::swiglu;
-    c.position = PositionKind::rope;
-    c.bias = false;
-    c.tie_embeddings = false;
     c.dropout = 0.0f;
   }
   return c;
