@@ -4,14 +4,25 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace llmt {
 
+// Pipeline schedules (engine/schedule): GPipe (all forwards, then all backwards), 1F1B
+// (PipeDream-Flush), interleaved 1F1B over virtual stages (Megatron PTD-P), ZB-H1 (zero bubble:
+// backward split into input- and weight-gradient parts).
+enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
+
 struct ParallelConfig {
-  int64_t tp = 1;                  // tensor parallel degree
-  int64_t cp = 1;                  // context parallel degree (not implemented yet: must be 1)
-  int64_t dp = -1;                 // data parallel degree; -1 = world / (tp * cp * pp)
-  int64_t pp = 1;                  // pipeline parallel degree (not implemented yet: must be 1)
+  int64_t tp = 1;   // tensor parallel degree
+  int64_t cp = 1;   // context parallel degree (not implemented yet: must be 1)
+  int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
+  int64_t pp = 1;   // pipeline parallel degree (not implemented yet: must be 1)
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;  // model chunks per pp rank (interleaved only: >= 2)
+  // Transformer layers per pipeline stage (pp * virtual_stages entries, summing to n_layers);
+  // empty = split evenly. The first stage also holds the embeddings, the last the head and loss.
+  std::vector<int64_t> pp_layers;
   int64_t zero_stage = 0;          // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB

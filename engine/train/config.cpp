@@ -43,6 +43,7 @@ constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "const
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 2> kDeviceNames{"cpu", "cuda"};
+constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
 
 // ---- TOML text for values (also used in messages, so numbers read the same everywhere) ----
 
@@ -116,6 +117,11 @@ std::string toml_text(bool v) {
 }
 std::string toml_text(const std::string& v) {
   return toml_string(v);
+}
+std::string toml_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += concat(i ? ", " : "", v[i]);
+  return s + "]";
 }
 // [[data.sources]] as an array of inline tables.
 std::string toml_text(const std::vector<DataSourceConfig>& v) {
@@ -204,6 +210,21 @@ Problem read_value(const toml::node& n, std::string& out) {
     return {};
   }
   return concat("expected a string, found ", describe(n));
+}
+
+// An array of integers, e.g. parallel.pp_layers = [3, 5].
+Problem read_value(const toml::node& n, std::vector<int64_t>& out) {
+  const toml::array* list = n.as_array();
+  if (!list) return concat("expected an array of integers, found ", describe(n));
+  std::vector<int64_t> values;
+  for (const toml::node& item : *list) {
+    auto* v = item.as_integer();
+    if (!v)
+      return concat("entry ", values.size() + 1, ": expected an integer, found ", describe(item));
+    values.push_back(v->get());
+  }
+  out = std::move(values);
+  return {};
 }
 
 // [[data.sources]]: an array of tables, each with exactly `path` and `weight`.
@@ -390,6 +411,9 @@ const std::vector<Section>& sections() {
                     .add("cp", &P::cp)
                     .add("dp", &P::dp)
                     .add("pp", &P::pp)
+                    .add("pp_schedule", &P::pp_schedule, kScheduleNames)
+                    .add("virtual_stages", &P::virtual_stages)
+                    .add("pp_layers", &P::pp_layers)
                     .add("zero_stage", &P::zero_stage)
                     .add("sequence_parallel", &P::sequence_parallel)
                     .add("bucket_mb", &P::bucket_mb)
@@ -869,6 +893,42 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.require(
       p.pp == 1 || p.pp < 1, {"parallel.pp"},
       concat("parallel.pp=", p.pp, ": pipeline parallelism is not implemented yet; use pp = 1"));
+  r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.virtual_stages >= 1) {
+    const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
+    r.require(interleaved || p.virtual_stages == 1,
+              {"parallel.virtual_stages", "parallel.pp_schedule"},
+              concat("parallel.virtual_stages=", p.virtual_stages,
+                     " needs parallel.pp_schedule=\"interleaved\"; the other schedules run one "
+                     "model chunk per rank"));
+    r.require(!interleaved || p.virtual_stages >= 2,
+              {"parallel.virtual_stages", "parallel.pp_schedule"},
+              concat("parallel.pp_schedule=\"interleaved\" needs parallel.virtual_stages >= 2, "
+                     "found ",
+                     p.virtual_stages));
+  }
+  if (p.pp >= 1 && p.virtual_stages >= 1 && m.n_layers >= 1) {
+    const int64_t stages = p.pp * p.virtual_stages;
+    if (p.pp_layers.empty()) {
+      r.require(m.n_layers % stages == 0, {"model.n_layers", "parallel.pp"},
+                concat("model.n_layers=", m.n_layers, " does not split evenly into pp(", p.pp,
+                       ")*virtual_stages(", p.virtual_stages, ")=", stages,
+                       " stages; set parallel.pp_layers to list the layers of each stage"));
+    } else {
+      int64_t sum = 0;
+      bool negative = false;
+      for (int64_t n : p.pp_layers) {
+        sum += n;
+        negative = negative || n < 0;
+      }
+      r.require(
+          static_cast<int64_t>(p.pp_layers.size()) == stages && sum == m.n_layers && !negative,
+          {"parallel.pp_layers"},
+          concat("parallel.pp_layers=", toml_text(p.pp_layers), " must have pp(", p.pp,
+                 ")*virtual_stages(", p.virtual_stages, ")=", stages,
+                 " non-negative entries summing to model.n_layers=", m.n_layers));
+    }
+  }
   r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
             concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
   r.positive("parallel.bucket_mb", p.bucket_mb);

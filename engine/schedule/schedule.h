@@ -1,0 +1,93 @@
+// Pipeline schedules as data (DESIGN.md §5): a schedule is a pure function of (stages, virtual
+// stages, micro-batches) giving each pp rank its ordered list of actions. Nothing here touches a
+// model or a communicator, so tests check schedules without running anything and `llmtrain plan
+// --schedule` prints and draws them; the executor (executor.h) runs any of them.
+//
+// Terms. p pp ranks, v model chunks per rank (virtual stages; 1 except for interleaved), m
+// micro-batches per step. Model chunk c of rank r is global stage s = c * p + r (Megatron's
+// interleaved assignment; with v = 1, stage s = rank r). Stage 0 holds the embeddings, stage
+// p*v-1 the head and the loss.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/parallel/parallel_config.h"
+
+namespace llmt {
+
+enum class ActionKind : uint8_t {
+  forward,          // forward of (mb, chunk); on the last stage also the loss
+  backward,         // full backward of (mb, chunk): input and weight gradients
+  backward_input,   // ZB: the gradient w.r.t. the chunk's input only (what the previous stage waits
+                    // for)
+  backward_weight,  // ZB: the weight gradients of (mb, chunk), deferred
+  send_act,         // send the output activation of (mb, chunk) to the next stage's rank
+  recv_act,         // receive the input activation of (mb, chunk) from the previous stage's rank
+  send_grad,        // send the input gradient of (mb, chunk) to the previous stage's rank
+  recv_grad,        // receive the output gradient of (mb, chunk) from the next stage's rank
+};
+
+struct Action {
+  ActionKind kind;
+  int mb = 0;     // micro-batch, 0..m-1
+  int chunk = 0;  // model chunk on this rank, 0..v-1
+  int peer = -1;  // send/recv only: the pp rank on the other side
+  bool operator==(const Action&) const = default;
+};
+
+struct ScheduleShape {
+  int stages = 1;          // p, pp ranks
+  int virtual_stages = 1;  // v
+  int micro_batches = 1;   // m
+};
+
+// ranks[r]: rank r's actions in the order it runs them. Throws Error, naming the numbers, for a
+// shape the schedule cannot run (e.g. interleaved needs m % p == 0).
+struct Schedule {
+  PipeSchedule kind;
+  ScheduleShape shape;
+  std::vector<std::vector<Action>> ranks;
+};
+
+Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
+
+const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
+const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
+
+// Relative costs of the compute actions for simulation (the executor measures real ones).
+struct ActionCosts {
+  double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
+  double p2p = 0;  // latency of one send -> recv
+};
+
+// A timed run of a schedule: every compute action with its start and end, per rank.
+struct TimedAction {
+  Action action;
+  double start = 0, end = 0;
+};
+struct Simulation {
+  std::vector<std::vector<TimedAction>> ranks;
+  double makespan = 0;
+  // idle time / busy time, averaged over ranks: (p-1)/m for GPipe and 1F1B with B = 2F.
+  double bubble_fraction = 0;
+  // Per rank: the most micro-batches whose activations are alive at once (after F, before the
+  // backward that frees them: B, or Bw for ZB).
+  std::vector<int> peak_in_flight;
+};
+
+// Runs the schedule with blocking recv semantics and unbounded send buffers; throws Error naming
+// the rank and action when it deadlocks or an action's dependency is missing.
+Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
+
+// Global stage of (rank, chunk), and the reverse.
+inline int stage_of(const ScheduleShape& s, int rank, int chunk) {
+  return chunk * s.stages + rank;
+}
+
+// The timeline as an SVG picture: one row per rank, one box per compute action coloured by kind
+// and labelled with its micro-batch, time to the right.
+std::string schedule_svg(const Schedule& s, const Simulation& sim);
+
+}  // namespace llmt
