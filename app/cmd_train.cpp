@@ -16,6 +16,7 @@ Run add_train_command(CLI::App& app) {
     std::string dump_dir;
     std::string dump_final;
     bool quiet = false;
+    int64_t stop_after = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a TOML config");
@@ -26,6 +27,10 @@ Run add_train_command(CLI::App& app) {
   cmd->add_option("--dump-final", args->dump_final,
                   "Write the weights after the last step here, gathered at global shape "
                   "(params.json + params.bin, as --dump-dir)");
+  cmd->add_option("--stop-after-steps", args->stop_after,
+                  "Stop after this step (saving a checkpoint there when [checkpoint] dir is set), "
+                  "as a job that runs out of time; the LR schedule still spans train.steps")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
@@ -61,6 +66,7 @@ Run add_train_command(CLI::App& app) {
     opts.dump_dir = args->dump_dir;
     opts.dump_final = args->dump_final;
     opts.quiet = args->quiet;
+    opts.stop_after = args->stop_after;
     TrainResult r = train(cfg, opts, mesh);
     if (!args->quiet && rank0)
       std::printf("done: %lld steps, final loss %.4f, metrics in %s\n",

@@ -30,6 +30,10 @@ class AdamW {
   // updates (bias correction).
   void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
             int64_t step, float grad_scale = 1.0f);
+  // The moments, one view per parameter in the constructor's order (checkpoints read and write
+  // them in place).
+  const std::vector<Tensor>& exp_avg() const { return m_; }
+  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
 
  private:
   OptimizerConfig cfg_;
@@ -46,6 +50,17 @@ class LossScaler {
   float scale() const { return enabled_ ? scale_ : 1.0f; }
   // Records whether this step's gradients overflowed; returns true if the step must be skipped.
   bool update(bool overflow);
+
+  // The whole state, for checkpoints: the current scale and the clean steps since it changed.
+  struct State {
+    float scale;
+    int64_t clean_steps;
+  };
+  State state() const { return {scale_, clean_steps_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    clean_steps_ = s.clean_steps;
+  }
 
  private:
   bool enabled_;

@@ -137,4 +137,15 @@ void DistributedDataParallel::gather_params(std::vector<float>& out) {
   }
 }
 
+std::vector<StateTensor> DistributedDataParallel::state_tensors() {
+  std::vector<StateTensor> out;
+  const std::vector<Tensor>& params = model_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.push_back({StateTensor::Kind::param, i, params[i]});
+    out.push_back({StateTensor::Kind::exp_avg, i, adamw_.exp_avg()[i]});
+    out.push_back({StateTensor::Kind::exp_avg_sq, i, adamw_.exp_avg_sq()[i]});
+  }
+  return out;
+}
+
 }  // namespace llmt

@@ -17,6 +17,17 @@
 
 namespace llmt {
 
+// One tensor of training state a rank holds, for checkpoints: rows [row_begin, row_begin +
+// local.size(0)) of this tp rank's tensor of parameter `param` (ModelSpec::params[param].shape),
+// f32 on the model's device, written and read in place.
+struct StateTensor {
+  enum class Kind : uint8_t { param, exp_avg, exp_avg_sq };  // fp32 master weight, Adam m, v
+  Kind kind;
+  size_t param;
+  Tensor local;
+  int64_t row_begin = 0;
+};
+
 class DataParallel : public ModelHooks {
  public:
   // Before the step's first micro-batch: gradients to zero.
@@ -34,6 +45,11 @@ class DataParallel : public ModelHooks {
   virtual void step(double lr, int64_t t, float grad_scale) = 0;
   // Every parameter at global shape into `out` (P) f32 on the host, spec order, on every rank.
   virtual void gather_params(std::vector<float>& out) = 0;
+  // Every state tensor this rank holds (its master weights and moments, whole or its dp shard).
+  virtual std::vector<StateTensor> state_tensors() = 0;
+  // After a checkpoint wrote into state_tensors(): refresh what derives from the master weights
+  // (the 16-bit compute copy).
+  virtual void after_load() = 0;
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
 
@@ -67,6 +83,8 @@ class DistributedDataParallel final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
+  std::vector<StateTensor> state_tensors() override;
+  void after_load() override { model_.sync_compute_weights(); }
 
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer

@@ -72,6 +72,7 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Tr
           stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
                       : model.grads()[p.index].rows(row0, row0 + p.own_rows));
       decay.push_back(spec.params[p.index].decay);
+      opt_rows_.push_back({StateTensor::Kind::param, p.index, opt_params_.back(), row0});
     }
   }
   adamw_.emplace(opt, alloc, opt_params_, std::move(decay));
@@ -360,6 +361,36 @@ void Zero::gather_params(std::vector<float>& out) {
     std::vector<float> local;
     local.swap(out);
     gather_tp_params(mesh_.comm(Axis::tp), spec, local, out);
+  }
+}
+
+std::vector<StateTensor> Zero::state_tensors() {
+  std::vector<StateTensor> out;
+  // Master weights: stages 1-2 hold them whole (the same on every dp rank after the step's
+  // all-gather), stage 3 only its rows.
+  if (stage_ < 3) {
+    for (size_t i = 0; i < model_.params().size(); ++i)
+      out.push_back({StateTensor::Kind::param, i, model_.params()[i]});
+  } else {
+    out = opt_rows_;
+  }
+  for (size_t k = 0; k < opt_rows_.size(); ++k) {
+    StateTensor m = opt_rows_[k], v = opt_rows_[k];
+    m.kind = StateTensor::Kind::exp_avg;
+    m.local = adamw_->exp_avg()[k];
+    v.kind = StateTensor::Kind::exp_avg_sq;
+    v.local = adamw_->exp_avg_sq()[k];
+    out.push_back(m);
+    out.push_back(v);
+  }
+  return out;
+}
+
+void Zero::after_load() {
+  if (stage_ < 3) {
+    model_.sync_compute_weights();
+  } else {
+    for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
   }
 }
 

@@ -45,6 +45,8 @@ class Zero final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
+  std::vector<StateTensor> state_tensors() override;
+  void after_load() override;
 
  private:
   struct Param {
@@ -94,6 +96,7 @@ class Zero final : public DataParallel {
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;             // stage 3 / stages 2-3: (sum of unit shard_numel)
   std::vector<Tensor> opt_params_, opt_grads_;  // this rank's real rows, for AdamW
+  std::vector<StateTensor> opt_rows_;           // which param and rows each AdamW entry is
   std::optional<AdamW> adamw_;
   std::deque<Reduction> reductions_;
   bool last_micro_ = true;

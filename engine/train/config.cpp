@@ -359,6 +359,7 @@ const std::vector<Section>& sections() {
     using O = OptimizerConfig;
     using D = DataConfig;
     using L = LogConfig;
+    using C = CheckpointConfig;
     using P = ParallelConfig;
     std::vector<Section> s;
     s.push_back(SectionBuilder<M>("model", &Config::model)
@@ -425,6 +426,12 @@ const std::vector<Section>& sections() {
                     .add("sources", &D::sources)
                     .add("split", &D::split)
                     .add("tokenizer", &D::tokenizer)
+                    .build());
+    s.push_back(SectionBuilder<C>("checkpoint", &Config::checkpoint)
+                    .add("dir", &C::dir)
+                    .add("interval", &C::interval)
+                    .add("keep_last", &C::keep_last)
+                    .add("load", &C::load)
                     .build());
     s.push_back(SectionBuilder<L>("log", &Config::log)
                     .add("interval", &L::interval)
@@ -960,6 +967,19 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.at_least<int64_t>("train.eval_interval", t.eval_interval, 0, " (0 = no validation)");
   if (t.eval_interval > 0) r.at_least<int64_t>("train.eval_iters", t.eval_iters, 1);
   check_data(c, r);
+
+  const CheckpointConfig& ck = c.checkpoint;
+  r.at_least<int64_t>("checkpoint.interval", ck.interval, 0, " (0 = save only at the end)");
+  r.at_least<int64_t>("checkpoint.keep_last", ck.keep_last, 0, " (0 = keep all)");
+  r.require(!ck.load.empty(), {"checkpoint.load"},
+            "checkpoint.load must be \"none\", \"latest\", \"auto\" or a checkpoint path");
+  r.require(
+      !(ck.dir.empty() && (ck.load == "latest" || ck.load == "auto")),
+      {"checkpoint.load", "checkpoint.dir"},
+      concat("checkpoint.load=\"", ck.load, "\" resumes from checkpoint.dir, which is not set"));
+  r.require(!(ck.dir.empty() && (ck.interval > 0 || ck.keep_last > 0)),
+            {"checkpoint.interval", "checkpoint.keep_last", "checkpoint.dir"},
+            "checkpoint.interval and checkpoint.keep_last need checkpoint.dir");
 
   r.at_least<int64_t>("log.interval", c.log.interval, 1);
   r.at_least("log.peak_flops", c.log.peak_flops, 0.0);

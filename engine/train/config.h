@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoints/checkpoint_config.h"
 #include "engine/core/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/optim/optimizer_config.h"
@@ -66,6 +67,7 @@ struct Config {
   OptimizerConfig optimizer;
   ParallelConfig parallel;
   DataConfig data;
+  CheckpointConfig checkpoint;
   LogConfig log;
   std::string source_path;  // the top-level TOML file
 };

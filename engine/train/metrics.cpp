@@ -9,9 +9,19 @@
 
 namespace llmt {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) : path_(path) {
   if (path_.empty()) return;
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path_);
+    for (std::string line; std::getline(in, line);) {
+      long long step = 0;
+      if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= resumed_step)
+        kept += line + "\n";
+    }
+  }
   out_.open(path_, std::ios::out | std::ios::trunc);
+  out_ << kept;
   if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
 }
 
@@ -36,7 +46,10 @@ void MetricsWriter::write(const StepMetrics& m) {
       ", \"step_time_s\": ", json_number(m.step_time_s, "%.6g"),
       ", \"loss_scale\": ", json_number(m.loss_scale, "%.17g"),
       ", \"skipped\": ", m.skipped ? "true" : "false",
-      ", \"data_wait_s\": ", json_number(m.data_wait_s, "%.6g"), ", \"peak_bytes\": {");
+      ", \"data_wait_s\": ", json_number(m.data_wait_s, "%.6g"),
+      m.checkpoint_s ? detail::concat(", \"checkpoint_s\": ", json_number(*m.checkpoint_s, "%.6g"))
+                     : "",
+      ", \"peak_bytes\": {");
   for (int c = 0; c < kNumMemCategories; ++c) {
     line += detail::concat(c ? ", " : "", "\"", category_name(static_cast<MemCategory>(c)),
                            "\": ", m.mem.peak[c]);

@@ -29,13 +29,16 @@ struct StepMetrics {
   std::optional<double> val_loss;  // mean loss on the valid split, on evaluation steps only
   MemStats mem;
   std::vector<std::pair<std::string, CommCounters>> comm;  // this step's bytes per mesh axis
-  double comm_wait_s = 0;  // time blocked on data-parallel communication (not hidden)
+  double comm_wait_s = 0;              // time blocked on data-parallel communication (not hidden)
+  std::optional<double> checkpoint_s;  // time training was blocked saving a checkpoint
 };
 
 class MetricsWriter {
  public:
-  // path "" disables the file.
-  explicit MetricsWriter(const std::string& path);
+  // path "" disables the file. resumed_step > 0 (a resumed run): the file's lines of steps up to
+  // resumed_step are kept (later ones belong to the interrupted run's lost steps) and new lines
+  // are appended.
+  explicit MetricsWriter(const std::string& path, int64_t resumed_step = 0);
   void write(const StepMetrics& m);
 
  private:

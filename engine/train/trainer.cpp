@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "checkpoints/checkpoint.h"
 #include "data/blend.h"
 #include "data/gpt_dataset.h"
 #include "data/loader.h"
@@ -175,6 +176,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   Allocator alloc(*backend);
 
   const ModelSpec spec = ModelSpec::from_config(cfg.model);
+  // The checkpoint to resume from, checked against the model before anything is allocated.
+  std::optional<ckpt::Checkpoint> resume;
+  if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
+    resume.emplace(*path);
+    ckpt::check_model(*resume, spec);
+  }
+  if (rank0)
+    for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
+      std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
+                  cfg.checkpoint.dir.c_str(), name.c_str());
   const int64_t T = cfg.model.seq_len, gbs = cfg.train.global_batch_size;
   // Each dp rank runs `accum` micro-batches of its slice of the global batch.
   const int64_t mbs = cfg.train.micro_batch_size, accum = grad_accum_steps(cfg) / dp;
@@ -188,9 +199,24 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
       make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);
   model.set_hooks(data_parallel.get());
   LossScaler scaler(cfg.optimizer, cfg.train.precision == Precision::fp16);
+  int64_t start_step = 0, updates = 0, consumed = 0;
+  if (resume) {
+    const ckpt::RunState& rs = resume->state();
+    ckpt::load(*resume, model.spec(), *data_parallel, *backend);
+    scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
+    start_step = rs.step;
+    updates = rs.updates;
+    consumed = rs.consumed_samples;
+    if (rank0 && !opts.quiet)
+      std::printf("checkpoint: resumed from %s (step %lld, written at %s)\n", resume->dir().c_str(),
+                  static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str());
+    LLMT_CHECK(consumed <= cfg.train.steps * gbs || start_step >= cfg.train.steps, "checkpoint ",
+               resume->dir(), " consumed ", consumed, " samples");
+  }
   const DataSources data = make_data_sources(cfg, rank0 && !opts.quiet);
   const BatchLayout layout{gbs, mbs, dp_rank, dp};
-  DataLoader loader(data.train, layout, 0, cfg.train.steps * gbs);
+  DataLoader loader(data.train, layout, std::min(consumed, cfg.train.steps * gbs),
+                    std::max(consumed, cfg.train.steps * gbs));
 
   // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
   // (mbs, T+1) on the host.
@@ -211,7 +237,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   if (rank0) fs::create_directories(cfg.train.run_dir);
   MetricsWriter metrics(cfg.log.metrics.empty() || !rank0
                             ? ""
-                            : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string());
+                            : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
+                        start_step);
   std::ofstream dump_tokens;
   std::vector<float> host_params;
   if (!opts.dump_dir.empty()) {
@@ -253,8 +280,33 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   TrainResult result;
-  int64_t updates = 0;
-  for (int64_t step = 1; step <= cfg.train.steps; ++step) {
+  if (rank0 && !opts.quiet && start_step >= cfg.train.steps)
+    std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
+                static_cast<long long>(start_step), static_cast<long long>(cfg.train.steps));
+  auto save_checkpoint = [&](int64_t step) {
+    const LossScaler::State sc = scaler.state();
+    ckpt::RunState rs;
+    rs.step = step;
+    rs.updates = updates;
+    rs.consumed_samples = consumed + (step - start_step) * gbs;
+    rs.loss_scale = sc.scale;
+    rs.loss_scale_clean_steps = sc.clean_steps;
+    rs.seed = static_cast<int64_t>(cfg.train.seed);
+    rs.config = to_toml(cfg);
+    rs.mesh = mesh.shape();
+    rs.zero_stage = cfg.parallel.zero_stage;
+    rs.sequence_parallel = cfg.parallel.sequence_parallel;
+    const ckpt::SaveResult r =
+        ckpt::save(cfg.checkpoint, rs, spec, model.spec(), *data_parallel, mesh, *backend);
+    if (rank0 && !opts.quiet)
+      std::printf("checkpoint: saved %s (%.1f MB in %.2f s, %.2f GB/s)\n", r.path.c_str(),
+                  static_cast<double>(r.bytes) / 1e6, r.seconds,
+                  static_cast<double>(r.bytes) / 1e9 / std::max(r.seconds, 1e-9));
+    return r.seconds;
+  };
+  const int64_t last_step =
+      opts.stop_after > 0 ? std::min(opts.stop_after, cfg.train.steps) : cfg.train.steps;
+  for (int64_t step = start_step + 1; step <= last_step; ++step) {
     const auto t0 = clock::now();
     data_parallel->start_step();
     const float scale = scaler.scale();
@@ -305,6 +357,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     m.data_wait_s = loader.take_wait_seconds();
     if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);
+    const CheckpointConfig& ck = cfg.checkpoint;
+    if (!ck.dir.empty() && ((ck.interval > 0 && step % ck.interval == 0) || step == last_step))
+      m.checkpoint_s = save_checkpoint(step);
     metrics.write(m);
     if (rank0 && !opts.quiet && cfg.log.progress &&
         (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {

@@ -14,6 +14,9 @@ struct TrainOptions {
   std::string dump_dir;    // if set: initial weights and every step's tokens (docs/model.md)
   std::string dump_final;  // if set: the weights after the last step, same format (rank 0)
   bool quiet = false;      // no progress lines
+  // > 0: stop after this step (saving a checkpoint there when [checkpoint] dir is set), as if
+  // the job had been interrupted; the LR schedule still runs to train.steps.
+  int64_t stop_after = 0;
 };
 
 struct TrainResult {

@@ -1,0 +1,250 @@
+#include "checkpoints/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "checkpoints/h5.h"
+
+namespace llmt::ckpt {
+
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+namespace {
+
+bool is_step_dir(const fs::directory_entry& e) {
+  const std::string n = e.path().filename().string();
+  return e.is_directory() && n.size() == 13 && n.rfind("step_", 0) == 0 &&
+         std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The checkpoint DIR/latest names, or nullopt when there is no `latest` file.
+std::optional<std::string> read_latest(const fs::path& dir) {
+  std::ifstream in(dir / kLatestFile);
+  if (!in) return std::nullopt;
+  std::string name;
+  std::getline(in, name);
+  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw ConfigError("checkpoint " + (dir / kLatestFile).string() + " names \"" + name +
+                      "\", expected a directory name like step_00000100");
+  return (dir / name).string();
+}
+
+std::string require_complete(const std::string& path, const std::string& asked) {
+  if (!fs::exists(fs::path(path) / kIndexFile))
+    throw ConfigError("checkpoint.load=\"" + asked + "\": " + path +
+                      " is not a complete checkpoint (no " + kIndexFile + ")");
+  return path;
+}
+
+// Every rank learns whether all succeeded; those that did not throw their own message, the
+// others say which rank failed first.
+void agree(Communicator& world, const std::string& error, const char* what) {
+  // The max of -rank over the ranks that failed (-size if none): minus the first failed rank.
+  int32_t neg = error.empty() ? -world.size() : -world.rank();
+  if (world.size() > 1) world.all_reduce(Tensor(&neg, {1}, DType::i32), ReduceOp::max).wait();
+  const int first_bad = -neg;
+  if (!error.empty()) throw Error(error);
+  if (first_bad < world.size())
+    throw Error(detail::concat(what, " failed on rank ", first_bad, " (see its message)"));
+}
+
+void write_latest(const fs::path& dir, const std::string& name) {
+  const fs::path tmp = dir / (std::string(kTempPrefix) + kLatestFile);
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    out.close();
+    if (!out) throw Error("cannot write " + tmp.string());
+  }
+  h5::fsync_path(tmp.string());
+  fs::rename(tmp, dir / kLatestFile);
+  h5::fsync_path(dir.string());
+}
+
+// Keeps the newest keep_last checkpoints (by step), never removing `current`.
+void prune(const fs::path& dir, int64_t keep_last, const std::string& current) {
+  if (keep_last <= 0) return;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (is_step_dir(e) && e.path().filename() != current)
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());  // zero-padded: name order is step order
+  const int64_t keep_others = keep_last - 1;
+  for (int64_t i = 0; i + keep_others < static_cast<int64_t>(names.size()); ++i)
+    fs::remove_all(dir / names[static_cast<size_t>(i)]);
+}
+
+}  // namespace
+
+std::optional<std::string> resolve_load(const CheckpointConfig& cfg) {
+  if (cfg.load == "none") return std::nullopt;
+  if (cfg.load == "latest" || cfg.load == "auto") {
+    if (cfg.dir.empty())
+      throw ConfigError("checkpoint.load=\"" + cfg.load + "\" needs checkpoint.dir");
+    std::optional<std::string> latest = read_latest(cfg.dir);
+    if (!latest) {
+      if (cfg.load == "auto") return std::nullopt;
+      throw ConfigError("checkpoint.load=\"latest\": " + cfg.dir +
+                        " has no complete checkpoint (no " + kLatestFile +
+                        " file); use load = \"none\" to start from initialisation, or \"auto\"");
+    }
+    return require_complete(*latest, cfg.load);
+  }
+  // A checkpoint directory, or a directory of checkpoints with a `latest` file.
+  if (fs::exists(fs::path(cfg.load) / kIndexFile)) return cfg.load;
+  if (std::optional<std::string> latest = read_latest(cfg.load))
+    return require_complete(*latest, cfg.load);
+  if (!fs::exists(cfg.load))
+    throw ConfigError("checkpoint.load=\"" + cfg.load + "\": no such directory");
+  return require_complete(cfg.load, cfg.load);
+}
+
+std::vector<std::string> remove_leftovers(const std::string& dir) {
+  std::vector<std::string> removed;
+  if (dir.empty() || !fs::is_directory(dir)) return removed;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(kTempPrefix, 0) != 0) continue;
+    fs::remove_all(e.path());
+    removed.push_back(n);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
+void check_model(const Checkpoint& ckpt, const ModelSpec& spec) {
+  auto shape_text = [](const std::vector<int64_t>& s) {
+    std::string t = "(";
+    for (size_t i = 0; i < s.size(); ++i) t += detail::concat(i ? ", " : "", s[i]);
+    return t + (s.size() == 1 ? ",)" : ")");
+  };
+  std::vector<std::string> problems;
+  std::map<std::string, bool> expected;
+  for (Kind k : kKinds) {
+    for (const ParamSpec& p : spec.params) {
+      const std::string path = tensor_path(k, p.name);
+      expected[path] = true;
+      const std::vector<int64_t> want = whole(p.global_shape).count;
+      const IndexTensor* t = ckpt.find(path);
+      if (!t)
+        problems.push_back(path + ": missing from the checkpoint (the model expects " +
+                           shape_text(want) + ")");
+      else if (t->shape != want)
+        problems.push_back(path + ": the checkpoint has shape " + shape_text(t->shape) +
+                           ", the model expects " + shape_text(want));
+    }
+  }
+  for (const IndexTensor& t : ckpt.tensors())
+    if (!expected.count(t.path)) problems.push_back(t.path + ": not a tensor of this model");
+  if (problems.empty()) return;
+  std::string msg = "checkpoint " + ckpt.dir() + " does not fit the model of this config (" +
+                    std::to_string(problems.size()) + " tensors differ):";
+  for (const std::string& p : problems) msg += "\n  " + p;
+  throw ConfigError(msg);
+}
+
+SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
+                const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& world = mesh.world();
+  const bool rank0 = mesh.rank() == 0;
+  const fs::path dir = cfg.dir;
+  const std::string name = step_dir_name(run.step);
+  const fs::path tmp = dir / (std::string(kTempPrefix) + name), final_dir = dir / name;
+  std::string error;
+
+  if (rank0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(tmp);
+      fs::create_directory(tmp);
+    } catch (const std::exception& e) {
+      error = "checkpoint: cannot create " + tmp.string() + ": " + e.what();
+    }
+  }
+  agree(world, error, "checkpoint: creating the directory");
+
+  // This rank's pieces, from the state tensors that hold their rows.
+  SaveResult result;
+  try {
+    std::map<std::pair<Kind, size_t>, std::vector<StateTensor>> held;
+    for (const StateTensor& st : state.state_tensors()) held[{st.kind, st.param}].push_back(st);
+    ShardFileWriter out((tmp / rank_file_name(mesh.rank())).string(), mesh.rank());
+    std::vector<float> host;
+    for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank())) {
+      const ParamSpec& p = tp_spec.params[pc.param];
+      const int64_t row_numel = p.shape.numel() / p.shape[0];
+      const StateTensor* src = nullptr;
+      for (const StateTensor& st : held[{pc.kind, pc.param}])
+        if (st.row_begin <= pc.row_begin && st.row_begin + st.local.size(0) >= pc.row_end)
+          src = &st;
+      LLMT_CHECK(src, "checkpoint: this rank must write rows [", pc.row_begin, ", ", pc.row_end,
+                 ") of ", tensor_path(pc.kind, p.name), " but does not hold them");
+      const float* rows = src->local.f32() + (pc.row_begin - src->row_begin) * row_numel;
+      host.resize(static_cast<size_t>((pc.row_end - pc.row_begin) * row_numel));
+      backend.copy_to_host(host.data(), rows, host.size() * 4);
+      const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
+      for (size_t b = 0; b < boxes.size(); ++b)
+        out.write(shard_dataset(pc.kind, p.name, b), boxes[b].global,
+                  host.data() + boxes[b].local_offset);
+    }
+    out.close();
+    result.bytes = out.bytes_written();
+  } catch (const std::exception& e) {
+    error = std::string("checkpoint: writing ") + (tmp / rank_file_name(mesh.rank())).string() +
+            " failed: " + e.what();
+  }
+  agree(world, error, "checkpoint: writing the rank files");
+
+  if (rank0) {
+    try {
+      write_index(tmp.string(), run, plan_index(spec, mesh.shape()));
+      h5::fsync_path(tmp.string());
+      // A checkpoint of this step from an earlier run is replaced only once the new one is whole.
+      const fs::path old = dir / (std::string(kTempPrefix) + "old." + name);
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      h5::fsync_path(dir.string());
+      write_latest(dir, name);
+      fs::remove_all(old);
+      prune(dir, cfg.keep_last, name);
+    } catch (const std::exception& e) {
+      error = "checkpoint: finishing " + final_dir.string() + " failed: " + e.what();
+    }
+  }
+  agree(world, error, "checkpoint: writing the index");
+
+  float bytes = static_cast<float>(result.bytes);
+  if (world.size() > 1) world.all_reduce(Tensor(&bytes, {1}, DType::f32)).wait();
+  result.bytes = static_cast<int64_t>(bytes);
+  result.path = final_dir.string();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+void load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
+          DeviceBackend& backend) {
+  std::vector<float> host;
+  for (const StateTensor& st : state.state_tensors()) {
+    const ParamSpec& p = tp_spec.params[st.param];
+    const int64_t rows = st.local.size(0);
+    host.assign(static_cast<size_t>(st.local.numel()), 0.0f);
+    for (const LocalBox& lb : global_boxes(tp_spec, st.param, st.row_begin, st.row_begin + rows))
+      ckpt.read(tensor_path(st.kind, p.name), lb.global, host.data() + lb.local_offset);
+    backend.copy_from_host(st.local.data, host.data(), host.size() * 4);
+  }
+  state.after_load();
+}
+
+}  // namespace llmt::ckpt

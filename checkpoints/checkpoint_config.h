@@ -1,0 +1,20 @@
+// [checkpoint] section: where and how often training saves, and what it resumes from. Lives with
+// the checkpoint code; engine/train parses it (docs/configuration.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace llmt {
+
+struct CheckpointConfig {
+  std::string dir;        // checkpoints go to DIR/step_NNNNNNNN; "" = never save
+  int64_t interval = 0;   // save every `interval` steps (0: only at the end of the run)
+  int64_t keep_last = 0;  // keep the newest keep_last checkpoints in dir; 0 = keep all
+  // "none": start from initialisation; "latest": resume from DIR/latest (an error if there is
+  // none); "auto": "latest" when it exists, else start from initialisation; anything else: the
+  // path of a checkpoint directory (or of a dir holding a `latest` file).
+  std::string load = "none";
+};
+
+}  // namespace llmt

@@ -1,0 +1,87 @@
+// Which pieces of the global tensors each rank of a layout writes, and where a rank's local rows
+// sit in the global tensors: pure arithmetic on ModelSpec and MeshShape, shared by save, load,
+// reshard and verify (docs/checkpoint-format.md).
+//
+// The write rule. For every parameter and every state kind (master weight, Adam m, Adam v), take
+// the tensor tp rank t holds (ModelSpec::shard_tp) and cut its R rows as ZeRO does: dp rank d
+// writes rows [d*s, min(R, (d+1)*s)), s = ceil(R/dp), whatever the zero stage (so DDP ranks
+// share the writing and a ZeRO shard is written by its owner). A parameter replicated over tp is
+// written by tp rank 0 only. Each piece is one or more boxes of the global tensor (a tp shard of
+// the fused qkv weight is three row ranges of it), each a contiguous run of the local rows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/model_spec.h"
+#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/mesh.h"
+
+namespace llmt::ckpt {
+
+using Kind = StateTensor::Kind;
+constexpr Kind kKinds[] = {Kind::param, Kind::exp_avg, Kind::exp_avg_sq};
+
+// "model", "optimizer/exp_avg", "optimizer/exp_avg_sq": the group of the index and shard files.
+const char* kind_group(Kind k);
+// "model/layers.3.mlp.fc1.weight".
+std::string tensor_path(Kind k, const std::string& param_name);
+
+// A rectangular block of a global tensor of ndim dims, row-major.
+struct Box {
+  std::vector<int64_t> start, count;
+  int64_t numel() const;
+  bool empty() const { return numel() == 0; }
+  std::string str() const;  // "[0:64, 16:32]"
+};
+Box whole(const Shape& shape);
+// The common part of a and b (empty when they do not meet).
+Box intersect(const Box& a, const Box& b);
+
+// A global box that is the contiguous elements [local_offset, local_offset + box.numel()) of a
+// run of local rows (offsets counted from the run's first row).
+struct LocalBox {
+  Box global;
+  int64_t local_offset = 0;
+};
+// The global boxes of parameter i that rows [row_begin, row_end) of the tensor `tp_spec` holds
+// (its tp shard) are, in local order.
+std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t row_begin,
+                                   int64_t row_end);
+
+// One run of local rows of one state tensor that a rank writes.
+struct Piece {
+  Kind kind;
+  size_t param;
+  int64_t row_begin, row_end;  // rows of the tp-local tensor
+};
+// What global rank `rank` of `mesh` writes (the rule above); tp_spec = spec.shard_tp for that
+// rank's tp coordinate.
+std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank);
+
+// The name of box k of a piece inside a rank file: "model/wte.weight/0".
+std::string shard_dataset(Kind k, const std::string& param_name, size_t box);
+// "rank_00003.h5".
+std::string rank_file_name(int rank);
+
+}  // namespace llmt::ckpt
+
+namespace llmt::ckpt {
+
+// Where one box of a global tensor is stored: dataset `dataset` of rank file `file`.
+struct Mapping {
+  Box dest;
+  std::string file, dataset;
+};
+// One global tensor of the index ("model/wte.weight") and the boxes that make it up.
+struct IndexTensor {
+  std::string path;
+  std::vector<int64_t> shape;
+  std::vector<Mapping> mappings;
+};
+// Every global tensor of `spec` (whole model, global shapes) and, for each, where every rank of
+// `mesh` writes its pieces (the write rule above). Order: kinds, then spec order.
+std::vector<IndexTensor> plan_index(const ModelSpec& spec, const MeshShape& mesh);
+
+}  // namespace llmt::ckpt

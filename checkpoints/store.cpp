@@ -1,0 +1,337 @@
+#include "checkpoints/store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "checkpoints/h5.h"
+
+namespace llmt::ckpt {
+
+namespace fs = std::filesystem;
+
+std::string layout_text(const RunState& s) {
+  return detail::concat("tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp),
+                        " dp=", s.mesh.size(Axis::dp), " pp=", s.mesh.size(Axis::pp),
+                        " zero_stage=", s.zero_stage,
+                        " sequence_parallel=", s.sequence_parallel ? "true" : "false");
+}
+
+namespace {
+
+// Link creation that makes missing parent groups ("model/" of "model/wte.weight").
+h5::Id parents_lcpl() {
+  h5::Id lcpl = h5::checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate");
+  h5::check(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group");
+  return lcpl;
+}
+
+constexpr int64_t kChunkElems = int64_t{1} << 20;
+
+}  // namespace
+
+// ---- writing ----
+
+struct ShardFileWriter::Impl {
+  h5::Id file, lcpl;
+};
+
+ShardFileWriter::ShardFileWriter(const std::string& path, int rank)
+    : path_(path), impl_(std::make_unique<Impl>()) {
+  h5::quiet();
+  impl_->file = h5::create_file(path);
+  impl_->lcpl = parents_lcpl();
+  h5::write_attr(impl_->file, "format", std::string(kFormat) + "-shard");
+  h5::write_attr(impl_->file, "version", kVersion);
+  h5::write_attr(impl_->file, "rank", static_cast<int64_t>(rank));
+}
+
+ShardFileWriter::~ShardFileWriter() = default;
+
+void ShardFileWriter::write(const std::string& dataset, const Box& box, const float* data) {
+  const std::string where = path_ + ": dataset " + dataset;
+  h5::Id space = h5::simple_space(box.count);
+  h5::Id dcpl = h5::checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
+  // Chunks of whole rows (trailing dims whole), at most kChunkElems elements when rows allow.
+  std::vector<hsize_t> chunk(box.count.begin(), box.count.end());
+  const int64_t row_numel = box.numel() / std::max<int64_t>(1, box.count[0]);
+  chunk[0] = static_cast<hsize_t>(
+      std::clamp<int64_t>(kChunkElems / std::max<int64_t>(1, row_numel), 1, box.count[0]));
+  h5::check(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), where);
+  h5::check(H5Pset_fletcher32(dcpl), where);
+  h5::Id d = h5::checked(H5Dcreate2(impl_->file, dataset.c_str(), H5T_IEEE_F32LE, space,
+                                    impl_->lcpl, dcpl, H5P_DEFAULT),
+                         H5Dclose, "cannot create " + where);
+  h5::check(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+            "cannot write " + where);
+  h5::write_attr(d, "offset", box.start);
+  bytes_ += box.numel() * 4;
+}
+
+void ShardFileWriter::close() {
+  impl_->lcpl.reset();
+  if (!impl_->file.reset())
+    throw Error("closing checkpoint file " + path_ + " failed: " + h5::error_stack());
+  h5::fsync_path(path_);
+}
+
+void write_index(const std::string& dir, const RunState& s,
+                 const std::vector<IndexTensor>& tensors) {
+  h5::quiet();
+  const std::string path = (fs::path(dir) / kIndexFile).string();
+  {
+    h5::Id file = h5::create_file(path);
+    h5::write_attr(file, "format", std::string(kFormat));
+    h5::write_attr(file, "version", kVersion);
+    h5::write_attr(file, "step", s.step);
+    h5::write_attr(file, "updates", s.updates);
+    h5::write_attr(file, "consumed_samples", s.consumed_samples);
+    h5::write_attr(file, "loss_scale", s.loss_scale);
+    h5::write_attr(file, "loss_scale_clean_steps", s.loss_scale_clean_steps);
+    h5::write_attr(file, "seed", s.seed);
+    h5::write_attr(file, "config", s.config);
+    h5::write_attr(file, "mesh", std::vector<int64_t>(s.mesh.degree.begin(), s.mesh.degree.end()));
+    h5::write_attr(file, "zero_stage", s.zero_stage);
+    h5::write_attr(file, "sequence_parallel", static_cast<int64_t>(s.sequence_parallel));
+    h5::write_attr(file, "layout", layout_text(s));
+    h5::Id lcpl = parents_lcpl();
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const IndexTensor& it = tensors[t];
+      h5::Id vspace = h5::simple_space(it.shape);
+      h5::Id dcpl = h5::checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
+      // Elements no mapping covers read as NaN, never as a plausible zero.
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      h5::check(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "H5Pset_fill_value");
+      for (const Mapping& m : it.mappings) {
+        h5::Id sel = h5::simple_space(it.shape);
+        h5::select(sel, m.dest.start, m.dest.count);
+        h5::Id src = h5::simple_space(m.dest.count);
+        h5::check(H5Pset_virtual(dcpl, sel, m.file.c_str(), m.dataset.c_str(), src),
+                  path + ": mapping " + m.file + ":" + m.dataset);
+      }
+      h5::Id d = h5::checked(
+          H5Dcreate2(file, it.path.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
+          H5Dclose, path + ": cannot create virtual dataset " + it.path);
+      h5::write_attr(d, "index", static_cast<int64_t>(t));
+    }
+    if (!file.reset()) throw Error("closing " + path + " failed: " + h5::error_stack());
+  }
+  h5::fsync_path(path);
+}
+
+// ---- reading ----
+
+struct Checkpoint::Files {
+  std::map<std::string, h5::Id> open;
+};
+
+namespace {
+
+struct VisitState {
+  std::vector<std::string> datasets;
+};
+
+herr_t visit_link(hid_t group, const char* name, const H5L_info_t* info, void* data) {
+  (void)info;
+  H5O_info_t oinfo;
+#if H5_VERSION_GE(1, 12, 0)
+  if (H5Oget_info_by_name3(group, name, &oinfo, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+#else
+  if (H5Oget_info_by_name2(group, name, &oinfo, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+#endif
+  if (oinfo.type == H5O_TYPE_DATASET) static_cast<VisitState*>(data)->datasets.push_back(name);
+  return 0;
+}
+
+std::string read_name(ssize_t (*get)(hid_t, size_t, char*, size_t), hid_t dcpl, size_t i) {
+  const ssize_t n = get(dcpl, i, nullptr, 0);
+  if (n < 0) h5::check(-1, "reading a virtual mapping");
+  std::string s(static_cast<size_t>(n) + 1, '\0');
+  get(dcpl, i, s.data(), s.size());
+  s.resize(static_cast<size_t>(n));
+  return s;
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_unique<Files>()) {
+  h5::quiet();
+  const std::string path = (fs::path(dir) / kIndexFile).string();
+  if (!fs::is_directory(dir)) throw Error("checkpoint " + dir + " does not exist");
+  if (!fs::exists(path))
+    throw Error("checkpoint " + dir + " is incomplete: it has no " + kIndexFile);
+  h5::Id file = h5::open_file(path, false);
+  const std::string where = "checkpoint index " + path;
+  const std::string format = h5::read_attr_string(file, "format", where);
+  if (format != kFormat)
+    throw Error(where + ": attribute format is \"" + format + "\", expected \"" + kFormat + "\"");
+  const int64_t version = h5::read_attr_int(file, "version", where);
+  if (version != kVersion)
+    throw Error(detail::concat(where, ": format version ", version, "; this build reads version ",
+                               kVersion));
+  RunState& s = state_;
+  s.step = h5::read_attr_int(file, "step", where);
+  s.updates = h5::read_attr_int(file, "updates", where);
+  s.consumed_samples = h5::read_attr_int(file, "consumed_samples", where);
+  s.loss_scale = h5::read_attr_double(file, "loss_scale", where);
+  s.loss_scale_clean_steps = h5::read_attr_int(file, "loss_scale_clean_steps", where);
+  s.seed = h5::read_attr_int(file, "seed", where);
+  s.config = h5::read_attr_string(file, "config", where);
+  const std::vector<int64_t> mesh = h5::read_attr_ints(file, "mesh", where);
+  if (mesh.size() != kNumAxes) throw Error(where + ": attribute mesh must have 4 entries");
+  for (int a = 0; a < kNumAxes; ++a) s.mesh.degree[a] = static_cast<int>(mesh[a]);
+  s.zero_stage = h5::read_attr_int(file, "zero_stage", where);
+  s.sequence_parallel = h5::read_attr_int(file, "sequence_parallel", where) != 0;
+
+  VisitState visit;
+  h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit_link, &visit),
+            where + ": listing datasets");
+  std::vector<std::pair<int64_t, IndexTensor>> found;
+  for (const std::string& name : visit.datasets) {
+    h5::Id d = h5::open_dataset(file, name, where);
+    h5::Id dcpl = h5::checked(H5Dget_create_plist(d), H5Pclose, "H5Dget_create_plist");
+    if (H5Pget_layout(dcpl) != H5D_VIRTUAL)
+      throw Error(where + ": dataset " + name + " is not a virtual dataset");
+    IndexTensor t{name, h5::dataset_dims(d), {}};
+    size_t n = 0;
+    h5::check(H5Pget_virtual_count(dcpl, &n), where + ": " + name);
+    for (size_t i = 0; i < n; ++i) {
+      h5::Id vs = h5::checked(H5Pget_virtual_vspace(dcpl, i), H5Sclose, where + ": " + name);
+      const size_t nd = t.shape.size();
+      std::vector<hsize_t> start(nd), stride(nd), count(nd), block(nd);
+      h5::check(
+          H5Sget_regular_hyperslab(vs, start.data(), stride.data(), count.data(), block.data()),
+          where + ": " + name + ": a mapping is not a regular hyperslab");
+      Mapping m;
+      for (size_t k = 0; k < nd; ++k) {
+        m.dest.start.push_back(static_cast<int64_t>(start[k]));
+        m.dest.count.push_back(static_cast<int64_t>(count[k] * block[k]));
+      }
+      m.file = read_name(H5Pget_virtual_filename, dcpl, i);
+      m.dataset = read_name(H5Pget_virtual_dsetname, dcpl, i);
+      t.mappings.push_back(std::move(m));
+    }
+    found.emplace_back(h5::has_attr(d, "index") ? h5::read_attr_int(d, "index", where) : 0,
+                       std::move(t));
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [order, t] : found) {
+    by_path_[t.path] = tensors_.size();
+    tensors_.push_back(std::move(t));
+  }
+}
+
+Checkpoint::~Checkpoint() = default;
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+
+const IndexTensor* Checkpoint::find(const std::string& path) const {
+  auto it = by_path_.find(path);
+  return it == by_path_.end() ? nullptr : &tensors_[it->second];
+}
+
+namespace {
+hid_t open_rank_file(std::map<std::string, h5::Id>& open, const std::string& dir,
+                     const std::string& name, const std::string& tensor) {
+  auto it = open.find(name);
+  if (it != open.end()) return it->second;
+  const std::string path = (fs::path(dir) / name).string();
+  if (!fs::exists(path))
+    throw Error("checkpoint " + dir + ": rank file " + name + " (holding part of " + tensor +
+                ") is missing");
+  return open.emplace(name, h5::open_file(path, false)).first->second;
+}
+}  // namespace
+
+void Checkpoint::read(const std::string& path, const Box& box, float* out) const {
+  const IndexTensor* t = find(path);
+  if (!t) throw Error("checkpoint " + dir_ + " has no tensor " + path);
+  h5::Id mem = h5::simple_space(box.count);
+  int64_t covered = 0;
+  for (const Mapping& m : t->mappings) {
+    const Box part = intersect(m.dest, box);
+    if (part.empty()) continue;
+    const hid_t file = open_rank_file(files_->open, dir_, m.file, path);
+    const std::string where = "checkpoint " + dir_ + ": " + m.file + ": dataset " + m.dataset;
+    h5::Id d = h5::open_dataset(file, m.dataset, "checkpoint " + dir_ + ": " + m.file);
+    if (h5::dataset_dims(d) != m.dest.count)
+      throw Error(where + " does not have the shape " + Box{m.dest.start, m.dest.count}.str() +
+                  " the index maps");
+    h5::Id fspace = h5::checked(H5Dget_space(d), H5Sclose, where);
+    std::vector<int64_t> fstart, mstart;
+    for (size_t k = 0; k < part.start.size(); ++k) {
+      fstart.push_back(part.start[k] - m.dest.start[k]);
+      mstart.push_back(part.start[k] - box.start[k]);
+    }
+    h5::select(fspace, fstart, part.count);
+    h5::select(mem, mstart, part.count);
+    h5::check(H5Dread(d, H5T_NATIVE_FLOAT, mem, fspace, H5P_DEFAULT, out), "cannot read " + where);
+    covered += part.numel();
+  }
+  if (covered != box.numel())
+    throw Error(detail::concat("checkpoint ", dir_, ": ", path, " box ", box.str(), " is ",
+                               covered == 0 ? "not covered" : "only partly covered",
+                               " by the rank files (", covered, " of ", box.numel(), " elements)"));
+}
+
+std::vector<std::string> Checkpoint::check_structure() const {
+  std::vector<std::string> errors;
+  for (const IndexTensor& t : tensors_) {
+    const std::string where = "checkpoint " + dir_ + ": " + t.path;
+    Box full;
+    full.count = t.shape;
+    full.start.assign(t.shape.size(), 0);
+    int64_t sum = 0;
+    for (size_t i = 0; i < t.mappings.size(); ++i) {
+      const Mapping& m = t.mappings[i];
+      if (intersect(m.dest, full).numel() != m.dest.numel())
+        errors.push_back(where + ": box " + m.dest.str() + " lies outside the tensor");
+      for (size_t j = 0; j < i; ++j)
+        if (!intersect(m.dest, t.mappings[j].dest).empty())
+          errors.push_back(where + ": boxes " + m.dest.str() + " (" + m.file + ") and " +
+                           t.mappings[j].dest.str() + " (" + t.mappings[j].file + ") overlap");
+      sum += m.dest.numel();
+      const std::string file = (fs::path(dir_) / m.file).string();
+      if (!fs::exists(file)) {
+        errors.push_back(where + ": rank file " + m.file + " is missing");
+        continue;
+      }
+      try {
+        const hid_t f = open_rank_file(files_->open, dir_, m.file, t.path);
+        h5::Id d = h5::open_dataset(f, m.dataset, "checkpoint " + dir_ + ": " + m.file);
+        if (h5::dataset_dims(d) != m.dest.count)
+          errors.push_back(where + ": " + m.file + ": dataset " + m.dataset +
+                           " does not have the mapped shape");
+      } catch (const Error& e) {
+        errors.push_back(e.what());
+      }
+    }
+    if (sum != full.numel())
+      errors.push_back(
+          detail::concat(where, ": the rank files cover ", sum, " of ", full.numel(), " elements"));
+  }
+  return errors;
+}
+
+std::vector<std::string> Checkpoint::verify() const {
+  std::vector<std::string> errors = check_structure();
+  std::vector<float> buf;
+  for (const IndexTensor& t : tensors_) {
+    for (const Mapping& m : t.mappings) {
+      buf.resize(static_cast<size_t>(m.dest.numel()));
+      try {
+        read(t.path, m.dest, buf.data());
+      } catch (const Error& e) {
+        errors.push_back(e.what());
+      }
+    }
+  }
+  // The same problem can surface in both passes (a file that cannot be opened): report it once.
+  std::vector<std::string> unique;
+  for (std::string& e : errors)
+    if (std::find(unique.begin(), unique.end(), e) == unique.end()) unique.push_back(std::move(e));
+  return unique;
+}
+
+}  // namespace llmt::ckpt

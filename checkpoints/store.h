@@ -1,0 +1,93 @@
+// The checkpoint files (docs/checkpoint-format.md): one HDF5 file per rank holding the boxes it
+// writes (Fletcher32-checksummed chunks), and index.h5 with one virtual dataset per global tensor
+// mapping those boxes, plus the run state as attributes. Reading goes to the rank files directly
+// (through the index's mappings), so an error names the file and dataset at fault.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoints/layout.h"
+
+namespace llmt::ckpt {
+
+constexpr const char* kFormat = "llmtrain-checkpoint";
+constexpr int64_t kVersion = 1;
+constexpr const char* kIndexFile = "index.h5";
+
+// Everything besides tensors that resuming needs, and the layout the checkpoint was written in.
+struct RunState {
+  int64_t step = 0;              // optimizer steps taken (the next step is step + 1)
+  int64_t updates = 0;           // AdamW updates applied (steps minus fp16-skipped ones)
+  int64_t consumed_samples = 0;  // samples of the train stream read so far
+  double loss_scale = 1.0;       // fp16 dynamic loss scale
+  int64_t loss_scale_clean_steps = 0;
+  int64_t seed = 0;    // train.seed (init, dropout)
+  std::string config;  // the resolved config, TOML
+  MeshShape mesh;      // degrees tp, cp, dp, pp
+  int64_t zero_stage = 0;
+  bool sequence_parallel = false;
+};
+std::string layout_text(const RunState& s);  // "tp=2 cp=1 dp=2 pp=1 zero_stage=1 sp=false"
+
+// Writes one rank's file: each dataset is a box of a global tensor, f32, chunked (at most 1 Mi
+// elements per chunk) with the Fletcher32 filter; attribute "offset" = the box's global start.
+class ShardFileWriter {
+ public:
+  ShardFileWriter(const std::string& path, int rank);
+  ~ShardFileWriter();
+  // data: box.count elements, row-major.
+  void write(const std::string& dataset, const Box& box, const float* data);
+  // Closes the file and syncs it to disk; throws if either fails.
+  void close();
+  int64_t bytes_written() const { return bytes_; }
+
+ private:
+  std::string path_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t bytes_ = 0;
+};
+
+// Writes DIR/index.h5 (virtual datasets over the rank files named in `tensors`), syncs it.
+void write_index(const std::string& dir, const RunState& state,
+                 const std::vector<IndexTensor>& tensors);
+
+// A checkpoint directory opened for reading.
+class Checkpoint {
+ public:
+  // Reads DIR/index.h5: the run state and every tensor's mappings. Throws Error naming the path
+  // when it is not a complete checkpoint.
+  explicit Checkpoint(const std::string& dir);
+  ~Checkpoint();
+  Checkpoint(Checkpoint&&) noexcept;
+
+  const std::string& dir() const { return dir_; }
+  const RunState& state() const { return state_; }
+  const std::vector<IndexTensor>& tensors() const { return tensors_; }
+  const IndexTensor* find(const std::string& path) const;
+
+  // The box `box` of global tensor `path` into out (box.count elements, row-major), read from
+  // the rank files. Throws naming the file and dataset on a missing file, a checksum error or a
+  // box not covered by the index.
+  void read(const std::string& path, const Box& box, float* out) const;
+
+  // Structural checks (no tensor data read): every tensor's mappings cover each element exactly
+  // once, every rank file and dataset exists with the mapped shape. One message per problem.
+  std::vector<std::string> check_structure() const;
+  // check_structure, then every dataset of every rank file read in full (checksums).
+  std::vector<std::string> verify() const;
+
+ private:
+  std::string dir_;
+  RunState state_;
+  std::vector<IndexTensor> tensors_;
+  std::map<std::string, size_t> by_path_;
+  struct Files;
+  std::unique_ptr<Files> files_;  // open rank files, by name
+};
+
+}  // namespace llmt::ckpt
