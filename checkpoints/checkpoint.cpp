@@ -233,9 +233,10 @@ SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpe
   return result;
 }
 
-void load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
-          DeviceBackend& backend) {
+int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
+             DeviceBackend& backend) {
   std::vector<float> host;
+  int64_t bytes = 0;
   for (const StateTensor& st : state.state_tensors()) {
     const ParamSpec& p = tp_spec.params[st.param];
     const int64_t rows = st.local.size(0);
@@ -243,8 +244,10 @@ void load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
     for (const LocalBox& lb : global_boxes(tp_spec, st.param, st.row_begin, st.row_begin + rows))
       ckpt.read(tensor_path(st.kind, p.name), lb.global, host.data() + lb.local_offset);
     backend.copy_from_host(st.local.data, host.data(), host.size() * 4);
+    bytes += static_cast<int64_t>(host.size()) * 4;
   }
   state.after_load();
+  return bytes;
 }
 
 }  // namespace llmt::ckpt

@@ -44,8 +44,8 @@ SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpe
                 const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend);
 
 // Reads every state tensor this rank holds from `ckpt` (whatever layout it was written in) and
-// lets `state` refresh what derives from them.
-void load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
-          DeviceBackend& backend);
+// lets `state` refresh what derives from them. Returns the bytes read.
+int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
+             DeviceBackend& backend);
 
 }  // namespace llmt::ckpt

@@ -202,14 +202,21 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   int64_t start_step = 0, updates = 0, consumed = 0;
   if (resume) {
     const ckpt::RunState& rs = resume->state();
-    ckpt::load(*resume, model.spec(), *data_parallel, *backend);
+    const auto t_load = std::chrono::steady_clock::now();
+    const int64_t bytes = ckpt::load(*resume, model.spec(), *data_parallel, *backend);
+    const double load_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
     start_step = rs.step;
     updates = rs.updates;
     consumed = rs.consumed_samples;
     if (rank0 && !opts.quiet)
-      std::printf("checkpoint: resumed from %s (step %lld, written at %s)\n", resume->dir().c_str(),
-                  static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str());
+      std::printf(
+          "checkpoint: resumed from %s (step %lld, written at %s; rank 0 read %.1f MB in "
+          "%.2f s, %.2f GB/s)\n",
+          resume->dir().c_str(), static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str(),
+          static_cast<double>(bytes) / 1e6, load_s,
+          static_cast<double>(bytes) / 1e9 / std::max(load_s, 1e-9));
     LLMT_CHECK(consumed <= cfg.train.steps * gbs || start_step >= cfg.train.steps, "checkpoint ",
                resume->dir(), " consumed ", consumed, " samples");
   }

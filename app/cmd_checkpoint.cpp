@@ -1,0 +1,99 @@
+// `llmtrain checkpoint inspect|verify|reshard DIR ...`: the offline checkpoint tools
+// (docs/checkpoint-format.md). DIR is a checkpoint directory, or a directory of checkpoints with a
+// `latest` file. Nothing here starts MPI.
+#include <cstdio>
+
+#include "app/commands.h"
+#include "checkpoints/checkpoint.h"
+#include "checkpoints/tools.h"
+#include "engine/model/model_spec.h"
+#include "engine/train/config.h"
+
+namespace llmt::app {
+
+namespace {
+
+ckpt::Checkpoint open_checkpoint(const std::string& dir) {
+  CheckpointConfig c;
+  c.load = dir;
+  return ckpt::Checkpoint(*ckpt::resolve_load(c));
+}
+
+// The config stored in the checkpoint, with `overrides` applied.
+Config stored_config(const ckpt::Checkpoint& ck, const std::vector<std::string>& overrides) {
+  return parse_config_string(ck.state().config, ck.dir() + "/index.h5 (attribute config)",
+                             overrides);
+}
+
+}  // namespace
+
+Run add_checkpoint_command(CLI::App& app) {
+  struct Args {
+    std::string dir, out;
+    std::vector<std::string> overrides;
+    int world = 0;
+    bool config = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("checkpoint", "Inspect, verify and reshard checkpoints");
+  cmd->require_subcommand(1);
+  CLI::App* inspect = cmd->add_subcommand("inspect",
+                                          "Print the step, layout, run state and every tensor with "
+                                          "its global shape, dtype and L2 norm");
+  inspect->add_option("dir", args->dir, "Checkpoint directory")->required();
+  inspect->add_flag("--config", args->config, "Also print the resolved config of the run");
+  CLI::App* verify = cmd->add_subcommand(
+      "verify",
+      "Read everything: checksums, every element of every tensor covered exactly "
+      "once, tensors matching the model of the stored config; exit 1 on any problem");
+  verify->add_option("dir", args->dir, "Checkpoint directory")->required();
+  CLI::App* reshard = cmd->add_subcommand(
+      "reshard", "Write a copy laid out for another [parallel] layout, tensor by tensor");
+  reshard->add_option("dir", args->dir, "Checkpoint directory")->required();
+  reshard->add_option("out", args->out, "New checkpoint directory (must not exist)")->required();
+  reshard->add_option("--set", args->overrides,
+                      "Change the stored config, e.g. parallel.tp=4 (repeatable)");
+  reshard
+      ->add_option("--world", args->world,
+                   "World size of the new layout (default: the checkpoint's)")
+      ->check(CLI::PositiveNumber);
+
+  return [args, cmd]() {
+    const ckpt::Checkpoint ck = open_checkpoint(args->dir);
+    if (cmd->got_subcommand("inspect")) {
+      std::printf("%s", ckpt::inspect(ck, args->config).c_str());
+      return 0;
+    }
+    if (cmd->got_subcommand("verify")) {
+      const Config cfg = stored_config(ck, {});
+      const ckpt::VerifyReport r = ckpt::verify(ck, ModelSpec::from_config(cfg.model));
+      for (const std::string& e : r.errors) std::fprintf(stderr, "error: %s\n", e.c_str());
+      if (!r.errors.empty()) {
+        std::fprintf(stderr, "%s: %zu problems\n", ck.dir().c_str(), r.errors.size());
+        return 1;
+      }
+      std::printf(
+          "%s: ok: %lld tensors in %lld boxes over %d rank files, %.1f MB read, checksums "
+          "and coverage verified\n",
+          ck.dir().c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.boxes),
+          ck.state().mesh.world(), static_cast<double>(r.bytes) / 1e6);
+      return 0;
+    }
+    // reshard
+    const Config cfg = stored_config(ck, args->overrides);
+    const int world = args->world > 0 ? args->world : ck.state().mesh.world();
+    validate_layout(cfg, world);
+    ckpt::RunState state = ck.state();
+    state.mesh = mesh_shape(cfg.parallel, world);
+    state.zero_stage = cfg.parallel.zero_stage;
+    state.sequence_parallel = cfg.parallel.sequence_parallel;
+    state.config = to_toml(cfg);
+    const int64_t bytes = ckpt::reshard(ck, ModelSpec::from_config(cfg.model), state, args->out);
+    std::printf("%s -> %s: %s -> %s, %.1f MB\n", ck.dir().c_str(), args->out.c_str(),
+                ckpt::layout_text(ck.state()).c_str(), ckpt::layout_text(state).c_str(),
+                static_cast<double>(bytes) / 1e6);
+    return 0;
+  };
+}
+
+}  // namespace llmt::app

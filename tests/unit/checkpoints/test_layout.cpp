@@ -1,0 +1,123 @@
+// The checkpoint write rule and box arithmetic (checkpoints/layout.h), no files: for many
+// layouts, the pieces all ranks write cover every element of every global tensor exactly once,
+// and each rank's local rows land at the right global positions.
+#include <gtest/gtest.h>
+
+#include "checkpoints/layout.h"
+
+namespace llmt::ckpt {
+namespace {
+
+ModelSpec tiny(Arch arch) {
+  ModelConfig c = model_preset(arch);
+  c.vocab_size = 96;
+  c.n_layers = 2;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.n_kv_heads = arch == Arch::llama ? 2 : 0;
+  c.seq_len = 8;
+  c.d_ff = preset_d_ff(arch, c.d_model);
+  return ModelSpec::from_config(c);
+}
+
+MeshShape mesh(int tp, int dp, int cp = 1) {
+  MeshShape m;
+  m.degree = {tp, cp, dp, 1};
+  return m;
+}
+
+// Row-major offset of box element `k` (0-based, row-major within the box) in the global tensor.
+int64_t global_offset(const std::vector<int64_t>& shape, const Box& b, int64_t k) {
+  int64_t off = 0;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const int64_t idx = b.start[d] + k % b.count[d];
+    k /= b.count[d];
+    int64_t stride = 1;
+    for (size_t e = d + 1; e < shape.size(); ++e) stride *= shape[e];
+    off += idx * stride;
+  }
+  return off;
+}
+
+class LayoutTest : public ::testing::TestWithParam<std::tuple<Arch, int, int, int>> {};
+
+TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
+  const auto [arch, tp, dp, cp] = GetParam();
+  const ModelSpec spec = tiny(arch);
+  const std::vector<IndexTensor> plan = plan_index(spec, mesh(tp, dp, cp));
+  ASSERT_EQ(plan.size(), 3 * spec.params.size());
+  for (const IndexTensor& t : plan) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    std::vector<int> hits(static_cast<size_t>(numel), 0);
+    for (const Mapping& m : t.mappings)
+      for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
+    for (int64_t i = 0; i < numel; ++i)
+      ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " at tp " << tp << " dp " << dp;
+  }
+}
+
+// Each rank's local rows, mapped through global_boxes, equal the global tensor's elements: a
+// global tensor with value = global offset, sharded as ModelSpec::shard_tp says (local_slices).
+TEST_P(LayoutTest, LocalRowsMapToTheirGlobalElements) {
+  const auto [arch, tp, dp, cp] = GetParam();
+  (void)dp;
+  (void)cp;
+  const ModelSpec spec = tiny(arch);
+  for (int t = 0; t < tp; ++t) {
+    const ModelSpec s = spec.shard_tp(tp, t);
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const ParamSpec& p = s.params[i];
+      const std::vector<int64_t> gshape = whole(p.global_shape).count;
+      const int64_t rows = p.shape[0], row_numel = p.shape.numel() / rows;
+      // The local tensor built from the slices (values = global offsets).
+      std::vector<int64_t> local(static_cast<size_t>(p.shape.numel()));
+      for (const ShardSlice& sl : s.local_slices(i)) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < row_numel; ++c) {
+            int64_t gr = r, gc = c, lr = r;
+            if (sl.dim == 0) {
+              if (r < sl.local_start || r >= sl.local_start + sl.length) continue;
+              gr = sl.global_start + (r - sl.local_start);
+            } else {
+              gc = sl.global_start + c;
+            }
+            local[static_cast<size_t>(lr * row_numel + c)] =
+                gr * (p.global_shape.numel() / p.global_shape[0]) + gc;
+          }
+      }
+      // Any run of rows: its boxes read back the same values.
+      for (int64_t a = 0; a < rows; a += 3) {
+        const int64_t b = std::min(rows, a + 5);
+        int64_t covered = 0;
+        for (const LocalBox& lb : global_boxes(s, i, a, b)) {
+          for (int64_t k = 0; k < lb.global.numel(); ++k)
+            ASSERT_EQ(local[static_cast<size_t>(a * row_numel + lb.local_offset + k)],
+                      global_offset(gshape, lb.global, k))
+                << p.name << " tp rank " << t << " rows [" << a << ", " << b << ")";
+          covered += lb.global.numel();
+        }
+        EXPECT_EQ(covered, (b - a) * row_numel) << p.name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest,
+                         ::testing::Combine(::testing::Values(Arch::gpt2, Arch::llama),
+                                            ::testing::Values(1, 2), ::testing::Values(1, 3, 4),
+                                            ::testing::Values(1, 2)));
+
+TEST(Layout, ReplicasWriteNothing) {
+  const ModelSpec spec = tiny(Arch::gpt2);
+  const MeshShape m = mesh(2, 1, 2);
+  const ModelSpec s1 = spec.shard_tp(2, 1);
+  // Rank 1 is tp 1: only tp-sharded params; rank 2 is cp 1: nothing.
+  for (const Piece& pc : pieces_to_write(s1, m, 1)) EXPECT_TRUE(s1.params[pc.param].tp.sharded());
+  EXPECT_TRUE(pieces_to_write(spec.shard_tp(2, 0), m, 2).empty());
+  EXPECT_EQ(rank_file_name(12), "rank_00012.h5");
+  EXPECT_EQ(shard_dataset(Kind::exp_avg, "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");
+}
+
+}  // namespace
+}  // namespace llmt::ckpt
