@@ -154,83 +154,153 @@ void check_model(const Checkpoint& ckpt, const ModelSpec& spec) {
   throw ConfigError(msg);
 }
 
-SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-                const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Communicator& world = mesh.world();
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
+                         const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh,
+                         DeviceBackend& backend, bool background)
+    : cfg_(cfg),
+      run_(run),
+      spec_(spec),
+      tp_spec_(tp_spec),
+      mesh_(mesh),
+      start_(std::chrono::steady_clock::now()) {
   const bool rank0 = mesh.rank() == 0;
   const fs::path dir = cfg.dir;
-  const std::string name = step_dir_name(run.step);
-  const fs::path tmp = dir / (std::string(kTempPrefix) + name), final_dir = dir / name;
+  name_ = step_dir_name(run.step);
+  tmp_ = (dir / (std::string(kTempPrefix) + name_)).string();
   std::string error;
-
   if (rank0) {
     try {
       fs::create_directories(dir);
-      fs::remove_all(tmp);
-      fs::create_directory(tmp);
+      fs::remove_all(tmp_);
+      fs::create_directory(tmp_);
     } catch (const std::exception& e) {
-      error = "checkpoint: cannot create " + tmp.string() + ": " + e.what();
+      error = "checkpoint: cannot create " + tmp_ + ": " + e.what();
     }
   }
-  agree(world, error, "checkpoint: creating the directory");
+  agree(mesh.world(), error, "checkpoint: creating the directory");
 
   // This rank's pieces, from the state tensors that hold their rows.
-  SaveResult result;
+  std::map<std::pair<Kind, size_t>, std::vector<StateTensor>> held;
+  for (const StateTensor& st : state.state_tensors()) held[{st.kind, st.param}].push_back(st);
+  for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank())) {
+    const ParamSpec& p = tp_spec.params[pc.param];
+    const int64_t row_numel = p.shape.numel() / p.shape[0];
+    const StateTensor* src = nullptr;
+    for (const StateTensor& st : held[{pc.kind, pc.param}])
+      if (st.row_begin <= pc.row_begin && st.row_begin + st.local.size(0) >= pc.row_end) src = &st;
+    LLMT_CHECK(src, "checkpoint: this rank must write rows [", pc.row_begin, ", ", pc.row_end,
+               ") of ", tensor_path(pc.kind, p.name), " but does not hold them");
+    pieces_.push_back({pc,
+                       src->local.f32() + (pc.row_begin - src->row_begin) * row_numel,
+                       (pc.row_end - pc.row_begin) * row_numel,
+                       {}});
+  }
+  if (!background) {
+    // Straight from the device tensors, through one host buffer.
+    write_file(&backend);
+    blocked_s_ = seconds_since(start_);
+    return;
+  }
+  // Snapshot this rank's pieces to host memory; training goes on while a thread writes them.
+  for (PieceData& pd : pieces_) {
+    pd.host.resize(static_cast<size_t>(pd.numel));
+    backend.copy_to_host(pd.host.data(), pd.device, pd.host.size() * 4);
+  }
+  writer_ = std::thread([this] { write_file(nullptr); });
+  blocked_s_ = seconds_since(start_);
+}
+
+PendingSave::~PendingSave() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void PendingSave::write_file(DeviceBackend* backend) {
+  const std::string path = (fs::path(tmp_) / rank_file_name(mesh_.rank())).string();
   try {
-    std::map<std::pair<Kind, size_t>, std::vector<StateTensor>> held;
-    for (const StateTensor& st : state.state_tensors()) held[{st.kind, st.param}].push_back(st);
-    ShardFileWriter out((tmp / rank_file_name(mesh.rank())).string(), mesh.rank());
-    std::vector<float> host;
-    for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank())) {
-      const ParamSpec& p = tp_spec.params[pc.param];
-      const int64_t row_numel = p.shape.numel() / p.shape[0];
-      const StateTensor* src = nullptr;
-      for (const StateTensor& st : held[{pc.kind, pc.param}])
-        if (st.row_begin <= pc.row_begin && st.row_begin + st.local.size(0) >= pc.row_end)
-          src = &st;
-      LLMT_CHECK(src, "checkpoint: this rank must write rows [", pc.row_begin, ", ", pc.row_end,
-                 ") of ", tensor_path(pc.kind, p.name), " but does not hold them");
-      const float* rows = src->local.f32() + (pc.row_begin - src->row_begin) * row_numel;
-      host.resize(static_cast<size_t>((pc.row_end - pc.row_begin) * row_numel));
-      backend.copy_to_host(host.data(), rows, host.size() * 4);
-      const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
+    ShardFileWriter out(path, mesh_.rank());
+    std::vector<float> buf;
+    for (const PieceData& pd : pieces_) {
+      const float* host = pd.host.data();
+      if (backend) {
+        buf.resize(static_cast<size_t>(pd.numel));
+        backend->copy_to_host(buf.data(), pd.device, buf.size() * 4);
+        host = buf.data();
+      }
+      const std::string& name = tp_spec_.params[pd.piece.param].name;
+      const auto boxes =
+          global_boxes(tp_spec_, pd.piece.param, pd.piece.row_begin, pd.piece.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
-        out.write(shard_dataset(pc.kind, p.name, b), boxes[b].global,
-                  host.data() + boxes[b].local_offset);
+        out.write(shard_dataset(pd.piece.kind, name, b), boxes[b].global,
+                  host + boxes[b].local_offset);
     }
     out.close();
-    result.bytes = out.bytes_written();
+    bytes_ = out.bytes_written();
   } catch (const std::exception& e) {
-    error = std::string("checkpoint: writing ") + (tmp / rank_file_name(mesh.rank())).string() +
-            " failed: " + e.what();
+    error_ = "checkpoint: writing " + path + " failed: " + e.what();
   }
-  agree(world, error, "checkpoint: writing the rank files");
+  write_s_ = seconds_since(start_);
+  written_.store(true);
+}
 
-  if (rank0) {
+bool PendingSave::poll(bool wait) {
+  if (finished_) return true;
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& world = mesh_.world();
+  if (wait && writer_.joinable()) writer_.join();
+  // Every rank learns whether all files are written (a collective: all ranks poll alike).
+  int32_t pending = written_.load() ? 0 : 1;
+  if (world.size() > 1) world.all_reduce(Tensor(&pending, {1}, DType::i32), ReduceOp::max).wait();
+  if (pending) {
+    blocked_s_ += seconds_since(t0);
+    return false;
+  }
+  if (writer_.joinable()) writer_.join();
+  pieces_.clear();  // the snapshot
+  agree(world, error_, "checkpoint: writing the rank files");
+
+  std::string error;
+  const fs::path dir = cfg_.dir, final_dir = dir / name_;
+  if (mesh_.rank() == 0) {
     try {
-      write_index(tmp.string(), run, plan_index(spec, mesh.shape()));
-      h5::fsync_path(tmp.string());
+      write_index(tmp_, run_, plan_index(spec_, mesh_.shape()));
+      h5::fsync_path(tmp_);
       // A checkpoint of this step from an earlier run is replaced only once the new one is whole.
-      const fs::path old = dir / (std::string(kTempPrefix) + "old." + name);
+      const fs::path old = dir / (std::string(kTempPrefix) + "old." + name_);
       if (fs::exists(final_dir)) fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
+      fs::rename(tmp_, final_dir);
       h5::fsync_path(dir.string());
-      write_latest(dir, name);
+      write_latest(dir, name_);
       fs::remove_all(old);
-      prune(dir, cfg.keep_last, name);
+      prune(dir, cfg_.keep_last, name_);
     } catch (const std::exception& e) {
       error = "checkpoint: finishing " + final_dir.string() + " failed: " + e.what();
     }
   }
   agree(world, error, "checkpoint: writing the index");
 
-  float bytes = static_cast<float>(result.bytes);
+  float bytes = static_cast<float>(bytes_);
   if (world.size() > 1) world.all_reduce(Tensor(&bytes, {1}, DType::f32)).wait();
-  result.bytes = static_cast<int64_t>(bytes);
-  result.path = final_dir.string();
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return result;
+  result_.bytes = static_cast<int64_t>(bytes);
+  result_.path = final_dir.string();
+  result_.write_seconds = write_s_;
+  result_.total_seconds = seconds_since(start_);
+  blocked_s_ += seconds_since(t0);
+  result_.blocked_seconds = blocked_s_;
+  finished_ = true;
+  return true;
+}
+
+SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
+                const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend) {
+  PendingSave s(cfg, run, spec, tp_spec, state, mesh, backend, /*background=*/false);
+  s.poll(true);
+  return s.result();
 }
 
 int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,

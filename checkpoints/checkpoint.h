@@ -2,8 +2,11 @@
 // "Atomicity"), `latest`, keep_last, and moving each rank's state tensors to and from the files.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "checkpoints/checkpoint_config.h"
 #include "checkpoints/store.h"
@@ -31,15 +34,62 @@ std::vector<std::string> remove_leftovers(const std::string& dir);
 void check_model(const Checkpoint& ckpt, const ModelSpec& spec);
 
 struct SaveResult {
-  std::string path;    // the checkpoint directory
-  int64_t bytes = 0;   // tensor bytes written by all ranks
-  double seconds = 0;  // wall time of the save on this rank (training blocked that long)
+  std::string path;            // the checkpoint directory
+  int64_t bytes = 0;           // tensor bytes written by all ranks
+  double write_seconds = 0;    // from the start until this rank's file was written and synced
+  double total_seconds = 0;    // from the start until the checkpoint was complete
+  double blocked_seconds = 0;  // of which training was blocked (all of it for a synchronous save)
 };
 
-// Collective over the mesh's world: every rank writes its pieces (layout.h) of the tensors
-// `state` holds into DIR/.tmp.step_N/rank_R.h5; rank 0 writes index.h5; the directory is synced
-// and renamed to DIR/step_N; `latest` is replaced atomically; checkpoints beyond keep_last go.
-// tp_spec: the model spec sharded for this rank's tp coordinate.
+// One save of the atomic protocol, in phases. The constructor (collective) creates the
+// temporary directory and either writes this rank's file at once (background = false) or copies
+// this rank's pieces to host memory and writes them from a thread while training goes on. poll()
+// (collective: every rank calls it at the same points) finishes the save once every rank's file
+// is written: rank 0 writes index.h5, renames the directory, replaces `latest` and prunes.
+class PendingSave {
+ public:
+  PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
+              const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend,
+              bool background);
+  ~PendingSave();
+  PendingSave(const PendingSave&) = delete;
+  PendingSave& operator=(const PendingSave&) = delete;
+  // wait = false: returns false at once unless every rank's file is written; true once the
+  // checkpoint is complete. Throws on every rank if any rank failed.
+  bool poll(bool wait);
+  const SaveResult& result() const { return result_; }
+  int64_t step() const { return run_.step; }
+
+ private:
+  struct PieceData {
+    Piece piece;
+    const float* device;  // the rows in the state tensor (device memory)
+    int64_t numel;
+    std::vector<float> host;  // background saves: the snapshot
+  };
+  void write_file(DeviceBackend* backend);  // backend: read the device rows (synchronous)
+
+  CheckpointConfig cfg_;
+  RunState run_;
+  const ModelSpec& spec_;
+  const ModelSpec& tp_spec_;
+  Mesh& mesh_;
+  std::chrono::steady_clock::time_point start_;
+  std::string name_, tmp_;
+  std::vector<PieceData> pieces_;
+  std::thread writer_;
+  std::atomic<bool> written_{false};
+  std::string error_;
+  int64_t bytes_ = 0;
+  double write_s_ = 0, blocked_s_ = 0;
+  bool finished_ = false;
+  SaveResult result_;
+};
+
+// A synchronous save (PendingSave without a thread), collective over the mesh's world: every
+// rank writes its pieces (layout.h) into DIR/.tmp.step_N/rank_R.h5; rank 0 writes index.h5; the
+// directory is synced and renamed to DIR/step_N; `latest` is replaced atomically; checkpoints
+// beyond keep_last go. tp_spec: the model spec sharded for this rank's tp coordinate.
 SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
                 const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend);
 

@@ -15,6 +15,9 @@ struct CheckpointConfig {
   // none); "auto": "latest" when it exists, else start from initialisation; anything else: the
   // path of a checkpoint directory (or of a dir holding a `latest` file).
   std::string load = "none";
+  // Write in the background: the state this rank writes is copied to host memory, training goes
+  // on, and the checkpoint completes at a later step (costs one host copy of that state).
+  bool async = false;
 };
 
 }  // namespace llmt

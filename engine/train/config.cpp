@@ -432,6 +432,7 @@ const std::vector<Section>& sections() {
                     .add("interval", &C::interval)
                     .add("keep_last", &C::keep_last)
                     .add("load", &C::load)
+                    .add("async", &C::async)
                     .build());
     s.push_back(SectionBuilder<L>("log", &Config::log)
                     .add("interval", &L::interval)

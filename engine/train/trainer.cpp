@@ -290,7 +290,25 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   if (rank0 && !opts.quiet && start_step >= cfg.train.steps)
     std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
                 static_cast<long long>(start_step), static_cast<long long>(cfg.train.steps));
-  auto save_checkpoint = [&](int64_t step) {
+  // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
+  // polled at every step end; a synchronous one completes where it starts).
+  std::unique_ptr<ckpt::PendingSave> pending;
+  auto report = [&](const ckpt::SaveResult& r) {
+    if (rank0 && !opts.quiet)
+      std::printf(
+          "checkpoint: saved %s (%.1f MB; rank 0 wrote its file in %.2f s, %.2f GB/s over all "
+          "ranks; training blocked %.2f s)\n",
+          r.path.c_str(), static_cast<double>(r.bytes) / 1e6, r.write_seconds,
+          static_cast<double>(r.bytes) / 1e9 / std::max(r.write_seconds, 1e-9), r.blocked_seconds);
+  };
+  auto poll_checkpoint = [&](bool wait) {
+    if (pending && pending->poll(wait)) {
+      report(pending->result());
+      pending.reset();
+    }
+  };
+  auto start_checkpoint = [&](int64_t step) {
+    poll_checkpoint(true);
     const LossScaler::State sc = scaler.state();
     ckpt::RunState rs;
     rs.step = step;
@@ -303,13 +321,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     rs.mesh = mesh.shape();
     rs.zero_stage = cfg.parallel.zero_stage;
     rs.sequence_parallel = cfg.parallel.sequence_parallel;
-    const ckpt::SaveResult r =
-        ckpt::save(cfg.checkpoint, rs, spec, model.spec(), *data_parallel, mesh, *backend);
-    if (rank0 && !opts.quiet)
-      std::printf("checkpoint: saved %s (%.1f MB in %.2f s, %.2f GB/s)\n", r.path.c_str(),
-                  static_cast<double>(r.bytes) / 1e6, r.seconds,
-                  static_cast<double>(r.bytes) / 1e9 / std::max(r.seconds, 1e-9));
-    return r.seconds;
+    pending =
+        std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, spec, model.spec(), *data_parallel,
+                                            mesh, *backend, cfg.checkpoint.async);
+    if (!cfg.checkpoint.async) poll_checkpoint(true);
   };
   const int64_t last_step =
       opts.stop_after > 0 ? std::min(opts.stop_after, cfg.train.steps) : cfg.train.steps;
@@ -365,8 +380,17 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);
     const CheckpointConfig& ck = cfg.checkpoint;
-    if (!ck.dir.empty() && ((ck.interval > 0 && step % ck.interval == 0) || step == last_step))
-      m.checkpoint_s = save_checkpoint(step);
+    const bool save_due =
+        !ck.dir.empty() && ((ck.interval > 0 && step % ck.interval == 0) || step == last_step);
+    if (save_due || pending) {
+      const auto tc = clock::now();
+      if (save_due) {
+        start_checkpoint(step);
+      } else {
+        poll_checkpoint(false);
+      }
+      m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
+    }
     metrics.write(m);
     if (rank0 && !opts.quiet && cfg.log.progress &&
         (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {
@@ -379,6 +403,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     result.steps = step;
     result.final_loss = m.loss;
   }
+  poll_checkpoint(true);  // an async save of the last step completes before the run ends
   if (!opts.dump_final.empty()) {
     data_parallel->gather_params(host_params);
     if (rank0) dump_params(opts.dump_final, spec, host_params);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Checkpoint save and load throughput on the GPT-2 124M shape (fp32: master weights + Adam m and
 # v = 1.49 GB per checkpoint), on 1 rank and on 2 ranks (dp=2, each rank writing half; ZeRO-1,
-# each rank loading its optimizer shard), and the time training is blocked per save.
-# Each save is synchronous: training waits for every rank file to be written and fsynced and
-# for the index and `latest` to be in place. Figures are from the runs' own log lines.
+# each rank loading its optimizer shard), synchronous and with checkpoint.async, and the time
+# training is blocked per save. A synchronous save blocks until every rank file is written and
+# fsynced and the index and `latest` are in place; an async one only for the host copy (and
+# for a previous save still in flight). Figures are from the runs' own log lines.
 #
 #   scripts/bench/bench_checkpoint.sh LLMTRAIN_BINARY [REPEATS]
 set -euo pipefail
@@ -65,4 +66,6 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}, $(nproc) cores, load aver
 for ((i = 0; i < repeats; i++)); do
   run rank1.$i 1
   run dp2_zero1.$i 2 --set parallel.zero_stage=1
+  run rank1_async.$i 1 --set checkpoint.async=true
+  run dp2_zero1_async.$i 2 --set parallel.zero_stage=1 --set checkpoint.async=true
 done

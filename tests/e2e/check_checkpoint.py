@@ -2,8 +2,9 @@
 """Checkpoints end to end, on one rank (the layout changes are tests/mpi/checkpoint_reshard.py).
 
   resume     stop after step 5 with a checkpoint, resume to step 10: every step's loss and grad
-             norm bitwise equal to the uninterrupted run (fp32, bf16, and fp16 whose loss scale
-             must be restored); keep_last prunes; metrics.jsonl keeps one line per step
+             norm bitwise equal to the uninterrupted run (fp32, bf16, fp16 whose loss scale must
+             be restored, and fp32 with background saves); keep_last prunes; metrics.jsonl
+             keeps one line per step
   reader     an independent reader (h5py) gets, through index.h5, the tensors --dump-final wrote;
              h5dump reads one too; inspect and verify report them
   kill       SIGKILL at random moments of a run that saves every step, until some kills land in
@@ -61,8 +62,10 @@ class Runner:
 
 
 def test_resume(r, w):
-    for precision in ["fp32", "bf16", "fp16"]:
-        sets = [f"train.precision={precision}"]
+    for precision in ["fp32", "bf16", "fp16", "fp32-async"]:
+        sets = [f"train.precision={precision.split('-')[0]}"]
+        if precision.endswith("async"):  # written in the background, completed at later steps
+            sets += ["checkpoint.async=true"]
         if precision == "fp16":  # a scale that overflows first: the scaler state matters
             sets += ["optimizer.initial_loss_scale=1e10", "optimizer.loss_scale_window=3"]
         full, part = os.path.join(w, f"full_{precision}"), os.path.join(w, f"part_{precision}")

@@ -3,7 +3,8 @@
 
 For a pair A:B of parity.py's layouts (plus "single", one rank):
   1. train at A for train.steps (the run that stays at A);
-  2. train at A again, stopping after step 5 with a checkpoint (--stop-after-steps);
+  2. train at A again with background saves every step, stopping after step 5
+     (--stop-after-steps);
   3. resume that checkpoint at B and train to the end: the losses and grad norms of steps 6.. must
      match run 1 within 1e-5 relative;
   4. `checkpoint reshard` the step-5 checkpoint to B and back to A: every dataset of every rank
@@ -70,8 +71,10 @@ def main():
     failures = []
 
     stay = train(args, os.path.join(w, "stay_a"), a, base)
+    # Saves every step in the background (checkpoint.async): each completes at a later step's
+    # collective poll, the last before the run ends.
     train(args, os.path.join(w, "first_a"), a, base, ["--stop-after-steps", str(STOP)],
-          [f"checkpoint.dir={ckpt}"])
+          [f"checkpoint.dir={ckpt}", "checkpoint.interval=1", "checkpoint.async=true"])
     moved = train(args, os.path.join(w, "then_b"), b, base, (), [f"checkpoint.load={ckpt}"])
     moved = [m for m in moved if m["step"] > STOP]
     if [m["step"] for m in moved] != [s["step"] for s in stay if s["step"] > STOP]:
