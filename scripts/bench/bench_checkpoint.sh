@@ -8,15 +8,8 @@
 #
 #   scripts/bench/bench_checkpoint.sh LLMTRAIN_BINARY [REPEATS]
 set -euo pipefail
-if [[ $# -lt 1 ]]; then
-  echo "usage: $0 LLMTRAIN_BINARY [REPEATS]" >&2
-  exit 2
-fi
-llmtrain="$(realpath "$1")"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 repeats="${2:-2}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 
 cat > "$work/bench.toml" <<TOML
 [model]
