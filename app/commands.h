@@ -12,5 +12,7 @@ using Run = std::function<int()>;
 Run add_train_command(CLI::App& app);
 Run add_config_command(CLI::App& app);
 Run add_data_command(CLI::App& app);
+// `checkpoint export`, registered on the `checkpoint` command group.
+Run add_checkpoint_export(CLI::App* checkpoint_group);
 
 }  // namespace llmt::app

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   llmt::app::Run run_train = llmt::app::add_train_command(app);
   llmt::app::Run run_config = llmt::app::add_config_command(app);
   llmt::app::Run run_data = llmt::app::add_data_command(app);
+  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Checkpoint tools");
+  checkpoint->require_subcommand(1);
+  llmt::app::Run run_checkpoint_export = llmt::app::add_checkpoint_export(checkpoint);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -40,6 +43,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return run_train();
     if (app.got_subcommand("config")) return run_config();
     if (app.got_subcommand("data")) return run_data();
+    if (checkpoint->got_subcommand("export")) return run_checkpoint_export();
     return 2;
   } catch (const llmt::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
