@@ -1,10 +1,11 @@
-// `llmtrain checkpoint inspect|verify|reshard DIR ...`: the offline checkpoint tools
+// `llmtrain checkpoint inspect|verify|reshard|export DIR ...`: the offline checkpoint tools
 // (docs/checkpoint-format.md). DIR is a checkpoint directory, or a directory of checkpoints with a
 // `latest` file. Nothing here starts MPI.
 #include <cstdio>
 
 #include "app/commands.h"
 #include "checkpoints/checkpoint.h"
+#include "checkpoints/export.h"
 #include "checkpoints/tools.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
@@ -14,22 +15,22 @@ namespace llmt::app {
 namespace {
 
 ckpt::Checkpoint open_checkpoint(const std::string& dir) {
-  CheckpointConfig c;
-  c.load = dir;
-  return ckpt::Checkpoint(*ckpt::resolve_load(c));
+  return ckpt::Checkpoint(ckpt::resolve_checkpoint_dir(dir));
 }
 
-// The config stored in the checkpoint, with `overrides` applied.
-Config stored_config(const ckpt::Checkpoint& ck, const std::vector<std::string>& overrides) {
-  return parse_config_string(ck.state().config, ck.dir() + "/index.h5 (attribute config)",
-                             overrides);
+// The config stored in the checkpoint, with `overrides` applied. Only [model] and [parallel]
+// matter here: the data files the run read need not exist on this machine.
+Config stored_config(const ckpt::Checkpoint& ck, std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(), "data.source=\"synthetic\"");
+  return parse_config_string(ck.state().config,
+                             ck.dir() + "/" + ckpt::kIndexFile + " (attribute config)", overrides);
 }
 
 }  // namespace
 
 Run add_checkpoint_command(CLI::App& app) {
   struct Args {
-    std::string dir, out;
+    std::string dir, out, format = "safetensors";
     std::vector<std::string> overrides;
     int world = 0;
     bool config = false;
@@ -58,8 +59,31 @@ Run add_checkpoint_command(CLI::App& app) {
                    "World size of the new layout (default: the checkpoint's)")
       ->check(CLI::PositiveNumber);
 
+  CLI::App* exporter = cmd->add_subcommand(
+      "export",
+      "Write a checkpoint's weights for Hugging Face transformers: OUT/model.safetensors + "
+      "OUT/config.json (docs/checkpoint-format.md)");
+  exporter->add_option("dir", args->dir, "Checkpoint directory")->required();
+  exporter->add_option("out", args->out, "Directory to create (must not exist)")->required();
+  exporter
+      ->add_option("--format", args->format,
+                   "safetensors: GPT2LMHeadModel (arch gpt2) or LlamaForCausalLM (arch llama)")
+      ->check(CLI::IsMember({"safetensors"}))
+      ->capture_default_str();
+
   return [args, cmd]() {
     const ckpt::Checkpoint ck = open_checkpoint(args->dir);
+    if (cmd->got_subcommand("export")) {
+      const Config cfg = stored_config(ck, {});
+      const ckpt::ExportResult r = ckpt::export_safetensors(ck, cfg.model, args->out);
+      std::printf(
+          "exported checkpoint %s (step %lld) as %s to %s: model.safetensors (%lld tensors, %lld "
+          "parameters, %lld bytes) + config.json\n",
+          ck.dir().c_str(), static_cast<long long>(ck.state().step), ckpt::hf_class(cfg.model),
+          r.dir.c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.param_count),
+          static_cast<long long>(r.file_bytes));
+      return 0;
+    }
     if (cmd->got_subcommand("inspect")) {
       std::printf("%s", ckpt::inspect(ck, args->config).c_str());
       return 0;

@@ -101,13 +101,19 @@ std::optional<std::string> resolve_load(const CheckpointConfig& cfg) {
     }
     return require_complete(*latest, cfg.load);
   }
-  // A checkpoint directory, or a directory of checkpoints with a `latest` file.
-  if (fs::exists(fs::path(cfg.load) / kIndexFile)) return cfg.load;
-  if (std::optional<std::string> latest = read_latest(cfg.load))
-    return require_complete(*latest, cfg.load);
-  if (!fs::exists(cfg.load))
-    throw ConfigError("checkpoint.load=\"" + cfg.load + "\": no such directory");
-  return require_complete(cfg.load, cfg.load);
+  try {
+    return require_complete(resolve_checkpoint_dir(cfg.load), cfg.load);
+  } catch (const ConfigError& e) {
+    throw ConfigError("checkpoint.load=\"" + cfg.load + "\": " + e.what());
+  }
+}
+
+std::string resolve_checkpoint_dir(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw ConfigError("checkpoint directory " + dir + " does not exist");
+  if (fs::exists(fs::path(dir) / kIndexFile)) return dir;
+  if (std::optional<std::string> latest = read_latest(dir)) return *latest;
+  throw ConfigError("checkpoint directory " + dir + " has no " + kIndexFile + " and no " +
+                    kLatestFile + " file: give a checkpoint (DIR/step_NNNNNNNN)");
 }
 
 std::vector<std::string> remove_leftovers(const std::string& dir) {

@@ -21,6 +21,10 @@ constexpr const char* kTempPrefix = ".tmp.";
 // "step_00000100".
 std::string step_dir_name(int64_t step);
 
+// DIR itself when it holds index.h5, else the checkpoint DIR/latest names (a checkpoint.dir of
+// a run). Throws ConfigError naming DIR when it is neither.
+std::string resolve_checkpoint_dir(const std::string& dir);
+
 // The checkpoint directory [checkpoint].load asks for, or nullopt to start from initialisation.
 // Throws ConfigError naming the path when "latest" (or a path) has no complete checkpoint.
 std::optional<std::string> resolve_load(const CheckpointConfig& cfg);

@@ -1,0 +1,381 @@
+#include "checkpoints/export.h"
+
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "checkpoints/h5.h"
+#include "engine/core/check.h"
+#include "engine/model/model_spec.h"
+
+namespace llmt::ckpt {
+
+namespace fs = std::filesystem;
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; this writer copies host floats as they are");
+
+namespace {
+
+std::vector<int64_t> dims(const Shape& s) {
+  return whole(s).count;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "(";
+  for (size_t i = 0; i < s.size(); ++i) t += detail::concat(i ? ", " : "", s[i]);
+  return t + (s.size() == 1 ? ",)" : ")");
+}
+
+// "wte.weight" of "model/wte.weight".
+std::string param_name(const std::string& path) {
+  return path.substr(path.find('/') + 1);
+}
+
+// Every [model] value the target class cannot represent, one message each.
+std::vector<std::string> unrepresentable(const ModelConfig& c) {
+  std::vector<std::string> p;
+  const int64_t kv = c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
+  if (c.arch == Arch::gpt2) {
+    if (c.norm != NormKind::layernorm)
+      p.push_back("model.norm=\"rmsnorm\": GPT-2's norms are LayerNorm (weight and bias)");
+    if (c.activation != Activation::gelu)
+      p.push_back("model.activation=\"swiglu\": GPT-2's MLP is c_fc, gelu_new, c_proj (no gate)");
+    if (c.position != PositionKind::learned)
+      p.push_back("model.position=\"rope\": GPT-2 has a learned position table (wpe), no RoPE");
+    if (!c.bias) p.push_back("model.bias=false: GPT-2's Conv1D layers always have a bias");
+    if (kv != c.n_heads)
+      p.push_back(detail::concat("model.n_kv_heads=", kv, " with model.n_heads=", c.n_heads,
+                                 ": GPT-2 has no grouped-query attention"));
+  } else {
+    if (c.norm != NormKind::rmsnorm)
+      p.push_back("model.norm=\"layernorm\": Llama's norms are RMSNorm (weight only, no bias)");
+    if (c.activation != Activation::swiglu)
+      p.push_back("model.activation=\"gelu\": Llama's MLP is gated: down(silu(gate(x)) * up(x))");
+    if (c.position != PositionKind::rope)
+      p.push_back("model.position=\"learned\": Llama has RoPE and no position table");
+  }
+  return p;
+}
+
+void require_representable(const ModelConfig& c) {
+  const std::vector<std::string> p = unrepresentable(c);
+  if (p.empty()) return;
+  std::string msg = detail::concat("cannot export to Hugging Face ", hf_class(c), " (model.arch=\"",
+                                   c.arch == Arch::gpt2 ? "gpt2" : "llama", "\"):");
+  for (const std::string& s : p) msg += "\n  " + s;
+  throw ConfigError(msg);
+}
+
+// Builds the list from (HF name, our parameter name[, row range], transpose), shapes from the
+// spec's global shapes.
+class Builder {
+ public:
+  explicit Builder(const ModelSpec& spec) : spec_(spec) {}
+  void add(const std::string& hf, const std::string& ours, bool transpose = false) {
+    const Shape& s = spec_.params[spec_.index_of(ours)].global_shape;
+    add_rows(hf, ours, 0, s[0], transpose);
+  }
+  void add_rows(const std::string& hf, const std::string& ours, int64_t row_begin, int64_t row_end,
+                bool transpose = false) {
+    HfTensor t;
+    t.name = hf;
+    t.source = tensor_path(Kind::param, ours);
+    t.shape = dims(spec_.params[spec_.index_of(ours)].global_shape);
+    t.shape[0] = row_end - row_begin;
+    t.row_begin = row_begin;
+    t.row_end = row_end;
+    t.transpose = transpose;
+    if (transpose) std::swap(t.shape[0], t.shape[1]);
+    out_.push_back(std::move(t));
+  }
+  std::vector<HfTensor> take() { return std::move(out_); }
+
+ private:
+  const ModelSpec& spec_;
+  std::vector<HfTensor> out_;
+};
+
+void gpt2_tensors(const ModelSpec& spec, Builder& m) {
+  const bool conv1d = true;  // HF Conv1D weights are (in, out): our (out, in) transposed
+  m.add("transformer.wte.weight", "wte.weight");
+  m.add("transformer.wpe.weight", "wpe.weight");
+  for (int64_t l = 0; l < spec.cfg.n_layers; ++l) {
+    const std::string h = detail::concat("transformer.h.", l, "."),
+                      o = detail::concat("layers.", l, ".");
+    m.add(h + "ln_1.weight", o + "norm_1.weight");
+    m.add(h + "ln_1.bias", o + "norm_1.bias");
+    m.add(h + "attn.c_attn.weight", o + "attn.qkv.weight", conv1d);
+    m.add(h + "attn.c_attn.bias", o + "attn.qkv.bias");
+    m.add(h + "attn.c_proj.weight", o + "attn.proj.weight", conv1d);
+    m.add(h + "attn.c_proj.bias", o + "attn.proj.bias");
+    m.add(h + "ln_2.weight", o + "norm_2.weight");
+    m.add(h + "ln_2.bias", o + "norm_2.bias");
+    m.add(h + "mlp.c_fc.weight", o + "mlp.fc1.weight", conv1d);
+    m.add(h + "mlp.c_fc.bias", o + "mlp.fc1.bias");
+    m.add(h + "mlp.c_proj.weight", o + "mlp.fc2.weight", conv1d);
+    m.add(h + "mlp.c_proj.bias", o + "mlp.fc2.bias");
+  }
+  m.add("transformer.ln_f.weight", "norm_f.weight");
+  m.add("transformer.ln_f.bias", "norm_f.bias");
+  if (!spec.cfg.tie_embeddings) m.add("lm_head.weight", "lm_head.weight");
+}
+
+void llama_tensors(const ModelSpec& spec, Builder& m) {
+  const int64_t q = spec.cfg.n_heads * spec.head_dim, kv = spec.n_kv_heads * spec.head_dim;
+  const int64_t F = spec.ffn_dim;
+  const bool bias = spec.cfg.bias;
+  m.add("model.embed_tokens.weight", "wte.weight");
+  for (int64_t l = 0; l < spec.cfg.n_layers; ++l) {
+    const std::string h = detail::concat("model.layers.", l, "."),
+                      o = detail::concat("layers.", l, ".");
+    m.add(h + "input_layernorm.weight", o + "norm_1.weight");
+    // qkv rows [q heads (H*D) | k heads (KV*D) | v heads (KV*D)].
+    for (const std::string w : {"weight", "bias"}) {
+      if (w == "bias" && !bias) continue;
+      const std::string src = o + "attn.qkv." + w;
+      m.add_rows(h + "self_attn.q_proj." + w, src, 0, q);
+      m.add_rows(h + "self_attn.k_proj." + w, src, q, q + kv);
+      m.add_rows(h + "self_attn.v_proj." + w, src, q + kv, q + 2 * kv);
+    }
+    m.add(h + "self_attn.o_proj.weight", o + "attn.proj.weight");
+    if (bias) m.add(h + "self_attn.o_proj.bias", o + "attn.proj.bias");
+    m.add(h + "post_attention_layernorm.weight", o + "norm_2.weight");
+    // fc1 rows [gate (F) | up (F)].
+    for (const std::string w : {"weight", "bias"}) {
+      if (w == "bias" && !bias) continue;
+      const std::string src = o + "mlp.fc1." + w;
+      m.add_rows(h + "mlp.gate_proj." + w, src, 0, F);
+      m.add_rows(h + "mlp.up_proj." + w, src, F, 2 * F);
+    }
+    m.add(h + "mlp.down_proj.weight", o + "mlp.fc2.weight");
+    if (bias) m.add(h + "mlp.down_proj.bias", o + "mlp.fc2.bias");
+  }
+  m.add("model.norm.weight", "norm_f.weight");
+  if (!spec.cfg.tie_embeddings) m.add("lm_head.weight", "lm_head.weight");
+}
+
+// The shortest decimal that reads back as the same float, as a JSON number ("1e-05", "0.02",
+// "10000.0").
+std::string json_number(float v) {
+  char buf[32];
+  for (int p = 1; p <= 9; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+const char* json_bool(bool b) {
+  return b ? "true" : "false";
+}
+
+// A file written whole or reported with its path; closed on scope exit.
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+File create(const fs::path& path) {
+  File f(std::fopen(path.c_str(), "wb"));
+  if (!f) throw Error("cannot create " + path.string());
+  return f;
+}
+
+void write_all(std::FILE* f, const void* data, size_t bytes, const fs::path& path) {
+  if (bytes > 0 && std::fwrite(data, 1, bytes, f) != bytes)
+    throw Error("writing " + path.string() + " failed (disk full?)");
+}
+
+void finish(File f, const fs::path& path) {
+  if (std::fclose(f.release()) != 0) throw Error("closing " + path.string() + " failed");
+  h5::fsync_path(path.string());
+}
+
+// The checkpoint tensors the export reads exist with the shapes `cfg` gives them.
+void check_sources(const Checkpoint& ckpt, const ModelSpec& spec,
+                   const std::vector<HfTensor>& tensors) {
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  for (const HfTensor& t : tensors) {
+    if (!seen.insert(t.source).second) continue;
+    const std::vector<int64_t> want =
+        dims(spec.params[spec.index_of(param_name(t.source))].global_shape);
+    const IndexTensor* it = ckpt.find(t.source);
+    if (!it)
+      problems.push_back(t.source + ": missing from the checkpoint");
+    else if (it->shape != want)
+      problems.push_back(detail::concat(t.source, ": the checkpoint has shape ",
+                                        shape_text(it->shape), ", its [model] config gives ",
+                                        shape_text(want)));
+  }
+  if (problems.empty()) return;
+  std::string msg = "checkpoint " + ckpt.dir() + " does not hold the model its config describes:";
+  for (const std::string& p : problems) msg += "\n  " + p;
+  throw Error(msg);
+}
+
+}  // namespace
+
+const char* hf_class(const ModelConfig& cfg) {
+  return cfg.arch == Arch::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+}
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& cfg) {
+  require_representable(cfg);
+  const ModelSpec spec = ModelSpec::from_config(cfg);
+  Builder m(spec);
+  if (cfg.arch == Arch::gpt2)
+    gpt2_tensors(spec, m);
+  else
+    llama_tensors(spec, m);
+  return m.take();
+}
+
+std::string hf_config_json(const ModelConfig& cfg) {
+  require_representable(cfg);
+  const ModelSpec spec = ModelSpec::from_config(cfg);
+  const ModelConfig& c = spec.cfg;
+  std::string s = "{";
+  auto field = [&s](const char* key, const std::string& json_value) {
+    s += detail::concat(s.size() > 1 ? ",\n" : "\n", "  \"", key, "\": ", json_value);
+  };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  field("architectures", std::string("[\"") + hf_class(c) + "\"]");
+  if (c.arch == Arch::gpt2) {
+    field("model_type", "\"gpt2\"");
+    field("vocab_size", num(c.vocab_size));
+    field("n_positions", num(c.seq_len));
+    field("n_embd", num(c.d_model));
+    field("n_layer", num(c.n_layers));
+    field("n_head", num(c.n_heads));
+    field("n_inner", num(spec.ffn_dim));
+    field("activation_function", "\"gelu_new\"");
+    field("layer_norm_epsilon", json_number(c.norm_eps));
+    // Our dropout is on the residual branches only.
+    field("resid_pdrop", json_number(c.dropout));
+    field("embd_pdrop", "0.0");
+    field("attn_pdrop", "0.0");
+    field("scale_attn_weights", "true");
+    field("scale_attn_by_inverse_layer_idx", "false");
+    field("reorder_and_upcast_attn", "false");
+  } else {
+    field("model_type", "\"llama\"");
+    field("vocab_size", num(c.vocab_size));
+    field("hidden_size", num(c.d_model));
+    field("intermediate_size", num(spec.ffn_dim));
+    field("num_hidden_layers", num(c.n_layers));
+    field("num_attention_heads", num(c.n_heads));
+    field("num_key_value_heads", num(spec.n_kv_heads));
+    field("head_dim", num(spec.head_dim));
+    field("hidden_act", "\"silu\"");
+    field("max_position_embeddings", num(c.seq_len));
+    field("rms_norm_eps", json_number(c.norm_eps));
+    field("rope_theta", json_number(c.rope_theta));
+    field("rope_scaling", "null");
+    field("attention_bias", json_bool(c.bias));
+    field("mlp_bias", json_bool(c.bias));
+    field("attention_dropout", "0.0");
+    field("pretraining_tp", "1");
+  }
+  field("initializer_range", json_number(c.init_std));
+  field("tie_word_embeddings", json_bool(c.tie_embeddings));
+  // The checkpoint does not know the tokenizer's special tokens.
+  field("bos_token_id", "null");
+  field("eos_token_id", "null");
+  field("use_cache", "true");
+  field("torch_dtype", "\"float32\"");
+  return s + "\n}\n";
+}
+
+std::string safetensors_header(const std::vector<HfTensor>& tensors) {
+  std::string json = "{\"__metadata__\":{\"format\":\"pt\"}";
+  int64_t offset = 0;
+  for (const HfTensor& t : tensors) {
+    int64_t numel = 1;
+    std::string shape;
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      numel *= t.shape[d];
+      shape += detail::concat(d ? "," : "", t.shape[d]);
+    }
+    const int64_t end = offset + 4 * numel;
+    json += detail::concat(",\"", t.name, "\":{\"dtype\":\"F32\",\"shape\":[", shape,
+                           "],\"data_offsets\":[", offset, ",", end, "]}");
+    offset = end;
+  }
+  json += "}";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int b = 0; b < 8; ++b) out[b] = static_cast<char>((n >> (8 * b)) & 0xff);
+  return out + json;
+}
+
+ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
+                                const std::string& out_arg) {
+  fs::path out = fs::path(out_arg).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "OUT/"
+  if (fs::exists(out))
+    throw ConfigError("export output " + out.string() +
+                      " already exists: remove it or give a new directory");
+  const std::vector<HfTensor> tensors = hf_tensors(cfg);
+  const std::string config_json = hf_config_json(cfg);
+  const ModelSpec spec = ModelSpec::from_config(cfg);
+  check_sources(ckpt, spec, tensors);
+
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const fs::path tmp = parent / (".tmp." + out.filename().string());
+  fs::create_directories(parent);
+  fs::remove_all(tmp);  // an interrupted export's leftovers
+  fs::create_directory(tmp);
+  ExportResult r;
+  r.dir = out.string();
+  try {
+    {
+      const fs::path path = tmp / "config.json";
+      File f = create(path);
+      write_all(f.get(), config_json.data(), config_json.size(), path);
+      finish(std::move(f), path);
+    }
+    const fs::path path = tmp / "model.safetensors";
+    File f = create(path);
+    const std::string header = safetensors_header(tensors);
+    write_all(f.get(), header.data(), header.size(), path);
+    r.file_bytes = static_cast<int64_t>(header.size());
+    std::vector<float> rows, transposed;  // one tensor at a time
+    for (const HfTensor& t : tensors) {
+      Box box = whole(spec.params[spec.index_of(param_name(t.source))].global_shape);
+      box.start[0] = t.row_begin;
+      box.count[0] = t.row_end - t.row_begin;
+      rows.resize(static_cast<size_t>(box.numel()));
+      ckpt.read(t.source, box, rows.data());
+      const float* data = rows.data();
+      if (t.transpose) {  // (R, K) -> (K, R)
+        const int64_t R = box.count[0], K = box.count[1];
+        transposed.resize(rows.size());
+        for (int64_t i = 0; i < R; ++i)
+          for (int64_t j = 0; j < K; ++j) transposed[j * R + i] = rows[i * K + j];
+        data = transposed.data();
+      }
+      write_all(f.get(), data, rows.size() * sizeof(float), path);
+      r.file_bytes += static_cast<int64_t>(rows.size() * sizeof(float));
+      r.param_count += box.numel();
+      ++r.tensors;
+    }
+    finish(std::move(f), path);
+    h5::fsync_path(tmp.string());
+    fs::rename(tmp, out);
+    h5::fsync_path(parent.string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return r;
+}
+
+}  // namespace llmt::ckpt

@@ -1,0 +1,61 @@
+// Export of a checkpoint's master weights to Hugging Face transformers (docs/checkpoint-format.md,
+// "Export to Hugging Face"): OUT/model.safetensors under the names of GPT2LMHeadModel (arch gpt2)
+// or LlamaForCausalLM (arch llama), and OUT/config.json. The mapping is data (a list of HfTensor),
+// so the writer streams one tensor at a time and tests can check names and shapes without a
+// checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoints/store.h"
+#include "engine/model/model_config.h"
+
+namespace llmt::ckpt {
+
+// One tensor of the export: rows [row_begin, row_end) of checkpoint tensor `source` (whole along
+// its other dim), transposed when `transpose` (HF GPT-2's Conv1D stores weights (in, out), the
+// transpose of our (out, in)). Splits of the fused qkv ([q heads | k heads | v heads]) and swiglu
+// fc1 ([gate | up]) are row ranges.
+struct HfTensor {
+  std::string name;            // "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // as written: rows x cols, or cols x rows when transposed
+  std::string source;          // "model/layers.0.attn.qkv.weight"
+  int64_t row_begin = 0, row_end = 0;
+  bool transpose = false;
+};
+
+// "GPT2LMHeadModel" (arch gpt2) or "LlamaForCausalLM" (arch llama).
+const char* hf_class(const ModelConfig& cfg);
+
+// The tensors the export of `cfg` (a resolved [model]: presets applied) writes, in file order.
+// Throws ConfigError listing every [model] key whose value the target class cannot represent
+// (e.g. model.activation="swiglu" with arch gpt2: GPT-2's MLP has no gate).
+std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
+
+// OUT/config.json's text for `cfg` (the same checks as hf_tensors).
+std::string hf_config_json(const ModelConfig& cfg);
+
+// The safetensors header: u64 little-endian N, then N bytes of JSON ({"__metadata__":
+// {"format":"pt"}, name: {"dtype":"F32","shape":[...],"data_offsets":[begin,end]}, ...}, offsets
+// from the data start, tensors back to back in the given order) padded with spaces so that N is a
+// multiple of 8.
+std::string safetensors_header(const std::vector<HfTensor>& tensors);
+
+struct ExportResult {
+  std::string dir;          // OUT
+  int64_t tensors = 0;      // tensors in model.safetensors
+  int64_t file_bytes = 0;   // size of model.safetensors
+  int64_t param_count = 0;  // elements written
+};
+
+// Writes OUT/model.safetensors and OUT/config.json from the master weights ("model/...") of
+// `ckpt`, whose resolved [model] is `cfg`. Works in OUT's sibling ".tmp.<name>" and renames it to
+// OUT at the end, so OUT appears complete or not at all. Throws ConfigError when OUT exists or the
+// model cannot be represented, Error when the checkpoint's tensors do not fit `cfg` or a read or
+// write fails (naming the tensor or file).
+ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
+                                const std::string& out);
+
+}  // namespace llmt::ckpt
