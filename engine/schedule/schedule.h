@@ -56,7 +56,8 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
 
-// Relative costs of the compute actions for simulation (the executor measures real ones).
+// Relative costs of the compute actions for simulation (the executor measures real ones). They are
+// the costs of a rank's whole model part: with v chunks per rank, one chunk's action costs 1/v.
 struct ActionCosts {
   double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
   double p2p = 0;  // latency of one send -> recv
@@ -85,6 +86,18 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
 inline int stage_of(const ScheduleShape& s, int rank, int chunk) {
   return chunk * s.stages + rank;
 }
+
+// The published formulas (REFERENCE.md, the ZB paper) that simulate() is tested against, for the
+// default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m).
+double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
+// Peak in-flight micro-batches (for interleaved: (micro-batch, chunk) pairs) of `rank`: GPipe m,
+// 1F1B p - rank, interleaved (p-rank-1)*2 + (v-1)*p + 1, ZB-H1 p; each at most m (m*v).
+int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank);
+
+// One rank's actions as compact text: "F0 F1 B0 ..." with a ".chunk" suffix when v > 1, the p2p
+// actions as "ra3<0" (recv_act of mb 3 from rank 0), "sa3>2", "rg3<2", "sg3>0" when with_p2p.
+std::string format_actions(const std::vector<Action>& actions, int virtual_stages,
+                           bool with_p2p = false);
 
 // The timeline as an SVG picture: one row per rank, one box per compute action coloured by kind
 // and labelled with its micro-batch, time to the right.
