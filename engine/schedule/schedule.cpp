@@ -421,15 +421,15 @@ std::string format_actions(const std::vector<Action>& actions, int virtual_stage
   for (const Action& a : actions) {
     if (!with_p2p && !is_compute(a.kind)) continue;
     if (!out.empty()) out += ' ';
+    const std::string unit = virtual_stages > 1 ? concat(a.mb, ".", a.chunk) : std::to_string(a.mb);
     if (is_compute(a.kind)) {
-      out += concat(action_name(a.kind), a.mb);
+      out += concat(action_name(a.kind), unit);
     } else {
       // send_act -> "sa3>1" (to rank 1), recv_grad -> "rg3<1" (from rank 1).
       const bool send = a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad;
       const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
-      out += concat(send ? "s" : "r", act ? "a" : "g", a.mb, send ? ">" : "<", a.peer);
+      out += concat(send ? "s" : "r", act ? "a" : "g", unit, send ? ">" : "<", a.peer);
     }
-    if (virtual_stages > 1) out += concat(".", a.chunk);
   }
   return out;
 }
