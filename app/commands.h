@@ -13,5 +13,6 @@ Run add_train_command(CLI::App& app);
 Run add_config_command(CLI::App& app);
 Run add_data_command(CLI::App& app);
 Run add_checkpoint_command(CLI::App& app);
+Run add_plan_command(CLI::App& app);
 
 }  // namespace llmt::app

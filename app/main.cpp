@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   llmt::app::Run run_config = llmt::app::add_config_command(app);
   llmt::app::Run run_data = llmt::app::add_data_command(app);
   llmt::app::Run run_checkpoint = llmt::app::add_checkpoint_command(app);
+  llmt::app::Run run_plan = llmt::app::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) return run_config();
     if (app.got_subcommand("data")) return run_data();
     if (app.got_subcommand("checkpoint")) return run_checkpoint();
+    if (app.got_subcommand("plan")) return run_plan();
     return 2;
   } catch (const llmt::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

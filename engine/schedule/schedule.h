@@ -51,12 +51,20 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;
 };
 
+// Every generator places the p2p actions alike: recv_act right before a forward that is not on
+// stage 0 and send_act right after one that is not on the last stage; recv_grad right before a B
+// or Bi that is not on the last stage and send_grad right after one that is not on stage 0. On
+// each link (sender, receiver, activation or gradient) the sends and the recvs list the same
+// (mb, chunk) sequence, so FIFO matching per link (e.g. one MPI tag per kind) pairs them; with
+// interleaving a pair of ranks exchanges both kinds in each direction, so the kinds need distinct
+// tags.
 Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 
 const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
 
-// Relative costs of the compute actions for simulation (the executor measures real ones).
+// Relative costs of the compute actions for simulation (the executor measures real ones). They are
+// the costs of a rank's whole model part: with v chunks per rank, one chunk's action costs 1/v.
 struct ActionCosts {
   double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
   double p2p = 0;  // latency of one send -> recv
@@ -73,7 +81,8 @@ struct Simulation {
   // idle time / busy time, averaged over ranks: (p-1)/m for GPipe and 1F1B with B = 2F.
   double bubble_fraction = 0;
   // Per rank: the most micro-batches whose activations are alive at once (after F, before the
-  // backward that frees them: B, or Bw for ZB).
+  // backward that frees them: B, or Bw for ZB). With v > 1 it counts (mb, chunk) pairs, each 1/v
+  // of a micro-batch's activations on the rank.
   std::vector<int> peak_in_flight;
 };
 
@@ -85,6 +94,19 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
 inline int stage_of(const ScheduleShape& s, int rank, int chunk) {
   return chunk * s.stages + rank;
 }
+
+// The published formulas (REFERENCE.md, the ZB paper) that simulate() is tested against, for the
+// default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m).
+double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
+// Peak in-flight micro-batches (for interleaved: (micro-batch, chunk) pairs) of `rank`: GPipe m,
+// 1F1B p - rank, interleaved (p-rank-1)*2 + (v-1)*p + 1, ZB-H1 p; each at most m (m*v).
+int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank);
+
+// One rank's actions as compact text: "F0 F1 B0 ..." with a ".chunk" suffix when v > 1, the p2p
+// actions as "ra3<0" (recv_act of mb 3 from rank 0), "sa3>2", "rg3<2", "sg3>0" when with_p2p
+// ("ra3.1<0" with chunks).
+std::string format_actions(const std::vector<Action>& actions, int virtual_stages,
+                           bool with_p2p = false);
 
 // The timeline as an SVG picture: one row per rank, one box per compute action coloured by kind
 // and labelled with its micro-batch, time to the right.

@@ -898,9 +898,6 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.require(
       p.cp == 1 || p.cp < 1, {"parallel.cp"},
       concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
-  r.require(
-      p.pp == 1 || p.pp < 1, {"parallel.pp"},
-      concat("parallel.pp=", p.pp, ": pipeline parallelism is not implemented yet; use pp = 1"));
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
   if (p.virtual_stages >= 1) {
     const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;

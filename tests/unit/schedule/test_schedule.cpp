@@ -1,0 +1,339 @@
+// Pipeline schedules checked as data, no model run (issue 6): for every schedule x p in {2,4,8} x
+// m in {p,2p,4p}: each backward follows its forward, sends and recvs pair up in order, the
+// simulation finishes, and the bubble and peak in-flight micro-batches equal the formulas of
+// REFERENCE.md (ZB-H1: the ZB paper's (p-1)/(3m)). Corrupted schedules must be rejected.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "engine/core/check.h"
+#include "engine/schedule/schedule.h"
+
+namespace llmt {
+namespace {
+
+struct Case {
+  PipeSchedule kind;
+  int p, v, m;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string n = schedule_name(info.param.kind);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n + "_p" + std::to_string(info.param.p) + "_v" + std::to_string(info.param.v) + "_m" +
+         std::to_string(info.param.m);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      cases.push_back({PipeSchedule::gpipe, p, 1, m});
+      cases.push_back({PipeSchedule::one_f_one_b, p, 1, m});
+      cases.push_back({PipeSchedule::interleaved, p, 2, m});
+      cases.push_back({PipeSchedule::zb_h1, p, 1, m});
+    }
+  }
+  return cases;
+}
+
+// The costs each formula assumes: B = 2F for the undivided backward, Bi = Bw = F for ZB.
+const ActionCosts kCosts{};
+
+class ScheduleProps : public testing::TestWithParam<Case> {
+ protected:
+  Schedule make() const {
+    const Case& c = GetParam();
+    return make_schedule(c.kind, ScheduleShape{c.p, c.v, c.m});
+  }
+};
+
+bool is_backward(ActionKind k) {
+  return k == ActionKind::backward || k == ActionKind::backward_input;
+}
+
+// Checked on the lists alone, independent of simulate(): every (mb, chunk) has one forward, then
+// one backward (B, or Bi then Bw), and each p2p action sits next to the compute it serves.
+TEST_P(ScheduleProps, EveryBackwardFollowsItsForward) {
+  const Schedule s = make();
+  const int v = s.shape.virtual_stages, m = s.shape.micro_batches;
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    std::map<std::pair<int, int>, std::vector<ActionKind>> seen;
+    for (const Action& a : s.ranks[r]) {
+      if (a.kind == ActionKind::forward || is_backward(a.kind) ||
+          a.kind == ActionKind::backward_weight)
+        seen[{a.mb, a.chunk}].push_back(a.kind);
+    }
+    ASSERT_EQ(seen.size(), static_cast<size_t>(m * v)) << "rank " << r;
+    for (const auto& [unit, kinds] : seen) {
+      const bool split = GetParam().kind == PipeSchedule::zb_h1;
+      const std::vector<ActionKind> want =
+          split ? std::vector<ActionKind>{ActionKind::forward, ActionKind::backward_input,
+                                          ActionKind::backward_weight}
+                : std::vector<ActionKind>{ActionKind::forward, ActionKind::backward};
+      EXPECT_EQ(kinds, want) << "rank " << r << " mb " << unit.first << " chunk " << unit.second;
+    }
+  }
+}
+
+// For every link (src -> dst, act or grad) the sender's sequence of (mb) equals the receiver's.
+TEST_P(ScheduleProps, SendsMatchRecvsInOrder) {
+  const Schedule s = make();
+  const int p = s.shape.stages;
+  using Link = std::tuple<int, int, bool>;  // src, dst, activation (else gradient)
+  std::map<Link, std::vector<int>> sent, received;
+  size_t sends = 0;
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : s.ranks[r]) {
+      const int stage = stage_of(s.shape, r, a.chunk);
+      // The receiver's (mb, stage) identifies the message; stage = what the receiver runs.
+      if (a.kind == ActionKind::send_act) {
+        sent[{r, a.peer, true}].push_back(a.mb * 1000 + stage + 1);
+        ++sends;
+      } else if (a.kind == ActionKind::send_grad) {
+        sent[{r, a.peer, false}].push_back(a.mb * 1000 + stage - 1);
+        ++sends;
+      } else if (a.kind == ActionKind::recv_act) {
+        received[{a.peer, r, true}].push_back(a.mb * 1000 + stage);
+      } else if (a.kind == ActionKind::recv_grad) {
+        received[{a.peer, r, false}].push_back(a.mb * 1000 + stage);
+      }
+    }
+  }
+  // Every stage boundary carries m activations forward and m gradients back.
+  const int boundaries = p * s.shape.virtual_stages - 1;
+  EXPECT_EQ(sends, static_cast<size_t>(2 * boundaries * s.shape.micro_batches));
+  EXPECT_EQ(sent, received);
+}
+
+TEST_P(ScheduleProps, SimulationMatchesFormulas) {
+  const Case& c = GetParam();
+  const Schedule s = make();
+  const Simulation sim = simulate(s, kCosts);
+  const double p = c.p, v = c.v, m = c.m;
+  double bubble = (p - 1) / m;                                          // GPipe, 1F1B
+  if (c.kind == PipeSchedule::interleaved) bubble = (p - 1) / (v * m);  // Megatron PTD-P
+  if (c.kind == PipeSchedule::zb_h1) bubble = (p - 1) / (3 * m);        // ZB paper, F=Bi=Bw
+  EXPECT_NEAR(sim.bubble_fraction, bubble, 1e-9);
+  EXPECT_NEAR(sim.bubble_fraction, formula_bubble_fraction(c.kind, s.shape), 1e-9);
+  // Makespan: per rank work m*(F+B) = 3m time units, plus the bubble.
+  EXPECT_NEAR(sim.makespan, 3 * m * (1 + bubble), 1e-9);
+  ASSERT_EQ(sim.peak_in_flight.size(), static_cast<size_t>(c.p));
+  // First stage: 1F1B and ZB-H1 hold p micro-batches, GPipe m (REFERENCE.md).
+  if (c.kind == PipeSchedule::gpipe) {
+    EXPECT_EQ(sim.peak_in_flight[0], c.m);
+  } else if (c.kind != PipeSchedule::interleaved) {
+    EXPECT_EQ(sim.peak_in_flight[0], c.p);
+  }
+  for (int r = 0; r < c.p; ++r) {
+    int want = c.m;
+    if (c.kind == PipeSchedule::one_f_one_b) want = c.p - r;
+    if (c.kind == PipeSchedule::zb_h1) want = c.p;
+    // (mb, chunk) units: warm-up (p-r-1)*2 + (v-1)*p, plus the one in the steady phase.
+    if (c.kind == PipeSchedule::interleaved)
+      want = std::min((c.p - r - 1) * 2 + (c.v - 1) * c.p + 1, c.m * c.v);
+    EXPECT_EQ(sim.peak_in_flight[r], want) << "rank " << r;
+    EXPECT_EQ(sim.peak_in_flight[r], formula_peak_in_flight(c.kind, s.shape, r));
+  }
+}
+
+TEST_P(ScheduleProps, SimulationNeverDeadlocksWithLatency) {
+  ActionCosts costs;
+  costs.p2p = 0.3;
+  costs.backward = 2.5;
+  const Simulation sim = simulate(make(), costs);
+  EXPECT_GT(sim.makespan, 0);
+}
+
+TEST_P(ScheduleProps, SvgHasOneBoxPerComputeAction) {
+  const Schedule s = make();
+  const Simulation sim = simulate(s, kCosts);
+  const std::string svg = schedule_svg(s, sim);
+  size_t boxes = 0;
+  for (size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1))
+    ++boxes;
+  const int per_unit = GetParam().kind == PipeSchedule::zb_h1 ? 3 : 2;
+  EXPECT_EQ(boxes, static_cast<size_t>(per_unit * GetParam().p * GetParam().m * GetParam().v));
+  EXPECT_EQ(svg.rfind("</svg>\n"), svg.size() - 7);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ScheduleProps, testing::ValuesIn(all_cases()), case_name);
+
+TEST(Schedule, ZbH1BubbleBelowOneFOneB) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      const double zb = simulate(make_schedule(PipeSchedule::zb_h1, {p, 1, m})).bubble_fraction;
+      const double ofob =
+          simulate(make_schedule(PipeSchedule::one_f_one_b, {p, 1, m})).bubble_fraction;
+      EXPECT_LT(zb, ofob) << "p " << p << " m " << m;
+      EXPECT_NEAR(zb * 3, ofob, 1e-9) << "p " << p << " m " << m;
+    }
+  }
+}
+
+TEST(Schedule, SingleStageHasNoBubble) {
+  for (PipeSchedule kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
+                            PipeSchedule::interleaved, PipeSchedule::zb_h1}) {
+    const int v = kind == PipeSchedule::interleaved ? 2 : 1;
+    const Simulation sim = simulate(make_schedule(kind, {1, v, 3}));
+    EXPECT_EQ(sim.bubble_fraction, 0) << schedule_name(kind);
+    EXPECT_EQ(sim.makespan, 9) << schedule_name(kind);
+  }
+}
+
+// Worked example p=2, m=3: the exact lists the executor will receive.
+TEST(Schedule, OneFOneBWorkedExample) {
+  const Schedule s = make_schedule(PipeSchedule::one_f_one_b, {2, 1, 3});
+  EXPECT_EQ(format_actions(s.ranks[0], 1), "F0 F1 B0 F2 B1 B2");
+  EXPECT_EQ(format_actions(s.ranks[1], 1), "F0 B0 F1 B1 F2 B2");
+  EXPECT_EQ(format_actions(s.ranks[0], 1, true),
+            "F0 sa0>1 F1 sa1>1 rg0<1 B0 F2 sa2>1 rg1<1 B1 rg2<1 B2");
+  EXPECT_EQ(format_actions(s.ranks[1], 1, true),
+            "ra0<0 F0 B0 sg0>0 ra1<0 F1 B1 sg1>0 ra2<0 F2 B2 sg2>0");
+}
+
+TEST(Schedule, InterleavedWrapsAroundAndSuffixesChunks) {
+  const Schedule s = make_schedule(PipeSchedule::interleaved, {2, 2, 2});
+  // Stage 1 (rank 1, chunk 0) sends to stage 2 (rank 0, chunk 1).
+  const Action first_send = s.ranks[1][2];
+  EXPECT_EQ(first_send, (Action{ActionKind::send_act, 0, 0, 0}));
+  EXPECT_EQ(format_actions(s.ranks[0], 2), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0");
+}
+
+TEST(Schedule, ZbH1WorkedExample) {
+  // p=2, m=4: rank 1 (last) defers one Bw; rank 0 none.
+  const Schedule s = make_schedule(PipeSchedule::zb_h1, {2, 1, 4});
+  EXPECT_EQ(format_actions(s.ranks[0], 1), "F0 F1 Bi0 Bw0 F2 Bi1 Bw1 F3 Bi2 Bw2 Bi3 Bw3");
+  EXPECT_EQ(format_actions(s.ranks[1], 1), "F0 Bi0 F1 Bi1 Bw0 F2 Bi2 Bw1 F3 Bi3 Bw2 Bw3");
+}
+
+TEST(Schedule, ShapeErrorsNameTheNumbers) {
+  try {
+    make_schedule(PipeSchedule::interleaved, {4, 2, 6});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("micro_batches=6, stages=4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make_schedule(PipeSchedule::one_f_one_b, {4, 2, 8}), Error);
+  EXPECT_THROW(make_schedule(PipeSchedule::gpipe, {0, 1, 8}), Error);
+}
+
+// The simulator must reject broken schedules, naming the rank and the action.
+std::string simulate_error(const Schedule& s) {
+  try {
+    simulate(s);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+size_t find_action(const std::vector<Action>& list, ActionKind kind, int mb) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].kind == kind && list[i].mb == mb) return i;
+  ADD_FAILURE() << "no " << action_name(kind) << mb;
+  return 0;
+}
+
+TEST(ScheduleCorrupted, DroppedRecvIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::one_f_one_b, {4, 1, 8});
+  auto& r2 = s.ranks[2];
+  r2.erase(r2.begin() + find_action(r2, ActionKind::recv_act, 3));
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 2 action #"), std::string::npos) << err;
+  EXPECT_NE(err.find("F(mb 3, chunk 0): runs before the recv_act"), std::string::npos) << err;
+}
+
+TEST(ScheduleCorrupted, DroppedSendDeadlocks) {
+  Schedule s = make_schedule(PipeSchedule::gpipe, {4, 1, 4});
+  auto& r1 = s.ranks[1];
+  r1.erase(r1.begin() + find_action(r1, ActionKind::send_act, 3));
+  // Rank 2: ra0 F0 sa0 ra1 F1 sa1 ra2 F2 sa2 ra3 ...: stuck at #9 for good.
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("deadlocks; rank 0 waits at"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 2 waits at action #9 recv_act(mb 3, chunk 0) from rank 1"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, DroppedSendOfEarlierMicroBatchIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::gpipe, {4, 1, 4});
+  auto& r1 = s.ranks[1];
+  r1.erase(r1.begin() + find_action(r1, ActionKind::send_act, 0));
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 2 action #0 recv_act(mb 0, chunk 0) from rank 1: the next message on "
+                     "that link is for (mb 1, chunk 0)"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, BackwardBeforeForwardIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::gpipe, {2, 1, 2});
+  auto& r1 = s.ranks[1];  // last stage: F0 then B0 with no recv in between
+  const size_t f = find_action(r1, ActionKind::forward, 1);
+  const size_t b = find_action(r1, ActionKind::backward, 1);
+  std::swap(r1[f], r1[b]);
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 1 action #" + std::to_string(f) +
+                     " B(mb 1, chunk 0): runs before its "
+                     "forward"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, SwappedComputeOrderDeadlocks) {
+  // p=2, m=2, 1F1B. Rank 0 waits for the gradient of mb 0 before it sends F1, while rank 1 wants
+  // F1 before it runs B0: a cycle.
+  Schedule s = make_schedule(PipeSchedule::one_f_one_b, {2, 1, 2});
+  auto& r0 = s.ranks[0];  // F0 sa0 F1 sa1 rg0 B0 rg1 B1 -> F0 sa0 rg0 B0 F1 sa1 rg1 B1
+  const size_t f1 = find_action(r0, ActionKind::forward, 1);
+  const size_t rg0 = find_action(r0, ActionKind::recv_grad, 0);
+  std::rotate(r0.begin() + f1, r0.begin() + rg0, r0.begin() + rg0 + 2);
+  auto& r1 = s.ranks[1];  // ra0 F0 B0 sg0 ra1 F1 B1 sg1 -> ra0 F0 ra1 F1 B0 sg0 B1 sg1
+  const size_t b0 = find_action(r1, ActionKind::backward, 0);
+  const size_t ra1 = find_action(r1, ActionKind::recv_act, 1);
+  std::rotate(r1.begin() + b0, r1.begin() + ra1, r1.begin() + ra1 + 2);
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("deadlocks; rank 0 waits at action #2 recv_grad(mb 0, chunk 0) from rank 1"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, RecvOrderSwapIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::gpipe, {2, 1, 2});
+  auto& r1 = s.ranks[1];  // ra0 F0 ra1 F1 ...: receive mb 1 first
+  const size_t ra0 = find_action(r1, ActionKind::recv_act, 0);
+  const size_t ra1 = find_action(r1, ActionKind::recv_act, 1);
+  std::swap(r1[ra0], r1[ra1]);
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 1 action #0 recv_act(mb 1, chunk 0) from rank 0: the next message on "
+                     "that link is for (mb 0, chunk 0)"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, WrongPeerIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::one_f_one_b, {4, 1, 4});
+  s.ranks[1][find_action(s.ranks[1], ActionKind::send_act, 2)].peer = 3;
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("send_act(mb 2, chunk 0) to rank 3: the peer must be rank 2"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScheduleCorrupted, MissingWeightGradientIsCaught) {
+  Schedule s = make_schedule(PipeSchedule::zb_h1, {4, 1, 8});
+  auto& r3 = s.ranks[3];
+  r3.erase(r3.begin() + find_action(r3, ActionKind::backward_weight, 5));
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 3 never runs the whole backward of (mb 5, chunk 0)"), std::string::npos)
+      << err;
+}
+
+}  // namespace
+}  // namespace llmt
