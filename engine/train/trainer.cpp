@@ -169,9 +169,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   const int64_t dp = mesh.size(Axis::dp), dp_rank = mesh.coord(Axis::dp);
   const int threads = set_cpu_threads(static_cast<int>(cfg.train.threads));
   // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
-  auto backend = make_device_backend(cfg.train.device == "cuda"
-                                         ? Device{DeviceKind::cuda, local_rank_from_env()}
-                                         : Device{DeviceKind::cpu, 0});
+  auto backend = make_device_backend(select_device(cfg.train.device, local_rank_from_env()));
   Allocator alloc(*backend);
 
   const ModelSpec spec = ModelSpec::from_config(cfg.model);
