@@ -26,12 +26,12 @@ struct Dims {
 };
 
 // Loads rows [r0, r0 + kTile<kD>) of a (T, .., D) source whose rows are ld floats apart into
-// shared memory, zeros past T.
+// shared memory, zeros past T and in the columns [D, kD) (so full-width loops add only zeros).
 template <int kD>
 __device__ void stage(float (*dst)[kD], const float* src, int64_t ld, int64_t r0, const Dims& d) {
-  for (int64_t e = threadIdx.x; e < kTile<kD> * d.D; e += blockDim.x) {
-    const int64_t r = e / d.D, c = e % d.D;
-    dst[r][c] = r0 + r < d.T ? src[(r0 + r) * ld + c] : 0.0f;
+  for (int e = threadIdx.x; e < kTile<kD> * kD; e += blockDim.x) {
+    const int r = e / kD, c = e % kD;
+    dst[r][c] = r0 + r < d.T && c < d.D ? src[(r0 + r) * ld + c] : 0.0f;
   }
 }
 
@@ -58,7 +58,7 @@ __global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d)
     acc[c] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  const int64_t last = min(d.T, q0 + kRows);  // keys this block needs: [0, last)
+  const int64_t last = d.T < q0 + kRows ? d.T : q0 + kRows;  // keys this block needs: [0, last)
   for (int64_t k0 = 0; k0 < last; k0 += kTile<kD>) {
     __syncthreads();
     stage<kD>(ks, base + (d.H + g) * d.D, d.ld(), k0, d);
@@ -120,7 +120,7 @@ __global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, cons
   }
   const float lse_t = valid ? lse[(b * d.H + h) * d.T + t] : 0.0f;
   const float delta_t = valid ? delta[(b * d.H + h) * d.T + t] : 0.0f;
-  const int64_t last = min(d.T, q0 + kRows);
+  const int64_t last = d.T < q0 + kRows ? d.T : q0 + kRows;
   for (int64_t k0 = 0; k0 < last; k0 += kTile<kD>) {
     __syncthreads();
     stage<kD>(ks, base + (d.H + g) * d.D, d.ld(), k0, d);

@@ -1,7 +1,7 @@
 // Every op of kernels/ops.h on CUDA against the CPU kernel on the same inputs: each case of the
 // shared op-case table (tests/unit/ops/op_cases.h) runs on the CPU and on GPU 0, and every tensor
-// and scalar it leaves must agree within the case's fp32 tolerance, or within one bf16 ulp
-// (kBf16Tol) in its bf16-storage variant. Then what the table cannot express: copies between
+// and scalar it leaves must agree within the case's fp32 tolerance (plus one bf16 ulp, kBf16Tol,
+// in its bf16-storage variant). Then what the table cannot express: copies between
 // host and device, and the data-dependent errors (token ids, targets) the CPU kernels raise.
 // Skips (with the reason) where no GPU is visible.
 #include <gtest/gtest.h>

@@ -192,7 +192,7 @@ void add_attention(std::vector<OpCase>& cases) {
          "attention_forward" + os.str(),
          {uniform({d.B, d.T, H, d.D}, 2), uniform({d.B, H, d.T}, 3), qkv},
          op([H, KV](const Views& v) { ops::attention_forward(v[0], v[1], v[2], H, KV); }),
-         kReduced});
+         Tol{2e-4, 2e-5}});
     cases.push_back(
         {"attention_backward",
          "attention_backward" + os.str(),
@@ -200,7 +200,7 @@ void add_attention(std::vector<OpCase>& cases) {
          op([H, KV](const Views& v) {
            ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV);
          }),
-         Tol{2e-4, 2e-5}});
+         Tol{2e-4, 1e-4}});  // twice the CPU kernel's bound against a double reference
   }
 }
 
@@ -263,19 +263,19 @@ void add_loss(std::vector<OpCase>& cases) {
        "softmax_cross_entropy",
        {uniform({N}, 3), uniform({N, V}, 4), logits, targets},
        op([dloss](const Views& v) { ops::softmax_cross_entropy(v[0], v[1], v[2], v[3], dloss); }),
-       kTight});
+       kReduced});
   cases.push_back(
       {"softmax_cross_entropy",
        "softmax_cross_entropy_in_place",
        {uniform({N}, 3), logits, targets},
        op([dloss](const Views& v) { ops::softmax_cross_entropy(v[0], v[1], v[1], v[2], dloss); }),
-       kTight});
+       kReduced});
   cases.push_back(
       {"softmax_cross_entropy",
        "softmax_cross_entropy_loss_only",
        {uniform({N}, 3), logits, targets},
        op([](const Views& v) { ops::softmax_cross_entropy(v[0], Tensor(), v[1], v[2], 1.0f); }),
-       kTight});
+       kReduced});
   HostTensor shard = uniform({N, Vl}, 5, -4.0f, 4.0f), max({N}), sums({2, N});
   ops::cross_entropy_shard_max(max.t(), shard.t(), targets.t(), V);
   ops::cross_entropy_shard_sums(sums.t(), shard.t(), max.t(), targets.t(), start);
@@ -290,7 +290,7 @@ void add_loss(std::vector<OpCase>& cases) {
                    op([start](const Views& v) {
                      ops::cross_entropy_shard_sums(v[0], v[1], v[2], v[3], start);
                    }),
-                   kTight});
+                   kReduced});
   cases.push_back({"cross_entropy_shard_finish",
                    "cross_entropy_shard_finish",
                    {uniform({N}, 8), uniform({N, Vl}, 9), shard, max, sums, targets},
@@ -298,7 +298,7 @@ void add_loss(std::vector<OpCase>& cases) {
                      ops::cross_entropy_shard_finish(v[0], v[1], v[2], v[3], v[4], v[5], start,
                                                      dloss);
                    }),
-                   kTight});
+                   kReduced});
 }
 
 void add_optim_and_reductions(std::vector<OpCase>& cases) {
@@ -441,7 +441,7 @@ OpCase bf16_storage(const OpCase& c) {
       if (t.defined() && t.dtype == DType::f32) ops::round_to(t, DType::bf16);
     return scalars;
   };
-  b.tol = kBf16Tol;
+  b.tol = Tol{c.tol.rtol + kBf16Tol.rtol, c.tol.atol + kBf16Tol.atol};
   return b;
 }
 
