@@ -15,10 +15,7 @@
 namespace {
 
 std::string version_text() {
-  std::string s = "llmtrain " LLMTRAIN_VERSION "\nbackends: cpu (OpenMP + BLAS)";
-  s += llmt::cuda_built_in() ? ", cuda (device memory only; kernels not built yet)" : "";
-  s += "\n";
-  return s;
+  return "llmtrain " LLMTRAIN_VERSION "\nbackends: " + llmt::built_in_backends() + "\n";
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The op dispatcher: checks every argument's device, dtype and shape (messages name the op and
 // the tensors), then calls the raw-pointer kernel of the tensors' device. Row-wise ops accept any
-// leading dims, (N,C) or (B,T,C) alike. CUDA tensors are refused until kernels/cuda exists.
+// leading dims, (N,C) or (B,T,C) alike. CUDA tensors go to kernels/cuda in builds with
+// LLMTRAIN_CUDA; other builds refuse them with a message that says so.
 #include "kernels/ops.h"
 
 #include <array>
@@ -8,6 +9,14 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_ops.h"
+
+#ifdef LLMTRAIN_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+// The kernel `fn` of the op's device: cpu:: and cuda:: declare the same signatures.
+#define LLMT_KERNEL(op, fn) ((op).cuda() ? ::llmt::cuda::fn : ::llmt::cpu::fn)
+#else
+#define LLMT_KERNEL(op, fn) (static_cast<void>(op), ::llmt::cpu::fn)
+#endif
 
 namespace llmt::ops {
 namespace {
@@ -17,13 +26,33 @@ bool present(const Tensor& t) {
   return t.defined() || (t.ndim() > 0 && t.numel() == 0);
 }
 
-// The checks of one op call; constructing it checks that every given tensor is on the CPU.
+// The checks of one op call; constructing it checks that every given tensor is on one device
+// (mixed_devices: any devices, for copies) and that this build has kernels for it.
 class Op {
  public:
-  Op(const char* name, std::initializer_list<Tensor> tensors) : name_(name) {
-    for (const Tensor& t : tensors)
-      if (t.defined() && t.device.kind == DeviceKind::cuda)
-        throw Error(detail::concat("op ", name_, ": CUDA kernels are not built yet"));
+  Op(const char* name, std::initializer_list<Tensor> tensors, bool mixed_devices = false)
+      : name_(name) {
+    bool first = true;
+    for (const Tensor& t : tensors) {
+      if (!t.defined()) continue;
+      if (t.device.kind == DeviceKind::cuda) cuda_ = true;
+      LLMT_CHECK(mixed_devices || first || t.device == device_, "op ", name_,
+                 ": tensors on different devices (", describe(t), " is on ",
+                 device_name(t.device.kind), ":", t.device.index, ", another on ",
+                 device_name(device_.kind), ":", device_.index, ")");
+      if (first) device_ = t.device;
+      first = false;
+    }
+#ifndef LLMTRAIN_HAVE_CUDA
+    if (cuda_)
+      throw Error(detail::concat("op ", name_,
+                                 ": a CUDA tensor, but this build has no CUDA kernels "
+                                 "(LLMTRAIN_CUDA=OFF)"));
+#endif
+  }
+  // True if any given tensor is on a GPU.
+  bool cuda() const {
+    return cuda_;
   }
 
   float* f32(const char* arg, const Tensor& t) const {
@@ -82,6 +111,8 @@ class Op {
 
  private:
   const char* name_;
+  Device device_;
+  bool cuda_ = false;
 };
 
 // The (N, C) split of a row-wise op's input: C = last dim.
@@ -136,8 +167,9 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_
   const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("out", out, {B, T, C});
   if (wpe.defined()) op.positions("wpe", wpe, C, pos_offset, T);
-  cpu::embedding_forward(op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte),
-                         op.f32_opt("wpe", wpe), B, T, C, V, pos_offset, vocab_start, Vl);
+  LLMT_KERNEL(op, embedding_forward)
+  (op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte), op.f32_opt("wpe", wpe), B, T,
+   C, V, pos_offset, vocab_start, Vl);
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
@@ -149,8 +181,9 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, in
   const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("dout", dout, {B, T, C});
   if (dwpe.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
-  cpu::embedding_backward(op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout),
-                          op.i32("tokens", tokens), B, T, C, V, pos_offset, vocab_start, Vl);
+  LLMT_KERNEL(op, embedding_backward)
+  (op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout), op.i32("tokens", tokens),
+   B, T, C, V, pos_offset, vocab_start, Vl);
 }
 
 // ---- normalisation ----------------------------------------------------------------------------
@@ -164,9 +197,9 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
   op.numel("rstd", rstd, N);
   op.shape("weight", weight, {C});
   op.shape_opt("bias", bias, {C});
-  cpu::layernorm_forward(op.f32("out", out), op.f32("mean", mean), op.f32("rstd", rstd),
-                         op.f32("inp", inp), op.f32("weight", weight), op.f32_opt("bias", bias), N,
-                         C, eps);
+  LLMT_KERNEL(op, layernorm_forward)
+  (op.f32("out", out), op.f32("mean", mean), op.f32("rstd", rstd), op.f32("inp", inp),
+   op.f32("weight", weight), op.f32_opt("bias", bias), N, C, eps);
 }
 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -180,10 +213,10 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   op.shape_opt("dbias", dbias, {C});
   op.numel("mean", mean, N);
   op.numel("rstd", rstd, N);
-  cpu::layernorm_backward(op.f32("dinp", dinp), op.f32("dweight", dweight),
-                          op.f32_opt("dbias", dbias), op.f32("dout", dout), op.f32("inp", inp),
-                          op.f32("weight", weight), op.f32("mean", mean), op.f32("rstd", rstd), N,
-                          C);
+  LLMT_KERNEL(op, layernorm_backward)
+  (op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32_opt("dbias", dbias),
+   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), op.f32("mean", mean),
+   op.f32("rstd", rstd), N, C);
 }
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
@@ -192,8 +225,9 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float e
   op.same_shape("out", out, "inp", inp);
   op.numel("rstd", rstd, N);
   op.shape("weight", weight, {C});
-  cpu::rmsnorm_forward(op.f32("out", out), op.f32("rstd", rstd), op.f32("inp", inp),
-                       op.f32("weight", weight), N, C, eps);
+  LLMT_KERNEL(op, rmsnorm_forward)
+  (op.f32("out", out), op.f32("rstd", rstd), op.f32("inp", inp), op.f32("weight", weight), N, C,
+   eps);
 }
 
 void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
@@ -205,8 +239,9 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
   op.shape("weight", weight, {C});
   op.shape("dweight", dweight, {C});
   op.numel("rstd", rstd, N);
-  cpu::rmsnorm_backward(op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32("dout", dout),
-                        op.f32("inp", inp), op.f32("weight", weight), op.f32("rstd", rstd), N, C);
+  LLMT_KERNEL(op, rmsnorm_backward)
+  (op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32("dout", dout), op.f32("inp", inp),
+   op.f32("weight", weight), op.f32("rstd", rstd), N, C);
 }
 
 // ---- linear (GEMM) ----------------------------------------------------------------------------
@@ -219,8 +254,9 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   op.require(op.rows("out", out, OC) == N, "out ", describe(out), " and inp ", describe(inp),
              " have different row counts");
   op.shape_opt("bias", bias, {OC});
-  cpu::linear_forward(op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight),
-                      op.f32_opt("bias", bias), N, IC, OC);
+  LLMT_KERNEL(op, linear_forward)
+  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), op.f32_opt("bias", bias), N,
+   IC, OC);
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -234,9 +270,9 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   if (dinp.defined()) op.same_shape("dinp", dinp, "inp", inp);
   op.shape("dweight", dweight, {OC, IC});
   op.shape_opt("dbias", dbias, {OC});
-  cpu::linear_backward(op.f32_opt("dinp", dinp), op.f32("dweight", dweight),
-                       op.f32_opt("dbias", dbias), op.f32("dout", dout), op.f32("inp", inp),
-                       op.f32("weight", weight), N, IC, OC);
+  LLMT_KERNEL(op, linear_backward)
+  (op.f32_opt("dinp", dinp), op.f32("dweight", dweight), op.f32_opt("dbias", dbias),
+   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), N, IC, OC);
 }
 
 // ---- activations ------------------------------------------------------------------------------
@@ -244,14 +280,15 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
 void gelu_forward(Tensor out, Tensor inp) {
   Op op("gelu_forward", {out, inp});
   op.same_shape("out", out, "inp", inp);
-  cpu::gelu_forward(op.f32("out", out), op.f32("inp", inp), inp.numel());
+  LLMT_KERNEL(op, gelu_forward)(op.f32("out", out), op.f32("inp", inp), inp.numel());
 }
 
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp) {
   Op op("gelu_backward", {dinp, dout, inp});
   op.same_shape("dinp", dinp, "inp", inp);
   op.same_shape("dout", dout, "inp", inp);
-  cpu::gelu_backward(op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), inp.numel());
+  LLMT_KERNEL(op, gelu_backward)
+  (op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), inp.numel());
 }
 
 void swiglu_forward(Tensor out, Tensor inp) {
@@ -260,7 +297,7 @@ void swiglu_forward(Tensor out, Tensor inp) {
   op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
   op.require(op.rows("out", out, F2 / 2) == N, "out ", describe(out), " must be (..., F) for inp ",
              describe(inp));
-  cpu::swiglu_forward(op.f32("out", out), op.f32("inp", inp), N, F2 / 2);
+  LLMT_KERNEL(op, swiglu_forward)(op.f32("out", out), op.f32("inp", inp), N, F2 / 2);
 }
 
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
@@ -270,7 +307,8 @@ void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
   op.same_shape("dinp", dinp, "inp", inp);
   op.require(op.rows("dout", dout, F2 / 2) == N, "dout ", describe(dout),
              " must be (..., F) for inp ", describe(inp));
-  cpu::swiglu_backward(op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), N, F2 / 2);
+  LLMT_KERNEL(op, swiglu_backward)
+  (op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), N, F2 / 2);
 }
 
 // ---- rotary position embedding ----------------------------------------------------------------
@@ -293,13 +331,13 @@ std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, 
 void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta) {
   Op op("rope_forward", {x});
   const auto [B, T, HT, D] = check_rope(op, x, n_rot_heads, pos_offset, theta);
-  cpu::rope_forward(op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset, theta);
+  LLMT_KERNEL(op, rope_forward)(op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset, theta);
 }
 
 void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta) {
   Op op("rope_backward", {dx});
   const auto [B, T, HT, D] = check_rope(op, dx, n_rot_heads, pos_offset, theta);
-  cpu::rope_backward(op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset, theta);
+  LLMT_KERNEL(op, rope_backward)(op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset, theta);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -307,8 +345,9 @@ void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float the
 void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head) {
   Op op("attention_forward", {out, lse, qkv});
   check_attention(op, out, lse, qkv, n_head, n_kv_head);
-  cpu::attention_forward(op.f32("out", out), op.f32("lse", lse), op.f32("qkv", qkv), qkv.size(0),
-                         qkv.size(1), n_head, n_kv_head, qkv.size(3));
+  LLMT_KERNEL(op, attention_forward)
+  (op.f32("out", out), op.f32("lse", lse), op.f32("qkv", qkv), qkv.size(0), qkv.size(1), n_head,
+   n_kv_head, qkv.size(3));
 }
 
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
@@ -317,9 +356,9 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   check_attention(op, out, lse, qkv, n_head, n_kv_head);
   op.same_shape("dqkv", dqkv, "qkv", qkv);
   op.same_shape("dout", dout, "out", out);
-  cpu::attention_backward(op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv),
-                          op.f32("out", out), op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head,
-                          n_kv_head, qkv.size(3));
+  LLMT_KERNEL(op, attention_backward)
+  (op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv), op.f32("out", out),
+   op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3));
 }
 
 // ---- elementwise ------------------------------------------------------------------------------
@@ -328,18 +367,18 @@ void add(Tensor out, Tensor a, Tensor b) {
   Op op("add", {out, a, b});
   op.same_shape("out", out, "a", a);
   op.same_shape("b", b, "a", a);
-  cpu::add(op.f32("out", out), op.f32("a", a), op.f32("b", b), a.numel());
+  LLMT_KERNEL(op, add)(op.f32("out", out), op.f32("a", a), op.f32("b", b), a.numel());
 }
 
 void add_inplace(Tensor dst, Tensor src) {
   Op op("add_inplace", {dst, src});
   op.same_shape("dst", dst, "src", src);
-  cpu::add_inplace(op.f32("dst", dst), op.f32("src", src), src.numel());
+  LLMT_KERNEL(op, add_inplace)(op.f32("dst", dst), op.f32("src", src), src.numel());
 }
 
 void scale_inplace(Tensor x, float s) {
   Op op("scale_inplace", {x});
-  cpu::scale_inplace(op.f32("x", x), s, x.numel());
+  LLMT_KERNEL(op, scale_inplace)(op.f32("x", x), s, x.numel());
 }
 
 void add_bias(Tensor x, Tensor bias) {
@@ -347,27 +386,27 @@ void add_bias(Tensor x, Tensor bias) {
   op.ndim("bias", bias, 1);
   const int64_t C = bias.size(0);
   const int64_t N = op.rows("x", x, C);
-  cpu::add_bias(op.f32("x", x), op.f32("bias", bias), N, C);
+  LLMT_KERNEL(op, add_bias)(op.f32("x", x), op.f32("bias", bias), N, C);
 }
 
 void copy(Tensor dst, Tensor src) {
-  Op op("copy", {dst, src});
+  Op op("copy", {dst, src}, /*mixed_devices=*/true);
   op.same_shape("dst", dst, "src", src);
   op.require(dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
              " differ in dtype (use convert)");
   op.require(present(dst) && present(src), "dst and src are required");
-  cpu::copy_bytes(dst.data, src.data, src.nbytes());
+  LLMT_KERNEL(op, copy_bytes)(dst.data, src.data, src.nbytes());
 }
 
 void fill_zero(Tensor x) {
   Op op("fill_zero", {x});
   op.require(present(x), "x is required");
-  cpu::fill_zero(x.data, x.nbytes());
+  LLMT_KERNEL(op, fill_zero)(x.data, x.nbytes());
 }
 
 void fill(Tensor x, float value) {
   Op op("fill", {x});
-  cpu::fill(op.f32("x", x), value, x.numel());
+  LLMT_KERNEL(op, fill)(op.f32("x", x), value, x.numel());
 }
 
 namespace {
@@ -384,7 +423,8 @@ void dropout_forward(Tensor out, Tensor inp, float p, uint64_t seed, uint64_t st
   Op op("dropout_forward", {out, inp});
   op.same_shape("out", out, "inp", inp);
   check_dropout(op, p, global_offset);
-  cpu::dropout(op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream, global_offset);
+  LLMT_KERNEL(op, dropout)
+  (op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream, global_offset);
 }
 
 void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t stream,
@@ -392,8 +432,8 @@ void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t
   Op op("dropout_backward", {dinp, dout});
   op.same_shape("dinp", dinp, "dout", dout);
   check_dropout(op, p, global_offset);
-  cpu::dropout(op.f32("dinp", dinp), op.f32("dout", dout), dout.numel(), p, seed, stream,
-               global_offset);
+  LLMT_KERNEL(op, dropout)
+  (op.f32("dinp", dinp), op.f32("dout", dout), dout.numel(), p, seed, stream, global_offset);
 }
 
 // ---- loss -------------------------------------------------------------------------------------
@@ -405,8 +445,9 @@ void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor 
   op.numel("losses", losses, N);
   op.numel("targets", targets, N);
   if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
-  cpu::softmax_cross_entropy(op.f32("losses", losses), op.f32_opt("dlogits", dlogits),
-                             op.f32("logits", logits), op.i32("targets", targets), N, V, dloss);
+  LLMT_KERNEL(op, softmax_cross_entropy)
+  (op.f32("losses", losses), op.f32_opt("dlogits", dlogits), op.f32("logits", logits),
+   op.i32("targets", targets), N, V, dloss);
 }
 
 namespace {
@@ -427,8 +468,8 @@ void cross_entropy_shard_max(Tensor max, Tensor logits, Tensor targets, int64_t 
   const auto [N, Vl] = check_ce_shard(op, logits, targets, 0);
   op.numel("max", max, N);
   op.require(vocab_size >= Vl, "vocab_size=", vocab_size, " is smaller than the shard's ", Vl);
-  cpu::cross_entropy_shard_max(op.f32("max", max), op.f32("logits", logits),
-                               op.i32("targets", targets), N, Vl, vocab_size);
+  LLMT_KERNEL(op, cross_entropy_shard_max)
+  (op.f32("max", max), op.f32("logits", logits), op.i32("targets", targets), N, Vl, vocab_size);
 }
 
 void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor targets,
@@ -437,8 +478,9 @@ void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor tar
   const auto [N, Vl] = check_ce_shard(op, logits, targets, vocab_start);
   op.numel("max", max, N);
   op.shape("sums", sums, {2, N});
-  cpu::cross_entropy_shard_sums(op.f32("sums", sums), op.f32("logits", logits), op.f32("max", max),
-                                op.i32("targets", targets), N, Vl, vocab_start);
+  LLMT_KERNEL(op, cross_entropy_shard_sums)
+  (op.f32("sums", sums), op.f32("logits", logits), op.f32("max", max), op.i32("targets", targets),
+   N, Vl, vocab_start);
 }
 
 void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Tensor max,
@@ -449,10 +491,9 @@ void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Te
   op.numel("max", max, N);
   op.shape("sums", sums, {2, N});
   if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
-  cpu::cross_entropy_shard_finish(op.f32("losses", losses), op.f32_opt("dlogits", dlogits),
-                                  op.f32("logits", logits), op.f32("max", max),
-                                  op.f32("sums", sums), op.i32("targets", targets), N, Vl,
-                                  vocab_start, dloss);
+  LLMT_KERNEL(op, cross_entropy_shard_finish)
+  (op.f32("losses", losses), op.f32_opt("dlogits", dlogits), op.f32("logits", logits),
+   op.f32("max", max), op.f32("sums", sums), op.i32("targets", targets), N, Vl, vocab_start, dloss);
 }
 
 // ---- optimizer and reductions -----------------------------------------------------------------
@@ -463,19 +504,19 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWPara
   op.same_shape("m", m, "param", param);
   op.same_shape("v", v, "param", param);
   op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
-  cpu::adamw_update(op.f32("param", param), op.f32("grad", grad), op.f32("m", m), op.f32("v", v),
-                    param.numel(), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step,
-                    hp.grad_scale);
+  LLMT_KERNEL(op, adamw_update)
+  (op.f32("param", param), op.f32("grad", grad), op.f32("m", m), op.f32("v", v), param.numel(),
+   hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step, hp.grad_scale);
 }
 
 double sum_squares(Tensor x) {
   Op op("sum_squares", {x});
-  return cpu::sum_squares(op.f32("x", x), x.numel());
+  return LLMT_KERNEL(op, sum_squares)(op.f32("x", x), x.numel());
 }
 
 bool has_nonfinite(Tensor x) {
   Op op("has_nonfinite", {x});
-  return cpu::has_nonfinite(op.f32("x", x), x.numel());
+  return LLMT_KERNEL(op, has_nonfinite)(op.f32("x", x), x.numel());
 }
 
 // ---- precision --------------------------------------------------------------------------------
@@ -487,9 +528,9 @@ void round_to(Tensor x, DType target) {
     case DType::f32:
       return;
     case DType::bf16:
-      return cpu::round_to_bf16(p, x.numel());
+      return LLMT_KERNEL(op, round_to_bf16)(p, x.numel());
     case DType::f16:
-      return cpu::round_to_f16(p, x.numel());
+      return LLMT_KERNEL(op, round_to_f16)(p, x.numel());
     case DType::i32:
       break;
   }
@@ -502,7 +543,7 @@ void convert(Tensor dst, Tensor src) {
   op.require(present(dst) && present(src), "dst and src are required");
   op.require(dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst), ", src ",
              describe(src), ": only f32, bf16 and f16 convert");
-  cpu::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel());
+  LLMT_KERNEL(op, convert)(dst.data, dst.dtype, src.data, src.dtype, src.numel());
 }
 
 // ---- initialisation ---------------------------------------------------------------------------
@@ -519,7 +560,8 @@ void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t gl
     op.require(W <= stride, "x is ", describe(x), ", wider than global_row_stride=", stride);
   }
   if (x.numel() == 0) return;
-  cpu::init_normal(op.f32("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
+  LLMT_KERNEL(op, init_normal)
+  (op.f32("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
 }
 
 }  // namespace llmt::ops

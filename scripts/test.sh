@@ -11,8 +11,8 @@ llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON
 status=0
 nvcc_path="$(llmt_nvcc)"
 if [ -n "$nvcc_path" ]; then
-  # Only what the CUDA build adds: the binary (with the CUDA device) and the GPU tests.
-  LLMT_TARGETS="llmtrain test_gpu" llmt_build "$LLMT_ROOT/build-cuda" -DLLMTRAIN_CUDA=ON \
+  # Only what the CUDA build adds: the binary (with the CUDA kernels) and the GPU tests.
+  LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" -DLLMTRAIN_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc_path"
   (cd build-cuda && ctest -L gpu --output-on-failure) || status=1
 else

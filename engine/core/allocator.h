@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "engine/core/tensor.h"
@@ -37,6 +38,12 @@ std::unique_ptr<DeviceBackend> make_cpu_backend();
 // Throws llmt::Error naming the reason when CUDA is not built in or no GPU is usable.
 std::unique_ptr<DeviceBackend> make_device_backend(Device d);
 bool cuda_built_in();
+// The device of a `train.device` setting for the rank with this node-local index: "cpu"; "cuda"
+// (GPU local_rank, even where none is usable: make_device_backend then says why); "auto": the
+// GPU when CUDA is built in and GPUs are visible, else the CPU.
+Device select_device(std::string_view setting, int local_rank);
+// The backends this binary has, for --version: "cpu (OpenMP + BLAS), cuda (CUDA runtime ...)".
+std::string built_in_backends();
 
 struct MemStats {
   std::array<int64_t, kNumMemCategories> live{};

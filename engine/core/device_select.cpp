@@ -1,5 +1,6 @@
-// Picks the DeviceBackend for a Device. The CUDA backend is compiled in only with LLMTRAIN_CUDA;
-// without it, asking for a GPU fails with a message that says so.
+// Picks the DeviceBackend for a Device and the Device for a `train.device` setting. The CUDA
+// backend is compiled in only with LLMTRAIN_CUDA; without it, asking for a GPU fails with a
+// message that says so.
 #include "engine/core/allocator.h"
 
 #ifdef LLMTRAIN_HAVE_CUDA
@@ -14,6 +15,24 @@ bool cuda_built_in() {
 #else
   return false;
 #endif
+}
+
+Device select_device(std::string_view setting, int local_rank) {
+  if (setting == "cpu") return {DeviceKind::cpu, 0};
+  if (setting == "cuda") return {DeviceKind::cuda, local_rank};
+  LLMT_CHECK(setting == "auto", "train.device = \"", setting, "\": expected auto, cpu or cuda");
+#ifdef LLMTRAIN_HAVE_CUDA
+  if (cuda_device_count() > 0) return {DeviceKind::cuda, local_rank};
+#endif
+  return {DeviceKind::cpu, 0};
+}
+
+std::string built_in_backends() {
+  std::string s = "cpu (OpenMP + BLAS)";
+#ifdef LLMTRAIN_HAVE_CUDA
+  s += ", cuda (" + cuda_version_info() + ")";
+#endif
+  return s;
 }
 
 std::unique_ptr<DeviceBackend> make_device_backend(Device d) {

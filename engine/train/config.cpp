@@ -42,7 +42,7 @@ constexpr std::array<std::string_view, 2> kPositionNames{"learned", "rope"};
 constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "constant"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
-constexpr std::array<std::string_view, 2> kDeviceNames{"cpu", "cuda"};
+constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
 
 // ---- TOML text for values (also used in messages, so numbers read the same everywhere) ----

@@ -29,10 +29,11 @@ struct TrainConfig {
   Precision precision = Precision::fp32;
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";
-  std::string device = "cpu";  // "cpu" | "cuda"
-  int64_t threads = 0;         // OpenMP threads per rank; 0 = all cores
-  int64_t eval_interval = 0;   // validation loss every this many steps; 0 = never
-  int64_t eval_iters = 10;     // global batches of the valid split per validation
+  // "auto": cuda when built in and a GPU is visible, else cpu; "cpu"; "cuda" (one GPU per rank)
+  std::string device = "auto";
+  int64_t threads = 0;        // OpenMP threads per rank; 0 = all cores
+  int64_t eval_interval = 0;  // validation loss every this many steps; 0 = never
+  int64_t eval_iters = 10;    // global batches of the valid split per validation
 };
 
 // One [[data.sources]] entry: a dataset of a blend.

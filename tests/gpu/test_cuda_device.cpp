@@ -1,8 +1,9 @@
 // The CUDA device backend: allocation accounting and host <-> device copies round-trip exactly.
-// Skips (with the reason) where no GPU is visible.
+// Skips (with the reason) where no GPU is visible; where none is, checks the start-up refusal.
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "engine/core/allocator.h"
@@ -44,6 +45,24 @@ TEST_F(CudaDevice, AllocationIsZeroed) {
   std::vector<unsigned char> back(4096, 0xff);
   backend->copy_to_host(back.data(), a.data(), back.size());
   EXPECT_EQ(std::count(back.begin(), back.end(), 0), 4096);
+}
+
+// The other side, which runs wherever CI has no GPU: a CUDA build without a usable GPU says why
+// at start, and train.device = "auto" falls back to the CPU.
+TEST(CudaBuildWithoutGpu, SaysWhyAndAutoPicksTheCpu) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
+  EXPECT_EQ(select_device("auto", 0), (Device{DeviceKind::cpu, 0}));
+  try {
+    make_device_backend({DeviceKind::cuda, 0});
+    ADD_FAILURE() << "a CUDA backend started without a GPU";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("no NVIDIA driver") != std::string::npos ||
+                msg.find("no CUDA GPU is visible") != std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("device = \"cpu\""), std::string::npos) << msg;
+  }
+  EXPECT_NE(built_in_backends().find("cuda (CUDA "), std::string::npos) << built_in_backends();
 }
 
 }  // namespace

@@ -1,8 +1,13 @@
 // CUDA device memory, copies and streams. Copies are issued on the backend's compute stream and
 // waited for, so callers see synchronous semantics; kernels (kernels/cuda) use the same stream.
+#include <cublas_api.h>
 #include <cuda_runtime.h>
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#endif
 
 #include <cstdio>
+#include <string>
 
 #include "engine/core/cuda/cuda_backend.h"
 
@@ -18,18 +23,11 @@ namespace llmt {
 
 namespace {
 
-struct StreamDeleter {
-  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-};
-using StreamPtr = std::unique_ptr<CUstream_st, StreamDeleter>;
-
 class CudaBackend final : public DeviceBackend {
  public:
   explicit CudaBackend(int index) : index_(index) {
     LLMT_CUDA_CHECK(cudaSetDevice(index));
-    cudaStream_t s = nullptr;
-    LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    compute_.reset(s);
+    compute_ = static_cast<cudaStream_t>(cuda_compute_stream());
   }
   Device device() const override { return {DeviceKind::cuda, index_}; }
   void* allocate(size_t bytes) override {
@@ -42,28 +40,55 @@ class CudaBackend final : public DeviceBackend {
   }
   void deallocate(void* p) override { cudaFree(p); }
   void memset_zero(void* p, size_t bytes) override {
-    LLMT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_.get()));
-    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    LLMT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_.get()));
-    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
-    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_.get()));
-    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_.get()));
+    LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_));
   }
-  void synchronize() override { LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_.get())); }
+  void synchronize() override { LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_)); }
 
  private:
   int index_;
-  StreamPtr compute_;
+  cudaStream_t compute_;  // the process's compute stream (never destroyed)
 };
 
 }  // namespace
+
+void* cuda_compute_stream() {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }();
+  return stream;
+}
+
+std::string cuda_version_info() {
+  // Versions of the headers this build was compiled against (the kernels link cuBLASLt; NCCL is
+  // engine/comm's; cuDNN is not used yet), then the driver found at run time.
+  std::string s =
+      detail::concat("CUDA ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, ", cuBLASLt ",
+                     CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, ".", CUBLAS_VER_PATCH);
+#if __has_include(<nccl.h>)
+  s += detail::concat(", NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH);
+#endif
+  s += ", cuDNN not used";
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0)
+    s += detail::concat(", driver ", driver / 1000, ".", driver % 1000 / 10);
+  else
+    s += ", no driver found";
+  return s;
+}
 
 int cuda_device_count() {
   int n = 0;
@@ -74,12 +99,19 @@ int cuda_device_count() {
 std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && n == 0))
+    throw Error(
+        "device = \"cuda\" requested, but no CUDA GPU is visible (the driver is loaded; check "
+        "CUDA_VISIBLE_DEVICES); set device = \"cpu\" or \"auto\"");
   if (err != cudaSuccess)
     throw Error(detail::concat(
-        "device = \"cuda\" requested, but CUDA cannot start: ", cudaGetErrorString(err),
-        " (no NVIDIA driver or GPU on this machine?); set device = \"cpu\""));
+        "device = \"cuda\" requested, but this CUDA build cannot start CUDA: ",
+        cudaGetErrorString(err), " (no NVIDIA driver on this machine, or one older than the CUDA ",
+        CUDART_VERSION / 1000, " runtime needs); set device = \"cpu\" or \"auto\""));
   if (device_index >= n)
-    throw Error(detail::concat("GPU ", device_index, " requested but only ", n, " visible"));
+    throw Error(detail::concat("GPU ", device_index,
+                               " requested (the rank's local index) but only ", n,
+                               " visible: one rank per GPU"));
   return std::make_unique<CudaBackend>(device_index);
 }
 

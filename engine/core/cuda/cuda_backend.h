@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "engine/core/allocator.h"
 
@@ -13,5 +14,14 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index);
 
 // Number of visible GPUs; 0 when there is no driver or no device (never throws).
 int cuda_device_count();
+
+// The one compute stream of this process (a cudaStream_t, opaque here so that no CUDA type
+// reaches an engine header), created on first use on the current device. The backend's copies
+// and every kernel in kernels/cuda run on it, so they are ordered without extra events.
+void* cuda_compute_stream();
+
+// "CUDA 13.0, cuBLASLt 13.1.0, ..., driver 13.0": the versions compiled against, and the
+// driver's (or that none was found).
+std::string cuda_version_info();
 
 }  // namespace llmt

@@ -73,5 +73,16 @@ TEST(Device, CudaRequestWithoutCudaSaysWhy) {
   }
 }
 
+TEST(Device, SelectionFollowsTheSetting) {
+  EXPECT_EQ(select_device("cpu", 2), (Device{DeviceKind::cpu, 0}));
+  EXPECT_EQ(select_device("cuda", 2), (Device{DeviceKind::cuda, 2}));  // the rank's local GPU
+  EXPECT_THROW(select_device("gpu", 0), Error);
+  if (!cuda_built_in()) {  // "auto" without CUDA is the CPU (with CUDA: the GPU if one is visible)
+    EXPECT_EQ(select_device("auto", 2), (Device{DeviceKind::cpu, 0}));
+  }
+  EXPECT_NE(built_in_backends().find("cpu"), std::string::npos);
+  EXPECT_EQ(built_in_backends().find("cuda") != std::string::npos, cuda_built_in());
+}
+
 }  // namespace
 }  // namespace llmt

@@ -65,14 +65,24 @@ TEST(OpChecks, EmptyTensorsWithoutMemory) {
                       w.t(), Tensor());
 }
 
-TEST(OpChecks, CudaTensorsAreRefused) {
+#ifndef LLMTRAIN_HAVE_CUDA
+TEST(OpChecks, CudaTensorsAreRefusedWithoutCudaKernels) {
   HostTensor x({4});
   Tensor on_gpu = x.t();
   on_gpu.device = Device{DeviceKind::cuda, 0};
   EXPECT_TRUE(throws_with([&] { ops::gelu_forward(on_gpu, on_gpu); },
-                          {"op gelu_forward: CUDA kernels are not built yet"}));
-  EXPECT_TRUE(
-      throws_with([&] { ops::copy(on_gpu, x.t()); }, {"op copy: CUDA kernels are not built yet"}));
+                          {"op gelu_forward: a CUDA tensor, but this build has no CUDA kernels"}));
+  EXPECT_TRUE(throws_with([&] { ops::copy(on_gpu, x.t()); },
+                          {"op copy: a CUDA tensor, but this build has no CUDA kernels"}));
+}
+#endif
+
+TEST(OpChecks, TensorsOnDifferentDevicesAreRefused) {
+  HostTensor x({4}), y({4});
+  Tensor elsewhere = y.t();
+  elsewhere.device = Device{DeviceKind::cuda, 1};
+  EXPECT_TRUE(throws_with([&] { ops::add_inplace(x.t(), elsewhere); },
+                          {"op add_inplace: tensors on different devices", "cuda:1", "cpu:0"}));
 }
 
 TEST(OpChecks, OutOfRangeOptions) {

@@ -581,7 +581,8 @@ INSTANTIATE_TEST_SUITE_P(
                   {"data.source at t.toml:2:1: expected one of \"synthetic\", \"indexed\", found a "
                    "string (\"files\")"}},
         ErrorCase{"[train]\ndevice = \"gpu\"\n",
-                  {"train.device at t.toml:2:1: expected one of \"cpu\", \"cuda\", found a string "
+                  {"train.device at t.toml:2:1: expected one of \"auto\", \"cpu\", \"cuda\", found "
+                   "a string "
                    "(\"gpu\")"}},
         ErrorCase{"[model]\narch = 2\n",
                   {"model.arch at t.toml:2:1: expected one of \"gpt2\", \"llama\", found an "

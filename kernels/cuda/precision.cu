@@ -1,0 +1,80 @@
+// bf16 / f16 storage emulation and conversion, with the CPU kernels' codecs: bf16 rounds to
+// nearest even on the top 16 bits (NaN stays NaN), f16 is IEEE half through cuda_fp16
+// (round to nearest even, subnormals, overflow to inf), as _Float16 on the CPU.
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace llmt::cuda {
+namespace {
+
+struct F32 {
+  using Storage = float;
+  __device__ static float load(float x) { return x; }
+  __device__ static float store(float x) { return x; }
+};
+
+struct BF16 {
+  using Storage = uint16_t;
+  __device__ static float load(uint16_t b) {
+    return __uint_as_float(static_cast<uint32_t>(b) << 16);
+  }
+  __device__ static uint16_t store(float x) {
+    const uint32_t b = __float_as_uint(x);
+    const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = b + 0x7fffu + ((b >> 16) & 1u);
+    return static_cast<uint16_t>((nan ? b | 0x00400000u : rounded) >> 16);
+  }
+};
+
+struct F16 {
+  using Storage = uint16_t;
+  __device__ static float load(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+  __device__ static uint16_t store(float x) { return __half_as_ushort(__float2half_rn(x)); }
+};
+
+template <typename Fmt>
+void round_through(float* x, int64_t n) {
+  for_each(n, [=] __device__(int64_t i) { x[i] = Fmt::load(Fmt::store(x[i])); });
+}
+
+template <typename Src, typename Dst>
+void convert_as(void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<typename Dst::Storage*>(dst);
+  const auto* s = static_cast<const typename Src::Storage*>(src);
+  for_each(n, [=] __device__(int64_t i) { d[i] = Dst::store(Src::load(s[i])); });
+}
+
+template <typename F>
+void with_codec(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(F32{});
+    case DType::bf16:
+      return f(BF16{});
+    case DType::f16:
+      return f(F16{});
+    case DType::i32:
+      break;
+  }
+  LLMT_CHECK(false, "convert: ", dtype_name(t), " is not a floating-point storage type");
+}
+
+}  // namespace
+
+void round_to_bf16(float* x, int64_t n) {
+  round_through<BF16>(x, n);
+}
+
+void round_to_f16(float* x, int64_t n) {
+  round_through<F16>(x, n);
+}
+
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  with_codec(src_type, [&](auto s) {
+    with_codec(dst_type, [&](auto d) { convert_as<decltype(s), decltype(d)>(dst, src, n); });
+  });
+}
+
+}  // namespace llmt::cuda

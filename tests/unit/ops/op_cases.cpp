@@ -1,0 +1,467 @@
+// The op-case table (op_cases.h). Shapes are chosen to cross the CUDA kernels' block and tile
+// boundaries (rows longer than a block, T not a multiple of the attention tile, head dims at and
+// between the kernel's bounds), and outputs are seeded so that assigning and accumulating differ.
+#include "tests/unit/ops/op_cases.h"
+
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "kernels/ops.h"
+
+namespace llmt::test {
+namespace {
+
+using Views = std::vector<Tensor>;
+using Call = std::function<std::vector<double>(const Views&)>;
+
+// A call with no scalar results.
+template <typename F>
+Call op(F f) {
+  return [f](const Views& v) {
+    f(v);
+    return std::vector<double>{};
+  };
+}
+
+constexpr Tol kExact{0.0, 0.0};
+constexpr Tol kTight{1e-5, 1e-6};    // elementwise maps: libm vs CUDA math, a few ulp
+constexpr Tol kReduced{1e-4, 1e-5};  // reductions and GEMMs summed in another order
+
+HostTensor with_ignored(HostTensor targets, int every) {  // targets with every k-th one -1
+  for (int64_t i = 0; i < targets.numel(); i += every) targets.i32()[i] = -1;
+  return targets;
+}
+
+void add_embedding(std::vector<OpCase>& cases) {
+  cases.push_back({"embedding_forward",
+                   "embedding_forward_wpe",
+                   {uniform({2, 37, 48}, 1), tokens({2, 37}, 100, 2), uniform({100, 48}, 3),
+                    uniform({50, 48}, 4)},
+                   op([](const Views& v) { ops::embedding_forward(v[0], v[1], v[2], v[3], 5); }),
+                   kExact});
+  cases.push_back(
+      {"embedding_forward",
+       "embedding_forward_vocab_shard",
+       {uniform({2, 37, 48}, 1), tokens({2, 37}, 100, 2), uniform({30, 48}, 3)},
+       op([](const Views& v) { ops::embedding_forward(v[0], v[1], v[2], Tensor(), 0, 40, 100); }),
+       kExact});
+  // 20 token ids over 74 positions: rows repeat, so the scatter-add collides.
+  cases.push_back({"embedding_backward",
+                   "embedding_backward_wpe",
+                   {uniform({20, 48}, 5), uniform({50, 48}, 6), uniform({2, 37, 48}, 7),
+                    tokens({2, 37}, 20, 8)},
+                   op([](const Views& v) { ops::embedding_backward(v[0], v[1], v[2], v[3], 3); }),
+                   kTight});
+  cases.push_back(
+      {"embedding_backward",
+       "embedding_backward_vocab_shard",
+       {uniform({8, 48}, 5), HostTensor(), uniform({2, 37, 48}, 7), tokens({2, 37}, 20, 8)},
+       op([](const Views& v) { ops::embedding_backward(v[0], Tensor(), v[2], v[3], 0, 6, 20); }),
+       kTight});
+}
+
+void add_norms(std::vector<OpCase>& cases) {
+  constexpr float kEps = 1e-5f;
+  struct Shape2 {
+    int64_t N, C;
+  };
+  for (const auto [N, C] : {Shape2{15, 100}, Shape2{33, 1030}}) {
+    const std::string dims = "_N" + std::to_string(N) + "_C" + std::to_string(C);
+    HostTensor inp = uniform({N, C}, 1, -2.0f, 3.0f), weight = uniform({C}, 2, 0.5f, 1.5f);
+    HostTensor bias = uniform({C}, 3), mean({N}), rstd({N}), out({N, C});
+    ops::layernorm_forward(out.t(), mean.t(), rstd.t(), inp.t(), weight.t(), bias.t(), kEps);
+    cases.push_back({"layernorm_forward",
+                     "layernorm_forward" + dims,
+                     {uniform({N, C}, 4), uniform({N}, 5), uniform({N}, 6), inp, weight, bias},
+                     op([](const Views& v) {
+                       ops::layernorm_forward(v[0], v[1], v[2], v[3], v[4], v[5], kEps);
+                     }),
+                     kReduced});
+    cases.push_back({"layernorm_backward",
+                     "layernorm_backward" + dims,
+                     {uniform({N, C}, 7), uniform({C}, 8), uniform({C}, 9), uniform({N, C}, 10),
+                      inp, weight, mean, rstd},
+                     op([](const Views& v) {
+                       ops::layernorm_backward(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+                     }),
+                     kReduced});
+    cases.push_back({"layernorm_backward",
+                     "layernorm_backward_nobias" + dims,
+                     {uniform({N, C}, 7), uniform({C}, 8), HostTensor(), uniform({N, C}, 10), inp,
+                      weight, mean, rstd},
+                     op([](const Views& v) {
+                       ops::layernorm_backward(v[0], v[1], Tensor(), v[3], v[4], v[5], v[6], v[7]);
+                     }),
+                     kReduced});
+    ops::rmsnorm_forward(out.t(), rstd.t(), inp.t(), weight.t(), kEps);
+    cases.push_back({"rmsnorm_forward",
+                     "rmsnorm_forward" + dims,
+                     {uniform({N, C}, 4), uniform({N}, 6), inp, weight},
+                     op([](const Views& v) { ops::rmsnorm_forward(v[0], v[1], v[2], v[3], kEps); }),
+                     kReduced});
+    cases.push_back(
+        {"rmsnorm_backward",
+         "rmsnorm_backward" + dims,
+         {uniform({N, C}, 7), uniform({C}, 8), uniform({N, C}, 10), inp, weight, rstd},
+         op([](const Views& v) { ops::rmsnorm_backward(v[0], v[1], v[2], v[3], v[4], v[5]); }),
+         kReduced});
+  }
+}
+
+void add_linear(std::vector<OpCase>& cases) {
+  const int64_t N = 257, IC = 96, OC = 130;
+  cases.push_back(
+      {"linear_forward",
+       "linear_forward_bias",
+       {uniform({N, OC}, 1), uniform({N, IC}, 2), uniform({OC, IC}, 3), uniform({OC}, 4)},
+       op([](const Views& v) { ops::linear_forward(v[0], v[1], v[2], v[3]); }),
+       kReduced});
+  cases.push_back({"linear_forward",
+                   "linear_forward_nobias_3d",
+                   {uniform({3, 5, 33}, 1), uniform({3, 5, 64}, 2), uniform({33, 64}, 3)},
+                   op([](const Views& v) { ops::linear_forward(v[0], v[1], v[2], Tensor()); }),
+                   kReduced});
+  cases.push_back(
+      {"linear_backward",
+       "linear_backward_all",
+       {uniform({N, IC}, 5), uniform({OC, IC}, 6), uniform({OC}, 7), uniform({N, OC}, 8),
+        uniform({N, IC}, 2), uniform({OC, IC}, 3)},
+       op([](const Views& v) { ops::linear_backward(v[0], v[1], v[2], v[3], v[4], v[5]); }),
+       kReduced});
+  cases.push_back(
+      {"linear_backward",
+       "linear_backward_weight_only",
+       {HostTensor(), uniform({OC, IC}, 6), HostTensor(), uniform({N, OC}, 8), uniform({N, IC}, 2),
+        uniform({OC, IC}, 3)},
+       op([](const Views& v) { ops::linear_backward(Tensor(), v[1], Tensor(), v[3], v[4], v[5]); }),
+       kReduced});
+}
+
+void add_activations(std::vector<OpCase>& cases) {
+  cases.push_back({"gelu_forward",
+                   "gelu_forward",
+                   {uniform({3, 1000}, 1), uniform({3, 1000}, 2, -5.0f, 5.0f)},
+                   op([](const Views& v) { ops::gelu_forward(v[0], v[1]); }),
+                   kTight});
+  cases.push_back(
+      {"gelu_backward",
+       "gelu_backward",
+       {uniform({3, 1000}, 1), uniform({3, 1000}, 3), uniform({3, 1000}, 2, -5.0f, 5.0f)},
+       op([](const Views& v) { ops::gelu_backward(v[0], v[1], v[2]); }),
+       kTight});
+  cases.push_back({"swiglu_forward",
+                   "swiglu_forward",
+                   {uniform({7, 50}, 1), uniform({7, 100}, 2, -4.0f, 4.0f)},
+                   op([](const Views& v) { ops::swiglu_forward(v[0], v[1]); }),
+                   kTight});
+  cases.push_back({"swiglu_backward",
+                   "swiglu_backward",
+                   {uniform({7, 100}, 1), uniform({7, 50}, 3), uniform({7, 100}, 2, -4.0f, 4.0f)},
+                   op([](const Views& v) { ops::swiglu_backward(v[0], v[1], v[2]); }),
+                   kTight});
+}
+
+void add_rope(std::vector<OpCase>& cases) {
+  cases.push_back({"rope_forward",
+                   "rope_forward",
+                   {uniform({2, 9, 5, 16}, 1)},
+                   op([](const Views& v) { ops::rope_forward(v[0], 3, 11, 10000.0f); }),
+                   kTight});
+  cases.push_back({"rope_backward",
+                   "rope_backward",
+                   {uniform({2, 9, 5, 16}, 1)},
+                   op([](const Views& v) { ops::rope_backward(v[0], 3, 11, 10000.0f); }),
+                   kTight});
+}
+
+void add_attention(std::vector<OpCase>& cases) {
+  struct Dims {
+    int64_t B, T, H, KV, D;
+  };
+  // GQA with partial tiles; MQA with a padded head dim; MHA with D between 128 and 256.
+  for (const Dims d : {Dims{2, 70, 4, 2, 16}, Dims{1, 130, 2, 1, 80}, Dims{1, 33, 2, 2, 160}}) {
+    std::ostringstream os;
+    os << "_B" << d.B << "_T" << d.T << "_H" << d.H << "_KV" << d.KV << "_D" << d.D;
+    const int64_t H = d.H, KV = d.KV;
+    HostTensor qkv = uniform({d.B, d.T, H + 2 * KV, d.D}, 1, -2.0f, 2.0f);
+    HostTensor out({d.B, d.T, H, d.D}), lse({d.B, H, d.T});
+    ops::attention_forward(out.t(), lse.t(), qkv.t(), H, KV);
+    cases.push_back(
+        {"attention_forward",
+         "attention_forward" + os.str(),
+         {uniform({d.B, d.T, H, d.D}, 2), uniform({d.B, H, d.T}, 3), qkv},
+         op([H, KV](const Views& v) { ops::attention_forward(v[0], v[1], v[2], H, KV); }),
+         Tol{2e-4, 2e-5}});
+    cases.push_back(
+        {"attention_backward",
+         "attention_backward" + os.str(),
+         {uniform({d.B, d.T, H + 2 * KV, d.D}, 4), uniform({d.B, d.T, H, d.D}, 5), qkv, out, lse},
+         op([H, KV](const Views& v) {
+           ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV);
+         }),
+         Tol{2e-4, 1e-4}});  // twice the CPU kernel's bound against a double reference
+  }
+}
+
+void add_elementwise(std::vector<OpCase>& cases) {
+  const Shape s{3, 1001};
+  cases.push_back({"add",
+                   "add",
+                   {uniform(s, 1), uniform(s, 2), uniform(s, 3)},
+                   op([](const Views& v) { ops::add(v[0], v[1], v[2]); }),
+                   kExact});
+  cases.push_back({"add_inplace",
+                   "add_inplace",
+                   {uniform(s, 1), uniform(s, 2)},
+                   op([](const Views& v) { ops::add_inplace(v[0], v[1]); }),
+                   kExact});
+  cases.push_back({"scale_inplace",
+                   "scale_inplace",
+                   {uniform(s, 1)},
+                   op([](const Views& v) { ops::scale_inplace(v[0], 0.37f); }),
+                   kExact});
+  cases.push_back({"add_bias",
+                   "add_bias",
+                   {uniform({13, 77}, 1), uniform({77}, 2)},
+                   op([](const Views& v) { ops::add_bias(v[0], v[1]); }),
+                   kExact});
+  cases.push_back({"copy",
+                   "copy",
+                   {uniform(s, 1), uniform(s, 2)},
+                   op([](const Views& v) { ops::copy(v[0], v[1]); }),
+                   kExact});
+  cases.push_back({"fill_zero",
+                   "fill_zero",
+                   {uniform(s, 1)},
+                   op([](const Views& v) { ops::fill_zero(v[0]); }),
+                   kExact});
+  cases.push_back({"fill",
+                   "fill",
+                   {uniform(s, 1)},
+                   op([](const Views& v) { ops::fill(v[0], 0.25f); }),
+                   kExact});
+  cases.push_back({"dropout_forward",
+                   "dropout_forward",
+                   {uniform(s, 1), uniform(s, 2)},
+                   op([](const Views& v) { ops::dropout_forward(v[0], v[1], 0.3f, 7, 9, 123); }),
+                   kExact});
+  cases.push_back({"dropout_backward",
+                   "dropout_backward",
+                   {uniform(s, 1), uniform(s, 2)},
+                   op([](const Views& v) { ops::dropout_backward(v[0], v[1], 0.3f, 7, 9, 123); }),
+                   kExact});
+}
+
+void add_loss(std::vector<OpCase>& cases) {
+  const int64_t N = 37, V = 1000, Vl = 300, start = 300;
+  const float dloss = 1.0f / N;
+  HostTensor logits = uniform({N, V}, 1, -4.0f, 4.0f);
+  HostTensor targets = with_ignored(tokens({N}, static_cast<int32_t>(V), 2), 5);
+  cases.push_back(
+      {"softmax_cross_entropy",
+       "softmax_cross_entropy",
+       {uniform({N}, 3), uniform({N, V}, 4), logits, targets},
+       op([dloss](const Views& v) { ops::softmax_cross_entropy(v[0], v[1], v[2], v[3], dloss); }),
+       kReduced});
+  cases.push_back(
+      {"softmax_cross_entropy",
+       "softmax_cross_entropy_in_place",
+       {uniform({N}, 3), logits, targets},
+       op([dloss](const Views& v) { ops::softmax_cross_entropy(v[0], v[1], v[1], v[2], dloss); }),
+       kReduced});
+  cases.push_back(
+      {"softmax_cross_entropy",
+       "softmax_cross_entropy_loss_only",
+       {uniform({N}, 3), logits, targets},
+       op([](const Views& v) { ops::softmax_cross_entropy(v[0], Tensor(), v[1], v[2], 1.0f); }),
+       kReduced});
+  HostTensor shard = uniform({N, Vl}, 5, -4.0f, 4.0f), max({N}), sums({2, N});
+  ops::cross_entropy_shard_max(max.t(), shard.t(), targets.t(), V);
+  ops::cross_entropy_shard_sums(sums.t(), shard.t(), max.t(), targets.t(), start);
+  cases.push_back({"cross_entropy_shard_max",
+                   "cross_entropy_shard_max",
+                   {uniform({N}, 6), shard, targets},
+                   op([V](const Views& v) { ops::cross_entropy_shard_max(v[0], v[1], v[2], V); }),
+                   kExact});
+  cases.push_back({"cross_entropy_shard_sums",
+                   "cross_entropy_shard_sums",
+                   {uniform({2, N}, 7), shard, max, targets},
+                   op([start](const Views& v) {
+                     ops::cross_entropy_shard_sums(v[0], v[1], v[2], v[3], start);
+                   }),
+                   kReduced});
+  cases.push_back({"cross_entropy_shard_finish",
+                   "cross_entropy_shard_finish",
+                   {uniform({N}, 8), uniform({N, Vl}, 9), shard, max, sums, targets},
+                   op([start, dloss](const Views& v) {
+                     ops::cross_entropy_shard_finish(v[0], v[1], v[2], v[3], v[4], v[5], start,
+                                                     dloss);
+                   }),
+                   kReduced});
+}
+
+void add_optim_and_reductions(std::vector<OpCase>& cases) {
+  const Shape s{1000, 37};
+  cases.push_back(
+      {"adamw_update",
+       "adamw_update",
+       {uniform(s, 1), uniform(s, 2), uniform(s, 3, -0.1f, 0.1f), uniform(s, 4, 0.0f, 0.01f)},
+       op([](const Views& v) {
+         ops::AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
+         ops::adamw_update(v[0], v[1], v[2], v[3], hp);
+       }),
+       kTight});
+  cases.push_back({"sum_squares",
+                   "sum_squares",
+                   {uniform({100003}, 5)},
+                   [](const Views& v) { return std::vector<double>{ops::sum_squares(v[0])}; },
+                   Tol{1e-10, 0.0}});
+  HostTensor with_inf = uniform({100003}, 6);
+  with_inf[77777] = INFINITY;
+  cases.push_back(
+      {"has_nonfinite",
+       "has_nonfinite_inf",
+       {with_inf},
+       [](const Views& v) { return std::vector<double>{ops::has_nonfinite(v[0]) * 1.0}; },
+       kExact});
+  cases.push_back(
+      {"has_nonfinite",
+       "has_nonfinite_finite",
+       {uniform({100003}, 6)},
+       [](const Views& v) { return std::vector<double>{ops::has_nonfinite(v[0]) * 1.0}; },
+       kExact});
+}
+
+void add_precision(std::vector<OpCase>& cases) {
+  // Values across both formats' ranges: f16 overflow (> 65504) and subnormals (< 6.1e-5).
+  HostTensor x = normal({4000}, 1, 3.0f);
+  for (int64_t i = 0; i < x.numel(); i += 7) x[i] *= 3e4f;
+  for (int64_t i = 3; i < x.numel(); i += 11) x[i] *= 1e-6f;
+  cases.push_back({"round_to",
+                   "round_to_bf16",
+                   {x},
+                   op([](const Views& v) { ops::round_to(v[0], DType::bf16); }),
+                   kExact});
+  cases.push_back({"round_to",
+                   "round_to_f16",
+                   {x},
+                   op([](const Views& v) { ops::round_to(v[0], DType::f16); }),
+                   kExact});
+  HostTensor bf({4000}, DType::bf16), f16({4000}, DType::f16);
+  ops::convert(bf.t(), x.t());
+  ops::convert(f16.t(), x.t());
+  cases.push_back({"convert",
+                   "convert_f32_to_bf16",
+                   {HostTensor({4000}, DType::bf16), x},
+                   op([](const Views& v) { ops::convert(v[0], v[1]); }),
+                   kExact});
+  cases.push_back({"convert",
+                   "convert_bf16_to_f16",
+                   {HostTensor({4000}, DType::f16), bf},
+                   op([](const Views& v) { ops::convert(v[0], v[1]); }),
+                   kExact});
+  cases.push_back({"convert",
+                   "convert_f16_to_f32",
+                   {uniform({4000}, 2), f16},
+                   op([](const Views& v) { ops::convert(v[0], v[1]); }),
+                   kExact});
+}
+
+void add_init(std::vector<OpCase>& cases) {
+  cases.push_back({"init_normal",
+                   "init_normal_contiguous",
+                   {uniform({5000}, 1)},
+                   op([](const Views& v) { ops::init_normal(v[0], 0.02f, 5, 77, 1000); }),
+                   Tol{1e-6, 1e-9}});
+  cases.push_back({"init_normal",
+                   "init_normal_column_shard",
+                   {uniform({37, 20}, 1)},
+                   op([](const Views& v) { ops::init_normal(v[0], 0.02f, 5, 77, 1000, 50); }),
+                   Tol{1e-6, 1e-9}});
+}
+
+}  // namespace
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cases;
+  add_embedding(cases);
+  add_norms(cases);
+  add_linear(cases);
+  add_activations(cases);
+  add_rope(cases);
+  add_attention(cases);
+  add_elementwise(cases);
+  add_loss(cases);
+  add_optim_and_reductions(cases);
+  add_precision(cases);
+  add_init(cases);
+  return cases;
+}
+
+OpResult run_case(const OpCase& c, Allocator* device) {
+  OpResult r{c.args, {}};  // deep copies: the case stays as it was
+  if (device == nullptr) {
+    std::vector<Tensor> views;
+    for (HostTensor& a : r.args) views.push_back(a.t());
+    r.scalars = c.call(views);
+    return r;
+  }
+  DeviceBackend& backend = device->backend();
+  std::vector<Buffer> buffers;
+  std::vector<Tensor> views;
+  for (HostTensor& a : r.args) {
+    if (!a.defined()) {
+      views.emplace_back();
+      continue;
+    }
+    Tensor host = a.t();
+    buffers.push_back(device->allocate(host.nbytes(), MemCategory::other));
+    backend.copy_from_host(buffers.back().data(), host.data, host.nbytes());
+    views.push_back(buffers.back().tensor(host.shape, host.dtype));
+  }
+  r.scalars = c.call(views);
+  backend.synchronize();
+  for (size_t i = 0; i < r.args.size(); ++i)
+    if (r.args[i].defined()) {
+      Tensor host = r.args[i].t();
+      backend.copy_to_host(host.data, views[i].data, host.nbytes());
+    }
+  return r;
+}
+
+OpCase bf16_storage(const OpCase& c) {
+  OpCase b = c;
+  b.name += "_bf16";
+  for (HostTensor& a : b.args)
+    if (a.defined() && a.dtype() == DType::f32) ops::round_to(a.t(), DType::bf16);
+  b.call = [call = c.call](const std::vector<Tensor>& views) {
+    std::vector<double> scalars = call(views);
+    for (const Tensor& t : views)
+      if (t.defined() && t.dtype == DType::f32) ops::round_to(t, DType::bf16);
+    return scalars;
+  };
+  b.tol = Tol{c.tol.rtol + kBf16Tol.rtol, c.tol.atol + kBf16Tol.atol};
+  return b;
+}
+
+::testing::AssertionResult results_close(const OpResult& got, const OpResult& want, Tol tol) {
+  if (got.args.size() != want.args.size() || got.scalars.size() != want.scalars.size())
+    return ::testing::AssertionFailure() << "results of different arity";
+  for (size_t i = 0; i < got.args.size(); ++i) {
+    const HostTensor &g = got.args[i], &w = want.args[i];
+    if (g.defined() != w.defined()) return ::testing::AssertionFailure() << "argument " << i;
+    if (!g.defined()) continue;
+    auto r = g.dtype() == DType::f32 ? all_close(g, w, tol) : bits_equal(g, w);
+    if (!r) return ::testing::AssertionFailure() << "argument " << i << ": " << r.message();
+  }
+  for (size_t i = 0; i < got.scalars.size(); ++i) {
+    const double g = got.scalars[i], w = want.scalars[i];
+    if (!(std::fabs(g - w) <= tol.atol + tol.rtol * std::fabs(w)))
+      return ::testing::AssertionFailure()
+             << "scalar result " << i << ": got " << g << ", want " << w;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace llmt::test
