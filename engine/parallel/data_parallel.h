@@ -34,6 +34,10 @@ class DataParallel : public ModelHooks {
   virtual void step(double lr, int64_t t, float grad_scale) = 0;
   // Every parameter at global shape into `out` (P) f32 on the host, spec order, on every rank.
   virtual void gather_params(std::vector<float>& out) = 0;
+  // The gradient of parameter i (model spec index) that this rank updates, after
+  // finish_backward: the whole tensor (DDP), this rank's rows of it (ZeRO), or undefined when it
+  // owns none of it. Pipeline parallelism sums the tied copies of wte through it.
+  virtual Tensor owned_grad(size_t i) = 0;
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
 
@@ -67,6 +71,7 @@ class DistributedDataParallel final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
+  Tensor owned_grad(size_t i) override { return model_.grads()[i]; }
 
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer

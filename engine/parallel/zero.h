@@ -45,6 +45,7 @@ class Zero final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
+  Tensor owned_grad(size_t i) override;
 
  private:
   struct Param {

@@ -895,9 +895,6 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
     r.require(p.pp_schedule != PipeSchedule::zb_h1, {"parallel.pp_schedule", "parallel.pp"},
               concat("parallel.pp_schedule=\"zb-h1\" with parallel.pp=", p.pp,
                      ": the executor does not run the split backward yet; use \"1f1b\""));
-    r.require(p.zero_stage <= 1, {"parallel.zero_stage", "parallel.pp"},
-              concat("parallel.zero_stage=", p.zero_stage, " with parallel.pp=", p.pp,
-                     ": pipeline parallelism composes with DDP and ZeRO-1 only so far"));
     r.require(c.train.eval_interval == 0, {"train.eval_interval", "parallel.pp"},
               concat("train.eval_interval=", c.train.eval_interval, " with parallel.pp=", p.pp,
                      ": validation does not run through the pipeline yet; set eval_interval = 0"));

@@ -369,9 +369,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     }
     data_parallel->finish_backward();
     if (embedding_group) {
-      // Both copies of the tied wte get the sum of their (dp-reduced) gradients.
-      Tensor g = model.grads()[model.spec().index_of("wte.weight")];
-      embedding_group->all_reduce(g).wait();
+      // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows
+      // on both ends, whose dp coordinates are the same.
+      Tensor g = data_parallel->owned_grad(model.spec().index_of("wte.weight"));
+      if (g.defined()) embedding_group->all_reduce(g).wait();
     }
     StepMetrics m;
     m.step = step;

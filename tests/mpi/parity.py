@@ -46,6 +46,10 @@ LAYOUTS = {
     "pp2-uneven": (2, ["parallel.pp=2", "parallel.pp_layers=[1, 3]"], L4),
     "pp2-tp2-dp2-zero1": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"], []),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
+    "pp2-dp2-zero2": (4, ["parallel.pp=2", "parallel.zero_stage=2"], []),
+    "pp2-dp2-zero3": (4, ["parallel.pp=2", "parallel.zero_stage=3"], []),
+    "pp2-interleaved-dp2-zero3": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                      "parallel.virtual_stages=2", "parallel.zero_stage=3"], L4),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
