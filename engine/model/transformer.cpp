@@ -464,9 +464,9 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
   const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model;
   const bool tp = tp_.size() > 1;
   Tensor x = input_of(acts);  // (R,C)
+  auto is_bt = [&](const Tensor& t) { return t.ndim() == 2 && t.shape[0] == B && t.shape[1] == T; };
   if (chunk_has_embedding(chunk)) {
-    LLMT_CHECK(tokens.shape == Shape({B_, T_}), "tokens ", tokens.shape.str(), " must be (", B_,
-               ", ", T_, ")");
+    LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);
     if (!tp) {
       ops::embedding_forward(x.view({B, T, C}), tokens, w_.wte, w_.wpe);
@@ -489,8 +489,7 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
     layer_forward(first + j, acts.layers[j], j + 1 < n ? acts.layers[j + 1].res_in : acts.out, ctx);
   if (!chunk_has_head(chunk)) return 0.0f;
 
-  LLMT_CHECK(targets.shape == Shape({B_, T_}), "targets ", targets.shape.str(), " must be (", B_,
-             ", ", T_, ")");
+  LLMT_CHECK(is_bt(targets), "targets ", targets.shape.str(), " must be (", B_, ", ", T_, ")");
   if (hooks_) hooks_->before_forward(static_cast<int>(cfg.n_layers) + 1);
   norm_forward(sp_ ? branch_ : acts.xf, acts.mean_f, acts.rstd_f, acts.out, w_.norm_f_w,
                w_.norm_f_b);
@@ -548,14 +547,17 @@ void Transformer::layer_forward(int64_t local, LayerActs& a, Tensor res_out,
   residual_branch(res_out, a.res_mid, y, d_tmp_, l, 1, ctx);
 }
 
-// d_res_ (R,C): on entry the gradient of the layer's output, on return of its input.
-void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext& ctx) {
+// d_res_ (R,C): on entry the gradient of the layer's output, on return of its input. With
+// `stash` (zero-bubble input part) the linears compute only their input gradients and leave their
+// output gradients in the stash, and the norms' weight gradients go to stash->norm.
+void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext& ctx,
+                                 LayerStash* stash) {
   const auto& cfg = spec_.cfg;
-  const int64_t N = B_ * T_, H = H_, KV = KV_;
+  const int64_t N = B_ * T_, H = H_, KV = KV_, C = cfg.d_model;
   const int64_t D = spec_.head_dim, F = F_, F1 = F1_, Q = (H + 2 * KV) * D;
   const int64_t l = layers_[local];
   const float p = ctx.dropout ? cfg.dropout : 0.0f;
-  const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * cfg.d_model;
+  const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * C;
   // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res).
   auto branch_grad = [&](int site) {
     if (p == 0.0f) return d_res_;
@@ -563,13 +565,30 @@ void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext&
                           drop_offset);
     return d_tmp_;
   };
-  if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
   const LayerWeights& lw = w_.layers[local];
   LayerWeights& lg = gw_.layers[local];
+  // A linear's backward: whole, or (zero-bubble) dinp only with dout kept in `kept`.
+  auto linear = [&](Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
+                    Tensor kept) {
+    if (!stash) return ops::linear_backward(dinp, dw, db, dout, inp, w);
+    ops::copy(kept, dout);
+    ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w);
+  };
+  // The norm k's weight and bias gradients: the model's, or its rows of the stash (the bias's
+  // only for layernorm; not read from `db`, which ZeRO-2 may not have bound yet).
+  const bool norm_bias = cfg.norm == NormKind::layernorm;
+  auto norm_grads = [&](int k, Tensor dw, Tensor db) -> std::pair<Tensor, Tensor> {
+    if (!stash) return {dw, db};
+    return {stash->norm.rows(2 * k, 2 * k + 1).view({C}),
+            norm_bias ? stash->norm.rows(2 * k + 1, 2 * k + 2).view({C}) : Tensor()};
+  };
+  LayerStash none;
+  LayerStash& st = stash ? *stash : none;
+  if (hooks_ && !stash) hooks_->before_backward(static_cast<int>(l) + 1);
   // d_res: gradient w.r.t. the layer's output residual stream. Row-parallel biases get their
   // whole gradient from the (gathered) dy, the same on every tp rank.
-  ops::linear_backward(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, row_output_grad(branch_grad(1)),
-                       a.g.view({N, F}), lw.fc2_w);
+  linear(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, row_output_grad(branch_grad(1)), a.g.view({N, F}),
+         lw.fc2_w, st.fc2);
   lowp(d_g_);
   if (cfg.activation == Activation::gelu)
     ops::gelu_backward(d_u_, d_g_, a.u);
@@ -578,26 +597,148 @@ void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext&
   lowp(d_u_);
   // fc1's input (N,C) again: under SP only this rank's rows were kept, so they are gathered
   // once more (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
-  ops::linear_backward(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m), lw.fc1_w);
+  linear(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m), lw.fc1_w, st.fc1);
   lowp(d_c_);
-  norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, column_input_grad(d_c_), a.res_mid, lw.norm_2_w,
-                a.mean_2, a.rstd_2);
+  const auto [n2w, n2b] = norm_grads(1, lg.norm_2_w, lg.norm_2_b);
+  norm_backward(d_tmp_, n2w, n2b, column_input_grad(d_c_), a.res_mid, lw.norm_2_w, a.mean_2,
+                a.rstd_2);
   ops::add_inplace(d_res_, d_tmp_);
   lowp(d_res_);
   // d_res: gradient w.r.t. res_mid.
-  ops::linear_backward(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b,
-                       row_output_grad(branch_grad(0)), a.att.view({N, H * D}), lw.proj_w);
+  linear(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b, row_output_grad(branch_grad(0)),
+         a.att.view({N, H * D}), lw.proj_w, st.proj);
   lowp(d_att_);
   ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV);
   if (cfg.position == PositionKind::rope) ops::rope_backward(d_qkv_, H + KV, 0, cfg.rope_theta);
   lowp(d_qkv_);
-  ops::linear_backward(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a), lw.qkv_w);
+  linear(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a), lw.qkv_w, st.qkv);
   lowp(d_c_);
-  norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, column_input_grad(d_c_), a.res_in, lw.norm_1_w,
-                a.mean_1, a.rstd_1);
+  const auto [n1w, n1b] = norm_grads(0, lg.norm_1_w, lg.norm_1_b);
+  norm_backward(d_tmp_, n1w, n1b, column_input_grad(d_c_), a.res_in, lw.norm_1_w, a.mean_1,
+                a.rstd_1);
   ops::add_inplace(d_res_, d_tmp_);
   lowp(d_res_);
+  if (hooks_ && !stash) hooks_->after_backward(static_cast<int>(l) + 1);
+}
+
+// The weight part of a layer's backward from its stash (same order of accumulation as the
+// full backward: fc2, fc1, norm_2, proj, qkv, norm_1).
+void Transformer::layer_backward_weight(int64_t local, LayerActs& a, const LayerStash& st) {
+  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t l = layers_[local];
+  const LayerWeights& lw = w_.layers[local];
+  LayerWeights& lg = gw_.layers[local];
+  auto add_norm = [&](int k, Tensor dw, Tensor db) {
+    ops::add_inplace(dw, st.norm.rows(2 * k, 2 * k + 1).view({C}));
+    if (db.defined()) ops::add_inplace(db, st.norm.rows(2 * k + 1, 2 * k + 2).view({C}));
+  };
+  if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
+  ops::linear_backward(Tensor(), lg.fc2_w, lg.fc2_b, st.fc2, a.g.view({N, F_}), lw.fc2_w);
+  ops::linear_backward(Tensor(), lg.fc1_w, lg.fc1_b, st.fc1, column_input(a.m), lw.fc1_w);
+  add_norm(1, lg.norm_2_w, lg.norm_2_b);
+  ops::linear_backward(Tensor(), lg.proj_w, lg.proj_b, st.proj,
+                       a.att.view({N, H_ * spec_.head_dim}), lw.proj_w);
+  ops::linear_backward(Tensor(), lg.qkv_w, lg.qkv_b, st.qkv, column_input(a.a), lw.qkv_w);
+  add_norm(0, lg.norm_1_w, lg.norm_1_b);
   if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
+}
+
+void Transformer::carve_stash(Layout& lay, Acts& a, int chunk) const {
+  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t Q = (H_ + 2 * KV_) * spec_.head_dim;
+  a.stash.assign(a.layers.size(), {});
+  for (LayerStash& st : a.stash) {
+    st.fc2 = lay.take({N, C});
+    st.fc1 = lay.take({N, F1_});
+    st.proj = lay.take({N, C});
+    st.qkv = lay.take({N, Q});
+    st.norm = lay.take({4, C});
+  }
+  if (chunk_has_head(chunk)) a.norm_f_stash = lay.take({2, C});
+  if (chunk_has_embedding(chunk)) a.d_emb = lay.take({R_, C});
+}
+
+size_t Transformer::chunk_stash_bytes(int chunk) const {
+  Layout count;
+  Acts a;
+  a.layers.resize(static_cast<size_t>(chunk_first_[chunk + 1] - chunk_first_[chunk]));
+  carve_stash(count, a, chunk);
+  return count.bytes();
+}
+
+Tensor Transformer::backward_input_chunk(int chunk, int mb, Tensor dout, const StepContext& ctx) {
+  Acts& a = acts_of(chunk, mb);
+  const int64_t C = spec_.cfg.d_model;
+  Layout count;
+  carve_stash(count, a, chunk);
+  a.stash_buf = alloc_.allocate(count.bytes(), MemCategory::activations);  // zeroed
+  Layout real(&a.stash_buf);
+  carve_stash(real, a, chunk);
+  if (chunk_has_head(chunk)) {
+    ops::linear_backward(d_c_, Tensor(), Tensor(), a.logits, a.xf, w_.head);
+    lowp(d_c_);
+    Tensor nb =
+        spec_.cfg.norm == NormKind::layernorm ? a.norm_f_stash.rows(1, 2).view({C}) : Tensor();
+    norm_backward(d_res_, a.norm_f_stash.rows(0, 1).view({C}), nb, column_input_grad(d_c_), a.out,
+                  w_.norm_f_w, a.mean_f, a.rstd_f);
+  } else {
+    LLMT_CHECK(dout.defined() && dout.shape == d_res_.shape, "backward_input_chunk(", chunk, ", ",
+               mb, "): the output gradient must be ", d_res_.shape.str());
+    ops::copy(d_res_, dout);
+  }
+  const int64_t first = chunk_first_[chunk];
+  for (int64_t j = chunk_first_[chunk + 1] - first - 1; j >= 0; --j)
+    layer_backward(first + j, a.layers[j], ctx, &a.stash[j]);
+  if (chunk_has_embedding(chunk)) {
+    ops::copy(a.d_emb, d_res_);
+    return Tensor();
+  }
+  return d_res_;
+}
+
+void Transformer::backward_weight_chunk(int chunk, int mb, Tensor tokens) {
+  Acts& a = acts_of(chunk, mb);
+  LLMT_CHECK(a.stash_buf.data(), "backward_weight_chunk(", chunk, ", ", mb,
+             ") before its backward_input_chunk");
+  const auto& cfg = spec_.cfg;
+  const int64_t B = B_, T = T_, C = cfg.d_model;
+  const int last_block = static_cast<int>(cfg.n_layers) + 1;
+  if (chunk_has_head(chunk)) {
+    if (hooks_) hooks_->before_backward(last_block);
+    ops::linear_backward(Tensor(), gw_.head, Tensor(), a.logits, a.xf, w_.head);
+    ops::add_inplace(gw_.norm_f_w, a.norm_f_stash.rows(0, 1).view({C}));
+    if (gw_.norm_f_b.defined()) ops::add_inplace(gw_.norm_f_b, a.norm_f_stash.rows(1, 2).view({C}));
+    if (hooks_) hooks_->after_backward(last_block);
+  }
+  const int64_t first = chunk_first_[chunk];
+  for (int64_t j = chunk_first_[chunk + 1] - first - 1; j >= 0; --j)
+    layer_backward_weight(first + j, a.layers[j], a.stash[j]);
+  if (chunk != 0) return;
+  if (!chunk_has_embedding(chunk)) {
+    root_hooks();
+    return;
+  }
+  if (hooks_) hooks_->before_backward(0);
+  if (tp_.size() == 1) {
+    ops::embedding_backward(gw_.wte, gw_.wpe, a.d_emb.view({B, T, C}), tokens);
+  } else {
+    Tensor d_emb = sp_ ? row_output_grad(a.d_emb) : a.d_emb;
+    ops::embedding_backward(gw_.wte, gw_.wpe, d_emb.view({B, T, C}), tokens, 0, vocab_start_,
+                            cfg.vocab_size);
+  }
+  if (hooks_) hooks_->after_backward(0);
+}
+
+void Transformer::root_hooks() {
+  // A later pipeline stage holding the head (and a tied copy of wte): the root's gradients are
+  // complete (ModelHooks).
+  const int last_block = static_cast<int>(spec_.cfg.n_layers) + 1;
+  const auto [root_first, root_last] = block_params(0);
+  const auto [head_first, head_last] = block_params(last_block);
+  if (hooks_ && (root_last > root_first || head_last > head_first)) {
+    hooks_->before_backward(0);
+    hooks_->after_backward(0);
+  }
 }
 
 void Transformer::backward(int chunk, Acts& acts, Tensor tokens, const StepContext& ctx) {
@@ -615,16 +756,8 @@ void Transformer::backward(int chunk, Acts& acts, Tensor tokens, const StepConte
   for (int64_t j = chunk_first_[chunk + 1] - chunk_first_[chunk] - 1; j >= 0; --j)
     layer_backward(chunk_first_[chunk] + j, acts.layers[j], ctx);
   if (chunk != 0) return;
-  const auto [root_first, root_last] = block_params(0);
-  const bool root =
-      root_last > root_first || block_params(last_block).second > block_params(last_block).first;
   if (!chunk_has_embedding(chunk)) {
-    // A later pipeline stage holding the head (and a tied copy of wte): the root's gradients
-    // are complete (ModelHooks).
-    if (hooks_ && root) {
-      hooks_->before_backward(0);
-      hooks_->after_backward(0);
-    }
+    root_hooks();
     return;
   }
   if (hooks_) hooks_->before_backward(0);

@@ -136,10 +136,19 @@ class Transformer {
   // Accumulates weight gradients and returns the gradient of its input (R,C), a scratch view
   // valid until the next backward (undefined on the embedding chunk).
   Tensor backward_chunk(int chunk, int mb, Tensor dout, Tensor tokens, const StepContext& ctx);
-  // Frees the activations of (chunk, mb).
+  // The backward split for zero-bubble schedules: backward_input_chunk returns the input gradient
+  // as backward_chunk does but accumulates no weight gradient: it stashes what the weight
+  // gradients need (each linear's output gradient, the norms' partial gradients) with the
+  // micro-batch's activations; backward_weight_chunk then computes them. The hooks' backward
+  // calls come with the weight part only. Together they add the same gradients as backward_chunk.
+  Tensor backward_input_chunk(int chunk, int mb, Tensor dout, const StepContext& ctx);
+  void backward_weight_chunk(int chunk, int mb, Tensor tokens);
+  // Frees the activations (and the stash) of (chunk, mb).
   void free_chunk(int chunk, int mb);
-  // Bytes of one micro-batch's activations of chunk `chunk` (what chunk_input allocates).
+  // Bytes of one micro-batch's activations of chunk `chunk` (what chunk_input allocates), and of
+  // the stash backward_input_chunk adds until backward_weight_chunk.
   size_t chunk_activation_bytes(int chunk) const;
+  size_t chunk_stash_bytes(int chunk) const;
 
  private:
   struct LayerActs {
@@ -152,6 +161,12 @@ class Transformer {
     Tensor u;                  // (B,T,F1) fc1 output
     Tensor g;                  // (B,T,F) activation output
   };
+  // Zero-bubble stash of one layer: the output gradients of its linears and its norms' weight
+  // (and bias) gradients.
+  struct LayerStash {
+    Tensor fc2, fc1, proj, qkv;  // (N,C), (N,F1), (N,C), (N,Q)
+    Tensor norm;                 // (4,C): norm_1 w, b, norm_2 w, b
+  };
   // One micro-batch's activations of one chunk (the whole model without pp).
   struct Acts {
     Buffer buf;
@@ -160,10 +175,15 @@ class Transformer {
     Tensor xf, mean_f, rstd_f;      // head: (N,C) (gathered under SP), (R), (R) norm_f
     Tensor logits;                  // head: (N,V); overwritten by its gradient
     Tensor losses;                  // head: (B,T)
+    Buffer stash_buf;               // zero-bubble: from backward_input to backward_weight
+    std::vector<LayerStash> stash;  // per layer of the chunk
+    Tensor norm_f_stash;            // head: (2,C) norm_f w, b
+    Tensor d_emb;                   // embedding chunk: (R,C) gradient of the embedding output
   };
   class Layout;  // back-to-back views in one buffer (transformer.cpp)
   // Lays out `a` for chunk `chunk` (views only when lay has a buffer).
   void carve_acts(Layout& lay, Acts& a, int chunk) const;
+  void carve_stash(Layout& lay, Acts& a, int chunk) const;
   Acts& acts_of(int chunk, int mb);
   Tensor input_of(Acts& a) { return a.layers.empty() ? a.out : a.layers[0].res_in; }
   float forward(int chunk, Acts& a, Tensor tokens, Tensor targets, float dloss,
@@ -171,7 +191,12 @@ class Transformer {
   // Leaves the gradient of the chunk's input in d_res_.
   void backward(int chunk, Acts& a, Tensor tokens, const StepContext& ctx);
   void layer_forward(int64_t local, LayerActs& a, Tensor res_out, const StepContext& ctx);
-  void layer_backward(int64_t local, LayerActs& a, const StepContext& ctx);
+  // Full backward of a layer, or with `stash` its input-gradient part only (zero-bubble).
+  void layer_backward(int64_t local, LayerActs& a, const StepContext& ctx,
+                      LayerStash* stash = nullptr);
+  void layer_backward_weight(int64_t local, LayerActs& a, const LayerStash& stash);
+  // before/after_backward(0) on a stage other than the first that holds root parameters.
+  void root_hooks();
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b);
   void norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                      Tensor mean, Tensor rstd);

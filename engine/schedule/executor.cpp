@@ -18,13 +18,9 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Transformer& model, Commun
   LLMT_CHECK(model.num_chunks() == s.virtual_stages, "the schedule runs ", s.virtual_stages,
              " chunks per rank, the model stage holds ", model.num_chunks());
   last_backward_mb_.assign(static_cast<size_t>(s.virtual_stages), -1);
-  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
-    if (a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight)
-      throw Error(detail::concat("parallel.pp_schedule=\"", schedule_name(schedule_.kind),
-                                 "\": the executor does not run the split backward (",
-                                 action_name(a.kind), ") yet"));
-    if (a.kind == ActionKind::backward) last_backward_mb_[static_cast<size_t>(a.chunk)] = a.mb;
-  }
+  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)])
+    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+      last_backward_mb_[static_cast<size_t>(a.chunk)] = a.mb;
 }
 
 int PipelineExecutor::tag(int mb, int recv_stage, bool grad) const {
@@ -76,14 +72,18 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         recv_grad_[key] = pp_.recv(buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage, true));
         break;
       }
-      case ActionKind::backward: {
+      case ActionKind::backward:
+      case ActionKind::backward_input: {
         wait_take(recv_grad_, key);
         Tensor dout;
         if (auto it = grad_in_.find(key); it != grad_in_.end())
           dout = it->second.tensor(act, DType::f32);
-        start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
+        const bool full = a.kind == ActionKind::backward;
+        // The hooks (gradient reductions) come with the weight gradients.
+        if (full) start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
         const auto t0 = clock::now();
-        Tensor dx = model_.backward_chunk(a.chunk, a.mb, dout, mb.tokens, mb.ctx);
+        Tensor dx = full ? model_.backward_chunk(a.chunk, a.mb, dout, mb.tokens, mb.ctx)
+                         : model_.backward_input_chunk(a.chunk, a.mb, dout, mb.ctx);
         if (dx.defined()) {  // kept for send_grad: the model's scratch is reused by the next one
           Outgoing& o = grad_out_[key];
           o.buf = alloc_.allocate(dx.nbytes(), MemCategory::comm);
@@ -91,6 +91,17 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         }
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
         grad_in_.erase(key);
+        if (full) {
+          wait_take(send_act_, key);
+          model_.free_chunk(a.chunk, a.mb);
+        }
+        break;
+      }
+      case ActionKind::backward_weight: {
+        start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
+        const auto t0 = clock::now();
+        model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens);
+        busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
         wait_take(send_act_, key);
         model_.free_chunk(a.chunk, a.mb);
         break;
@@ -103,9 +114,6 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
             pp_.send(it->second.buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage - 1, true));
         break;
       }
-      case ActionKind::backward_input:
-      case ActionKind::backward_weight:
-        break;  // refused by the constructor
     }
     // Give the transfers in flight a turn (MPI progresses only inside MPI calls).
     for (auto& [k, h] : send_act_) h.poll();

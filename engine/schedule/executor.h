@@ -27,16 +27,17 @@ struct PipelineMicroBatch {
 class PipelineExecutor {
  public:
   // `schedule`: every rank's actions; this rank is pp.rank(). The model holds this rank's chunks
-  // (model.num_chunks() == schedule.shape.virtual_stages). Throws for actions the executor does
-  // not run (the ZB split: backward_input / backward_weight).
+  // (model.num_chunks() == schedule.shape.virtual_stages). Zero-bubble schedules' backward_input
+  // and backward_weight run Transformer::backward_input_chunk / backward_weight_chunk; the
+  // activations of a micro-batch are then freed after backward_weight.
   PipelineExecutor(Schedule schedule, Transformer& model, Communicator& pp, Allocator& alloc);
 
   // Runs this rank's actions for one step over `mbs` (schedule.shape.micro_batches of them).
   // dloss: the loss gradient scale of each micro-batch (loss_scale / (micro-batches * dp)).
-  // start_backward(last) is called before every backward, `last` when it is the step's final
-  // backward of that chunk on this rank (DataParallel::start_micro_batch: DDP/ZeRO start their
-  // gradient reductions during it). Returns the mean loss over the micro-batches, computed on the
-  // last stage and broadcast to every pp rank.
+  // start_backward(last) is called before every backward (backward_weight under ZB), `last` when
+  // it is the step's final one of that chunk on this rank (DataParallel::start_micro_batch:
+  // DDP/ZeRO start their gradient reductions during it). Returns the mean loss over the
+  // micro-batches, computed on the last stage and broadcast to every pp rank.
   double run(const std::vector<PipelineMicroBatch>& mbs, float dloss,
              const std::function<void(bool last)>& start_backward);
 

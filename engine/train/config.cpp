@@ -892,9 +892,11 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
       concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
   if (p.pp > 1) {
     // What the pipeline executor (engine/schedule/executor.h) does not run yet.
-    r.require(p.pp_schedule != PipeSchedule::zb_h1, {"parallel.pp_schedule", "parallel.pp"},
-              concat("parallel.pp_schedule=\"zb-h1\" with parallel.pp=", p.pp,
-                     ": the executor does not run the split backward yet; use \"1f1b\""));
+    r.require(p.pp_schedule != PipeSchedule::zb_h1 || p.zero_stage <= 2,
+              {"parallel.pp_schedule", "parallel.zero_stage"},
+              concat("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=", p.zero_stage,
+                     ": ZeRO-3 gathers a layer's weights only around its hooks, which the split "
+                     "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\""));
     r.require(c.train.eval_interval == 0, {"train.eval_interval", "parallel.pp"},
               concat("train.eval_interval=", c.train.eval_interval, " with parallel.pp=", p.pp,
                      ": validation does not run through the pipeline yet; set eval_interval = 0"));

@@ -45,6 +45,9 @@ LAYOUTS = {
     # Uneven stages: 1 layer on stage 0, 3 on stage 1.
     "pp2-uneven": (2, ["parallel.pp=2", "parallel.pp_layers=[1, 3]"], L4),
     "pp2-tp2-dp2-zero1": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"], []),
+    "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1"], L4),
+    "pp2-zb-h1-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1",
+                                "parallel.zero_stage=2"], []),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
     "pp2-dp2-zero2": (4, ["parallel.pp=2", "parallel.zero_stage=2"], []),
     "pp2-dp2-zero3": (4, ["parallel.pp=2", "parallel.zero_stage=3"], []),

@@ -1,6 +1,7 @@
 // The pipeline executor on pp = world size ranks (mpirun -np 2 / 4): for each schedule, the peak
 // activation bytes the allocator measured on each stage equal the schedule's predicted in-flight
-// micro-batches (simulate()) times one micro-batch's activations of a chunk, and the loss every
+// micro-batches (simulate()) times one micro-batch's activations of a chunk (within the bounds
+// of the chunks' sizes and, for zb-h1, of the backward stash), and the loss every
 // rank reports equals the whole model's mean loss over the micro-batches.
 #include <gtest/gtest.h>
 
@@ -75,15 +76,21 @@ void check(Arch arch, PipeSchedule kind, int v, int m) {
   EXPECT_EQ(alloc.stats().live[static_cast<int>(MemCategory::activations)], before)
       << "activations left allocated after the step";
 
-  std::vector<size_t> bytes;
-  for (int c = 0; c < v; ++c) bytes.push_back(model.chunk_activation_bytes(c));
-  const int64_t lo = static_cast<int64_t>(*std::min_element(bytes.begin(), bytes.end()));
-  const int64_t hi = static_cast<int64_t>(*std::max_element(bytes.begin(), bytes.end()));
+  // Zero-bubble: a micro-batch between its backward_input and backward_weight also holds the
+  // stash of output gradients.
+  const bool zb = kind == PipeSchedule::zb_h1;
+  std::vector<size_t> lo_bytes, hi_bytes;
+  for (int c = 0; c < v; ++c) {
+    lo_bytes.push_back(model.chunk_activation_bytes(c));
+    hi_bytes.push_back(lo_bytes.back() + (zb ? model.chunk_stash_bytes(c) : 0));
+  }
+  const int64_t lo = static_cast<int64_t>(*std::min_element(lo_bytes.begin(), lo_bytes.end()));
+  const int64_t hi = static_cast<int64_t>(*std::max_element(hi_bytes.begin(), hi_bytes.end()));
   const int64_t in_flight = sim.peak_in_flight[static_cast<size_t>(rank)];
   if (lo == hi) {
     EXPECT_EQ(peak, in_flight * lo) << schedule_name(kind) << " rank " << rank << ": predicted "
                                     << in_flight << " micro-batches of " << lo << " bytes";
-  } else {  // chunks of different sizes (the head's): between the bounds
+  } else {  // chunks of different sizes (the head's), or the ZB stash: between the bounds
     EXPECT_GE(peak, in_flight * lo) << schedule_name(kind) << " rank " << rank;
     EXPECT_LE(peak, in_flight * hi) << schedule_name(kind) << " rank " << rank;
   }
@@ -98,6 +105,11 @@ TEST(PipelineExecutor, GpipeHoldsEveryMicroBatch) {
 TEST(PipelineExecutor, OneFOneBHoldsAtMostStagesMicroBatches) {
   check(Arch::gpt2, PipeSchedule::one_f_one_b, 1, 8);
   check(Arch::llama, PipeSchedule::one_f_one_b, 1, 8);
+}
+
+TEST(PipelineExecutor, ZeroBubbleH1) {
+  check(Arch::gpt2, PipeSchedule::zb_h1, 1, 8);
+  check(Arch::llama, PipeSchedule::zb_h1, 1, 8);
 }
 
 TEST(PipelineExecutor, Interleaved) {
