@@ -12,5 +12,6 @@ using Run = std::function<int()>;
 Run add_train_command(CLI::App& app);
 Run add_config_command(CLI::App& app);
 Run add_data_command(CLI::App& app);
+Run add_plan_command(CLI::App& app);
 
 }  // namespace llmt::app

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   llmt::app::Run run_train = llmt::app::add_train_command(app);
   llmt::app::Run run_config = llmt::app::add_config_command(app);
   llmt::app::Run run_data = llmt::app::add_data_command(app);
+  llmt::app::Run run_plan = llmt::app::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return run_train();
     if (app.got_subcommand("config")) return run_config();
     if (app.got_subcommand("data")) return run_data();
+    if (app.got_subcommand("plan")) return run_plan();
     return 2;
   } catch (const llmt::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

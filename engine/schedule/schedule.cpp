@@ -421,15 +421,15 @@ std::string format_actions(const std::vector<Action>& actions, int virtual_stage
   for (const Action& a : actions) {
     if (!with_p2p && !is_compute(a.kind)) continue;
     if (!out.empty()) out += ' ';
+    const std::string unit = virtual_stages > 1 ? concat(a.mb, ".", a.chunk) : std::to_string(a.mb);
     if (is_compute(a.kind)) {
-      out += concat(action_name(a.kind), a.mb);
+      out += concat(action_name(a.kind), unit);
     } else {
       // send_act -> "sa3>1" (to rank 1), recv_grad -> "rg3<1" (from rank 1).
       const bool send = a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad;
       const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
-      out += concat(send ? "s" : "r", act ? "a" : "g", a.mb, send ? ">" : "<", a.peer);
+      out += concat(send ? "s" : "r", act ? "a" : "g", unit, send ? ">" : "<", a.peer);
     }
-    if (virtual_stages > 1) out += concat(".", a.chunk);
   }
   return out;
 }
@@ -477,14 +477,15 @@ std::string schedule_svg(const Schedule& s, const Simulation& sim) {
     for (const TimedAction& t : sim.ranks[r]) {
       const double x = left + t.start * unit, w = (t.end - t.start) * unit;
       const double opacity = 1.0 - 0.45 * t.action.chunk / std::max(1, v - 1);
+      const bool dark = t.action.kind == ActionKind::forward && opacity > 0.7;
       std::snprintf(buf, sizeof buf,
                     "<g><title>%s mb %d chunk %d: %.2f-%.2f</title><rect x=\"%.2f\" y=\"%.0f\" "
                     "width=\"%.2f\" height=\"%.0f\" fill=\"%s\" fill-opacity=\"%.2f\" "
                     "stroke=\"white\"/><text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" "
-                    "fill=\"black\">%d</text></g>\n",
+                    "fill=\"%s\">%d</text></g>\n",
                     action_name(t.action.kind), t.action.mb, t.action.chunk, t.start, t.end, x, y,
                     w, row - pad, fill(t.action.kind), opacity, x + w / 2, y + row / 2 + 2,
-                    t.action.mb);
+                    dark ? "white" : "black", t.action.mb);
       out += buf;
     }
   }

@@ -95,7 +95,8 @@ double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
 int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank);
 
 // One rank's actions as compact text: "F0 F1 B0 ..." with a ".chunk" suffix when v > 1, the p2p
-// actions as "ra3<0" (recv_act of mb 3 from rank 0), "sa3>2", "rg3<2", "sg3>0" when with_p2p.
+// actions as "ra3<0" (recv_act of mb 3 from rank 0), "sa3>2", "rg3<2", "sg3>0" when with_p2p
+// ("ra3.1<0" with chunks).
 std::string format_actions(const std::vector<Action>& actions, int virtual_stages,
                            bool with_p2p = false);
 

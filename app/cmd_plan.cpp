@@ -1,0 +1,162 @@
+// `llmtrain plan --config F [--set k=v]... [--world N] [--schedule [--svg OUT.svg] [--p2p]]`: the
+// pipeline layout of a config and, with --schedule, each pp rank's actions, the simulated bubble
+// and peak in-flight micro-batches against the formulas, and the timeline as SVG. Works from the
+// config alone: nothing model-sized is allocated and MPI is not started.
+#include <cstdio>
+#include <fstream>
+
+#include "app/commands.h"
+#include "engine/core/check.h"
+#include "engine/schedule/schedule.h"
+#include "engine/train/config.h"
+
+namespace llmt::app {
+
+namespace {
+
+using detail::concat;
+
+// Transformer layers of each global stage: parallel.pp_layers, or n_layers split evenly (parsing
+// has checked that either is possible).
+std::vector<int64_t> stage_layers(const Config& cfg, int stages) {
+  if (!cfg.parallel.pp_layers.empty()) return cfg.parallel.pp_layers;
+  return std::vector<int64_t>(stages, cfg.model.n_layers / stages);
+}
+
+std::string formula_text(PipeSchedule kind) {
+  switch (kind) {
+    case PipeSchedule::gpipe:
+    case PipeSchedule::one_f_one_b:
+      return "(p-1)/m";
+    case PipeSchedule::interleaved:
+      return "(p-1)/(v*m)";
+    case PipeSchedule::zb_h1:
+      return "(p-1)/(3m)";
+  }
+  return "";
+}
+
+}  // namespace
+
+Run add_plan_command(CLI::App& app) {
+  struct Args {
+    std::string config;
+    std::vector<std::string> overrides;
+    int world = 0;
+    bool schedule = false;
+    bool p2p = false;
+    std::string svg;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Show the pipeline layout and schedule of a config without allocating or training");
+  cmd->add_option("-c,--config", args->config, "TOML config file")->required();
+  cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
+  cmd->add_option("--world", args->world,
+                  "Number of ranks (fixes dp = -1 and checks the layout); default tp*cp*pp*dp "
+                  "with dp = -1 read as 1. MPI is not started")
+      ->check(CLI::PositiveNumber);
+  CLI::Option* schedule =
+      cmd->add_flag("--schedule", args->schedule,
+                    "Print each pp rank's actions, the bubble fraction and the peak in-flight "
+                    "micro-batches (simulated and by formula)");
+  cmd->add_flag("--p2p", args->p2p, "With --schedule: list the sends and receives too")
+      ->needs(schedule);
+  cmd->add_option("--svg", args->svg, "With --schedule: write the timeline here as SVG")
+      ->needs(schedule);
+  return [args]() {
+    const Config cfg = parse_config(args->config, args->overrides);
+    const ParallelConfig& par = cfg.parallel;
+    int world = args->world;
+    if (world > 0) {
+      validate_layout(cfg, world);
+    } else {
+      world = static_cast<int>(par.tp * par.cp * par.pp * (par.dp == -1 ? 1 : par.dp));
+    }
+    const MeshShape mesh = mesh_shape(par, world);
+    const int p = mesh.size(Axis::pp), dp = mesh.size(Axis::dp);
+    const int v = static_cast<int>(par.virtual_stages);
+    const int64_t gbs = cfg.train.global_batch_size;
+    const int64_t mbs = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : gbs;
+    if (gbs % (mbs * dp) != 0)
+      throw ConfigError(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,
+                               ")*train.micro_batch_size(", mbs, ")=", mbs * dp,
+                               ": each dp rank runs a whole number of micro-batches"));
+    const int m = static_cast<int>(gbs / (mbs * dp));
+    if (par.pp_schedule == PipeSchedule::interleaved && m % p != 0)
+      throw ConfigError(concat(
+          "parallel.pp_schedule=\"interleaved\" needs the micro-batches per step, "
+          "train.global_batch_size(",
+          gbs, ") / (train.micro_batch_size(", mbs, ")*dp(", dp, ")) = ", m,
+          ", to be a multiple of parallel.pp=", p, "; change the batch sizes or the schedule"));
+
+    std::printf("plan: %s\n", args->config.c_str());
+    std::printf("mesh: world %d = tp %d * cp %d * dp %d * pp %d%s\n", world, mesh.size(Axis::tp),
+                mesh.size(Axis::cp), dp, p,
+                args->world > 0 || par.dp != -1 ? "" : " (dp = -1 read as 1; pass --world N)");
+    std::printf(
+        "pipeline: schedule %s, pp %d, virtual_stages %d, micro-batches per step m = %lld / "
+        "(%lld * dp %d) = %d\n",
+        schedule_name(par.pp_schedule), p, v, static_cast<long long>(gbs),
+        static_cast<long long>(mbs), dp, m);
+    // Global stage s = chunk * p + rank (schedule.h); layers counted from 0.
+    const std::vector<int64_t> layers = stage_layers(cfg, p * v);
+    std::vector<int64_t> first(p * v + 1, 0);
+    for (int s = 0; s < p * v; ++s) first[s + 1] = first[s] + layers[s];
+    for (int r = 0; r < p; ++r) {
+      std::string line = concat("  rank ", r, ":");
+      for (int c = 0; c < v; ++c) {
+        const int s = stage_of(ScheduleShape{p, v, m}, r, c);
+        line += concat(c > 0 ? ";" : "", " stage ", s);
+        line += layers[s] > 0 ? concat(" layers ", first[s], "-", first[s + 1] - 1) : " no layers";
+        if (s == 0) line += " + embeddings";
+        if (s == p * v - 1) line += " + head and loss";
+      }
+      std::printf("%s\n", line.c_str());
+    }
+    if (!args->schedule) return 0;
+
+    const ScheduleShape shape{p, v, m};
+    Schedule sched;
+    try {
+      sched = make_schedule(par.pp_schedule, shape);
+    } catch (const Error& e) {
+      throw ConfigError(concat("parallel.pp_schedule=\"", schedule_name(par.pp_schedule),
+                               "\", parallel.pp=", p, ", parallel.virtual_stages=", v, ": ",
+                               e.what()));
+    }
+    const ActionCosts costs;
+    const Simulation sim = simulate(sched, costs);
+    std::printf(
+        "actions per rank (F forward, B backward, Bi/Bw its input/weight-gradient parts%s%s):\n",
+        v > 1 ? "; .c = model chunk c" : "",
+        args->p2p ? "; ra/sa recv/send activation, rg/sg gradient, <from >to rank" : "");
+    for (int r = 0; r < p; ++r)
+      std::printf("  rank %d: %s\n", r, format_actions(sched.ranks[r], v, args->p2p).c_str());
+    std::printf(
+        "bubble fraction (idle/busy, costs F=%g B=%g Bi=%g Bw=%g): simulated %.4f, formula %s = "
+        "%.4f\n",
+        costs.forward, costs.backward, costs.backward_input, costs.backward_weight,
+        sim.bubble_fraction, formula_text(par.pp_schedule).c_str(),
+        formula_bubble_fraction(par.pp_schedule, shape));
+    std::string peaks, formula;
+    for (int r = 0; r < p; ++r) {
+      peaks += concat(" ", sim.peak_in_flight[r]);
+      formula += concat(" ", formula_peak_in_flight(par.pp_schedule, shape, r));
+    }
+    std::printf("peak in-flight %s per rank:%s (formula%s)\n",
+                v > 1 ? "(micro-batch, chunk) activations" : "micro-batches", peaks.c_str(),
+                formula.c_str());
+    std::printf("makespan: %.2f time units for %d micro-batches\n", sim.makespan, m);
+    if (!args->svg.empty()) {
+      std::ofstream out(args->svg);
+      out << schedule_svg(sched, sim);
+      out.close();
+      if (!out) throw Error(concat("cannot write the SVG timeline to ", args->svg));
+      std::printf("timeline: %s\n", args->svg.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace llmt::app
