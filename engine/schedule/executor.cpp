@@ -134,4 +134,21 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
   return mean;
 }
 
+double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
+  const int p = schedule_.shape.stages, stages = p * schedule_.shape.virtual_stages;
+  float loss = 0;
+  for (int s = 0; s < stages; ++s) {
+    if (s % p != rank_) continue;
+    const int chunk = s / p;
+    if (s > 0) pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, tag(0, s, false)).wait();
+    const float l = model_.forward_chunk(chunk, 0, mb.tokens, mb.targets, 0.0f, mb.ctx);
+    if (model_.chunk_has_head(chunk)) loss = l;
+    if (s + 1 < stages)
+      pp_.send(model_.chunk_output(chunk, 0), (s + 1) % p, tag(0, s + 1, false)).wait();
+    model_.free_chunk(chunk, 0);
+  }
+  if (p > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), p - 1).wait();
+  return loss;
+}
+
 }  // namespace llmt

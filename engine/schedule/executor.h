@@ -41,8 +41,13 @@ class PipelineExecutor {
   double run(const std::vector<PipelineMicroBatch>& mbs, float dloss,
              const std::function<void(bool last)>& start_backward);
 
+  // Forward only (validation): the loss of one micro-batch on every pp rank, the stages run one
+  // after another in global order with blocking transfers (no schedule, no gradients).
+  double forward_loss(const PipelineMicroBatch& mb);
+
   // Of the last run: seconds in compute actions, and the run's wall time (the measured bubble is
   // (total - busy) / busy, as Simulation::bubble_fraction).
+  const Schedule& schedule() const { return schedule_; }
   double busy_seconds() const { return busy_s_; }
   double total_seconds() const { return total_s_; }
 

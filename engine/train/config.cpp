@@ -897,9 +897,6 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               concat("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=", p.zero_stage,
                      ": ZeRO-3 gathers a layer's weights only around its hooks, which the split "
                      "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\""));
-    r.require(c.train.eval_interval == 0, {"train.eval_interval", "parallel.pp"},
-              concat("train.eval_interval=", c.train.eval_interval, " with parallel.pp=", p.pp,
-                     ": validation does not run through the pipeline yet; set eval_interval = 0"));
   }
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
   if (p.virtual_stages >= 1) {

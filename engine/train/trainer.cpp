@@ -238,6 +238,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
       make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);
   model.set_hooks(data_parallel.get());
   std::optional<PipelineExecutor> pipeline;
+  double predicted_bubble = 0;
   // Tied embeddings under pp: stage 0's wte and the last stage's copy form the embedding group,
   // whose gradients are summed before the update (Megatron's embedding group).
   std::unique_ptr<Communicator> embedding_group;
@@ -245,6 +246,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     pipeline.emplace(
         make_schedule(cfg.parallel.pp_schedule, {pp, virtual_stages, static_cast<int>(accum)}),
         model, mesh.comm(Axis::pp), alloc);
+    predicted_bubble = simulate(pipeline->schedule()).bubble_fraction;
     if (cfg.model.tie_embeddings) {
       const bool ends = pp_rank == 0 || pp_rank == pp - 1;
       embedding_group = mesh.comm(Axis::pp).split(ends ? 0 : 1, pp_rank, "embedding");
@@ -320,8 +322,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     for (int64_t i = 0; i < n; ++i) {
       const MicroBatch& mb = valid.next();
       stage(mb);
-      sum += model.forward_loss(
-          inputs, targets, StepContext{cfg.train.seed, step, mb.first_sample, /*dropout=*/false});
+      const StepContext ctx{cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
+      sum += pipeline ? pipeline->forward_loss({inputs, targets, ctx})
+                      : model.forward_loss(inputs, targets, ctx);
     }
     return world_mean(sum / static_cast<double>(n));
   };
@@ -406,6 +409,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     m.mem = alloc.stats();
     m.comm = take_comm_counters(mesh);
     m.comm_wait_s = data_parallel->take_wait_seconds();
+    if (pipeline) {
+      float idle = static_cast<float>((pipeline->total_seconds() - pipeline->busy_seconds()) /
+                                      pipeline->busy_seconds());
+      mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
+      m.pp_bubble = idle / static_cast<float>(pp);
+      m.pp_bubble_predicted = predicted_bubble;
+    }
     m.data_wait_s = loader.take_wait_seconds();
     if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);

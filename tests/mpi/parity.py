@@ -49,6 +49,10 @@ LAYOUTS = {
     "pp2-zb-h1-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1",
                                 "parallel.zero_stage=2"], []),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
+    # Validation through the pipeline (val_loss compared as well).
+    "pp2-interleaved-eval": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                 "parallel.virtual_stages=2"],
+                             L4 + ["train.eval_interval=5", "train.eval_iters=2"]),
     "pp2-dp2-zero2": (4, ["parallel.pp=2", "parallel.zero_stage=2"], []),
     "pp2-dp2-zero3": (4, ["parallel.pp=2", "parallel.zero_stage=3"], []),
     "pp2-interleaved-dp2-zero3": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
@@ -89,10 +93,12 @@ def main():
     failures = []
     if len(steps) != len(ref_steps):
         failures.append(f"{len(steps)} steps vs {len(ref_steps)} single-rank")
-    worst = {"loss": 0.0, "grad_norm": 0.0}
+    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0}
     for s, r in zip(steps, ref_steps):
         tol = 1e-5 if s["step"] == 1 else 1e-4
         for key in worst:
+            if key not in r:
+                continue
             d = rel(s[key], r[key])
             worst[key] = max(worst[key], d)
             if d > tol:
@@ -108,7 +114,7 @@ def main():
             failures.append(f"final params differ: max |a-b| / max |b| = {pdiff:.2e} > 1e-4")
     print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
           f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
-          f"{pdiff:.2e}")
+          f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}")
     if failures:
         sys.exit("FAIL:\n  " + "\n  ".join(failures))
     print("OK")
