@@ -15,8 +15,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
-# GPT-2 shape, 4 layers, d_model 512, ~13.7M parameters (a 2048-token vocabulary, so the head
-# on the last stage costs about one layer's compute), 32 x 64 tokens per step.
+# GPT-2 shape, 4 layers, d_model 512, ~13.7M parameters (a 2048-token vocabulary: the head on
+# the last stage costs about a third of a layer), 32 x 64 tokens per step.
 bench_config 2048 512 8 64 32
 
 for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
