@@ -49,6 +49,8 @@ LAYOUTS = {
     "pp2-zb-h1-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1",
                                 "parallel.zero_stage=2"], []),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
+    "pp2-tp2-sp-zero3": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=3"], []),
     "pp2-interleaved-dp2": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
                                 "parallel.virtual_stages=2"], L4),
     # Validation through the pipeline (val_loss compared as well).
