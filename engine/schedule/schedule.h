@@ -51,6 +51,13 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;
 };
 
+// Every generator places the p2p actions alike: recv_act right before a forward that is not on
+// stage 0 and send_act right after one that is not on the last stage; recv_grad right before a B
+// or Bi that is not on the last stage and send_grad right after one that is not on stage 0. On
+// each link (sender, receiver, activation or gradient) the sends and the recvs list the same
+// (mb, chunk) sequence, so FIFO matching per link (e.g. one MPI tag per kind) pairs them; with
+// interleaving a pair of ranks exchanges both kinds in each direction, so the kinds need distinct
+// tags.
 Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 
 const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
@@ -74,7 +81,8 @@ struct Simulation {
   // idle time / busy time, averaged over ranks: (p-1)/m for GPipe and 1F1B with B = 2F.
   double bubble_fraction = 0;
   // Per rank: the most micro-batches whose activations are alive at once (after F, before the
-  // backward that frees them: B, or Bw for ZB).
+  // backward that frees them: B, or Bw for ZB). With v > 1 it counts (mb, chunk) pairs, each 1/v
+  // of a micro-batch's activations on the rank.
   std::vector<int> peak_in_flight;
 };
 

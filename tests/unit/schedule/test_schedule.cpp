@@ -175,6 +175,16 @@ TEST(Schedule, ZbH1BubbleBelowOneFOneB) {
   }
 }
 
+TEST(Schedule, SingleStageHasNoBubble) {
+  for (PipeSchedule kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
+                            PipeSchedule::interleaved, PipeSchedule::zb_h1}) {
+    const int v = kind == PipeSchedule::interleaved ? 2 : 1;
+    const Simulation sim = simulate(make_schedule(kind, {1, v, 3}));
+    EXPECT_EQ(sim.bubble_fraction, 0) << schedule_name(kind);
+    EXPECT_EQ(sim.makespan, 9) << schedule_name(kind);
+  }
+}
+
 // Worked example p=2, m=3: the exact lists the executor will receive.
 TEST(Schedule, OneFOneBWorkedExample) {
   const Schedule s = make_schedule(PipeSchedule::one_f_one_b, {2, 1, 3});
