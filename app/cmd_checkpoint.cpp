@@ -111,6 +111,8 @@ Run add_checkpoint_command(CLI::App& app) {
     state.mesh = mesh_shape(cfg.parallel, world);
     state.zero_stage = cfg.parallel.zero_stage;
     state.sequence_parallel = cfg.parallel.sequence_parallel;
+    state.virtual_stages = cfg.parallel.virtual_stages;
+    state.pp_layers = cfg.parallel.pp_layers;
     state.config = to_toml(cfg);
     const int64_t bytes = ckpt::reshard(ck, ModelSpec::from_config(cfg.model), state, args->out);
     std::printf("%s -> %s: %s -> %s, %.1f MB\n", ck.dir().c_str(), args->out.c_str(),

@@ -34,13 +34,6 @@ Run add_train_command(CLI::App& app) {
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
-    // Schedules exist as data (engine/schedule, `llmtrain plan --schedule`); the executor that
-    // runs them does not yet.
-    if (cfg.parallel.pp > 1)
-      throw ConfigError(detail::concat(
-          "parallel.pp=", cfg.parallel.pp,
-          ": training with pipeline parallelism is not implemented yet; use pp = 1 (`llmtrain "
-          "plan --schedule` shows the pipeline schedule of this config)"));
     // MPI starts here when launched by mpirun/srun; the layout is checked against the world
     // size before anything is allocated.
     CommRuntime runtime;

@@ -274,7 +274,7 @@ bool PendingSave::poll(bool wait) {
   const fs::path dir = cfg_.dir, final_dir = dir / name_;
   if (mesh_.rank() == 0) {
     try {
-      write_index(tmp_, run_, plan_index(spec_, mesh_.shape()));
+      write_index(tmp_, run_, plan_index(spec_, write_layout(run_)));
       h5::fsync_path(tmp_);
       // A checkpoint of this step from an earlier run is replaced only once the new one is whole.
       const fs::path old = dir / (std::string(kTempPrefix) + "old." + name_);

@@ -97,6 +97,7 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   std::vector<Piece> out;
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
+    if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
     if (tp_rank != 0 && (!p.tp.sharded() || tp_spec.tp_size == 1)) continue;
     const int64_t rows = p.shape[0], s = (rows + dp - 1) / dp;
     const int64_t begin = std::min(rows, dp_rank * s), end = std::min(rows, begin + s);
@@ -120,25 +121,30 @@ std::string rank_file_name(int rank) {
 
 namespace llmt::ckpt {
 
-std::vector<IndexTensor> plan_index(const ModelSpec& spec, const MeshShape& mesh) {
+ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank) {
+  const MeshShape& m = layout.mesh;
+  const auto c = m.coords(rank);
+  const int pp = m.size(Axis::pp), tp = m.size(Axis::tp);
+  const ModelSpec stage = pp > 1 ? spec.shard_pp(pp, layout.virtual_stages, layout.pp_layers,
+                                                 c[static_cast<int>(Axis::pp)])
+                                 : spec;
+  return stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
+}
+
+std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout) {
   const size_t n = spec.params.size();
   std::vector<IndexTensor> out;
   for (Kind k : kKinds)
     for (const ParamSpec& p : spec.params)
       out.push_back({tensor_path(k, p.name), whole(p.global_shape).count, {}});
-  auto slot = [&](Kind k, size_t i) -> IndexTensor& { return out[static_cast<size_t>(k) * n + i]; };
-  const int tp = mesh.size(Axis::tp);
-  std::vector<ModelSpec> tp_specs;
-  for (int t = 0; t < tp; ++t) tp_specs.push_back(spec.shard_tp(tp, t));
-  for (int r = 0; r < mesh.world(); ++r) {
-    const ModelSpec& tp_spec = tp_specs[static_cast<size_t>(mesh.coords(r)[0])];
-    for (const Piece& pc : pieces_to_write(tp_spec, mesh, r)) {
-      const std::string& name = tp_spec.params[pc.param].name;
-      const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
+  for (int r = 0; r < layout.mesh.world(); ++r) {
+    const ModelSpec held = rank_spec(spec, layout, r);
+    for (const Piece& pc : pieces_to_write(held, layout.mesh, r)) {
+      const std::string& name = held.params[pc.param].name;
+      IndexTensor& t = out[static_cast<size_t>(pc.kind) * n + spec.index_of(name)];
+      const auto boxes = global_boxes(held, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
-        slot(pc.kind, pc.param)
-            .mappings.push_back(
-                {boxes[b].global, rank_file_name(r), shard_dataset(pc.kind, name, b)});
+        t.mappings.push_back({boxes[b].global, rank_file_name(r), shard_dataset(pc.kind, name, b)});
     }
   }
   return out;

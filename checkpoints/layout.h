@@ -6,8 +6,10 @@
 // the tensor tp rank t holds (ModelSpec::shard_tp) and cut its R rows as ZeRO does: dp rank d
 // writes rows [d*s, min(R, (d+1)*s)), s = ceil(R/dp), whatever the zero stage (so DDP ranks
 // share the writing and a ZeRO shard is written by its owner). A parameter replicated over tp is
-// written by tp rank 0 only. Each piece is one or more boxes of the global tensor (a tp shard of
-// the fused qkv weight is three row ranges of it), each a contiguous run of the local rows.
+// written by tp rank 0 only; under pipeline parallelism each pp rank writes the parameters of its
+// stage, and the last stage's tied copy of wte (identical to stage 0's) is not written. Each piece
+// is one or more boxes of the global tensor (a tp shard of the fused qkv weight is three row ranges
+// of it), each a contiguous run of the local rows.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +82,19 @@ struct IndexTensor {
   std::vector<int64_t> shape;
   std::vector<Mapping> mappings;
 };
+// The layout a checkpoint is written in: the mesh and the pipeline split (parallel.virtual_stages
+// and parallel.pp_layers, which decide the layers of each pp rank).
+struct WriteLayout {
+  MeshShape mesh;
+  int virtual_stages = 1;
+  std::vector<int64_t> pp_layers;  // empty: even split
+};
+// What global rank `rank` of `layout` holds of the whole-model `spec`: its pipeline stage
+// (ModelSpec::shard_pp), then its tp shard.
+ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank);
+
 // Every global tensor of `spec` (whole model, global shapes) and, for each, where every rank of
-// `mesh` writes its pieces (the write rule above). Order: kinds, then spec order.
-std::vector<IndexTensor> plan_index(const ModelSpec& spec, const MeshShape& mesh);
+// `layout` writes its pieces (the write rule above). Order: kinds, then spec order.
+std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout);
 
 }  // namespace llmt::ckpt

@@ -11,6 +11,10 @@ namespace llmt::ckpt {
 
 namespace fs = std::filesystem;
 
+WriteLayout write_layout(const RunState& s) {
+  return {s.mesh, static_cast<int>(s.virtual_stages), s.pp_layers};
+}
+
 std::string layout_text(const RunState& s) {
   return detail::concat("tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp),
                         " dp=", s.mesh.size(Axis::dp), " pp=", s.mesh.size(Axis::pp),
@@ -94,6 +98,8 @@ void write_index(const std::string& dir, const RunState& s,
     h5::write_attr(file, "mesh", std::vector<int64_t>(s.mesh.degree.begin(), s.mesh.degree.end()));
     h5::write_attr(file, "zero_stage", s.zero_stage);
     h5::write_attr(file, "sequence_parallel", static_cast<int64_t>(s.sequence_parallel));
+    h5::write_attr(file, "virtual_stages", s.virtual_stages);
+    if (!s.pp_layers.empty()) h5::write_attr(file, "pp_layers", s.pp_layers);
     h5::write_attr(file, "layout", layout_text(s));
     h5::Id lcpl = parents_lcpl();
     for (size_t t = 0; t < tensors.size(); ++t) {
@@ -183,6 +189,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   for (int a = 0; a < kNumAxes; ++a) s.mesh.degree[a] = static_cast<int>(mesh[a]);
   s.zero_stage = h5::read_attr_int(file, "zero_stage", where);
   s.sequence_parallel = h5::read_attr_int(file, "sequence_parallel", where) != 0;
+  s.virtual_stages = h5::read_attr_int(file, "virtual_stages", where);
+  if (h5::has_attr(file, "pp_layers")) s.pp_layers = h5::read_attr_ints(file, "pp_layers", where);
 
   VisitState visit;
   h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit_link, &visit),

@@ -25,13 +25,16 @@ struct RunState {
   int64_t consumed_samples = 0;  // samples of the train stream read so far
   double loss_scale = 1.0;       // fp16 dynamic loss scale
   int64_t loss_scale_clean_steps = 0;
-  int64_t seed = 0;    // train.seed (init, dropout)
-  std::string config;  // the resolved config, TOML
-  MeshShape mesh;      // degrees tp, cp, dp, pp
+  int64_t seed = 0;                // train.seed (init, dropout)
+  std::string config;              // the resolved config, TOML
+  MeshShape mesh;                  // degrees tp, cp, dp, pp
+  int64_t virtual_stages = 1;      // pipeline chunks per pp rank
+  std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty = even split
   int64_t zero_stage = 0;
   bool sequence_parallel = false;
 };
 std::string layout_text(const RunState& s);  // "tp=2 cp=1 dp=2 pp=1 zero_stage=1 sp=false"
+WriteLayout write_layout(const RunState& s);
 
 // Writes one rank's file: each dataset is a box of a global tensor, f32, chunked (at most 1 Mi
 // elements per chunk) with the Fletcher32 filter; attribute "offset" = the box's global start.

@@ -67,14 +67,12 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
       final_dir.parent_path() / (std::string(kTempPrefix) + final_dir.filename().string());
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  const MeshShape& mesh = state.mesh;
-  const int tp = mesh.size(Axis::tp);
-  std::vector<ModelSpec> tp_specs;
-  for (int t = 0; t < tp; ++t) tp_specs.push_back(spec.shard_tp(tp, t));
+  const WriteLayout layout = write_layout(state);
+  const MeshShape& mesh = layout.mesh;
   int64_t bytes = 0;
   std::vector<float> buf;
   for (int r = 0; r < mesh.world(); ++r) {
-    const ModelSpec& tp_spec = tp_specs[static_cast<size_t>(mesh.coords(r)[0])];
+    const ModelSpec tp_spec = rank_spec(spec, layout, r);
     ShardFileWriter w((tmp / rank_file_name(r)).string(), r);
     for (const Piece& pc : pieces_to_write(tp_spec, mesh, r)) {
       const std::string& name = tp_spec.params[pc.param].name;
@@ -88,7 +86,7 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
     w.close();
     bytes += w.bytes_written();
   }
-  write_index(tmp.string(), state, plan_index(spec, mesh));
+  write_index(tmp.string(), state, plan_index(spec, layout));
   h5::fsync_path(tmp.string());
   fs::rename(tmp, final_dir);
   h5::fsync_path(final_dir.parent_path().string());

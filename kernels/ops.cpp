@@ -268,10 +268,10 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   op.require(op.rows("dout", dout, OC) == N, "dout ", describe(dout), " and inp ", describe(inp),
              " have different row counts");
   if (dinp.defined()) op.same_shape("dinp", dinp, "inp", inp);
-  op.shape("dweight", dweight, {OC, IC});
+  op.shape_opt("dweight", dweight, {OC, IC});
   op.shape_opt("dbias", dbias, {OC});
   LLMT_KERNEL(op, linear_backward)
-  (op.f32_opt("dinp", dinp), op.f32("dweight", dweight), op.f32_opt("dbias", dbias),
+  (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32_opt("dbias", dbias),
    op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), N, IC, OC);
 }
 

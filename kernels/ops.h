@@ -42,7 +42,8 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
 // ---- linear (GEMM) ----------------------------------------------------------------------------
 // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias (OC, optional).
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
-// dinp (N,IC) assigned (optional: skipped when absent); dweight (OC,IC) +=; dbias (OC) += opt.
+// dinp (N,IC) assigned, dweight (OC,IC) +=, dbias (OC) +=; each optional (skipped when absent:
+// zero-bubble pipelines compute dinp and the weight gradients at different times).
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                      Tensor weight);
 

@@ -55,7 +55,63 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   }
   norm("norm_f");
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
+  s.chunks = {{0, L}};
   return s;
+}
+
+ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
+                              int rank) const {
+  LLMT_CHECK(chunks.size() == 1 && has_embedding && has_head, "shard_pp of a pipeline stage spec");
+  LLMT_CHECK(pp >= 1 && virtual_stages >= 1 && rank >= 0 && rank < pp, "pp rank ", rank, " of ", pp,
+             " with ", virtual_stages, " virtual stages");
+  const int64_t S = static_cast<int64_t>(pp) * virtual_stages, L = cfg.n_layers;
+  std::vector<int64_t> count = stage_layers;
+  if (count.empty()) {
+    LLMT_CHECK(L % S == 0, "model.n_layers=", L, " does not split evenly into ", S,
+               " pipeline stages");
+    count.assign(static_cast<size_t>(S), L / S);
+  }
+  LLMT_CHECK(static_cast<int64_t>(count.size()) == S, "parallel.pp_layers has ", count.size(),
+             " entries for ", S, " pipeline stages");
+  std::vector<int64_t> first(static_cast<size_t>(S) + 1, 0);
+  for (int64_t s = 0; s < S; ++s) first[s + 1] = first[s] + count[s];
+  LLMT_CHECK(first[S] == L, "parallel.pp_layers sums to ", first[S], ", model.n_layers=", L);
+  ModelSpec out = *this;
+  out.chunks.clear();
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int64_t s = static_cast<int64_t>(c) * pp + rank;
+    out.chunks.emplace_back(first[s], first[s + 1]);
+  }
+  out.has_embedding = rank == 0;
+  out.has_head = rank == pp - 1;
+  std::vector<bool> held(static_cast<size_t>(L), false);
+  for (const auto& [b, e] : out.chunks)
+    for (int64_t l = b; l < e; ++l) held[l] = true;
+  out.params.clear();
+  for (const ParamSpec& p : params) {
+    bool keep = false, copy = false;
+    if (p.name.rfind("layers.", 0) == 0) {
+      keep = held[std::stoll(p.name.substr(7))];
+    } else if (p.name == "wte.weight") {
+      keep = out.has_embedding || (out.has_head && cfg.tie_embeddings);
+      copy = !out.has_embedding;
+    } else if (p.name == "wpe.weight") {
+      keep = out.has_embedding;
+    } else {  // norm_f, lm_head
+      keep = out.has_head;
+    }
+    if (!keep) continue;
+    out.params.push_back(p);
+    out.params.back().tied_copy = copy;
+  }
+  return out;
+}
+
+std::vector<int64_t> ModelSpec::layers() const {
+  std::vector<int64_t> out;
+  for (const auto& [b, e] : chunks)
+    for (int64_t l = b; l < e; ++l) out.push_back(l);
+  return out;
 }
 
 ModelSpec ModelSpec::shard_tp(int size, int rank) const {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/tensor.h"
@@ -27,6 +28,10 @@ struct ParamSpec {
   // row-parallel proj/fc2 Shard(1) (their biases replicated, added after the all-reduce),
   // vocab-parallel wte/lm_head Shard(0), norms and wpe replicated.
   Placement tp;
+  // Pipeline parallelism with tied embeddings: the last stage's copy of wte.weight (the head).
+  // Initialised like stage 0's; its gradient is summed with stage 0's before the update, and it
+  // counts once (on stage 0) in norms.
+  bool tied_copy = false;
 };
 
 struct ModelSpec {
@@ -39,12 +44,28 @@ struct ModelSpec {
   std::vector<ParamSpec> params;
   // The tp group this spec is sharded for (shard_tp); 1, 0 = the whole model.
   int tp_size = 1, tp_rank = 0;
+  // The pipeline stage this spec holds (shard_pp): one run of consecutive global layers per model
+  // chunk, [first, last) each (one run [0, L) without pp), and whether it holds the embeddings
+  // (stage 0) and the final norm + head + loss (the last stage). params keeps global order and
+  // names, restricted to what the stage holds.
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  bool has_embedding = true, has_head = true;
 
   static ModelSpec from_config(const ModelConfig& cfg);
   // The transform to tp rank `rank` of `size`: every ParamSpec::shape becomes the shape that rank
   // holds under its Placement (names and global shapes stay). Throws, with the numbers, when
   // heads, kv heads, d_ff or the vocabulary do not divide by size.
   ModelSpec shard_tp(int size, int rank) const;
+  // The transform to pp rank `rank` of `pp` with `virtual_stages` chunks per rank: chunk c holds
+  // global stage s = c*pp + rank (schedule.h), whose layers are `stage_layers[s]` consecutive
+  // layers (empty: n_layers / (pp*virtual_stages) each). Stage 0 adds wte (+ wpe), the last stage
+  // norm_f and lm_head, or with tied embeddings a tied_copy of wte. Example: 4 layers, pp 2, v 2:
+  // rank 0 holds layers 0 and 2 (stages 0, 2) and the embeddings, rank 1 layers 1 and 3 and the
+  // head. Throws, with the numbers, when the layers do not split that way.
+  ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
+                     int rank) const;
+  // The global layers this spec holds, in order.
+  std::vector<int64_t> layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.
   std::vector<ShardSlice> local_slices(size_t i) const;
   int64_t num_params() const;        // global

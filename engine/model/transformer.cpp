@@ -11,10 +11,8 @@
 
 namespace llmt {
 
-namespace {
-
 // Lays out tensors back to back in one buffer: first pass counts bytes, second hands out views.
-class Layout {
+class Transformer::Layout {
  public:
   explicit Layout(Buffer* buf = nullptr) : buf_(buf) {}
   Tensor take(Shape s, DType t = DType::f32) {
@@ -30,8 +28,6 @@ class Layout {
   size_t offset_ = 0;
 };
 
-}  // namespace
-
 ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& views) {
   auto get = [&](const std::string& name) { return views[spec.index_of(name)]; };
   auto opt = [&](const std::string& name) {
@@ -40,9 +36,9 @@ ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& view
     return Tensor();
   };
   ModelWeights w;
-  w.wte = get("wte.weight");
+  w.wte = opt("wte.weight");
   w.wpe = opt("wpe.weight");
-  for (int64_t l = 0; l < spec.cfg.n_layers; ++l) {
+  for (int64_t l : spec.layers()) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerWeights lw;
     lw.norm_1_w = get(p + "norm_1.weight");
@@ -59,9 +55,9 @@ ModelWeights bind_weights(const ModelSpec& spec, const std::vector<Tensor>& view
     lw.fc2_b = opt(p + "mlp.fc2.bias");
     w.layers.push_back(lw);
   }
-  w.norm_f_w = get("norm_f.weight");
+  w.norm_f_w = opt("norm_f.weight");
   w.norm_f_b = opt("norm_f.bias");
-  w.head = spec.cfg.tie_embeddings ? w.wte : get("lm_head.weight");
+  w.head = spec.cfg.tie_embeddings ? w.wte : opt("lm_head.weight");
   return w;
 }
 
@@ -95,7 +91,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     R_ /= p;
     row0_ = tp_.rank() * R_;
   }
-  const int64_t B = B_, T = T_, C = cfg.d_model, V = V_, H = H_, KV = KV_, R = R_;
+  const int64_t B = B_, T = T_, C = cfg.d_model, H = H_, KV = KV_, R = R_;
   const int64_t D = spec_.head_dim, F = F_, F1 = F1_, N = B * T;
 
   // Parameters and gradients: one flat buffer each, views in spec order (views without memory
@@ -123,39 +119,25 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
                                   : params_.back());
     off += static_cast<size_t>(shape.numel()) * 4;
   }
-  // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head].
-  block_first_.push_back(0);
-  for (int64_t l = 0; l < cfg.n_layers; ++l)
-    block_first_.push_back(spec_.index_of("layers." + std::to_string(l) + ".norm_1.weight"));
-  block_first_.push_back(spec_.index_of("norm_f.weight"));
-  block_first_.push_back(spec_.params.size());
+  // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head] (a pipeline stage
+  // holds a subsequence; its other blocks are empty).
+  const int64_t L = cfg.n_layers;
+  auto block_of = [&](const std::string& name) -> int64_t {
+    if (name.rfind("layers.", 0) == 0) return std::stoll(name.substr(7)) + 1;
+    return name == "wte.weight" || name == "wpe.weight" ? 0 : L + 1;
+  };
+  for (int64_t b = 0, i = 0; b <= L + 2; ++b) {
+    while (i < static_cast<int64_t>(spec_.params.size()) && block_of(spec_.params[i].name) < b) ++i;
+    block_first_.push_back(static_cast<size_t>(i));
+  }
+  layers_ = spec_.layers();
+  chunk_first_.push_back(0);
+  for (const auto& [b, e] : spec_.chunks) chunk_first_.push_back(chunk_first_.back() + (e - b));
   w_ = bind_weights(spec_, compute_params_);
   gw_ = bind_weights(spec_, grads_);
 
-  // Activations of one micro-batch: lay out twice (count, then carve).
+  // Scratch shared by every micro-batch: lay out twice (count, then carve).
   auto carve = [&](Layout& lay) {
-    acts_.assign(cfg.n_layers, {});
-    for (auto& a : acts_) {
-      a.res_in = lay.take({R, C});
-      a.a = lay.take({R, C});
-      a.mean_1 = lay.take({R});
-      a.rstd_1 = lay.take({R});
-      a.qkv = lay.take({B, T, H + 2 * KV, D});
-      a.att = lay.take({B, T, H, D});
-      a.lse = lay.take({B, H, T});
-      a.res_mid = lay.take({R, C});
-      a.m = lay.take({R, C});
-      a.mean_2 = lay.take({R});
-      a.rstd_2 = lay.take({R});
-      a.u = lay.take({B, T, F1});
-      a.g = lay.take({B, T, F});
-    }
-    res_final_ = lay.take({R, C});
-    xf_ = lay.take({N, C});
-    mean_f_ = lay.take({R});
-    rstd_f_ = lay.take({R});
-    logits_ = lay.take({N, V});
-    losses_ = lay.take({B, T});
     if (p > 1) {
       ce_max_ = lay.take({N});
       ce_sums_ = lay.take({2, N});
@@ -176,10 +158,105 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   };
   Layout count;
   carve(count);
-  acts_buf_ = alloc_.allocate(count.bytes(), MemCategory::activations);
-  Layout real(&acts_buf_);
+  scratch_buf_ = alloc_.allocate(count.bytes(), MemCategory::activations);
+  Layout real(&scratch_buf_);
   carve(real);
+  if (num_chunks() == 1 && spec_.has_embedding && spec_.has_head) {
+    // The whole model: one micro-batch's activations, kept for the model's lifetime.
+    Layout acount;
+    carve_acts(acount, whole_, 0);
+    whole_.buf = alloc_.allocate(acount.bytes(), MemCategory::activations);
+    Layout areal(&whole_.buf);
+    carve_acts(areal, whole_, 0);
+  } else {
+    pipe_acts_.resize(spec_.chunks.size());
+  }
   host_losses_.resize(static_cast<size_t>(N));
+}
+
+void Transformer::carve_acts(Layout& lay, Acts& a, int chunk) const {
+  const int64_t B = B_, T = T_, C = spec_.cfg.d_model, H = H_, KV = KV_, R = R_, N = B * T;
+  const int64_t D = spec_.head_dim;
+  a.layers.assign(static_cast<size_t>(chunk_first_[chunk + 1] - chunk_first_[chunk]), {});
+  for (LayerActs& l : a.layers) {
+    l.res_in = lay.take({R, C});
+    l.a = lay.take({R, C});
+    l.mean_1 = lay.take({R});
+    l.rstd_1 = lay.take({R});
+    l.qkv = lay.take({B, T, H + 2 * KV, D});
+    l.att = lay.take({B, T, H, D});
+    l.lse = lay.take({B, H, T});
+    l.res_mid = lay.take({R, C});
+    l.m = lay.take({R, C});
+    l.mean_2 = lay.take({R});
+    l.rstd_2 = lay.take({R});
+    l.u = lay.take({B, T, F1_});
+    l.g = lay.take({B, T, F_});
+  }
+  a.out = lay.take({R, C});
+  if (chunk_has_head(chunk)) {
+    a.xf = lay.take({N, C});
+    a.mean_f = lay.take({R});
+    a.rstd_f = lay.take({R});
+    a.logits = lay.take({N, V_});
+    a.losses = lay.take({B, T});
+  }
+}
+
+Transformer::Acts& Transformer::acts_of(int chunk, int mb) {
+  LLMT_CHECK(chunk >= 0 && chunk < num_chunks() && mb >= 0, "chunk ", chunk, " of ", num_chunks(),
+             ", micro-batch ", mb);
+  LLMT_CHECK(!pipe_acts_.empty(), "the pipeline API needs a pipeline-stage spec (shard_pp)");
+  std::vector<Acts>& per_mb = pipe_acts_[static_cast<size_t>(chunk)];
+  if (per_mb.size() <= static_cast<size_t>(mb)) per_mb.resize(static_cast<size_t>(mb) + 1);
+  Acts& a = per_mb[static_cast<size_t>(mb)];
+  if (!a.buf.data()) {
+    Layout count;
+    carve_acts(count, a, chunk);
+    a.buf = alloc_.allocate(count.bytes(), MemCategory::activations);
+    Layout real(&a.buf);
+    carve_acts(real, a, chunk);
+  }
+  return a;
+}
+
+size_t Transformer::chunk_activation_bytes(int chunk) const {
+  Layout count;
+  Acts a;
+  carve_acts(count, a, chunk);
+  return count.bytes();
+}
+
+Tensor Transformer::chunk_input(int chunk, int mb) {
+  return input_of(acts_of(chunk, mb));
+}
+
+Tensor Transformer::chunk_output(int chunk, int mb) {
+  return acts_of(chunk, mb).out;
+}
+
+float Transformer::forward_chunk(int chunk, int mb, Tensor tokens, Tensor targets, float dloss,
+                                 const StepContext& ctx) {
+  return forward(chunk, acts_of(chunk, mb), tokens, targets, dloss, ctx);
+}
+
+Tensor Transformer::backward_chunk(int chunk, int mb, Tensor dout, Tensor tokens,
+                                   const StepContext& ctx) {
+  Acts& a = acts_of(chunk, mb);
+  if (!chunk_has_head(chunk)) {
+    LLMT_CHECK(dout.defined() && dout.shape == d_res_.shape, "backward_chunk(", chunk, ", ", mb,
+               "): the output gradient must be ", d_res_.shape.str());
+    ops::copy(d_res_, dout);
+  }
+  backward(chunk, a, tokens, ctx);
+  return chunk_has_embedding(chunk) ? Tensor() : d_res_;
+}
+
+void Transformer::free_chunk(int chunk, int mb) {
+  LLMT_CHECK(chunk >= 0 && chunk < static_cast<int>(pipe_acts_.size()) && mb >= 0 &&
+                 static_cast<size_t>(mb) < pipe_acts_[static_cast<size_t>(chunk)].size(),
+             "free_chunk(", chunk, ", ", mb, "): nothing allocated");
+  pipe_acts_[static_cast<size_t>(chunk)][static_cast<size_t>(mb)] = Acts{};
 }
 
 std::pair<size_t, size_t> Transformer::block_params(int block) const {
@@ -381,143 +458,307 @@ Tensor Transformer::column_input_grad(Tensor dinp) {
   return branch_;
 }
 
-float Transformer::forward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx) {
+float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets, float dloss,
+                           const StepContext& ctx) {
   const auto& cfg = spec_.cfg;
-  const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model, H = H_, KV = KV_;
-  const int64_t D = spec_.head_dim, Q = (H + 2 * KV) * D;
-  LLMT_CHECK(tokens.shape == Shape({B_, T_}) && targets.shape == Shape({B_, T_}), "tokens ",
-             tokens.shape.str(), " and targets ", targets.shape.str(), " must be (", B_, ", ", T_,
-             ")");
-  const bool rope = cfg.position == PositionKind::rope;
+  const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model;
   const bool tp = tp_.size() > 1;
-  // Row-parallel linears add their bias after the reduction (row_output) under tp.
-  auto row_bias = [&](Tensor b) { return tp ? Tensor() : b; };
-
-  Tensor x = acts_.empty() ? res_final_ : acts_[0].res_in;  // (R,C)
-  if (hooks_) hooks_->before_forward(0);
-  if (!tp) {
-    ops::embedding_forward(x.view({B, T, C}), tokens, w_.wte, w_.wpe);
-  } else {
-    // Vocab-parallel embedding: each rank looks up only its vocabulary rows (zeros elsewhere),
-    // rank 0 adds the positions, and the sum over tp is the full embedding (all-reduce, or
-    // reduce-scatter to this rank's rows under SP).
-    Tensor full = sp_ ? scratch_c_ : x;
-    ops::embedding_forward(full.view({B, T, C}), tokens, w_.wte,
-                           tp_.rank() == 0 ? w_.wpe : Tensor(), 0, vocab_start_, cfg.vocab_size);
-    if (sp_)
-      tp::reduce_scatter_to_sequence_forward(*tp_.comm, x, full);
-    else
-      tp::reduce_from_region_forward(*tp_.comm, x);
+  Tensor x = input_of(acts);  // (R,C)
+  auto is_bt = [&](const Tensor& t) { return t.ndim() == 2 && t.shape[0] == B && t.shape[1] == T; };
+  if (chunk_has_embedding(chunk)) {
+    LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
+    if (hooks_) hooks_->before_forward(0);
+    if (!tp) {
+      ops::embedding_forward(x.view({B, T, C}), tokens, w_.wte, w_.wpe);
+    } else {
+      // Vocab-parallel embedding: each rank looks up only its vocabulary rows (zeros elsewhere),
+      // rank 0 adds the positions, and the sum over tp is the full embedding (all-reduce, or
+      // reduce-scatter to this rank's rows under SP).
+      Tensor full = sp_ ? scratch_c_ : x;
+      ops::embedding_forward(full.view({B, T, C}), tokens, w_.wte,
+                             tp_.rank() == 0 ? w_.wpe : Tensor(), 0, vocab_start_, cfg.vocab_size);
+      if (sp_)
+        tp::reduce_scatter_to_sequence_forward(*tp_.comm, x, full);
+      else
+        tp::reduce_from_region_forward(*tp_.comm, x);
+    }
+    lowp(x);
   }
-  lowp(x);
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const LayerWeights& lw = w_.layers[l];
-    LayerActs& a = acts_[l];
-    Tensor res_out = l + 1 < cfg.n_layers ? acts_[l + 1].res_in : res_final_;
-    if (hooks_) hooks_->before_forward(static_cast<int>(l) + 1);
+  const int64_t first = chunk_first_[chunk], n = chunk_first_[chunk + 1] - first;
+  for (int64_t j = 0; j < n; ++j)
+    layer_forward(first + j, acts.layers[j], j + 1 < n ? acts.layers[j + 1].res_in : acts.out, ctx);
+  if (!chunk_has_head(chunk)) return 0.0f;
 
-    norm_forward(a.a, a.mean_1, a.rstd_1, a.res_in, lw.norm_1_w, lw.norm_1_b);
-    ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b);
-    if (rope) ops::rope_forward(a.qkv, H + KV, 0, cfg.rope_theta);
-    lowp(a.qkv);
-    ops::attention_forward(a.att, a.lse, a.qkv, H, KV);
-    lowp(a.att);
-    ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b));
-    Tensor y = row_output(scratch_c_, lw.proj_b);
-    lowp(y);
-    residual_branch(a.res_mid, a.res_in, y, d_tmp_, l, 0, ctx);
-
-    norm_forward(a.m, a.mean_2, a.rstd_2, a.res_mid, lw.norm_2_w, lw.norm_2_b);
-    ops::linear_forward(a.u.view({N, F1_}), column_input(a.m), lw.fc1_w, lw.fc1_b);
-    lowp(a.u);
-    if (cfg.activation == Activation::gelu)
-      ops::gelu_forward(a.g, a.u);
-    else
-      ops::swiglu_forward(a.g.view({N, F_}), a.u.view({N, F1_}));
-    lowp(a.g);
-    ops::linear_forward(scratch_c_, a.g.view({N, F_}), lw.fc2_w, row_bias(lw.fc2_b));
-    y = row_output(scratch_c_, lw.fc2_b);
-    lowp(y);
-    residual_branch(res_out, a.res_mid, y, d_tmp_, l, 1, ctx);
-  }
+  LLMT_CHECK(is_bt(targets), "targets ", targets.shape.str(), " must be (", B_, ", ", T_, ")");
   if (hooks_) hooks_->before_forward(static_cast<int>(cfg.n_layers) + 1);
-  norm_forward(sp_ ? branch_ : xf_, mean_f_, rstd_f_, res_final_, w_.norm_f_w, w_.norm_f_b);
-  if (sp_) tp::gather_from_sequence_forward(*tp_.comm, xf_, branch_);
-  ops::linear_forward(logits_, xf_, w_.head, Tensor());
-  lowp(logits_);
+  norm_forward(sp_ ? branch_ : acts.xf, acts.mean_f, acts.rstd_f, acts.out, w_.norm_f_w,
+               w_.norm_f_b);
+  if (sp_) tp::gather_from_sequence_forward(*tp_.comm, acts.xf, branch_);
+  ops::linear_forward(acts.logits, acts.xf, w_.head, Tensor());
+  lowp(acts.logits);
   // Fused: the losses and, in place of the logits, d(dloss * mean loss)/d logits.
   if (!tp)
-    ops::softmax_cross_entropy(losses_.view({N}), logits_, logits_, targets.view({N}),
+    ops::softmax_cross_entropy(acts.losses.view({N}), acts.logits, acts.logits, targets.view({N}),
                                dloss / static_cast<float>(N));
   else
-    tp::vocab_parallel_cross_entropy(*tp_.comm, losses_.view({N}), logits_, targets.view({N}),
-                                     vocab_start_, cfg.vocab_size, dloss / static_cast<float>(N),
-                                     ce_max_, ce_sums_);
-  alloc_.backend().copy_to_host(host_losses_.data(), losses_.data, losses_.nbytes());
+    tp::vocab_parallel_cross_entropy(*tp_.comm, acts.losses.view({N}), acts.logits,
+                                     targets.view({N}), vocab_start_, cfg.vocab_size,
+                                     dloss / static_cast<float>(N), ce_max_, ce_sums_);
+  alloc_.backend().copy_to_host(host_losses_.data(), acts.losses.data, acts.losses.nbytes());
   double sum = std::accumulate(host_losses_.begin(), host_losses_.end(), 0.0);
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-void Transformer::backward(Tensor tokens, const StepContext& ctx) {
+// res_out (R,C) = layer `local`(a.res_in); a holds what its backward needs.
+void Transformer::layer_forward(int64_t local, LayerActs& a, Tensor res_out,
+                                const StepContext& ctx) {
   const auto& cfg = spec_.cfg;
-  const int64_t B = B_, T = T_, N = B * T, C = cfg.d_model, H = H_, KV = KV_;
+  const int64_t N = B_ * T_, H = H_, KV = KV_;
+  const int64_t D = spec_.head_dim, Q = (H + 2 * KV) * D;
+  const int64_t l = layers_[local];  // global: dropout streams and hooks
+  const bool tp = tp_.size() > 1;
+  // Row-parallel linears add their bias after the reduction (row_output) under tp.
+  auto row_bias = [&](Tensor b) { return tp ? Tensor() : b; };
+  const LayerWeights& lw = w_.layers[local];
+  if (hooks_) hooks_->before_forward(static_cast<int>(l) + 1);
+
+  norm_forward(a.a, a.mean_1, a.rstd_1, a.res_in, lw.norm_1_w, lw.norm_1_b);
+  ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b);
+  if (cfg.position == PositionKind::rope) ops::rope_forward(a.qkv, H + KV, 0, cfg.rope_theta);
+  lowp(a.qkv);
+  ops::attention_forward(a.att, a.lse, a.qkv, H, KV);
+  lowp(a.att);
+  ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b));
+  Tensor y = row_output(scratch_c_, lw.proj_b);
+  lowp(y);
+  residual_branch(a.res_mid, a.res_in, y, d_tmp_, l, 0, ctx);
+
+  norm_forward(a.m, a.mean_2, a.rstd_2, a.res_mid, lw.norm_2_w, lw.norm_2_b);
+  ops::linear_forward(a.u.view({N, F1_}), column_input(a.m), lw.fc1_w, lw.fc1_b);
+  lowp(a.u);
+  if (cfg.activation == Activation::gelu)
+    ops::gelu_forward(a.g, a.u);
+  else
+    ops::swiglu_forward(a.g.view({N, F_}), a.u.view({N, F1_}));
+  lowp(a.g);
+  ops::linear_forward(scratch_c_, a.g.view({N, F_}), lw.fc2_w, row_bias(lw.fc2_b));
+  y = row_output(scratch_c_, lw.fc2_b);
+  lowp(y);
+  residual_branch(res_out, a.res_mid, y, d_tmp_, l, 1, ctx);
+}
+
+// d_res_ (R,C): on entry the gradient of the layer's output, on return of its input. With
+// `stash` (zero-bubble input part) the linears compute only their input gradients and leave their
+// output gradients in the stash, and the norms' weight gradients go to stash->norm.
+void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext& ctx,
+                                 LayerStash* stash) {
+  const auto& cfg = spec_.cfg;
+  const int64_t N = B_ * T_, H = H_, KV = KV_, C = cfg.d_model;
   const int64_t D = spec_.head_dim, F = F_, F1 = F1_, Q = (H + 2 * KV) * D;
-  const bool rope = cfg.position == PositionKind::rope;
+  const int64_t l = layers_[local];
   const float p = ctx.dropout ? cfg.dropout : 0.0f;
   const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * C;
   // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res).
-  auto branch_grad = [&](int64_t layer, int site) {
+  auto branch_grad = [&](int site) {
     if (p == 0.0f) return d_res_;
-    ops::dropout_backward(d_tmp_, d_res_, p, ctx.seed, dropout_stream(layer, site, ctx.step),
+    ops::dropout_backward(d_tmp_, d_res_, p, ctx.seed, dropout_stream(l, site, ctx.step),
                           drop_offset);
     return d_tmp_;
   };
-
-  const int last_block = static_cast<int>(cfg.n_layers) + 1;
-  if (hooks_) hooks_->before_backward(last_block);
-  ops::linear_backward(d_c_, gw_.head, Tensor(), logits_, xf_, w_.head);
+  const LayerWeights& lw = w_.layers[local];
+  LayerWeights& lg = gw_.layers[local];
+  // A linear's backward: whole, or (zero-bubble) dinp only with dout kept in `kept`.
+  auto linear = [&](Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
+                    Tensor kept) {
+    if (!stash) return ops::linear_backward(dinp, dw, db, dout, inp, w);
+    ops::copy(kept, dout);
+    ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w);
+  };
+  // The norm k's weight and bias gradients: the model's, or its rows of the stash (the bias's
+  // only for layernorm; not read from `db`, which ZeRO-2 may not have bound yet).
+  const bool norm_bias = cfg.norm == NormKind::layernorm;
+  auto norm_grads = [&](int k, Tensor dw, Tensor db) -> std::pair<Tensor, Tensor> {
+    if (!stash) return {dw, db};
+    return {stash->norm.rows(2 * k, 2 * k + 1).view({C}),
+            norm_bias ? stash->norm.rows(2 * k + 1, 2 * k + 2).view({C}) : Tensor()};
+  };
+  LayerStash none;
+  LayerStash& st = stash ? *stash : none;
+  if (hooks_ && !stash) hooks_->before_backward(static_cast<int>(l) + 1);
+  // d_res: gradient w.r.t. the layer's output residual stream. Row-parallel biases get their
+  // whole gradient from the (gathered) dy, the same on every tp rank.
+  linear(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, row_output_grad(branch_grad(1)), a.g.view({N, F}),
+         lw.fc2_w, st.fc2);
+  lowp(d_g_);
+  if (cfg.activation == Activation::gelu)
+    ops::gelu_backward(d_u_, d_g_, a.u);
+  else
+    ops::swiglu_backward(d_u_.view({N, F1}), d_g_.view({N, F}), a.u.view({N, F1}));
+  lowp(d_u_);
+  // fc1's input (N,C) again: under SP only this rank's rows were kept, so they are gathered
+  // once more (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
+  linear(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m), lw.fc1_w, st.fc1);
   lowp(d_c_);
-  norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, column_input_grad(d_c_), res_final_,
-                w_.norm_f_w, mean_f_, rstd_f_);
-  if (hooks_) hooks_->after_backward(last_block);
-  for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
-    if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
-    const LayerWeights& lw = w_.layers[l];
-    LayerWeights& lg = gw_.layers[l];
-    LayerActs& a = acts_[l];
-    // d_res: gradient w.r.t. the layer's output residual stream. Row-parallel biases get their
-    // whole gradient from the (gathered) dy, the same on every tp rank.
-    ops::linear_backward(d_g_.view({N, F}), lg.fc2_w, lg.fc2_b, row_output_grad(branch_grad(l, 1)),
-                         a.g.view({N, F}), lw.fc2_w);
-    lowp(d_g_);
-    if (cfg.activation == Activation::gelu)
-      ops::gelu_backward(d_u_, d_g_, a.u);
-    else
-      ops::swiglu_backward(d_u_.view({N, F1}), d_g_.view({N, F}), a.u.view({N, F1}));
-    lowp(d_u_);
-    // fc1's input (N,C) again: under SP only this rank's rows were kept, so they are gathered
-    // once more (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
-    ops::linear_backward(d_c_, lg.fc1_w, lg.fc1_b, d_u_.view({N, F1}), column_input(a.m), lw.fc1_w);
+  const auto [n2w, n2b] = norm_grads(1, lg.norm_2_w, lg.norm_2_b);
+  norm_backward(d_tmp_, n2w, n2b, column_input_grad(d_c_), a.res_mid, lw.norm_2_w, a.mean_2,
+                a.rstd_2);
+  ops::add_inplace(d_res_, d_tmp_);
+  lowp(d_res_);
+  // d_res: gradient w.r.t. res_mid.
+  linear(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b, row_output_grad(branch_grad(0)),
+         a.att.view({N, H * D}), lw.proj_w, st.proj);
+  lowp(d_att_);
+  ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV);
+  if (cfg.position == PositionKind::rope) ops::rope_backward(d_qkv_, H + KV, 0, cfg.rope_theta);
+  lowp(d_qkv_);
+  linear(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a), lw.qkv_w, st.qkv);
+  lowp(d_c_);
+  const auto [n1w, n1b] = norm_grads(0, lg.norm_1_w, lg.norm_1_b);
+  norm_backward(d_tmp_, n1w, n1b, column_input_grad(d_c_), a.res_in, lw.norm_1_w, a.mean_1,
+                a.rstd_1);
+  ops::add_inplace(d_res_, d_tmp_);
+  lowp(d_res_);
+  if (hooks_ && !stash) hooks_->after_backward(static_cast<int>(l) + 1);
+}
+
+// The weight part of a layer's backward from its stash (same order of accumulation as the
+// full backward: fc2, fc1, norm_2, proj, qkv, norm_1).
+void Transformer::layer_backward_weight(int64_t local, LayerActs& a, const LayerStash& st) {
+  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t l = layers_[local];
+  const LayerWeights& lw = w_.layers[local];
+  LayerWeights& lg = gw_.layers[local];
+  auto add_norm = [&](int k, Tensor dw, Tensor db) {
+    ops::add_inplace(dw, st.norm.rows(2 * k, 2 * k + 1).view({C}));
+    if (db.defined()) ops::add_inplace(db, st.norm.rows(2 * k + 1, 2 * k + 2).view({C}));
+  };
+  if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
+  ops::linear_backward(Tensor(), lg.fc2_w, lg.fc2_b, st.fc2, a.g.view({N, F_}), lw.fc2_w);
+  ops::linear_backward(Tensor(), lg.fc1_w, lg.fc1_b, st.fc1, column_input(a.m), lw.fc1_w);
+  add_norm(1, lg.norm_2_w, lg.norm_2_b);
+  ops::linear_backward(Tensor(), lg.proj_w, lg.proj_b, st.proj,
+                       a.att.view({N, H_ * spec_.head_dim}), lw.proj_w);
+  ops::linear_backward(Tensor(), lg.qkv_w, lg.qkv_b, st.qkv, column_input(a.a), lw.qkv_w);
+  add_norm(0, lg.norm_1_w, lg.norm_1_b);
+  if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
+}
+
+void Transformer::carve_stash(Layout& lay, Acts& a, int chunk) const {
+  const int64_t N = B_ * T_, C = spec_.cfg.d_model;
+  const int64_t Q = (H_ + 2 * KV_) * spec_.head_dim;
+  a.stash.assign(a.layers.size(), {});
+  for (LayerStash& st : a.stash) {
+    st.fc2 = lay.take({N, C});
+    st.fc1 = lay.take({N, F1_});
+    st.proj = lay.take({N, C});
+    st.qkv = lay.take({N, Q});
+    st.norm = lay.take({4, C});
+  }
+  if (chunk_has_head(chunk)) a.norm_f_stash = lay.take({2, C});
+  if (chunk_has_embedding(chunk)) a.d_emb = lay.take({R_, C});
+}
+
+size_t Transformer::chunk_stash_bytes(int chunk) const {
+  Layout count;
+  Acts a;
+  a.layers.resize(static_cast<size_t>(chunk_first_[chunk + 1] - chunk_first_[chunk]));
+  carve_stash(count, a, chunk);
+  return count.bytes();
+}
+
+Tensor Transformer::backward_input_chunk(int chunk, int mb, Tensor dout, const StepContext& ctx) {
+  Acts& a = acts_of(chunk, mb);
+  const int64_t C = spec_.cfg.d_model;
+  Layout count;
+  carve_stash(count, a, chunk);
+  a.stash_buf = alloc_.allocate(count.bytes(), MemCategory::activations);  // zeroed
+  Layout real(&a.stash_buf);
+  carve_stash(real, a, chunk);
+  if (chunk_has_head(chunk)) {
+    ops::linear_backward(d_c_, Tensor(), Tensor(), a.logits, a.xf, w_.head);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_2_w, lg.norm_2_b, column_input_grad(d_c_), a.res_mid, lw.norm_2_w,
-                  a.mean_2, a.rstd_2);
-    ops::add_inplace(d_res_, d_tmp_);
-    lowp(d_res_);
-    // d_res: gradient w.r.t. res_mid.
-    ops::linear_backward(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b,
-                         row_output_grad(branch_grad(l, 0)), a.att.view({N, H * D}), lw.proj_w);
-    lowp(d_att_);
-    ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV);
-    if (rope) ops::rope_backward(d_qkv_, H + KV, 0, cfg.rope_theta);
-    lowp(d_qkv_);
-    ops::linear_backward(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a),
-                         lw.qkv_w);
+    Tensor nb =
+        spec_.cfg.norm == NormKind::layernorm ? a.norm_f_stash.rows(1, 2).view({C}) : Tensor();
+    norm_backward(d_res_, a.norm_f_stash.rows(0, 1).view({C}), nb, column_input_grad(d_c_), a.out,
+                  w_.norm_f_w, a.mean_f, a.rstd_f);
+  } else {
+    LLMT_CHECK(dout.defined() && dout.shape == d_res_.shape, "backward_input_chunk(", chunk, ", ",
+               mb, "): the output gradient must be ", d_res_.shape.str());
+    ops::copy(d_res_, dout);
+  }
+  const int64_t first = chunk_first_[chunk];
+  for (int64_t j = chunk_first_[chunk + 1] - first - 1; j >= 0; --j)
+    layer_backward(first + j, a.layers[j], ctx, &a.stash[j]);
+  if (chunk_has_embedding(chunk)) {
+    ops::copy(a.d_emb, d_res_);
+    return Tensor();
+  }
+  return d_res_;
+}
+
+void Transformer::backward_weight_chunk(int chunk, int mb, Tensor tokens) {
+  Acts& a = acts_of(chunk, mb);
+  LLMT_CHECK(a.stash_buf.data(), "backward_weight_chunk(", chunk, ", ", mb,
+             ") before its backward_input_chunk");
+  const auto& cfg = spec_.cfg;
+  const int64_t B = B_, T = T_, C = cfg.d_model;
+  const int last_block = static_cast<int>(cfg.n_layers) + 1;
+  if (chunk_has_head(chunk)) {
+    if (hooks_) hooks_->before_backward(last_block);
+    ops::linear_backward(Tensor(), gw_.head, Tensor(), a.logits, a.xf, w_.head);
+    ops::add_inplace(gw_.norm_f_w, a.norm_f_stash.rows(0, 1).view({C}));
+    if (gw_.norm_f_b.defined()) ops::add_inplace(gw_.norm_f_b, a.norm_f_stash.rows(1, 2).view({C}));
+    if (hooks_) hooks_->after_backward(last_block);
+  }
+  const int64_t first = chunk_first_[chunk];
+  for (int64_t j = chunk_first_[chunk + 1] - first - 1; j >= 0; --j)
+    layer_backward_weight(first + j, a.layers[j], a.stash[j]);
+  if (chunk != 0) return;
+  if (!chunk_has_embedding(chunk)) {
+    root_hooks();
+    return;
+  }
+  if (hooks_) hooks_->before_backward(0);
+  if (tp_.size() == 1) {
+    ops::embedding_backward(gw_.wte, gw_.wpe, a.d_emb.view({B, T, C}), tokens);
+  } else {
+    Tensor d_emb = sp_ ? row_output_grad(a.d_emb) : a.d_emb;
+    ops::embedding_backward(gw_.wte, gw_.wpe, d_emb.view({B, T, C}), tokens, 0, vocab_start_,
+                            cfg.vocab_size);
+  }
+  if (hooks_) hooks_->after_backward(0);
+}
+
+void Transformer::root_hooks() {
+  // A later pipeline stage holding the head (and a tied copy of wte): the root's gradients are
+  // complete (ModelHooks).
+  const int last_block = static_cast<int>(spec_.cfg.n_layers) + 1;
+  const auto [root_first, root_last] = block_params(0);
+  const auto [head_first, head_last] = block_params(last_block);
+  if (hooks_ && (root_last > root_first || head_last > head_first)) {
+    hooks_->before_backward(0);
+    hooks_->after_backward(0);
+  }
+}
+
+void Transformer::backward(int chunk, Acts& acts, Tensor tokens, const StepContext& ctx) {
+  const auto& cfg = spec_.cfg;
+  const int64_t B = B_, T = T_, C = cfg.d_model;
+  const int last_block = static_cast<int>(cfg.n_layers) + 1;
+  if (chunk_has_head(chunk)) {
+    if (hooks_) hooks_->before_backward(last_block);
+    ops::linear_backward(d_c_, gw_.head, Tensor(), acts.logits, acts.xf, w_.head);
     lowp(d_c_);
-    norm_backward(d_tmp_, lg.norm_1_w, lg.norm_1_b, column_input_grad(d_c_), a.res_in, lw.norm_1_w,
-                  a.mean_1, a.rstd_1);
-    ops::add_inplace(d_res_, d_tmp_);
-    lowp(d_res_);
-    if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
+    norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, column_input_grad(d_c_), acts.out,
+                  w_.norm_f_w, acts.mean_f, acts.rstd_f);
+    if (hooks_) hooks_->after_backward(last_block);
+  }
+  for (int64_t j = chunk_first_[chunk + 1] - chunk_first_[chunk] - 1; j >= 0; --j)
+    layer_backward(chunk_first_[chunk] + j, acts.layers[j], ctx);
+  if (chunk != 0) return;
+  if (!chunk_has_embedding(chunk)) {
+    root_hooks();
+    return;
   }
   if (hooks_) hooks_->before_backward(0);
   if (tp_.size() == 1) {
@@ -534,13 +775,19 @@ void Transformer::backward(Tensor tokens, const StepContext& ctx) {
 
 float Transformer::forward_backward(Tensor tokens, Tensor targets, float dloss,
                                     const StepContext& ctx) {
-  float loss = forward(tokens, targets, dloss, ctx);
-  backward(tokens, ctx);
+  LLMT_CHECK(whole_.buf.data(),
+             "forward_backward needs the whole model; a pipeline stage runs "
+             "forward_chunk/backward_chunk");
+  float loss = forward(0, whole_, tokens, targets, dloss, ctx);
+  backward(0, whole_, tokens, ctx);
   return loss;
 }
 
 float Transformer::forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx) {
-  return forward(tokens, targets, 0.0f, ctx);
+  LLMT_CHECK(whole_.buf.data(),
+             "forward_loss needs the whole model; a pipeline stage runs "
+             "forward_chunk");
+  return forward(0, whole_, tokens, targets, 0.0f, ctx);
 }
 
 }  // namespace llmt

@@ -2,6 +2,11 @@
 // gradients are each one flat f32 buffer carved into per-parameter views in ModelSpec order;
 // activations of one micro-batch are one buffer laid out per layer at construction.
 //
+// Pipeline stages (ModelSpec::shard_pp): the model holds only its chunks' layers (w.layers and the
+// activations are indexed by local layer, in global order), plus the embeddings on stage 0 and
+// the final norm + head on the last stage; the pipeline API below runs one chunk of one
+// micro-batch at a time, each micro-batch's activations in their own buffer.
+//
 // Dims: B micro-batch, T seq_len, C d_model, V vocab, L layers, H heads, KV kv heads, D head dim,
 // Q = (H+2KV)*D, F ffn hidden, F1 = F (gelu) or 2F (swiglu), N = B*T.
 // Tensor parallel (tp ranks, docs/parallelism.md): a rank holds H/tp query heads, KV/tp kv heads,
@@ -30,17 +35,20 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor wte;  // (V, C)
-  Tensor wpe;  // (T, C) learned positions only
-  std::vector<LayerWeights> layers;
-  Tensor norm_f_w, norm_f_b;  // (C), (C)
-  Tensor head;                // (V, C): wte when tied, else lm_head.weight
+  Tensor wte;                        // (V, C)
+  Tensor wpe;                        // (T, C) learned positions only
+  std::vector<LayerWeights> layers;  // the layers the spec holds (ModelSpec::layers()), in order
+  Tensor norm_f_w, norm_f_b;         // (C), (C)
+  Tensor head;                       // (V, C): wte when tied, else lm_head.weight
 };
 
 // Callbacks around the model's blocks, for parallel strategies that act per block (DDP starts a
 // bucket's all-reduce when its gradients are complete; ZeRO-3 gathers a block's parameters just
-// before use). Blocks: 0 = embeddings, 1..L = layers, L+1 = final norm + head. Forward visits
-// them in that order, backward in reverse.
+// before use). Blocks: 0 = embeddings, 1..L = layers, L+1 = final norm + head (global numbers
+// also on a pipeline stage, which visits only its own). Forward visits them in that order,
+// backward in reverse. A pipeline stage other than the first that holds block-0 or block-L+1
+// parameters (the head, a tied copy of wte) sees before/after_backward(0) at the end of its chunk
+// 0's backward: that completes the root's gradients, as block 0 does on one rank.
 class ModelHooks {
  public:
   virtual ~ModelHooks() = default;
@@ -107,6 +115,41 @@ class Transformer {
   // Forward only: the mean loss (no gradients are touched).
   float forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx);
 
+  // ---- Pipeline stages: one model chunk (ModelSpec::chunks) of one micro-batch at a time ----
+  // A micro-batch slot `mb`'s activations of chunk `chunk` are allocated by chunk_input (or
+  // forward_chunk) and freed by free_chunk, so a schedule holds exactly its in-flight ones.
+  int num_chunks() const { return static_cast<int>(spec_.chunks.size()); }
+  bool chunk_has_embedding(int chunk) const { return chunk == 0 && spec_.has_embedding; }
+  bool chunk_has_head(int chunk) const { return chunk + 1 == num_chunks() && spec_.has_head; }
+  // (R,C): the shape of an activation (and its gradient) passed between stages.
+  Shape activation_shape() const { return Shape({R_, spec_.cfg.d_model}); }
+  // (R,C): where the chunk's input activation goes (recv into it before forward_chunk).
+  Tensor chunk_input(int chunk, int mb);
+  // Forward of the chunk: tokens (B,T) are read on the embedding chunk, targets (B,T) on the head
+  // chunk, which also computes the loss and d(dloss * loss)/d logits; returns the micro-batch's
+  // mean loss there, 0 elsewhere.
+  float forward_chunk(int chunk, int mb, Tensor tokens, Tensor targets, float dloss,
+                      const StepContext& ctx);
+  // (R,C): the chunk's output activation after forward_chunk (what the next stage receives).
+  Tensor chunk_output(int chunk, int mb);
+  // Backward of the chunk; dout (R,C): the gradient of its output (undefined on the head chunk).
+  // Accumulates weight gradients and returns the gradient of its input (R,C), a scratch view
+  // valid until the next backward (undefined on the embedding chunk).
+  Tensor backward_chunk(int chunk, int mb, Tensor dout, Tensor tokens, const StepContext& ctx);
+  // The backward split for zero-bubble schedules: backward_input_chunk returns the input gradient
+  // as backward_chunk does but accumulates no weight gradient: it stashes what the weight
+  // gradients need (each linear's output gradient, the norms' partial gradients) with the
+  // micro-batch's activations; backward_weight_chunk then computes them. The hooks' backward
+  // calls come with the weight part only. Together they add the same gradients as backward_chunk.
+  Tensor backward_input_chunk(int chunk, int mb, Tensor dout, const StepContext& ctx);
+  void backward_weight_chunk(int chunk, int mb, Tensor tokens);
+  // Frees the activations (and the stash) of (chunk, mb).
+  void free_chunk(int chunk, int mb);
+  // Bytes of one micro-batch's activations of chunk `chunk` (what chunk_input allocates), and of
+  // the stash backward_input_chunk adds until backward_weight_chunk.
+  size_t chunk_activation_bytes(int chunk) const;
+  size_t chunk_stash_bytes(int chunk) const;
+
  private:
   struct LayerActs {
     Tensor res_in;             // (R,C) residual stream entering the layer
@@ -118,8 +161,42 @@ class Transformer {
     Tensor u;                  // (B,T,F1) fc1 output
     Tensor g;                  // (B,T,F) activation output
   };
-  float forward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
-  void backward(Tensor tokens, const StepContext& ctx);
+  // Zero-bubble stash of one layer: the output gradients of its linears and its norms' weight
+  // (and bias) gradients.
+  struct LayerStash {
+    Tensor fc2, fc1, proj, qkv;  // (N,C), (N,F1), (N,C), (N,Q)
+    Tensor norm;                 // (4,C): norm_1 w, b, norm_2 w, b
+  };
+  // One micro-batch's activations of one chunk (the whole model without pp).
+  struct Acts {
+    Buffer buf;
+    std::vector<LayerActs> layers;  // the chunk's layers
+    Tensor out;                     // (R,C) residual stream after the chunk's last layer
+    Tensor xf, mean_f, rstd_f;      // head: (N,C) (gathered under SP), (R), (R) norm_f
+    Tensor logits;                  // head: (N,V); overwritten by its gradient
+    Tensor losses;                  // head: (B,T)
+    Buffer stash_buf;               // zero-bubble: from backward_input to backward_weight
+    std::vector<LayerStash> stash;  // per layer of the chunk
+    Tensor norm_f_stash;            // head: (2,C) norm_f w, b
+    Tensor d_emb;                   // embedding chunk: (R,C) gradient of the embedding output
+  };
+  class Layout;  // back-to-back views in one buffer (transformer.cpp)
+  // Lays out `a` for chunk `chunk` (views only when lay has a buffer).
+  void carve_acts(Layout& lay, Acts& a, int chunk) const;
+  void carve_stash(Layout& lay, Acts& a, int chunk) const;
+  Acts& acts_of(int chunk, int mb);
+  Tensor input_of(Acts& a) { return a.layers.empty() ? a.out : a.layers[0].res_in; }
+  float forward(int chunk, Acts& a, Tensor tokens, Tensor targets, float dloss,
+                const StepContext& ctx);
+  // Leaves the gradient of the chunk's input in d_res_.
+  void backward(int chunk, Acts& a, Tensor tokens, const StepContext& ctx);
+  void layer_forward(int64_t local, LayerActs& a, Tensor res_out, const StepContext& ctx);
+  // Full backward of a layer, or with `stash` its input-gradient part only (zero-bubble).
+  void layer_backward(int64_t local, LayerActs& a, const StepContext& ctx,
+                      LayerStash* stash = nullptr);
+  void layer_backward_weight(int64_t local, LayerActs& a, const LayerStash& stash);
+  // before/after_backward(0) on a stage other than the first that holds root parameters.
+  void root_hooks();
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b);
   void norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                      Tensor mean, Tensor rstd);
@@ -142,7 +219,9 @@ class Transformer {
   ModelSpec spec_;
   Allocator& alloc_;
   ModelHooks* hooks_ = nullptr;
-  std::vector<size_t> block_first_;  // block b owns params [block_first_[b], block_first_[b+1])
+  std::vector<size_t> block_first_;   // block b owns params [block_first_[b], block_first_[b+1])
+  std::vector<int64_t> layers_;       // global index of each local layer
+  std::vector<int64_t> chunk_first_;  // chunk k holds local layers [chunk_first_[k], [k+1])
   int64_t B_, T_;
   DType compute_;
   ModelStorage storage_;
@@ -152,17 +231,14 @@ class Transformer {
   int64_t row0_ = 0;  // global row (in the micro-batch's N) of this rank's first
   int64_t H_, KV_, F_, F1_, V_, vocab_start_;  // this rank's heads, ffn, vocabulary
 
-  Buffer params_buf_, grads_buf_, compute_buf_, acts_buf_;
+  Buffer params_buf_, grads_buf_, compute_buf_, scratch_buf_;
   Tensor flat_params_, flat_grads_;
   std::vector<Tensor> params_, grads_, compute_params_;
   ModelWeights w_;   // views of the compute weights (== master for f32)
   ModelWeights gw_;  // views of the gradients
-  std::vector<LayerActs> acts_;
-  Tensor res_final_;             // (R,C) residual stream after the last layer
-  Tensor xf_, mean_f_, rstd_f_;  // (N,C) (gathered under SP), (R), (R) norm_f
-  Tensor logits_;                // (N,V); overwritten by its gradient
-  Tensor losses_;                // (B,T)
-  Tensor ce_max_, ce_sums_;      // (N), (2,N) vocab-parallel cross-entropy (tp > 1)
+  Acts whole_;       // without pp: the one micro-batch's activations, allocated at construction
+  std::vector<std::vector<Acts>> pipe_acts_;  // [chunk][mb] under pp, allocated per micro-batch
+  Tensor ce_max_, ce_sums_;                   // (N), (2,N) vocab-parallel cross-entropy (tp > 1)
   // Backward scratch.
   Tensor d_res_, d_tmp_;  // (R,C) x2
   Tensor d_c_;            // (N,C)

@@ -107,8 +107,10 @@ void DistributedDataParallel::finish_backward() {
 }
 
 double DistributedDataParallel::grad_norm() {
-  if (mesh_.size(Axis::tp) == 1) return global_norm({model_.flat_grads()});
-  // Under tp: this rank's slices of the sharded parameters, the replicated ones once (tp_params.h).
+  if (mesh_.size(Axis::tp) == 1 && mesh_.size(Axis::pp) == 1)
+    return global_norm({model_.flat_grads()});
+  // Under tp: this rank's slices of the sharded parameters, the replicated ones once; under pp
+  // without a tied copy of wte (tp_params.h). The trainer sums the stages' norms over pp.
   float sum = static_cast<float>(tp_sum_squares(model_.spec(), model_.flat_grads()));
   mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   return std::sqrt(static_cast<double>(sum));

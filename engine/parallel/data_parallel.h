@@ -50,6 +50,10 @@ class DataParallel : public ModelHooks {
   // After a checkpoint wrote into state_tensors(): refresh what derives from the master weights
   // (the 16-bit compute copy).
   virtual void after_load() = 0;
+  // The gradient of parameter i (model spec index) that this rank updates, after
+  // finish_backward: the whole tensor (DDP), this rank's rows of it (ZeRO), or undefined when it
+  // owns none of it. Pipeline parallelism sums the tied copies of wte through it.
+  virtual Tensor owned_grad(size_t i) = 0;
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
 
@@ -85,6 +89,7 @@ class DistributedDataParallel final : public DataParallel {
   void gather_params(std::vector<float>& out) override;
   std::vector<StateTensor> state_tensors() override;
   void after_load() override { model_.sync_compute_weights(); }
+  Tensor owned_grad(size_t i) override { return model_.grads()[i]; }
 
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer

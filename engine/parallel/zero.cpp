@@ -140,7 +140,9 @@ std::vector<Tensor> Zero::unit_views(const Unit& u, Tensor gathered) const {
 
 void Zero::start_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (u.gathered.data() || !u.gather.done()) return;
+  // Empty units: a pipeline stage's layers held by other stages (and its root, but for the
+  // first and last stage).
+  if (u.params.empty() || u.gathered.data() || !u.gather.done()) return;
   u.staging = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
   Tensor in(static_cast<float*>(param_shard_.data()) + u.shard_begin, {u.shard_numel}, DType::f32,
             alloc_.device());
@@ -150,7 +152,7 @@ void Zero::start_gather(int unit) {
 
 void Zero::finish_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (u.gathered.data() && u.gather.done()) return;
+  if (u.params.empty() || (u.gathered.data() && u.gather.done())) return;
   start_gather(unit);
   u.gather.wait();
   u.gathered = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
@@ -176,6 +178,7 @@ void Zero::release_gather(int unit) {
 
 void Zero::start_reduce(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.params.empty()) return;
   Reduction red;
   red.unit = unit;
   red.packed = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
@@ -230,6 +233,9 @@ void Zero::before_forward(int block) {
   if (stage_ != 3) return;
   const int unit = unit_of(block);
   if (block == L_ + 1) {
+    // Under pp the root may have been released by another micro-batch's backward since this
+    // one's embeddings ran (or, on the last stage, never gathered): a no-op on one rank.
+    finish_gather(0);
     if (L_ >= 1) {
       release_gather(L_);
       start_gather(L_);  // prefetch for the backward of the last layer
@@ -247,9 +253,13 @@ void Zero::before_backward(int block) {
     finish_gather(unit);
     if (block - 1 >= 1) start_gather(block - 1);
   }
+  // The root, as in before_forward(L+1): still gathered on one rank, maybe not under pp.
+  if (stage_ == 3 && (block == 0 || block == L_ + 1)) finish_gather(0);
   // Stages 2-3: a fresh gradient staging buffer for the unit, bound before its first backward.
-  if (stage_ >= 2 && block != 0) {
-    Unit& u = units_[static_cast<size_t>(unit)];
+  // The root's is kept until after_backward(0) reduces it: under pp, stage 0 runs no block L+1,
+  // and an interleaved last stage may run several heads' backwards before its block 0.
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (stage_ >= 2 && !u.params.empty() && (unit != 0 || !u.grad_staging.data())) {
     u.grad_staging = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
     Tensor g = u.grad_staging.tensor({u.full_numel}, DType::f32);
     for (size_t k = 0; k < u.blocks.size(); ++k) {
@@ -288,6 +298,17 @@ double Zero::grad_norm() {
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   return std::sqrt(static_cast<double>(sum));
+}
+
+Tensor Zero::owned_grad(size_t i) {
+  size_t k = 0;  // opt_grads_ follows the units' params with real rows
+  for (const Unit& u : units_)
+    for (const Param& p : u.params) {
+      if (p.own_rows == 0) continue;
+      if (p.index == i) return opt_grads_[k];
+      ++k;
+    }
+  return Tensor();
 }
 
 bool Zero::grads_nonfinite() {

@@ -47,6 +47,7 @@ class Zero final : public DataParallel {
   void gather_params(std::vector<float>& out) override;
   std::vector<StateTensor> state_tensors() override;
   void after_load() override;
+  Tensor owned_grad(size_t i) override;
 
  private:
   struct Param {

@@ -898,6 +898,14 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.require(
       p.cp == 1 || p.cp < 1, {"parallel.cp"},
       concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
+  if (p.pp > 1) {
+    // What the pipeline executor (engine/schedule/executor.h) does not run yet.
+    r.require(p.pp_schedule != PipeSchedule::zb_h1 || p.zero_stage <= 2,
+              {"parallel.pp_schedule", "parallel.zero_stage"},
+              concat("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=", p.zero_stage,
+                     ": ZeRO-3 gathers a layer's weights only around its hooks, which the split "
+                     "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\""));
+  }
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
   if (p.virtual_stages >= 1) {
     const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
@@ -1078,6 +1086,12 @@ void validate_layout(const Config& c, int world) {
       errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,
                               ")*train.micro_batch_size(", mbs, ")=", dp * mbs,
                               ": each dp rank runs a whole number of micro-batches"));
+    else if (dp >= 1 && p.pp > 1 && p.pp_schedule == PipeSchedule::interleaved &&
+             (gbs / (dp * mbs)) % p.pp != 0)
+      errors.push_back(concat("parallel.pp_schedule=\"interleaved\" needs the micro-batches per ",
+                              "step, train.global_batch_size(", gbs, ")/(dp(", dp,
+                              ")*train.micro_batch_size(", mbs, "))=", gbs / (dp * mbs),
+                              ", to be divisible by parallel.pp=", p.pp));
   }
   if (!errors.empty()) throw ConfigError(join_lines(errors));
 }

@@ -70,6 +70,10 @@ void MetricsWriter::write(const StepMetrics& m) {
     }
     line += detail::concat("}, \"comm_wait_s\": ", json_number(m.comm_wait_s, "%.6g"));
   }
+  if (m.pp_bubble)
+    line +=
+        detail::concat(", \"pp_bubble\": ", json_number(*m.pp_bubble, "%.4g"),
+                       ", \"pp_bubble_predicted\": ", json_number(*m.pp_bubble_predicted, "%.4g"));
   line += "}\n";
   out_ << line;
   out_.flush();

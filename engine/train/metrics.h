@@ -31,6 +31,9 @@ struct StepMetrics {
   std::vector<std::pair<std::string, CommCounters>> comm;  // this step's bytes per mesh axis
   double comm_wait_s = 0;              // time blocked on data-parallel communication (not hidden)
   std::optional<double> checkpoint_s;  // time training was blocked saving a checkpoint
+  // Pipeline parallelism: the measured bubble (idle / compute time of the step's schedule,
+  // averaged over pp ranks) and the schedule's simulated one (forward 1, backward 2).
+  std::optional<double> pp_bubble, pp_bubble_predicted;
 };
 
 class MetricsWriter {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/data_parallel.h"
+#include "engine/schedule/executor.h"
 #include "engine/train/metrics.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -146,6 +148,48 @@ DataSources make_data_sources(const Config& cfg, bool verbose) {
   return out;
 }
 
+// Every pp rank's stage parameters (host f32, global shapes, its stage spec's order) -> the
+// whole model in `spec` order on pp rank 0 (blocking sends to it; a tied copy of wte is left
+// out). Other ranks' `out` is left empty.
+void gather_pp_params(Communicator& pp, const ModelSpec& spec, const ParallelConfig& par,
+                      const std::vector<float>& local, std::vector<float>& out) {
+  const int p = pp.size();
+  if (pp.rank() != 0) {
+    pp.send(Tensor(const_cast<float*>(local.data()), {static_cast<int64_t>(local.size())},
+                   DType::f32),
+            0, 0)
+        .wait();
+    out.clear();
+    return;
+  }
+  std::vector<int64_t> offset(spec.params.size() + 1, 0);
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    offset[i + 1] = offset[i] + spec.params[i].global_shape.numel();
+  out.assign(static_cast<size_t>(offset.back()), 0.0f);
+  std::vector<float> part;
+  for (int r = 0; r < p; ++r) {
+    const ModelSpec stage =
+        spec.shard_pp(p, static_cast<int>(par.virtual_stages), par.pp_layers, r);
+    const std::vector<float>* src = &local;
+    if (r != 0) {
+      part.resize(static_cast<size_t>(stage.num_params()));
+      pp.recv(Tensor(part.data(), {static_cast<int64_t>(part.size())}, DType::f32), r, 0).wait();
+      src = &part;
+    }
+    LLMT_CHECK(src->size() == static_cast<size_t>(stage.num_params()), "pp rank ", r, " sent ",
+               src->size(), " parameter values, its stage holds ", stage.num_params());
+    int64_t off = 0;
+    for (const ParamSpec& ps : stage.params) {
+      const int64_t n = ps.global_shape.numel();
+      if (!ps.tied_copy) {
+        const size_t i = spec.index_of(ps.name);
+        std::copy(src->begin() + off, src->begin() + off + n, out.begin() + offset[i]);
+      }
+      off += n;
+    }
+  }
+}
+
 // This step's traffic per mesh axis (axes of one rank move nothing and are left out).
 std::vector<std::pair<std::string, CommCounters>> take_comm_counters(Mesh& mesh) {
   std::vector<std::pair<std::string, CommCounters>> out;
@@ -197,18 +241,40 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
       std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
                   cfg.checkpoint.dir.c_str(), name.c_str());
+  // Pipeline parallelism: this rank's stage of the model (its chunks' layers, the embeddings on
+  // pp rank 0, the head on the last) and the executor that runs the schedule's actions for it.
+  const int pp = mesh.size(Axis::pp), pp_rank = mesh.coord(Axis::pp);
+  const int virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
+  const ModelSpec stage_spec =
+      pp > 1 ? spec.shard_pp(pp, virtual_stages, cfg.parallel.pp_layers, pp_rank) : spec;
   const int64_t T = cfg.model.seq_len, gbs = cfg.train.global_batch_size;
   // Each dp rank runs `accum` micro-batches of its slice of the global batch.
   const int64_t mbs = cfg.train.micro_batch_size, accum = grad_accum_steps(cfg) / dp;
   // Under tp the model holds this rank's shards (ModelSpec::shard_tp); every rank of a tp group
   // reads the same micro-batches.
   const TensorParallel tp{&mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
-  Transformer model(spec, alloc, mbs, compute_dtype(cfg.train.precision),
+  Transformer model(stage_spec, alloc, mbs, compute_dtype(cfg.train.precision),
                     model_storage(cfg.parallel.zero_stage), tp);
   if (cfg.parallel.zero_stage < 3) model.init(cfg.train.seed);
   std::unique_ptr<DataParallel> data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);
   model.set_hooks(data_parallel.get());
+  std::optional<PipelineExecutor> pipeline;
+  double predicted_bubble = 0;
+  // Tied embeddings under pp: stage 0's wte and the last stage's copy form the embedding group,
+  // whose gradients are summed before the update (Megatron's embedding group).
+  std::unique_ptr<Communicator> embedding_group;
+  if (pp > 1) {
+    pipeline.emplace(
+        make_schedule(cfg.parallel.pp_schedule, {pp, virtual_stages, static_cast<int>(accum)}),
+        model, mesh.comm(Axis::pp), alloc);
+    predicted_bubble = simulate(pipeline->schedule()).bubble_fraction;
+    if (cfg.model.tie_embeddings) {
+      const bool ends = pp_rank == 0 || pp_rank == pp - 1;
+      embedding_group = mesh.comm(Axis::pp).split(ends ? 0 : 1, pp_rank, "embedding");
+      if (!ends) embedding_group.reset();
+    }
+  }
   LossScaler scaler(cfg.optimizer, cfg.train.precision == Precision::fp16);
   int64_t start_step = 0, updates = 0, consumed = 0;
   if (resume) {
@@ -237,20 +303,28 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
                     std::max(consumed, cfg.train.steps * gbs));
 
   // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
-  // (mbs, T+1) on the host.
-  Buffer tok_buf = alloc.allocate_tensor({2, mbs, T}, DType::i32, MemCategory::other);
-  Tensor inputs = tok_buf.tensor({mbs, T}, DType::i32);
-  Tensor targets = tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(mbs * T) * 4);
+  // (mbs, T+1) on the host; under pp one pair per micro-batch of the step (every pp rank of a dp
+  // group reads the same ones; the first and last stage use them).
+  const int64_t slots = pp > 1 ? accum : 1;
+  Buffer tok_buf = alloc.allocate_tensor({slots, 2, mbs, T}, DType::i32, MemCategory::other);
+  auto inputs_of = [&](int64_t slot) {
+    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(2 * slot * mbs * T) * 4);
+  };
+  auto targets_of = [&](int64_t slot) {
+    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>((2 * slot + 1) * mbs * T) * 4);
+  };
+  Tensor inputs = inputs_of(0), targets = targets_of(0);
   std::vector<int32_t> host_in(static_cast<size_t>(mbs * T)), host_tg(host_in.size());
-  auto stage = [&](const MicroBatch& mb) {
+  auto stage = [&](const MicroBatch& mb, int64_t slot = 0) {
     for (int64_t b = 0; b < mbs; ++b)
       for (int64_t t = 0; t < T; ++t) {
         host_in[b * T + t] = mb.tokens[b * (T + 1) + t];
         host_tg[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
       }
-    backend->copy_from_host(inputs.data, host_in.data(), inputs.nbytes());
-    backend->copy_from_host(targets.data, host_tg.data(), targets.nbytes());
+    backend->copy_from_host(inputs_of(slot).data, host_in.data(), inputs.nbytes());
+    backend->copy_from_host(targets_of(slot).data, host_tg.data(), targets.nbytes());
   };
+  std::vector<PipelineMicroBatch> pipe_mbs(static_cast<size_t>(slots));
 
   if (rank0) fs::create_directories(cfg.train.run_dir);
   MetricsWriter metrics(cfg.log.metrics.empty() || !rank0
@@ -259,8 +333,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
                         start_step);
   std::ofstream dump_tokens;
   std::vector<float> host_params;
-  if (!opts.dump_dir.empty()) {
+  auto gather_params = [&]() {
     data_parallel->gather_params(host_params);
+    if (pp > 1) {
+      std::vector<float> local;
+      local.swap(host_params);
+      gather_pp_params(mesh.comm(Axis::pp), spec, cfg.parallel, local, host_params);
+    }
+  };
+  if (!opts.dump_dir.empty()) {
+    gather_params();
     if (rank0) {
       dump_params(opts.dump_dir, spec, host_params);
       dump_tokens.open(fs::path(opts.dump_dir) / "tokens.bin", std::ios::binary);
@@ -285,8 +367,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     for (int64_t i = 0; i < n; ++i) {
       const MicroBatch& mb = valid.next();
       stage(mb);
-      sum += model.forward_loss(
-          inputs, targets, StepContext{cfg.train.seed, step, mb.first_sample, /*dropout=*/false});
+      const StepContext ctx{cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
+      sum += pipeline ? pipeline->forward_loss({inputs, targets, ctx})
+                      : model.forward_loss(inputs, targets, ctx);
     }
     return world_mean(sum / static_cast<double>(n));
   };
@@ -332,6 +415,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     rs.mesh = mesh.shape();
     rs.zero_stage = cfg.parallel.zero_stage;
     rs.sequence_parallel = cfg.parallel.sequence_parallel;
+    rs.virtual_stages = cfg.parallel.virtual_stages;
+    rs.pp_layers = cfg.parallel.pp_layers;
     pending =
         std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, spec, model.spec(), *data_parallel,
                                             mesh, *backend, cfg.checkpoint.async);
@@ -350,17 +435,35 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
                         static_cast<std::streamsize>(global_window.size() * 4));
     }
     double loss_sum = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      // This dp rank's slice of the step's global batch (BatchLayout).
-      const MicroBatch& mb = loader.next();
-      stage(mb);
-      StepContext ctx{cfg.train.seed, step, mb.first_sample};
-      data_parallel->start_micro_batch(micro + 1 == accum);
-      // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
-      loss_sum +=
-          model.forward_backward(inputs, targets, scale / static_cast<float>(accum * dp), ctx);
+    // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
+    const float dloss = scale / static_cast<float>(accum * dp);
+    if (!pipeline) {
+      for (int64_t micro = 0; micro < accum; ++micro) {
+        // This dp rank's slice of the step's global batch (BatchLayout).
+        const MicroBatch& mb = loader.next();
+        stage(mb);
+        StepContext ctx{cfg.train.seed, step, mb.first_sample};
+        data_parallel->start_micro_batch(micro + 1 == accum);
+        loss_sum += model.forward_backward(inputs, targets, dloss, ctx);
+      }
+    } else {
+      for (int64_t micro = 0; micro < accum; ++micro) {
+        const MicroBatch& mb = loader.next();
+        stage(mb, micro);
+        pipe_mbs[static_cast<size_t>(micro)] = {inputs_of(micro), targets_of(micro),
+                                                StepContext{cfg.train.seed, step, mb.first_sample}};
+      }
+      loss_sum = static_cast<double>(accum) * pipeline->run(pipe_mbs, dloss, [&](bool last) {
+        data_parallel->start_micro_batch(last);
+      });
     }
     data_parallel->finish_backward();
+    if (embedding_group) {
+      // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows
+      // on both ends, whose dp coordinates are the same.
+      Tensor g = data_parallel->owned_grad(model.spec().index_of("wte.weight"));
+      if (g.defined()) embedding_group->all_reduce(g).wait();
+    }
     StepMetrics m;
     m.step = step;
     m.steps = cfg.train.steps;
@@ -370,10 +473,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
 
     // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm
     // is divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
-    const bool overflow =
-        cfg.train.precision == Precision::fp16 && data_parallel->grads_nonfinite();
+    bool overflow = cfg.train.precision == Precision::fp16 && data_parallel->grads_nonfinite();
+    double grad_norm = data_parallel->grad_norm();
+    if (pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
+      float v[2] = {static_cast<float>(grad_norm * grad_norm), overflow ? 1.0f : 0.0f};
+      mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f32)).wait();
+      grad_norm = std::sqrt(static_cast<double>(v[0]));
+      overflow = v[1] > 0;
+    }
     m.skipped = scaler.update(overflow);
-    m.grad_norm = data_parallel->grad_norm() / scale;
+    m.grad_norm = grad_norm / scale;
     if (!m.skipped) {
       const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
       data_parallel->step(m.lr, ++updates, static_cast<float>(coef / scale));
@@ -387,6 +496,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     m.mem = alloc.stats();
     m.comm = take_comm_counters(mesh);
     m.comm_wait_s = data_parallel->take_wait_seconds();
+    if (pipeline) {
+      float idle = static_cast<float>((pipeline->total_seconds() - pipeline->busy_seconds()) /
+                                      pipeline->busy_seconds());
+      mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
+      m.pp_bubble = idle / static_cast<float>(pp);
+      m.pp_bubble_predicted = predicted_bubble;
+    }
     m.data_wait_s = loader.take_wait_seconds();
     if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);
@@ -416,7 +532,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   }
   poll_checkpoint(true);  // an async save of the last step completes before the run ends
   if (!opts.dump_final.empty()) {
-    data_parallel->gather_params(host_params);
+    gather_params();
     if (rank0) dump_params(opts.dump_final, spec, host_params);
   }
   model.set_hooks(nullptr);

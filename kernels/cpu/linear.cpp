@@ -28,9 +28,9 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dinp)  // (N,IC) = (N,OC) @ (OC,IC)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
                 0.0f, dinp, IC);
-  // (OC,IC) += (N,OC)^T @ (N,IC)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
-              dweight, IC);
+  if (dweight)  // (OC,IC) += (N,OC)^T @ (N,IC)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
+                dweight, IC);
   if (dbias) {
     auto sums = parallel_rows_sum(N, grain_rows(OC), OC, [&](int64_t begin, int64_t end, float* a) {
       for (int64_t n = begin; n < end; ++n) accumulate(a, dout + n * OC, OC);

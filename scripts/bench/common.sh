@@ -1,4 +1,5 @@
-# Shared by the multi-rank benchmarks (bench_dp.sh, bench_tp.sh, bench_checkpoint.sh): their arguments
+# Shared by the multi-rank benchmarks (bench_dp.sh, bench_tp.sh, bench_pp.sh,
+# bench_checkpoint.sh): their arguments
 # (LLMTRAIN_BINARY [STEPS]), a scratch folder $work removed on exit, and bench_run.
 # Sourced with the script's arguments: source common.sh "$@"
 

@@ -112,8 +112,8 @@ def main():
     check("micro-batches per step m = 16 / (2 * dp 2) = 4" in out, "--world 8: dp 2, m = 4")
     proc = subprocess.run([args.llmtrain, "train", "--config", str(args.config), "--set",
                            "parallel.pp=2"], capture_output=True, text=True)
-    check(proc.returncode == 2 and "parallel.pp=2: training with pipeline parallelism is not "
-          "implemented yet" in proc.stderr, "train with pp=2: exit 2 until the executor lands")
+    check(proc.returncode == 2 and "world size 1 is not divisible by tp(1)*cp(1)*pp(2)=2"
+          in proc.stderr, "train with pp=2 on one process: exit 2 naming the factors")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ and the parameters after the last step (--dump-final, gathered at global shape o
 Layouts: dpN (DDP over N ranks), zeroS-dpN (ZeRO stage S; dp3 with global batch 6, so that
 shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation steps per rank on
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
-(tp inside dp with ZeRO). Prints one line: layout, max relative differences."""
+(tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2. Prints one line: layout, max relative differences."""
 import json
 import os
 import shutil
@@ -18,6 +18,7 @@ from harness import parse_args, run
 
 # layout: (ranks, its --set overrides, overrides for both it and its single-rank reference)
 GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
+L4 = ["model.n_layers=4"]
 LAYOUTS = {
     "dp2": (2, [], []),
     "dp4": (4, [], []),
@@ -34,6 +35,32 @@ LAYOUTS = {
     "tp2-dp2-zero1": (4, ["parallel.tp=2", "parallel.zero_stage=1"], []),
     "tp2-dp2-zero3-sp": (4, ["parallel.tp=2", "parallel.zero_stage=3",
                              "parallel.sequence_parallel=true"], []),
+    # Pipeline parallel (4 micro-batches per step): the 4-stage layouts need 4 layers, also in
+    # their single-rank reference; interleaved runs 2 chunks of one layer per rank.
+    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"], []),
+    "pp4-gpipe": (4, ["parallel.pp=4", "parallel.pp_schedule=gpipe"], L4),
+    "pp4-1f1b": (4, ["parallel.pp=4", "parallel.pp_schedule=1f1b"], L4),
+    "pp2-interleaved": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                            "parallel.virtual_stages=2"], L4),
+    # Uneven stages: 1 layer on stage 0, 3 on stage 1.
+    "pp2-uneven": (2, ["parallel.pp=2", "parallel.pp_layers=[1, 3]"], L4),
+    "pp2-tp2-dp2-zero1": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"], []),
+    "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1"], L4),
+    "pp2-zb-h1-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1",
+                                "parallel.zero_stage=2"], []),
+    "pp2-dp2": (4, ["parallel.pp=2"], []),
+    "pp2-tp2-sp-zero3": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=3"], []),
+    "pp2-interleaved-dp2": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                "parallel.virtual_stages=2"], L4),
+    # Validation through the pipeline (val_loss compared as well).
+    "pp2-interleaved-eval": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                 "parallel.virtual_stages=2"],
+                             L4 + ["train.eval_interval=5", "train.eval_iters=2"]),
+    "pp2-dp2-zero2": (4, ["parallel.pp=2", "parallel.zero_stage=2"], []),
+    "pp2-dp2-zero3": (4, ["parallel.pp=2", "parallel.zero_stage=3"], []),
+    "pp2-interleaved-dp2-zero3": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                      "parallel.virtual_stages=2", "parallel.zero_stage=3"], L4),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
@@ -70,10 +97,12 @@ def main():
     failures = []
     if len(steps) != len(ref_steps):
         failures.append(f"{len(steps)} steps vs {len(ref_steps)} single-rank")
-    worst = {"loss": 0.0, "grad_norm": 0.0}
+    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0}
     for s, r in zip(steps, ref_steps):
         tol = 1e-5 if s["step"] == 1 else 1e-4
         for key in worst:
+            if key not in r:
+                continue
             d = rel(s[key], r[key])
             worst[key] = max(worst[key], d)
             if d > tol:
@@ -89,7 +118,7 @@ def main():
             failures.append(f"final params differ: max |a-b| / max |b| = {pdiff:.2e} > 1e-4")
     print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
           f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
-          f"{pdiff:.2e}")
+          f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}")
     if failures:
         sys.exit("FAIL:\n  " + "\n  ".join(failures))
     print("OK")

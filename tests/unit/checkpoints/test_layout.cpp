@@ -44,7 +44,7 @@ class LayoutTest : public ::testing::TestWithParam<std::tuple<Arch, int, int, in
 TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
   const auto [arch, tp, dp, cp] = GetParam();
   const ModelSpec spec = tiny(arch);
-  const std::vector<IndexTensor> plan = plan_index(spec, mesh(tp, dp, cp));
+  const std::vector<IndexTensor> plan = plan_index(spec, WriteLayout{mesh(tp, dp, cp)});
   ASSERT_EQ(plan.size(), 3 * spec.params.size());
   for (const IndexTensor& t : plan) {
     int64_t numel = 1;
@@ -107,6 +107,35 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest,
                          ::testing::Combine(::testing::Values(Arch::gpt2, Arch::llama),
                                             ::testing::Values(1, 2), ::testing::Values(1, 3, 4),
                                             ::testing::Values(1, 2)));
+
+// Pipeline layouts: each pp rank writes its stage's parameters; the last stage's tied copy of
+// wte is not written, yet every element is covered once.
+TEST(Layout, PipelineStagesCoverEveryElementOnce) {
+  for (Arch arch : {Arch::gpt2, Arch::llama}) {
+    ModelConfig c = model_preset(arch);
+    c.vocab_size = 96;
+    c.n_layers = 4;
+    c.d_model = 32;
+    c.n_heads = 4;
+    c.seq_len = 8;
+    c.d_ff = preset_d_ff(arch, c.d_model);
+    const ModelSpec spec = ModelSpec::from_config(c);
+    for (const WriteLayout& layout :
+         {WriteLayout{mesh(1, 1), 1, {}}, WriteLayout{{{2, 1, 2, 2}}, 1, {}},
+          WriteLayout{{{1, 1, 1, 2}}, 2, {}}, WriteLayout{{{1, 1, 3, 4}}, 1, {}},
+          WriteLayout{{{2, 1, 1, 2}}, 1, {1, 3}}}) {
+      for (const IndexTensor& t : plan_index(spec, layout)) {
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        std::vector<int> hits(static_cast<size_t>(numel), 0);
+        for (const Mapping& m : t.mappings)
+          for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
+        for (int64_t i = 0; i < numel; ++i)
+          ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " pp " << layout.mesh.degree[3];
+      }
+    }
+  }
+}
 
 TEST(Layout, ReplicasWriteNothing) {
   const ModelSpec spec = tiny(Arch::gpt2);

@@ -115,6 +115,21 @@ TEST(Layout, WorldSizeMismatchPrintsEveryFactor) {
             "parallel.dp=-1: world size 6 is not divisible by tp(4)*cp(1)*pp(1)=4");
 }
 
+TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
+  // 8 / (dp 1 * 2) = 4 micro-batches: fine for pp 2 and 4, not for pp 4 with dp 2 (m = 2).
+  const std::vector<std::string> il{"parallel.pp_schedule=interleaved", "parallel.virtual_stages=2",
+                                    "model.n_layers=8"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), il.begin(), il.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 8),
+            "parallel.pp_schedule=\"interleaved\" needs the micro-batches per step, "
+            "train.global_batch_size(8)/(dp(2)*train.micro_batch_size(2))=2, to be divisible by "
+            "parallel.pp=4");
+}
+
 TEST(Layout, DpRestAndBatch) {
   EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
   const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});
@@ -145,9 +160,13 @@ TEST(Layout, ParseTimeRules) {
             std::string::npos);
   EXPECT_NE(parse_error({"parallel.cp=2"}).find("context parallelism is not implemented yet"),
             std::string::npos);
-  // pp > 1 parses (`llmtrain plan --schedule` draws it); `train` refuses it until the executor
-  // lands (app/cmd_train.cpp).
+  // pp > 1 trains (engine/schedule/executor.h); zb-h1's split backward does not run with ZeRO-3.
   EXPECT_EQ(parse_error({"parallel.pp=2"}), "");
+  EXPECT_EQ(parse_error({"parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.zero_stage=2"}),
+            "");
+  EXPECT_NE(parse_error({"parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.zero_stage=3"})
+                .find("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=3: ZeRO-3 gathers"),
+            std::string::npos);
   EXPECT_NE(parse_error({"parallel.pp=4"})
                 .find("model.n_layers=2 does not split evenly into pp(4)*virtual_stages(1)=4"),
             std::string::npos);

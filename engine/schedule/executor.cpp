@@ -1,0 +1,154 @@
+// The pipeline executor (executor.h): a loop over this rank's actions. Receives are posted when
+// the schedule names them and waited by the compute action that reads them; sends are waited
+// before their buffer is freed (activations after the backward, gradients at the end of the step).
+#include "engine/schedule/executor.h"
+
+#include <chrono>
+
+#include "kernels/ops.h"
+
+namespace llmt {
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, Transformer& model, Communicator& pp,
+                                   Allocator& alloc)
+    : schedule_(std::move(schedule)), model_(model), pp_(pp), alloc_(alloc), rank_(pp.rank()) {
+  const ScheduleShape& s = schedule_.shape;
+  LLMT_CHECK(s.stages == pp.size(), "the schedule is for ", s.stages,
+             " pp ranks, the pp group has ", pp.size());
+  LLMT_CHECK(model.num_chunks() == s.virtual_stages, "the schedule runs ", s.virtual_stages,
+             " chunks per rank, the model stage holds ", model.num_chunks());
+  last_backward_mb_.assign(static_cast<size_t>(s.virtual_stages), -1);
+  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)])
+    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+      last_backward_mb_[static_cast<size_t>(a.chunk)] = a.mb;
+}
+
+int PipelineExecutor::tag(int mb, int recv_stage, bool grad) const {
+  const int stages = schedule_.shape.stages * schedule_.shape.virtual_stages;
+  return (mb * stages + recv_stage) * 2 + (grad ? 1 : 0);
+}
+
+double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float dloss,
+                             const std::function<void(bool last)>& start_backward) {
+  using clock = std::chrono::steady_clock;
+  const ScheduleShape& shape = schedule_.shape;
+  LLMT_CHECK(static_cast<int>(mbs.size()) == shape.micro_batches, "the schedule runs ",
+             shape.micro_batches, " micro-batches, got ", mbs.size());
+  const Shape act = model_.activation_shape();  // (R,C)
+  const auto t_run = clock::now();
+  busy_s_ = 0;
+  double loss_sum = 0;
+  auto wait_take = [](std::map<Key, Handle>& m, const Key& k) {
+    auto it = m.find(k);
+    if (it == m.end()) return;
+    it->second.wait();
+    m.erase(it);
+  };
+  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
+    const Key key{a.mb, a.chunk};
+    const int stage = stage_of(shape, rank_, a.chunk);
+    const PipelineMicroBatch& mb = mbs[static_cast<size_t>(a.mb)];
+    switch (a.kind) {
+      case ActionKind::recv_act:
+        recv_act_[key] =
+            pp_.recv(model_.chunk_input(a.chunk, a.mb), a.peer, tag(a.mb, stage, false));
+        break;
+      case ActionKind::forward: {
+        wait_take(recv_act_, key);
+        const auto t0 = clock::now();
+        const float loss =
+            model_.forward_chunk(a.chunk, a.mb, mb.tokens, mb.targets, dloss, mb.ctx);
+        busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
+        if (model_.chunk_has_head(a.chunk)) loss_sum += loss;
+        break;
+      }
+      case ActionKind::send_act:
+        send_act_[key] =
+            pp_.send(model_.chunk_output(a.chunk, a.mb), a.peer, tag(a.mb, stage + 1, false));
+        break;
+      case ActionKind::recv_grad: {
+        Buffer& buf = grad_in_[key];
+        buf = alloc_.allocate_tensor(act, DType::f32, MemCategory::comm);
+        recv_grad_[key] = pp_.recv(buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage, true));
+        break;
+      }
+      case ActionKind::backward:
+      case ActionKind::backward_input: {
+        wait_take(recv_grad_, key);
+        Tensor dout;
+        if (auto it = grad_in_.find(key); it != grad_in_.end())
+          dout = it->second.tensor(act, DType::f32);
+        const bool full = a.kind == ActionKind::backward;
+        // The hooks (gradient reductions) come with the weight gradients.
+        if (full) start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
+        const auto t0 = clock::now();
+        Tensor dx = full ? model_.backward_chunk(a.chunk, a.mb, dout, mb.tokens, mb.ctx)
+                         : model_.backward_input_chunk(a.chunk, a.mb, dout, mb.ctx);
+        if (dx.defined()) {  // kept for send_grad: the model's scratch is reused by the next one
+          Outgoing& o = grad_out_[key];
+          o.buf = alloc_.allocate(dx.nbytes(), MemCategory::comm);
+          ops::copy(o.buf.tensor(dx.shape, dx.dtype), dx);
+        }
+        busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
+        grad_in_.erase(key);
+        if (full) {
+          wait_take(send_act_, key);
+          model_.free_chunk(a.chunk, a.mb);
+        }
+        break;
+      }
+      case ActionKind::backward_weight: {
+        start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
+        const auto t0 = clock::now();
+        model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens);
+        busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
+        wait_take(send_act_, key);
+        model_.free_chunk(a.chunk, a.mb);
+        break;
+      }
+      case ActionKind::send_grad: {
+        auto it = grad_out_.find(key);
+        LLMT_CHECK(it != grad_out_.end(), "send_grad of micro-batch ", a.mb, " chunk ", a.chunk,
+                   " on pp rank ", rank_, " before its backward");
+        it->second.handle =
+            pp_.send(it->second.buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage - 1, true));
+        break;
+      }
+    }
+    // Give the transfers in flight a turn (MPI progresses only inside MPI calls).
+    for (auto& [k, h] : send_act_) h.poll();
+    for (auto& [k, o] : grad_out_) o.handle.poll();
+  }
+  for (auto& [k, h] : send_act_) h.wait();
+  for (auto& [k, o] : grad_out_) o.handle.wait();
+  LLMT_CHECK(recv_act_.empty() && recv_grad_.empty(), "pp rank ", rank_, ": ",
+             recv_act_.size() + recv_grad_.size(), " receives were never used by the schedule");
+  send_act_.clear();
+  grad_out_.clear();
+  grad_in_.clear();
+
+  // The loss lives on the last stage (rank p-1 holds stage p*v-1): every pp rank reports it.
+  float mean = static_cast<float>(loss_sum / static_cast<double>(shape.micro_batches));
+  if (pp_.size() > 1) pp_.broadcast(Tensor(&mean, {1}, DType::f32), pp_.size() - 1).wait();
+  total_s_ = std::chrono::duration<double>(clock::now() - t_run).count();
+  return mean;
+}
+
+double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
+  const int p = schedule_.shape.stages, stages = p * schedule_.shape.virtual_stages;
+  float loss = 0;
+  for (int s = 0; s < stages; ++s) {
+    if (s % p != rank_) continue;
+    const int chunk = s / p;
+    if (s > 0) pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, tag(0, s, false)).wait();
+    const float l = model_.forward_chunk(chunk, 0, mb.tokens, mb.targets, 0.0f, mb.ctx);
+    if (model_.chunk_has_head(chunk)) loss = l;
+    if (s + 1 < stages)
+      pp_.send(model_.chunk_output(chunk, 0), (s + 1) % p, tag(0, s + 1, false)).wait();
+    model_.free_chunk(chunk, 0);
+  }
+  if (p > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), p - 1).wait();
+  return loss;
+}
+
+}  // namespace llmt
