@@ -42,8 +42,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC) (may be null).
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
                     int64_t IC, int64_t OC);
-// dinp (N,IC) = dout @ weight (skipped when null); dweight (OC,IC) += dout^T @ inp;
-// dbias (OC) += column sums of dout (may be null).
+// dinp (N,IC) = dout @ weight (skipped when null); dweight (OC,IC) += dout^T @ inp (skipped when
+// null); dbias (OC) += column sums of dout (may be null).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t IC, int64_t OC);
 

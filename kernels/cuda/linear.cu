@@ -111,7 +111,8 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   // dinp^T (IC,N) = W (IC,OC column-major) . dout^T (OC,N)
   if (dinp) matmul(dinp, weight, dout, nullptr, false, false, IC, N, OC, IC, OC, 0.0f);
   // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC): dout read column-major is (OC,N), transposed
-  matmul(dweight, inp, dout, nullptr, false, true, IC, OC, N, IC, OC, 1.0f);
+  // (skipped when null: ZB-H1's input-gradient half leaves the weights to its second half)
+  if (dweight) matmul(dweight, inp, dout, nullptr, false, true, IC, OC, N, IC, OC, 1.0f);
   if (dbias)
     add_column_sums(dbias, N, OC,
                     [=] __device__(int64_t n, int64_t c) { return dout[n * OC + c]; });

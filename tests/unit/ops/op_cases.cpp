@@ -136,6 +136,14 @@ void add_linear(std::vector<OpCase>& cases) {
         uniform({OC, IC}, 3)},
        op([](const Views& v) { ops::linear_backward(Tensor(), v[1], Tensor(), v[3], v[4], v[5]); }),
        kReduced});
+  // The input-gradient half of ZB-H1's split backward: no weight gradient.
+  cases.push_back(
+      {"linear_backward",
+       "linear_backward_input_only",
+       {uniform({N, IC}, 5), HostTensor(), uniform({OC}, 7), uniform({N, OC}, 8),
+        uniform({N, IC}, 2), uniform({OC, IC}, 3)},
+       op([](const Views& v) { ops::linear_backward(v[0], Tensor(), v[2], v[3], v[4], v[5]); }),
+       kReduced});
 }
 
 void add_activations(std::vector<OpCase>& cases) {
