@@ -168,13 +168,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
                          const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh,
-                         DeviceBackend& backend, bool background)
+                         DeviceBackend& backend, bool background, std::vector<float>* staging)
     : cfg_(cfg),
       run_(run),
       spec_(spec),
       tp_spec_(tp_spec),
       mesh_(mesh),
-      start_(std::chrono::steady_clock::now()) {
+      start_(std::chrono::steady_clock::now()),
+      staging_(staging ? staging : &own_staging_) {
   const bool rank0 = mesh.rank() == 0;
   const fs::path dir = cfg.dir;
   name_ = step_dir_name(run.step);
@@ -214,10 +215,15 @@ PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const
     return;
   }
   // Snapshot this rank's pieces to host memory; training goes on while a thread writes them.
+  int64_t total = 0;
   for (PieceData& pd : pieces_) {
-    pd.host.resize(static_cast<size_t>(pd.numel));
-    backend.copy_to_host(pd.host.data(), pd.device, pd.host.size() * 4);
+    pd.offset = total;
+    total += pd.numel;
   }
+  staging_->resize(static_cast<size_t>(total));
+  for (const PieceData& pd : pieces_)
+    backend.copy_to_host(staging_->data() + pd.offset, pd.device,
+                         static_cast<size_t>(pd.numel) * 4);
   writer_ = std::thread([this] { write_file(nullptr); });
   blocked_s_ = seconds_since(start_);
 }
@@ -232,7 +238,7 @@ void PendingSave::write_file(DeviceBackend* backend) {
     ShardFileWriter out(path, mesh_.rank());
     std::vector<float> buf;
     for (const PieceData& pd : pieces_) {
-      const float* host = pd.host.data();
+      const float* host = staging_->data() + pd.offset;
       if (backend) {
         buf.resize(static_cast<size_t>(pd.numel));
         backend->copy_to_host(buf.data(), pd.device, buf.size() * 4);
@@ -247,8 +253,14 @@ void PendingSave::write_file(DeviceBackend* backend) {
     }
     out.close();
     bytes_ = out.bytes_written();
+    // The index depends on the layout only: rank 0 writes it while the other ranks' files are
+    // still being written; nothing is visible before poll() renames the directory.
+    if (mesh_.rank() == 0) {
+      write_index(tmp_, run_, plan_index(spec_, write_layout(run_)));
+      h5::fsync_path(tmp_);
+    }
   } catch (const std::exception& e) {
-    error_ = "checkpoint: writing " + path + " failed: " + e.what();
+    error_ = "checkpoint: writing " + path + " (or the index) failed: " + e.what();
   }
   write_s_ = seconds_since(start_);
   written_.store(true);
@@ -267,15 +279,13 @@ bool PendingSave::poll(bool wait) {
     return false;
   }
   if (writer_.joinable()) writer_.join();
-  pieces_.clear();  // the snapshot
+  own_staging_ = {};  // the snapshot, unless the caller keeps it for the next save
   agree(world, error_, "checkpoint: writing the rank files");
 
   std::string error;
   const fs::path dir = cfg_.dir, final_dir = dir / name_;
   if (mesh_.rank() == 0) {
     try {
-      write_index(tmp_, run_, plan_index(spec_, write_layout(run_)));
-      h5::fsync_path(tmp_);
       // A checkpoint of this step from an earlier run is replaced only once the new one is whole.
       const fs::path old = dir / (std::string(kTempPrefix) + "old." + name_);
       if (fs::exists(final_dir)) fs::rename(final_dir, old);
@@ -288,7 +298,7 @@ bool PendingSave::poll(bool wait) {
       error = "checkpoint: finishing " + final_dir.string() + " failed: " + e.what();
     }
   }
-  agree(world, error, "checkpoint: writing the index");
+  agree(world, error, "checkpoint: finishing the directory");
 
   float bytes = static_cast<float>(bytes_);
   if (world.size() > 1) world.all_reduce(Tensor(&bytes, {1}, DType::f32)).wait();

@@ -47,14 +47,17 @@ struct SaveResult {
 
 // One save of the atomic protocol, in phases. The constructor (collective) creates the
 // temporary directory and either writes this rank's file at once (background = false) or copies
-// this rank's pieces to host memory and writes them from a thread while training goes on. poll()
-// (collective: every rank calls it at the same points) finishes the save once every rank's file
-// is written: rank 0 writes index.h5, renames the directory, replaces `latest` and prunes.
+// this rank's pieces to host memory and writes them from a thread while training goes on (rank 0
+// also writes index.h5, which depends on the layout only). poll() (collective: every rank calls
+// it at the same points) finishes the save once every rank's files are written: rank 0 renames
+// the directory, replaces `latest` and prunes.
 class PendingSave {
  public:
+  // staging: host memory for a background save's snapshot, kept by the caller from one save to
+  // the next so that its pages are not faulted in again (null: the save allocates its own).
   PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
               const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend,
-              bool background);
+              bool background, std::vector<float>* staging = nullptr);
   ~PendingSave();
   PendingSave(const PendingSave&) = delete;
   PendingSave& operator=(const PendingSave&) = delete;
@@ -69,7 +72,7 @@ class PendingSave {
     Piece piece;
     const float* device;  // the rows in the state tensor (device memory)
     int64_t numel;
-    std::vector<float> host;  // background saves: the snapshot
+    int64_t offset = 0;  // background saves: where the snapshot of the rows is in staging_
   };
   void write_file(DeviceBackend* backend);  // backend: read the device rows (synchronous)
 
@@ -81,6 +84,8 @@ class PendingSave {
   std::chrono::steady_clock::time_point start_;
   std::string name_, tmp_;
   std::vector<PieceData> pieces_;
+  std::vector<float> own_staging_;
+  std::vector<float>* staging_;  // the snapshot (background saves)
   std::thread writer_;
   std::atomic<bool> written_{false};
   std::string error_;

@@ -387,6 +387,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
   // polled at every step end; a synchronous one completes where it starts).
   std::unique_ptr<ckpt::PendingSave> pending;
+  std::vector<float> ckpt_staging;  // async saves' snapshot, reused from one save to the next
   auto report = [&](const ckpt::SaveResult& r) {
     if (rank0 && !opts.quiet)
       std::printf(
@@ -419,7 +420,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     rs.pp_layers = cfg.parallel.pp_layers;
     pending =
         std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, spec, model.spec(), *data_parallel,
-                                            mesh, *backend, cfg.checkpoint.async);
+                                            mesh, *backend, cfg.checkpoint.async, &ckpt_staging);
     if (!cfg.checkpoint.async) poll_checkpoint(true);
   };
   const int64_t last_step =
