@@ -45,10 +45,10 @@ run() {  # NAME RANKS INTERVAL STOP ARGS...: save every INTERVAL steps up to STO
     --set checkpoint.load=latest --set log.progress=false "$@" > "$work/$name.load.log"
   grep -h "checkpoint: saved\|checkpoint: resumed" "$work/$name.save.log" "$work/$name.load.log" \
     | sed "s/^/$name: /"
-  /usr/bin/python3 - "$work/$name/metrics.jsonl" "$name" "$interval" <<'PY'
+  /usr/bin/python3 - "$work/$name/metrics.jsonl" "$name" "$interval" "$stop" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-interval = int(sys.argv[3])
+interval, stop = int(sys.argv[3]), int(sys.argv[4])
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] <= stop]  # the first run
 step = [r["step_time_s"] for r in rows]
 at_save = [r["checkpoint_s"] for r in rows if r["step"] % interval == 0 and "checkpoint_s" in r]
 polls = [r["checkpoint_s"] for r in rows if r["step"] % interval and "checkpoint_s" in r]

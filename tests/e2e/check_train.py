@@ -11,7 +11,9 @@ import sys
 
 
 def train(llmtrain, config, run_dir, *sets):
-    cmd = [llmtrain, "train", "--config", str(config), "--set", f"train.run_dir={run_dir}"]
+    # Checkpoints (the quickstart config saves them) stay inside the run's folder.
+    cmd = [llmtrain, "train", "--config", str(config), "--set", f"train.run_dir={run_dir}",
+           "--set", f"checkpoint.dir={run_dir}/checkpoints"]
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True)
