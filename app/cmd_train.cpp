@@ -3,6 +3,7 @@
 
 #include "app/commands.h"
 #include "engine/comm/communicator.h"
+#include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
 #include "engine/train/trainer.h"
@@ -49,6 +50,11 @@ Run add_train_command(CLI::App& app) {
       world->barrier();
       return 2;
     }
+    // On GPUs every axis group moves device buffers with NCCL and host scalars with MPI
+    // (docs/gpu.md); the trainer picks the same device with the same rule.
+    if (world_size > 1 &&
+        select_device(cfg.train.device, local_rank_from_env()).kind == DeviceKind::cuda)
+      world = make_device_routed(std::move(world), nccl_factory(local_rank_from_env()));
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);
     if (!args->quiet && rank0)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -82,12 +83,13 @@ class Communicator {
   // by `key` (MPI_Comm_split semantics). Used by the Mesh to build one group per axis.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
-  const CommCounters& counters() const { return counters_; }
-  void reset_counters() { counters_ = {}; }
+  // (Virtual: a communicator made of others, make_device_routed, reports theirs.)
+  virtual CommCounters counters() const { return counters_; }
+  virtual void reset_counters() { counters_ = {}; }
   // Seconds spent blocked in Handle::wait() since the last reset (how much communication was
   // not hidden behind compute).
-  double wait_seconds() const { return wait_s_; }
-  void reset_wait_seconds() { wait_s_ = 0; }
+  virtual double wait_seconds() const { return wait_s_; }
+  virtual void reset_wait_seconds() { wait_s_ = 0; }
   void add_wait_seconds(double s) { wait_s_ += s; }
 
  protected:
@@ -134,5 +136,18 @@ class CommRuntime {
 // The world group: MPI when launched by mpirun/srun (a CommRuntime must be alive), local
 // otherwise.
 std::unique_ptr<Communicator> make_world_communicator();
+
+// Builds the GPU communicator of a group from the group's host communicator (the bootstrap).
+using GpuCommFactory = std::function<std::unique_ptr<Communicator>(Communicator& host_group)>;
+
+// A group whose calls go by the tensors' device: CUDA tensors through the group's GPU
+// communicator (NCCL), host tensors (loss and norm scalars, flags) through `host` (MPI). split()
+// splits `host` and bootstraps the new group's GPU communicator from it with `make_gpu`. Counters
+// and wait time are the sum of both.
+std::unique_ptr<Communicator> make_device_routed(std::unique_ptr<Communicator> host,
+                                                 GpuCommFactory make_gpu);
+// The factory of NCCL communicators driving CUDA device `device`; throws Error when this build
+// has no NCCL.
+GpuCommFactory nccl_factory(int device);
 
 }  // namespace llmt

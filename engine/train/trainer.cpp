@@ -214,20 +214,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   const int64_t dp = mesh.size(Axis::dp), dp_rank = mesh.coord(Axis::dp);
   const int threads = set_cpu_threads(static_cast<int>(cfg.train.threads));
   // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
-  Device device = select_device(cfg.train.device, local_rank_from_env());
-  if (device.kind == DeviceKind::cuda && mesh.shape().world() > 1) {
-    // The trainer does not hand GPU buffers to NCCL yet (docs/gpu.md): "auto" stays on the CPU,
-    // an explicit "cuda" is refused before anything is allocated.
-    if (cfg.train.device != "cuda") {
-      device = {DeviceKind::cpu, 0};
-    } else {
-      throw ConfigError(detail::concat(
-          "train.device=\"cuda\" with ", mesh.shape().world(),
-          " ranks: multi-rank training on GPUs needs NCCL in the trainer, which is not wired yet "
-          "(docs/gpu.md); use train.device = \"cpu\" (or \"auto\") under mpirun"));
-    }
-  }
-  auto backend = make_device_backend(device);
+  // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
+  // (make_device_routed, built by the app before the mesh).
+  auto backend = make_device_backend(select_device(cfg.train.device, local_rank_from_env()));
   Allocator alloc(*backend);
 
   const ModelSpec spec = ModelSpec::from_config(cfg.model);

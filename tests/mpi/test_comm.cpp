@@ -150,6 +150,71 @@ TEST(Comm, ManyInFlight) {
   }
 }
 
+// A stand-in for NCCL: forwards to a host communicator, taking tensors labelled as CUDA (whose
+// memory is host memory here) as host tensors.
+class FakeGpu final : public Communicator {
+ public:
+  explicit FakeGpu(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  Handle all_reduce(Tensor x, ReduceOp op) override { return inner_->all_reduce(host(x), op); }
+  Handle reduce_scatter(Tensor o, Tensor i) override {
+    return inner_->reduce_scatter(host(o), host(i));
+  }
+  Handle all_gather(Tensor o, Tensor i) override { return inner_->all_gather(host(o), host(i)); }
+  Handle broadcast(Tensor x, int root) override { return inner_->broadcast(host(x), root); }
+  Handle all_to_all(Tensor o, Tensor i) override { return inner_->all_to_all(host(o), host(i)); }
+  Handle send(Tensor x, int peer, int tag) override { return inner_->send(host(x), peer, tag); }
+  Handle recv(Tensor x, int peer, int tag) override { return inner_->recv(host(x), peer, tag); }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Communicator> split(int, int, const std::string&) override { return nullptr; }
+  CommCounters counters() const override { return inner_->counters(); }
+
+ private:
+  static Tensor host(Tensor t) {
+    EXPECT_EQ(t.device.kind, DeviceKind::cuda) << "a host tensor was routed to the GPU group";
+    t.device = Device{DeviceKind::cpu, 0};
+    return t;
+  }
+  std::unique_ptr<Communicator> inner_;
+};
+
+// make_device_routed sends CUDA tensors to the group's GPU communicator and host tensors to the
+// host one, and builds a GPU communicator for every group split off it.
+TEST(Comm, DeviceRouted) {
+  Communicator& c = *g_world;
+  const int p = c.size(), r = c.rank();
+  std::vector<FakeGpu*> gpus;
+  auto routed = make_device_routed(c.split(0, r, "world2"), [&](Communicator& host_group) {
+    auto g = std::make_unique<FakeGpu>(host_group.split(0, host_group.rank(), "gpu"));
+    gpus.push_back(g.get());
+    return g;
+  });
+  ASSERT_EQ(gpus.size(), 1u);
+  std::vector<float> a(3, 1.0f), b(3, 2.0f);
+  Tensor on_gpu(b.data(), {3}, DType::f32, Device{DeviceKind::cuda, 0});
+  routed->all_reduce(f32(a)).wait();
+  routed->all_reduce(on_gpu).wait();
+  EXPECT_EQ(a[0], static_cast<float>(p));
+  EXPECT_EQ(b[0], 2.0f * p);
+  const int ar = static_cast<int>(CommKind::all_reduce);
+  EXPECT_EQ(gpus[0]->counters().calls[ar], 1);  // only the CUDA tensor went to the GPU group
+  EXPECT_EQ(routed->counters().calls[ar], 2);   // the group reports both
+  std::vector<float> gathered(static_cast<size_t>(p));
+  float mine = static_cast<float>(r);
+  EXPECT_THROW(routed->all_gather(Tensor(gathered.data(), {p}, DType::f32),
+                                  Tensor(&mine, {1}, DType::f32, Device{DeviceKind::cuda, 0})),
+               Error);  // mixed devices in one call
+  auto sub = routed->split(r % 2, r, "parity");
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(sub->size(), gpus[1]->size());
+  float x = 1.0f;
+  sub->all_reduce(Tensor(&x, {1}, DType::f32, Device{DeviceKind::cuda, 0})).wait();
+  EXPECT_EQ(x, static_cast<float>(sub->size()));
+  EXPECT_EQ(gpus[1]->counters().calls[ar], 1);
+}
+
 }  // namespace
 }  // namespace llmt
 

@@ -1,6 +1,8 @@
-// NCCL collectives on a dedicated stream per communicator; a Handle is a CUDA event recorded
-// after the call, and wait() blocks the host on it. Byte counts follow the same ring volumes as
-// the MPI backend (Communicator::count_collective).
+// NCCL collectives on a dedicated stream per communicator, ordered after the work already queued
+// on the compute stream (an event the NCCL stream waits on, so a collective never reads a buffer
+// a kernel is still writing); a Handle is a CUDA event recorded after the call, and wait()
+// blocks the host on it, after which the compute stream may read the result. Byte counts follow the
+// same ring volumes as the MPI backend (Communicator::count_collective).
 #include "engine/comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "engine/core/cuda/cuda_backend.h"
 
 #define LLMT_NCCL(call)                                                                           \
   do {                                                                                            \
@@ -87,6 +90,7 @@ class NcclCommunicator final : public Communicator {
 
   Handle all_reduce(Tensor x, ReduceOp op) override {
     check_device(x, "all_reduce");
+    after_compute();
     LLMT_NCCL(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
                             op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_));
     count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
@@ -95,6 +99,7 @@ class NcclCommunicator final : public Communicator {
   Handle reduce_scatter(Tensor out, Tensor in) override {
     check_device(out, "reduce_scatter");
     check_blocks(out, in, "reduce_scatter");
+    after_compute();
     LLMT_NCCL(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
                                 nccl_type(in.dtype), ncclSum, comm_, stream_));
     count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
@@ -103,6 +108,7 @@ class NcclCommunicator final : public Communicator {
   Handle all_gather(Tensor out, Tensor in) override {
     check_device(out, "all_gather");
     check_blocks(in, out, "all_gather");
+    after_compute();
     LLMT_NCCL(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype),
                             comm_, stream_));
     count_collective(CommKind::all_gather, static_cast<int64_t>(out.nbytes()));
@@ -110,6 +116,7 @@ class NcclCommunicator final : public Communicator {
   }
   Handle broadcast(Tensor x, int root) override {
     check_device(x, "broadcast");
+    after_compute();
     LLMT_NCCL(ncclBroadcast(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
                             root, comm_, stream_));
     count_collective(CommKind::broadcast,
@@ -122,6 +129,7 @@ class NcclCommunicator final : public Communicator {
                describe(in), ", out ", describe(out));
     const size_t n = static_cast<size_t>(in.numel() / size_);
     const size_t block = n * dtype_size(in.dtype);
+    after_compute();
     LLMT_NCCL(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {
       LLMT_NCCL(ncclSend(static_cast<char*>(in.data) + r * block, n, nccl_type(in.dtype), r, comm_,
@@ -135,6 +143,7 @@ class NcclCommunicator final : public Communicator {
   }
   Handle send(Tensor x, int peer, int) override {
     check_device(x, "send");
+    after_compute();
     LLMT_NCCL(
         ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
@@ -142,6 +151,7 @@ class NcclCommunicator final : public Communicator {
   }
   Handle recv(Tensor x, int peer, int) override {
     check_device(x, "recv");
+    after_compute();
     LLMT_NCCL(
         ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
@@ -168,6 +178,14 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclCommUserRank(comm_, &rank_));
     LLMT_NCCL(ncclCommCount(comm_, &size_));
     LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  // The NCCL stream waits for everything queued on the compute stream so far.
+  void after_compute() {
+    cudaEvent_t ev;
+    LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    LLMT_CUDA_RT(cudaEventRecord(ev, static_cast<cudaStream_t>(cuda_compute_stream())));
+    LLMT_CUDA_RT(cudaStreamWaitEvent(stream_, ev, 0));
+    LLMT_CUDA_RT(cudaEventDestroy(ev));
   }
   Handle record() {
     cudaEvent_t ev;
