@@ -29,37 +29,27 @@ for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   bench_run zero3.$i 2 --set parallel.zero_stage=3
 done
 
-/usr/bin/python3 - "$work" <<'PY'
-import json, os, statistics, sys
+/usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from runs import conditions, load
 work = sys.argv[1]
-def load_one(path):
-    with open(os.path.join(path, "metrics.jsonl")) as f:
-        rows = [json.loads(l) for l in f][2:]
-    m = {k: statistics.median(r.get(k, 0) for r in rows)
-         for k in ("tokens_per_s", "step_time_s", "comm_wait_s")}
-    with open(path + ".cpu") as f:
-        m["cpu_s"] = sum(float(x) for x in f.read().split()[-2:])
-    return m
-def load(name):  # the fastest repeat; CPU time: the least
-    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work)
-            if d.split(".")[0] == name and not d.endswith(".cpu")]
-    best = max(runs, key=lambda m: m["tokens_per_s"])
-    best["cpu_s"] = min(m["cpu_s"] for m in runs)
-    return best
-base = load("dp1")
-print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-      f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, median of steps 3.., best run")
+KEYS = ("tokens_per_s", "step_time_s", "comm_wait_s")
+def run(name):
+    return load(work, name, KEYS)
+base = run("dp1")
+print(conditions())
 print(f"{'run':<28} {'tokens/s':>10} {'step s':>8} {'comm wait s':>12} {'speedup':>8} "
       f"{'efficiency':>10} {'CPU s':>8} {'CPU eff.':>9}")
 for name, label in [("dp1", "dp=1 (1 thread)"), ("dp2", "dp=2 DDP, 1 MB buckets"),
                     ("dp2_one_bucket", "dp=2 DDP, one bucket"), ("zero1", "dp=2 ZeRO-1"),
                     ("zero3", "dp=2 ZeRO-3")]:
-    m = load(name)
+    m = run(name)
     ranks = 1 if name == "dp1" else 2
     sp = m["tokens_per_s"] / base["tokens_per_s"]
     print(f"{label:<28} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {m['comm_wait_s']:>12.4f} "
           f"{sp:>8.2f} {sp / ranks:>10.1%} {m['cpu_s']:>8.1f} {base['cpu_s'] / m['cpu_s']:>9.1%}")
-exposed, total = load("dp2")["comm_wait_s"], load("dp2_one_bucket")["comm_wait_s"]
+exposed, total = run("dp2")["comm_wait_s"], run("dp2_one_bucket")["comm_wait_s"]
 print(f"all-reduce time exposed with 1 MB buckets: {exposed:.4f} s of {total:.4f} s "
       f"(one bucket after backward): {1 - exposed / total:.0%} hidden behind backward")
 PY

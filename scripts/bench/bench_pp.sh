@@ -28,32 +28,22 @@ for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
     --set parallel.virtual_stages=2
 done
 
-/usr/bin/python3 - "$work" <<'PY'
-import json, os, statistics, sys
+/usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from runs import conditions, load
 work = sys.argv[1]
-def load_one(path):
-    with open(os.path.join(path, "metrics.jsonl")) as f:
-        rows = [json.loads(l) for l in f][2:]
-    m = {k: statistics.median(r.get(k, 0) for r in rows)
-         for k in ("tokens_per_s", "step_time_s", "pp_bubble", "pp_bubble_predicted")}
-    with open(path + ".cpu") as f:
-        m["cpu_s"] = sum(float(x) for x in f.read().split()[-2:])
-    return m
-def load(name):  # the fastest repeat; CPU time: the least
-    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work)
-            if d.split(".")[0] == name and not d.endswith(".cpu")]
-    best = max(runs, key=lambda m: m["tokens_per_s"])
-    best["cpu_s"] = min(m["cpu_s"] for m in runs)
-    return best
-base = load("pp1")
-print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-      f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, median of steps 3.., best run")
+KEYS = ("tokens_per_s", "step_time_s", "pp_bubble", "pp_bubble_predicted")
+def run(name):
+    return load(work, name, KEYS)
+base = run("pp1")
+print(conditions())
 print(f"{'run':<26} {'tokens/s':>10} {'step s':>8} {'speedup':>8} {'efficiency':>10} "
       f"{'bubble':>8} {'predicted':>9} {'CPU s':>8}")
 print(f"{'1 rank (1 thread)':<26} {base['tokens_per_s']:>10.0f} {base['step_time_s']:>8.3f} "
       f"{'':>8} {'':>10} {'':>8} {'':>9} {base['cpu_s']:>8.1f}")
 for s in ("gpipe", "1f1b", "interleaved", "zb-h1"):
-    m = load(f"pp2_{s}")
+    m = run(f"pp2_{s}")
     sp = m["tokens_per_s"] / base["tokens_per_s"]
     print(f"{'pp=2 ' + s:<26} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {sp:>8.2f} "
           f"{sp / 2:>10.1%} {m['pp_bubble']:>8.3f} {m['pp_bubble_predicted']:>9.3f} "

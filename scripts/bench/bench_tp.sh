@@ -20,28 +20,24 @@ for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   bench_run tp2_sp.$i 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 done
 
-/usr/bin/python3 - "$work" <<'PY'
-import json, os, statistics, sys
+/usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from runs import conditions, load
 work = sys.argv[1]
-def load_one(path):
-    with open(os.path.join(path, "metrics.jsonl")) as f:
-        rows = [json.loads(l) for l in f][2:]
-    out = {k: statistics.median(r[k] for r in rows) for k in ("tokens_per_s", "step_time_s")}
-    out["tp_bytes"] = sum(rows[-1].get("comm_bytes", {}).get("tp", {}).values())
-    out["activations"] = rows[-1]["peak_bytes"]["activations"]
-    return out
-def load(name):  # the fastest repeat
-    runs = [load_one(os.path.join(work, d)) for d in os.listdir(work)
-            if d.split(".")[0] == name and not d.endswith(".cpu")]
-    return max(runs, key=lambda m: m["tokens_per_s"])
-base = load("tp1")
-print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-      f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, median of steps 3.., best run")
+KEYS = ("tokens_per_s", "step_time_s")
+def tp_extra(rows):  # this step's tp traffic and peak activation bytes, from the last step
+    return {"tp_bytes": sum(rows[-1].get("comm_bytes", {}).get("tp", {}).values()),
+            "activations": rows[-1]["peak_bytes"]["activations"]}
+def run(name):
+    return load(work, name, KEYS, tp_extra)
+base = run("tp1")
+print(conditions())
 print(f"{'run':<24} {'tokens/s':>10} {'step s':>8} {'speedup':>8} {'efficiency':>10} "
       f"{'tp MB/step':>10} {'activations MB':>14}")
 for name, label, ranks in [("tp1", "tp=1 (1 thread)", 1), ("tp2", "tp=2", 2),
                            ("tp2_sp", "tp=2 + sequence parallel", 2)]:
-    m = load(name)
+    m = run(name)
     sp = m["tokens_per_s"] / base["tokens_per_s"]
     print(f"{label:<24} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {sp:>8.2f} "
           f"{sp / ranks:>10.1%} {m['tp_bytes'] / 1e6:>10.1f} {m['activations'] / 1e6:>14.1f}")
