@@ -7,18 +7,17 @@
 #include <vector>
 
 #include "engine/comm/communicator.h"
+#include "tests/mpi/mpi_test_main.h"
 
 namespace llmt {
 namespace {
-
-Communicator* g_world = nullptr;
 
 Tensor f32(std::vector<float>& v) {
   return Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f32);
 }
 
 TEST(Comm, AllReduceSum) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
   std::vector<float> x(5);
   for (int i = 0; i < 5; ++i) x[i] = static_cast<float>(r * 10 + i);
@@ -27,7 +26,7 @@ TEST(Comm, AllReduceSum) {
 }
 
 TEST(Comm, AllReduceMaxAndInt) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
   std::vector<float> x(4);
   for (int i = 0; i < 4; ++i) x[i] = static_cast<float>((r + 1) * (i % 2 ? -1 : 1) * (i + 1));
@@ -41,7 +40,7 @@ TEST(Comm, AllReduceMaxAndInt) {
 }
 
 TEST(Comm, ReduceScatter) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank(), n = 3;
   std::vector<float> in(static_cast<size_t>(p * n)), out(n, -1.0f);
   for (int j = 0; j < p * n; ++j) in[j] = static_cast<float>(r + j);
@@ -51,7 +50,7 @@ TEST(Comm, ReduceScatter) {
 }
 
 TEST(Comm, AllGather) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank(), n = 2;
   std::vector<float> in(n), out(static_cast<size_t>(p * n), -1.0f);
   for (int k = 0; k < n; ++k) in[k] = static_cast<float>(r * 100 + k);
@@ -61,7 +60,7 @@ TEST(Comm, AllGather) {
 }
 
 TEST(Comm, Broadcast) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank(), root = p - 1;
   std::vector<float> x(3);
   for (int k = 0; k < 3; ++k) x[k] = static_cast<float>(r * 7 + k);
@@ -70,7 +69,7 @@ TEST(Comm, Broadcast) {
 }
 
 TEST(Comm, AllToAll) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank(), n = 2;
   std::vector<float> in(static_cast<size_t>(p * n)), out(in.size(), -1.0f);
   for (int q = 0; q < p; ++q)
@@ -81,7 +80,7 @@ TEST(Comm, AllToAll) {
 }
 
 TEST(Comm, SendRecvRing) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
   if (p == 1) GTEST_SKIP() << "no peer in a group of one";
   std::vector<float> out{static_cast<float>(r), static_cast<float>(r * r)}, in(2, -1.0f);
@@ -95,7 +94,7 @@ TEST(Comm, SendRecvRing) {
 }
 
 TEST(Comm, Split) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
   // Even and odd ranks, ordered by descending rank.
   std::unique_ptr<Communicator> sub = c.split(r % 2, -r, "parity");
@@ -114,7 +113,7 @@ TEST(Comm, Split) {
 }
 
 TEST(Comm, Counters) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int64_t p = c.size();
   c.reset_counters();
   std::vector<float> x(12, 1.0f), big(static_cast<size_t>(12 * p));
@@ -134,7 +133,7 @@ TEST(Comm, Counters) {
 
 TEST(Comm, ManyInFlight) {
   // Several non-blocking collectives outstanding at once, completed in reverse order.
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size();
   std::vector<std::vector<float>> xs(6, std::vector<float>(1000));
   std::vector<Handle> hs;
@@ -183,7 +182,7 @@ class FakeGpu final : public Communicator {
 // make_device_routed sends CUDA tensors to the group's GPU communicator and host tensors to the
 // host one, and builds a GPU communicator for every group split off it.
 TEST(Comm, DeviceRouted) {
-  Communicator& c = *g_world;
+  Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
   std::vector<FakeGpu*> gpus;
   auto routed = make_device_routed(c.split(0, r, "world2"), [&](Communicator& host_group) {
@@ -217,20 +216,3 @@ TEST(Comm, DeviceRouted) {
 
 }  // namespace
 }  // namespace llmt
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  llmt::CommRuntime runtime;
-  std::unique_ptr<llmt::Communicator> world = llmt::make_world_communicator();
-  llmt::g_world = world.get();
-  if (world->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // Every rank's verdict: a failure on any rank fails the run.
-  int32_t bad = rc != 0;
-  world->all_reduce(llmt::Tensor(&bad, {1}, llmt::DType::i32), llmt::ReduceOp::max).wait();
-  world.reset();
-  return bad ? 1 : 0;
-}

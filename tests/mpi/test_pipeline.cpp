@@ -13,10 +13,9 @@
 #include "engine/model/model_config.h"
 #include "engine/parallel/mesh.h"
 #include "engine/schedule/executor.h"
+#include "tests/mpi/mpi_test_main.h"
 
 namespace llmt {
-
-Communicator* g_world = nullptr;
 
 namespace {
 
@@ -34,14 +33,14 @@ ModelConfig tiny(Arch arch) {
 
 // Runs one step of `kind` with m micro-batches of 2 samples; checks peak activations and loss.
 void check(Arch arch, PipeSchedule kind, int v, int m) {
-  const int p = g_world->size(), rank = g_world->rank();
+  const int p = mpi_test_world().size(), rank = mpi_test_world().rank();
   const ModelConfig cfg = tiny(arch);
   const int64_t B = 2, T = cfg.seq_len;
   std::unique_ptr<DeviceBackend> backend = make_cpu_backend();
   Allocator alloc(*backend);
   MeshShape shape;
   shape.degree = {1, 1, 1, p};
-  Mesh mesh = Mesh::create(shape, g_world->split(0, rank, "world"));
+  Mesh mesh = Mesh::create(shape, mpi_test_world().split(0, rank, "world"));
 
   // The same tokens on every rank.
   Buffer tok = alloc.allocate_tensor({m, 2, B, T}, DType::i32, MemCategory::other);
@@ -113,24 +112,9 @@ TEST(PipelineExecutor, ZeroBubbleH1) {
 }
 
 TEST(PipelineExecutor, Interleaved) {
-  check(Arch::gpt2, PipeSchedule::interleaved, 2, 2 * g_world->size());
-  check(Arch::llama, PipeSchedule::interleaved, 2, 2 * g_world->size());
+  check(Arch::gpt2, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());
+  check(Arch::llama, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());
 }
 
 }  // namespace
 }  // namespace llmt
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  llmt::CommRuntime runtime;
-  std::unique_ptr<llmt::Communicator> world = llmt::make_world_communicator();
-  llmt::g_world = world.get();
-  if (world->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  int32_t bad = rc != 0;
-  world->all_reduce(llmt::Tensor(&bad, {1}, llmt::DType::i32), llmt::ReduceOp::max).wait();
-  return bad;
-}
