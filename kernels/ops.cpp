@@ -246,8 +246,19 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
 
 // ---- linear (GEMM) ----------------------------------------------------------------------------
 
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+namespace {
+
+// The type a GEMM's inputs are representable in: a floating-point compute type.
+void gemm_operands(const Op& op, DType t) {
+  op.require(t == DType::f32 || t == DType::bf16 || t == DType::f16,
+             "operands must be f32, bf16 or f16, not ", dtype_name(t));
+}
+
+}  // namespace
+
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, DType operands) {
   Op op("linear_forward", {out, inp, weight, bias});
+  gemm_operands(op, operands);
   op.ndim("weight", weight, 2);
   const int64_t OC = weight.size(0), IC = weight.size(1);
   const int64_t N = op.rows("inp", inp, IC);
@@ -256,12 +267,13 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   op.shape_opt("bias", bias, {OC});
   LLMT_KERNEL(op, linear_forward)
   (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), op.f32_opt("bias", bias), N,
-   IC, OC);
+   IC, OC, operands);
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
-                     Tensor weight) {
+                     Tensor weight, DType operands) {
   Op op("linear_backward", {dinp, dweight, dbias, dout, inp, weight});
+  gemm_operands(op, operands);
   op.ndim("weight", weight, 2);
   const int64_t OC = weight.size(0), IC = weight.size(1);
   const int64_t N = op.rows("inp", inp, IC);
@@ -272,7 +284,7 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   op.shape_opt("dbias", dbias, {OC});
   LLMT_KERNEL(op, linear_backward)
   (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32_opt("dbias", dbias),
-   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), N, IC, OC);
+   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), N, IC, OC, operands);
 }
 
 // ---- activations ------------------------------------------------------------------------------

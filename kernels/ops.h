@@ -40,12 +40,17 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
                       Tensor rstd);
 
 // ---- linear (GEMM) ----------------------------------------------------------------------------
+// `operands` (f32, bf16 or f16): the GEMM inputs' values (forward: inp, weight; backward: dout,
+// inp, weight) are representable in this type, the model's compute precision. A backend may then
+// multiply in that type with fp32 accumulation (CUDA: 16-bit copies on tensor cores); the CPU
+// ignores it. The tensors stay f32; outputs and gradients are f32.
 // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias (OC, optional).
-void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                    DType operands = DType::f32);
 // dinp (N,IC) assigned, dweight (OC,IC) +=, dbias (OC) +=; each optional (skipped when absent:
 // zero-bubble pipelines compute dinp and the weight gradients at different times).
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
-                     Tensor weight);
+                     Tensor weight, DType operands = DType::f32);
 
 // ---- activations ------------------------------------------------------------------------------
 // GELU, tanh approximation. Any shape; out may alias inp.

@@ -494,7 +494,7 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
   norm_forward(sp_ ? branch_ : acts.xf, acts.mean_f, acts.rstd_f, acts.out, w_.norm_f_w,
                w_.norm_f_b);
   if (sp_) tp::gather_from_sequence_forward(*tp_.comm, acts.xf, branch_);
-  ops::linear_forward(acts.logits, acts.xf, w_.head, Tensor());
+  ops::linear_forward(acts.logits, acts.xf, w_.head, Tensor(), compute_);
   lowp(acts.logits);
   // Fused: the losses and, in place of the logits, d(dloss * mean loss)/d logits.
   if (!tp)
@@ -504,6 +504,8 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
     tp::vocab_parallel_cross_entropy(*tp_.comm, acts.losses.view({N}), acts.logits,
                                      targets.view({N}), vocab_start_, cfg.vocab_size,
                                      dloss / static_cast<float>(N), ce_max_, ce_sums_);
+  // The logits gradient is the head's backward GEMM input: 16-bit, as the GEMM operands are.
+  lowp(acts.logits);
   alloc_.backend().copy_to_host(host_losses_.data(), acts.losses.data, acts.losses.nbytes());
   double sum = std::accumulate(host_losses_.begin(), host_losses_.end(), 0.0);
   return static_cast<float>(sum / static_cast<double>(N));
@@ -523,25 +525,25 @@ void Transformer::layer_forward(int64_t local, LayerActs& a, Tensor res_out,
   if (hooks_) hooks_->before_forward(static_cast<int>(l) + 1);
 
   norm_forward(a.a, a.mean_1, a.rstd_1, a.res_in, lw.norm_1_w, lw.norm_1_b);
-  ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b);
+  ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b, compute_);
   if (cfg.position == PositionKind::rope) ops::rope_forward(a.qkv, H + KV, 0, cfg.rope_theta);
   lowp(a.qkv);
   ops::attention_forward(a.att, a.lse, a.qkv, H, KV);
   lowp(a.att);
-  ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b));
+  ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b), compute_);
   Tensor y = row_output(scratch_c_, lw.proj_b);
   lowp(y);
   residual_branch(a.res_mid, a.res_in, y, d_tmp_, l, 0, ctx);
 
   norm_forward(a.m, a.mean_2, a.rstd_2, a.res_mid, lw.norm_2_w, lw.norm_2_b);
-  ops::linear_forward(a.u.view({N, F1_}), column_input(a.m), lw.fc1_w, lw.fc1_b);
+  ops::linear_forward(a.u.view({N, F1_}), column_input(a.m), lw.fc1_w, lw.fc1_b, compute_);
   lowp(a.u);
   if (cfg.activation == Activation::gelu)
     ops::gelu_forward(a.g, a.u);
   else
     ops::swiglu_forward(a.g.view({N, F_}), a.u.view({N, F1_}));
   lowp(a.g);
-  ops::linear_forward(scratch_c_, a.g.view({N, F_}), lw.fc2_w, row_bias(lw.fc2_b));
+  ops::linear_forward(scratch_c_, a.g.view({N, F_}), lw.fc2_w, row_bias(lw.fc2_b), compute_);
   y = row_output(scratch_c_, lw.fc2_b);
   lowp(y);
   residual_branch(res_out, a.res_mid, y, d_tmp_, l, 1, ctx);
@@ -558,11 +560,13 @@ void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext&
   const int64_t l = layers_[local];
   const float p = ctx.dropout ? cfg.dropout : 0.0f;
   const int64_t drop_offset = (ctx.first_sample * T_ + row0_) * C;
-  // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res).
+  // Gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res);
+  // 16-bit, as it is the output gradient of a linear (the 1/(1-p) scaling leaves the grid).
   auto branch_grad = [&](int site) {
     if (p == 0.0f) return d_res_;
     ops::dropout_backward(d_tmp_, d_res_, p, ctx.seed, dropout_stream(l, site, ctx.step),
                           drop_offset);
+    lowp(d_tmp_);
     return d_tmp_;
   };
   const LayerWeights& lw = w_.layers[local];
@@ -570,9 +574,9 @@ void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext&
   // A linear's backward: whole, or (zero-bubble) dinp only with dout kept in `kept`.
   auto linear = [&](Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                     Tensor kept) {
-    if (!stash) return ops::linear_backward(dinp, dw, db, dout, inp, w);
+    if (!stash) return ops::linear_backward(dinp, dw, db, dout, inp, w, compute_);
     ops::copy(kept, dout);
-    ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w);
+    ops::linear_backward(dinp, Tensor(), Tensor(), dout, inp, w, compute_);
   };
   // The norm k's weight and bias gradients: the model's, or its rows of the stash (the bias's
   // only for layernorm; not read from `db`, which ZeRO-2 may not have bound yet).
@@ -633,12 +637,12 @@ void Transformer::layer_backward_weight(int64_t local, LayerActs& a, const Layer
     if (db.defined()) ops::add_inplace(db, st.norm.rows(2 * k + 1, 2 * k + 2).view({C}));
   };
   if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
-  ops::linear_backward(Tensor(), lg.fc2_w, lg.fc2_b, st.fc2, a.g.view({N, F_}), lw.fc2_w);
-  ops::linear_backward(Tensor(), lg.fc1_w, lg.fc1_b, st.fc1, column_input(a.m), lw.fc1_w);
+  ops::linear_backward(Tensor(), lg.fc2_w, lg.fc2_b, st.fc2, a.g.view({N, F_}), lw.fc2_w, compute_);
+  ops::linear_backward(Tensor(), lg.fc1_w, lg.fc1_b, st.fc1, column_input(a.m), lw.fc1_w, compute_);
   add_norm(1, lg.norm_2_w, lg.norm_2_b);
   ops::linear_backward(Tensor(), lg.proj_w, lg.proj_b, st.proj,
-                       a.att.view({N, H_ * spec_.head_dim}), lw.proj_w);
-  ops::linear_backward(Tensor(), lg.qkv_w, lg.qkv_b, st.qkv, column_input(a.a), lw.qkv_w);
+                       a.att.view({N, H_ * spec_.head_dim}), lw.proj_w, compute_);
+  ops::linear_backward(Tensor(), lg.qkv_w, lg.qkv_b, st.qkv, column_input(a.a), lw.qkv_w, compute_);
   add_norm(0, lg.norm_1_w, lg.norm_1_b);
   if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
 }
@@ -675,7 +679,7 @@ Tensor Transformer::backward_input_chunk(int chunk, int mb, Tensor dout, const S
   Layout real(&a.stash_buf);
   carve_stash(real, a, chunk);
   if (chunk_has_head(chunk)) {
-    ops::linear_backward(d_c_, Tensor(), Tensor(), a.logits, a.xf, w_.head);
+    ops::linear_backward(d_c_, Tensor(), Tensor(), a.logits, a.xf, w_.head, compute_);
     lowp(d_c_);
     Tensor nb =
         spec_.cfg.norm == NormKind::layernorm ? a.norm_f_stash.rows(1, 2).view({C}) : Tensor();
@@ -705,7 +709,7 @@ void Transformer::backward_weight_chunk(int chunk, int mb, Tensor tokens) {
   const int last_block = static_cast<int>(cfg.n_layers) + 1;
   if (chunk_has_head(chunk)) {
     if (hooks_) hooks_->before_backward(last_block);
-    ops::linear_backward(Tensor(), gw_.head, Tensor(), a.logits, a.xf, w_.head);
+    ops::linear_backward(Tensor(), gw_.head, Tensor(), a.logits, a.xf, w_.head, compute_);
     ops::add_inplace(gw_.norm_f_w, a.norm_f_stash.rows(0, 1).view({C}));
     if (gw_.norm_f_b.defined()) ops::add_inplace(gw_.norm_f_b, a.norm_f_stash.rows(1, 2).view({C}));
     if (hooks_) hooks_->after_backward(last_block);
@@ -747,7 +751,7 @@ void Transformer::backward(int chunk, Acts& acts, Tensor tokens, const StepConte
   const int last_block = static_cast<int>(cfg.n_layers) + 1;
   if (chunk_has_head(chunk)) {
     if (hooks_) hooks_->before_backward(last_block);
-    ops::linear_backward(d_c_, gw_.head, Tensor(), acts.logits, acts.xf, w_.head);
+    ops::linear_backward(d_c_, gw_.head, Tensor(), acts.logits, acts.xf, w_.head, compute_);
     lowp(d_c_);
     norm_backward(d_res_, gw_.norm_f_w, gw_.norm_f_b, column_input_grad(d_c_), acts.out,
                   w_.norm_f_w, acts.mean_f, acts.rstd_f);

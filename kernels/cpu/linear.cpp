@@ -1,6 +1,12 @@
 // Linear layers as row-major OpenBLAS GEMMs (weights stored (OC,IC) as in PyTorch). The bias is
 // written into `out` first so the forward GEMM accumulates onto it (beta = 1) with no extra pass;
 // the weight-gradient GEMM uses beta = 1 to add into dweight.
+//
+// `operands` is ignored: the fp32 GEMM already computes what a 16-bit GEMM with fp32 accumulation
+// computes on such inputs. A product of two bf16 values (8-bit significands) or two f16 values
+// (11-bit) has at most 22 significant bits, so it is exact in fp32's 24 (f16's range squared stays
+// inside fp32's normal range; bf16 shares fp32's exponents, so its products over- or underflow
+// exactly where an fp32 GEMM's would). Only the order of the fp32 summation differs.
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,7 +17,7 @@
 namespace llmt::cpu {
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-                    int64_t IC, int64_t OC) {
+                    int64_t IC, int64_t OC, DType /*operands*/) {
   if (N == 0) return;
   if (bias) {
     parallel_for(N, grain_rows(OC), [&](int64_t begin, int64_t end) {
@@ -23,7 +29,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int64_t IC, int64_t OC) {
+                     const float* weight, int64_t N, int64_t IC, int64_t OC, DType /*operands*/) {
   if (N == 0) return;
   if (dinp)  // (N,IC) = (N,OC) @ (OC,IC)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,

@@ -3,7 +3,20 @@
 // CUBLAS_COMPUTE_32F (no TF32: the results must match the CPU's fp32 GEMMs to fp32 rounding);
 // the forward bias rides the GEMM's BIAS epilogue; dweight accumulates with beta = 1; dbias is a
 // column sum (common.cuh).
+//
+// With 16-bit `operands` (ops.h: the inputs' values are bf16/f16 values stored as fp32), the GEMM
+// inputs are first converted to that type (precision.cu's convert, round to nearest even, exact on
+// such values) in a staging buffer, and cuBLASLt multiplies them on tensor cores with fp32
+// accumulation and scale into the same fp32 outputs: the products are exact in fp32, so only the
+// summation differs from the fp32 GEMM. A/B = CUDA_R_16BF or CUDA_R_16F with C/D = CUDA_R_32F,
+// CUBLAS_COMPUTE_32F and a CUDA_R_32F scale is a combination of the cublasLtMatmul type table
+// (https://docs.nvidia.com/cuda/cublas/#cublasltmatmul; PyTorch's fp32-output GEMMs from 16-bit
+// inputs use it, pytorch/pytorch#150812). The BIAS epilogue's vector has D's type outside the
+// int8/fp8 exceptions (cublasLt.h of CUDA 13.1, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE): fp32 here,
+// so the forward bias still rides the epilogue. If cuBLASLt finds no algorithm, matmul() throws.
 #include <cublasLt.h>
+
+#include <array>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -20,6 +33,72 @@ namespace llmt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::i32:
+      break;
+  }
+  LLMT_CHECK(false, "linear: no GEMM operands of type ", dtype_name(t));
+  return CUDA_R_32F;
+}
+
+// Device memory for the 16-bit copies of GEMM inputs, grown on demand and kept: after the first
+// steps no call allocates. Calls reuse it in stream order (a GEMM has read its copies before the
+// next call's conversion overwrites them); growing waits for the queued work first.
+class Staging {
+ public:
+  void* reserve(size_t bytes) {
+    if (bytes <= bytes_) return data_;
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    if (data_) LLMT_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+    LLMT_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    bytes_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The inputs of one linear call as cuBLASLt multiplies them: the fp32 tensors themselves, or
+// (16-bit operands) their copies in that type. Absent inputs (nullptr) stay absent.
+struct Operands {
+  cudaDataType_t type;
+  std::array<const void*, 3> p{};
+};
+
+Operands gemm_operands(DType t, std::array<const float*, 3> src, std::array<int64_t, 3> n) {
+  Operands o{cuda_type(t), {}};
+  if (t == DType::f32) {
+    for (size_t i = 0; i < src.size(); ++i) o.p[i] = src[i];
+    return o;
+  }
+  constexpr size_t kAlign = 256;  // every copy starts on cuBLASLt's preferred alignment
+  std::array<size_t, 3> off{};
+  size_t total = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    off[i] = total;
+    if (src[i]) total += (static_cast<size_t>(n[i]) * 2 + kAlign - 1) / kAlign * kAlign;
+  }
+  static Staging staging;
+  char* base = static_cast<char*>(staging.reserve(total));
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!src[i]) continue;
+    convert(base + off[i], t, src[i], DType::f32, n[i]);
+    o.p[i] = base + off[i];
+  }
+  return o;
+}
 
 struct Lt {
   cublasLtHandle_t handle = nullptr;
@@ -52,8 +131,7 @@ struct Descs {
 
 // Column-major C (m,n) = alpha op(A) op(B) + beta C [+ bias (m) per column], fp32 accumulation.
 // A is (m,k) after op, stored (rows_a, cols_a) with leading dim lda; likewise B (k,n). The type
-// of A and B may be CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F (C and the bias stay fp32); ops.h only
-// passes fp32 today.
+// of A and B may be CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F (C and the bias stay fp32).
 void matmul(float* C, const void* A, const void* B, const float* bias, bool trans_a, bool trans_b,
             int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, float beta,
             cudaDataType_t ab_type = CUDA_R_32F) {
@@ -90,7 +168,11 @@ void matmul(float* C, const void* A, const void* B, const float* bias, bool tran
   int found = 0;
   LLMT_CUBLAS_CHECK(
       cublasLtMatmulAlgoGetHeuristic(l.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found));
-  LLMT_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM");
+  LLMT_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM with ",
+             ab_type == CUDA_R_32F    ? "fp32"
+             : ab_type == CUDA_R_16BF ? "bf16"
+                                      : "f16",
+             " inputs", bias ? " and the bias epilogue" : "");
   const float alpha = 1.0f;
   LLMT_CUBLAS_CHECK(cublasLtMatmul(l.handle, d.op, &alpha, A, d.a, B, d.b, &beta, C, d.c, C, d.c,
                                    &heur.algo, l.workspace, kWorkspaceBytes, stream()));
@@ -99,20 +181,27 @@ void matmul(float* C, const void* A, const void* B, const float* bias, bool tran
 }  // namespace
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-                    int64_t IC, int64_t OC) {
+                    int64_t IC, int64_t OC, DType operands) {
   if (N == 0) return;
+  const Operands o = gemm_operands(operands, {inp, weight, nullptr}, {N * IC, OC * IC, 0});
   // out^T (OC,N) = W^T^T (OC,IC) . inp^T (IC,N); W read column-major is (IC,OC).
-  matmul(out, weight, inp, bias, true, false, OC, N, IC, IC, IC, 0.0f);
+  matmul(out, o.p[1], o.p[0], bias, true, false, OC, N, IC, IC, IC, 0.0f, o.type);
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int64_t IC, int64_t OC) {
+                     const float* weight, int64_t N, int64_t IC, int64_t OC, DType operands) {
   if (N == 0) return;
+  // Only the inputs of the GEMMs that run: weight for dinp, inp for dweight, dout for both.
+  const Operands o = gemm_operands(
+      operands,
+      {dinp || dweight ? dout : nullptr, dinp ? weight : nullptr, dweight ? inp : nullptr},
+      {N * OC, OC * IC, N * IC});
   // dinp^T (IC,N) = W (IC,OC column-major) . dout^T (OC,N)
-  if (dinp) matmul(dinp, weight, dout, nullptr, false, false, IC, N, OC, IC, OC, 0.0f);
+  if (dinp) matmul(dinp, o.p[1], o.p[0], nullptr, false, false, IC, N, OC, IC, OC, 0.0f, o.type);
   // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC): dout read column-major is (OC,N), transposed
   // (skipped when null: ZB-H1's input-gradient half leaves the weights to its second half)
-  if (dweight) matmul(dweight, inp, dout, nullptr, false, true, IC, OC, N, IC, OC, 1.0f);
+  if (dweight)
+    matmul(dweight, o.p[2], o.p[0], nullptr, false, true, IC, OC, N, IC, OC, 1.0f, o.type);
   if (dbias)
     add_column_sums(dbias, N, OC,
                     [=] __device__(int64_t n, int64_t c) { return dout[n * OC + c]; });

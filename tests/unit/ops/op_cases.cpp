@@ -144,6 +144,45 @@ void add_linear(std::vector<OpCase>& cases) {
         uniform({N, IC}, 2), uniform({OC, IC}, 3)},
        op([](const Views& v) { ops::linear_backward(v[0], Tensor(), v[2], v[3], v[4], v[5]); }),
        kReduced});
+  // 16-bit operands (CUDA: tensor-core GEMMs on bf16/f16 copies) on inputs representable in that
+  // type, as the model passes them. Each product of two such values is exact in fp32 and the
+  // accumulation is fp32, so CUDA and CPU differ only in the order of summation, as for the fp32
+  // GEMMs above: the same tolerance. Leading dims of 33 and 130 halves are not multiples of 16
+  // bytes (the tensor cores' preferred alignment), 96 and 64 are.
+  for (const DType t : {DType::bf16, DType::f16}) {
+    const std::string ty = t == DType::bf16 ? "_bf16_operands" : "_f16_operands";
+    auto in = [t](HostTensor x) {  // x's values rounded to t
+      ops::round_to(x.t(), t);
+      return x;
+    };
+    cases.push_back(
+        {"linear_forward",
+         "linear_forward_bias" + ty,
+         {uniform({N, OC}, 1), in(uniform({N, IC}, 2)), in(uniform({OC, IC}, 3)), uniform({OC}, 4)},
+         op([t](const Views& v) { ops::linear_forward(v[0], v[1], v[2], v[3], t); }),
+         kReduced});
+    cases.push_back(
+        {"linear_forward",
+         "linear_forward_nobias_3d" + ty,
+         {uniform({3, 5, 33}, 1), in(uniform({3, 5, 64}, 2)), in(uniform({33, 64}, 3))},
+         op([t](const Views& v) { ops::linear_forward(v[0], v[1], v[2], Tensor(), t); }),
+         kReduced});
+    cases.push_back(
+        {"linear_backward",
+         "linear_backward_all" + ty,
+         {uniform({N, IC}, 5), uniform({OC, IC}, 6), uniform({OC}, 7), in(uniform({N, OC}, 8)),
+          in(uniform({N, IC}, 2)), in(uniform({OC, IC}, 3))},
+         op([t](const Views& v) { ops::linear_backward(v[0], v[1], v[2], v[3], v[4], v[5], t); }),
+         kReduced});
+    cases.push_back({"linear_backward",
+                     "linear_backward_weight_only" + ty,
+                     {HostTensor(), uniform({OC, IC}, 6), HostTensor(), in(uniform({N, OC}, 8)),
+                      in(uniform({N, IC}, 2)), in(uniform({OC, IC}, 3))},
+                     op([t](const Views& v) {
+                       ops::linear_backward(Tensor(), v[1], Tensor(), v[3], v[4], v[5], t);
+                     }),
+                     kReduced});
+  }
 }
 
 void add_activations(std::vector<OpCase>& cases) {

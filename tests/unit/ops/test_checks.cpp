@@ -45,6 +45,19 @@ TEST(OpChecks, DtypeMismatchNamesOp) {
       {"op softmax_cross_entropy", "targets", "expected i32"}));
 }
 
+TEST(OpChecks, GemmOperandsMustBeAFloatType) {
+  HostTensor inp({4, 8}), weight({3, 8}), out({4, 3});
+  EXPECT_TRUE(
+      throws_with([&] { ops::linear_forward(out.t(), inp.t(), weight.t(), Tensor(), DType::i32); },
+                  {"op linear_forward", "operands must be f32, bf16 or f16, not i32"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        ops::linear_backward(Tensor(), weight.t(), Tensor(), out.t(), inp.t(), weight.t(),
+                             DType::i32);
+      },
+      {"op linear_backward", "operands must be f32, bf16 or f16, not i32"}));
+}
+
 TEST(OpChecks, RequiredTensorMissing) {
   HostTensor inp({2, 3});
   EXPECT_TRUE(throws_with([&] { ops::gelu_forward(Tensor(), inp.t()); }, {"op gelu_forward"}));

@@ -115,6 +115,30 @@ TEST(LinearOps, WeightGradientsAccumulate) {
   EXPECT_TRUE(all_close(db2, ref_b, {1e-6, 1e-7}));
 }
 
+// The operand type is a promise about the inputs that only CUDA uses (tensor-core GEMMs on 16-bit
+// copies): the CPU's fp32 GEMM computes the same products exactly, so its results must be those
+// of operands = f32, bit for bit.
+TEST(LinearOps, SixteenBitOperandsChangeNothingOnTheCpu) {
+  for (const DType t : {DType::bf16, DType::f16}) {
+    HostTensor inp = uniform({37, 24}, 1), weight = uniform({18, 24}, 2),
+               dout = uniform({37, 18}, 3);
+    for (HostTensor* x : {&inp, &weight, &dout}) ops::round_to(x->t(), t);
+    HostTensor bias = uniform({18}, 4);
+    const HostTensor dw0 = uniform({18, 24}, 5), db0 = uniform({18}, 6);
+    HostTensor out32({37, 18}), out16({37, 18});
+    ops::linear_forward(out32.t(), inp.t(), weight.t(), bias.t());
+    ops::linear_forward(out16.t(), inp.t(), weight.t(), bias.t(), t);
+    EXPECT_TRUE(bits_equal(out16, out32)) << dtype_name(t);
+    HostTensor dinp32({37, 24}), dw32 = dw0, db32 = db0;
+    HostTensor dinp16({37, 24}), dw16 = dw0, db16 = db0;
+    ops::linear_backward(dinp32.t(), dw32.t(), db32.t(), dout.t(), inp.t(), weight.t());
+    ops::linear_backward(dinp16.t(), dw16.t(), db16.t(), dout.t(), inp.t(), weight.t(), t);
+    EXPECT_TRUE(bits_equal(dinp16, dinp32)) << dtype_name(t);
+    EXPECT_TRUE(bits_equal(dw16, dw32)) << dtype_name(t);
+    EXPECT_TRUE(bits_equal(db16, db32)) << dtype_name(t);
+  }
+}
+
 TEST(LinearOps, AcceptsLeadingDims) {
   HostTensor inp = uniform({2, 3, 8}, 1), weight = uniform({4, 8}, 2), out({2, 3, 4}), flat({6, 4});
   ops::linear_forward(out.t(), inp.t(), weight.t(), Tensor());
