@@ -17,6 +17,8 @@
 #include <cublasLt.h>
 
 #include <array>
+#include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -100,6 +102,16 @@ Operands gemm_operands(DType t, std::array<const float*, 3> src, std::array<int6
   return o;
 }
 
+// The largest power of two up to 256 dividing p's address. cuBLASLt's heuristics assume 256-byte
+// aligned matrices unless told otherwise (cublasLt.h: CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES,
+// default 256), and our operands are views at any 4-byte offset of larger buffers.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 struct Lt {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
@@ -164,6 +176,15 @@ void matmul(float* C, const void* A, const void* B, const float* bias, bool tran
   LLMT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
   LLMT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes, sizeof kWorkspaceBytes));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, A},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, B},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, C},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, C}};
+  for (const auto& [attr, ptr] : aligned) {
+    const uint32_t al = alignment(ptr);
+    LLMT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &al, sizeof al));
+  }
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   LLMT_CUBLAS_CHECK(
