@@ -35,11 +35,21 @@ class Handle {
     // Non-blocking completion check that also drives the library's progress engine (MPI's
     // non-blocking collectives advance only inside MPI calls). Default: not known to be done.
     virtual bool test() { return false; }
+    // (Optional) Makes the device's compute stream wait for the operation, not the host.
+    // Default (no device stream: MPI, local): wait().
+    virtual void device_wait() { wait(); }
   };
   Handle() = default;
   explicit Handle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait() {
     if (impl_) impl_->wait();
+    impl_.reset();
+  }
+  // For a result whose only reader is a kernel queued afterwards on the compute stream: the
+  // stream waits for the operation and the host goes on (NCCL: cudaStreamWaitEvent). Not when
+  // the host reads the buffer or frees or refills it next: use wait(). MPI and local: wait().
+  void device_wait() {
+    if (impl_) impl_->device_wait();
     impl_.reset();
   }
   bool done() const { return !impl_; }

@@ -34,10 +34,16 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
   const auto t_run = clock::now();
   busy_s_ = 0;
   double loss_sum = 0;
-  auto wait_take = [](std::map<Key, Handle>& m, const Key& k) {
+  // Receives are read only by the kernels of the compute action that takes them, so only the
+  // compute stream waits (Handle::device_wait); a send's buffer is freed by the host next, so the
+  // host waits.
+  auto wait_take = [](std::map<Key, Handle>& m, const Key& k, bool on_device) {
     auto it = m.find(k);
     if (it == m.end()) return;
-    it->second.wait();
+    if (on_device)
+      it->second.device_wait();
+    else
+      it->second.wait();
     m.erase(it);
   };
   for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
@@ -50,7 +56,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         recv_act_[key] = pp_.recv(model_.chunk_input(a.chunk, a.mb), msg.peer, msg.tag);
         break;
       case ActionKind::forward: {
-        wait_take(recv_act_, key);
+        wait_take(recv_act_, key, true);
         const auto t0 = clock::now();
         const float loss =
             model_.forward_chunk(a.chunk, a.mb, mb.tokens, mb.targets, dloss, mb.ctx);
@@ -69,7 +75,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
       }
       case ActionKind::backward:
       case ActionKind::backward_input: {
-        wait_take(recv_grad_, key);
+        wait_take(recv_grad_, key, true);
         Tensor dout;
         if (auto it = grad_in_.find(key); it != grad_in_.end())
           dout = it->second.tensor(act, DType::f32);
@@ -87,7 +93,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
         grad_in_.erase(key);
         if (full) {
-          wait_take(send_act_, key);
+          wait_take(send_act_, key, false);
           model_.free_chunk(a.chunk, a.mb);
         }
         break;
@@ -97,7 +103,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         const auto t0 = clock::now();
         model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens);
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
-        wait_take(send_act_, key);
+        wait_take(send_act_, key, false);
         model_.free_chunk(a.chunk, a.mb);
         break;
       }
@@ -136,7 +142,7 @@ double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
     const int chunk = s / p;
     if (s > 0)
       pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, p2p_tag(schedule_.shape, 0, s, false))
-          .wait();
+          .device_wait();
     const float l = model_.forward_chunk(chunk, 0, mb.tokens, mb.targets, 0.0f, mb.ctx);
     if (model_.chunk_has_head(chunk)) loss = l;
     if (s + 1 < stages)

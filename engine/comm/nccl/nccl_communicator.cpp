@@ -1,8 +1,8 @@
 // NCCL collectives on a dedicated stream per communicator, ordered after the work already queued
 // on the compute stream (an event the NCCL stream waits on, so a collective never reads a buffer
-// a kernel is still writing); a Handle is a CUDA event recorded after the call, and wait()
-// blocks the host on it, after which the compute stream may read the result. Sends and receives
-// go on p2p channels instead (communicator.h): one NCCL communicator and stream each,
+// a kernel is still writing); a Handle is a CUDA event recorded after the call: wait() blocks the
+// host on it, device_wait() makes the compute stream wait on it (cudaStreamWaitEvent). Sends and
+// receives go on p2p channels instead (communicator.h): one NCCL communicator and stream each,
 // split off this one, because NCCL matches point-to-point calls in issue order and a blocked call
 // holds its stream. Byte counts follow the same ring volumes as the MPI backend
 // (Communicator::count_collective).
@@ -53,7 +53,8 @@ class NcclHandle final : public Handle::Impl {
  public:
   NcclHandle(Communicator& owner, cudaEvent_t ev) : owner_(owner), ev_(ev) {}
   ~NcclHandle() override {
-    cudaEventSynchronize(ev_);
+    // After device_wait() the event may still be pending: CUDA releases it once it completes.
+    if (!on_device_) cudaEventSynchronize(ev_);
     cudaEventDestroy(ev_);
   }
   void wait() override {
@@ -63,10 +64,15 @@ class NcclHandle final : public Handle::Impl {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   bool test() override { return cudaEventQuery(ev_) == cudaSuccess; }
+  void device_wait() override {
+    LLMT_CUDA_RT(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_compute_stream()), ev_, 0));
+    on_device_ = true;
+  }
 
  private:
   Communicator& owner_;
   cudaEvent_t ev_;
+  bool on_device_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
