@@ -9,8 +9,11 @@
 //  - Progress: each channel is one CUDA stream per rank, and an NCCL send or receive blocks its
 //    stream until the peer's stream reaches the matching call ("blocking for the GPU", NCCL's
 //    documentation); the host waits where the executor waits (a compute action on the receives it
-//    reads, a backward on its own activation send, the end of the step on every send). The run
+//    reads, a backward on its own activation send, the end of the step on every send). On a GPU
+//    the receives are waited by the compute stream (Handle::device_wait), whose work every later
+//    call of the rank waits for: the model's host wait imposes the same order and more. The run
 //    must finish: no cycle of streams and hosts waiting on each other.
+// P2pMatchingLimits records what the CUDA backend's device-synchronizing cudaFree does to that.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -103,7 +106,10 @@ TEST_P(P2pMatching, EveryReceiveMeetsItsTag) {
 // Progress: the streams and hosts described in the file comment, run until nothing moves.
 class NcclModel {
  public:
-  explicit NcclModel(const Schedule& s) : s_(s), pc_(static_cast<size_t>(s.shape.stages), 0) {}
+  // syncing_frees: a backward (which frees buffers) first waits for every call its rank posted,
+  // as a cudaFree does (it synchronizes the device); the CUDA backend allocates that way today.
+  explicit NcclModel(const Schedule& s, bool syncing_frees = false)
+      : s_(s), syncing_frees_(syncing_frees), pc_(static_cast<size_t>(s.shape.stages), 0) {}
 
   // Returns "" when every rank finished, else where each rank and stream stands.
   std::string run() {
@@ -183,6 +189,9 @@ class NcclModel {
             a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
         const bool frees_act =
             a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight;
+        if (syncing_frees_ && (frees_act || a.kind == ActionKind::backward_input))
+          for (const Op& op : ops_)
+            if (op.rank == r && !op.done) return moved;
         if ((reads_act && !done(r, a.mb, a.chunk, ActionKind::recv_act)) ||
             (reads_grad && !done(r, a.mb, a.chunk, ActionKind::recv_grad)) ||
             (frees_act && !done(r, a.mb, a.chunk, ActionKind::send_act)))
@@ -210,6 +219,7 @@ class NcclModel {
   }
 
   const Schedule& s_;
+  bool syncing_frees_;
   std::vector<size_t> pc_;
   std::vector<Op> ops_;
   std::map<std::pair<int, Key>, int> posted_;               // (rank, key) -> op
@@ -222,6 +232,21 @@ TEST_P(P2pMatching, NcclStreamsMakeProgress) {
   NcclModel model(s);
   EXPECT_EQ(model.run(), "") << "deadlock";
   EXPECT_EQ(model.mismatches(), 0);
+}
+
+// A recorded limit, not a goal: if every backward also waits for all calls its rank posted (the
+// device synchronization of the CUDA backend's cudaFree), the interleaved schedules with
+// m >= 2p deadlock even on separate channels; GPipe, 1F1B and ZB-H1 still finish. A
+// stream-ordered or caching allocator on the GPU removes the wait (docs/gpu.md).
+TEST(P2pMatchingLimits, DeviceSyncingFreesDeadlockInterleavedOnly) {
+  for (const Case& c : all_cases()) {
+    const Schedule s = make_schedule(c.kind, ScheduleShape{c.p, c.v, c.m});
+    NcclModel model(s, /*syncing_frees=*/true);
+    const bool deadlocked = !model.run().empty();
+    EXPECT_EQ(deadlocked, c.kind == PipeSchedule::interleaved && c.m >= 2 * c.p)
+        << testing::PrintToString(c);
+    EXPECT_EQ(model.mismatches(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, P2pMatching, testing::ValuesIn(all_cases()), case_name);
