@@ -168,7 +168,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
                          const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh,
-                         DeviceBackend& backend, bool background, std::vector<float>* staging)
+                         DeviceBackend& backend, bool background, HostBuffer* staging)
     : cfg_(cfg),
       run_(run),
       spec_(spec),
@@ -220,10 +220,9 @@ PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const
     pd.offset = total;
     total += pd.numel;
   }
-  staging_->resize(static_cast<size_t>(total));
+  staging_->reserve(backend, static_cast<size_t>(total) * 4);
   for (const PieceData& pd : pieces_)
-    backend.copy_to_host(staging_->data() + pd.offset, pd.device,
-                         static_cast<size_t>(pd.numel) * 4);
+    backend.copy_to_host(staging_->f32() + pd.offset, pd.device, static_cast<size_t>(pd.numel) * 4);
   writer_ = std::thread([this] { write_file(nullptr); });
   blocked_s_ = seconds_since(start_);
 }
@@ -236,13 +235,14 @@ void PendingSave::write_file(DeviceBackend* backend) {
   const std::string path = (fs::path(tmp_) / rank_file_name(mesh_.rank())).string();
   try {
     ShardFileWriter out(path, mesh_.rank());
-    std::vector<float> buf;
     for (const PieceData& pd : pieces_) {
-      const float* host = staging_->data() + pd.offset;
+      // Background: the snapshot. Synchronous: one piece at a time through the same staging
+      // buffer, which a caller that keeps it allocates (and pins) once.
+      const float* host = staging_->f32() + pd.offset;
       if (backend) {
-        buf.resize(static_cast<size_t>(pd.numel));
-        backend->copy_to_host(buf.data(), pd.device, buf.size() * 4);
-        host = buf.data();
+        staging_->reserve(*backend, static_cast<size_t>(pd.numel) * 4);
+        backend->copy_to_host(staging_->data(), pd.device, static_cast<size_t>(pd.numel) * 4);
+        host = staging_->f32();
       }
       const std::string& name = tp_spec_.params[pd.piece.param].name;
       const auto boxes =
@@ -279,7 +279,7 @@ bool PendingSave::poll(bool wait) {
     return false;
   }
   if (writer_.joinable()) writer_.join();
-  own_staging_ = {};  // the snapshot, unless the caller keeps it for the next save
+  own_staging_.reset();  // the snapshot, unless the caller keeps it for the next save
   agree(world, error_, "checkpoint: writing the rank files");
 
   std::string error;
@@ -321,16 +321,18 @@ SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpe
 
 int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
              DeviceBackend& backend) {
-  std::vector<float> host;
+  HostBuffer host;  // one state tensor at a time (pinned on a GPU)
   int64_t bytes = 0;
   for (const StateTensor& st : state.state_tensors()) {
     const ParamSpec& p = tp_spec.params[st.param];
     const int64_t rows = st.local.size(0);
-    host.assign(static_cast<size_t>(st.local.numel()), 0.0f);
+    const size_t n = static_cast<size_t>(st.local.numel());
+    host.reserve(backend, n * 4);
+    std::fill_n(host.f32(), n, 0.0f);
     for (const LocalBox& lb : global_boxes(tp_spec, st.param, st.row_begin, st.row_begin + rows))
-      ckpt.read(tensor_path(st.kind, p.name), lb.global, host.data() + lb.local_offset);
-    backend.copy_from_host(st.local.data, host.data(), host.size() * 4);
-    bytes += static_cast<int64_t>(host.size()) * 4;
+      ckpt.read(tensor_path(st.kind, p.name), lb.global, host.f32() + lb.local_offset);
+    backend.copy_from_host(st.local.data, host.data(), n * 4);
+    bytes += static_cast<int64_t>(n) * 4;
   }
   state.after_load();
   return bytes;

@@ -53,11 +53,12 @@ struct SaveResult {
 // the directory, replaces `latest` and prunes.
 class PendingSave {
  public:
-  // staging: host memory for a background save's snapshot, kept by the caller from one save to
-  // the next so that its pages are not faulted in again (null: the save allocates its own).
+  // staging: the host memory the save copies through (a background save's whole snapshot, a
+  // synchronous one's largest piece; pinned when `backend` is a GPU), kept by the caller from one
+  // save to the next so that it is allocated and pinned once (null: the save allocates its own).
   PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
               const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend,
-              bool background, std::vector<float>* staging = nullptr);
+              bool background, HostBuffer* staging = nullptr);
   ~PendingSave();
   PendingSave(const PendingSave&) = delete;
   PendingSave& operator=(const PendingSave&) = delete;
@@ -84,8 +85,8 @@ class PendingSave {
   std::chrono::steady_clock::time_point start_;
   std::string name_, tmp_;
   std::vector<PieceData> pieces_;
-  std::vector<float> own_staging_;
-  std::vector<float>* staging_;  // the snapshot (background saves)
+  HostBuffer own_staging_;
+  HostBuffer* staging_;  // the snapshot (background saves), one piece (synchronous saves)
   std::thread writer_;
   std::atomic<bool> written_{false};
   std::string error_;

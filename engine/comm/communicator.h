@@ -35,11 +35,21 @@ class Handle {
     // Non-blocking completion check that also drives the library's progress engine (MPI's
     // non-blocking collectives advance only inside MPI calls). Default: not known to be done.
     virtual bool test() { return false; }
+    // (Optional) Makes the device's compute stream wait for the operation, not the host.
+    // Default (no device stream: MPI, local): wait().
+    virtual void device_wait() { wait(); }
   };
   Handle() = default;
   explicit Handle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait() {
     if (impl_) impl_->wait();
+    impl_.reset();
+  }
+  // For a result whose only reader is a kernel queued afterwards on the compute stream: the
+  // stream waits for the operation and the host goes on (NCCL: cudaStreamWaitEvent). Not when
+  // the host reads the buffer or frees or refills it next: use wait(). MPI and local: wait().
+  void device_wait() {
+    if (impl_) impl_->device_wait();
     impl_.reset();
   }
   bool done() const { return !impl_; }
@@ -76,8 +86,18 @@ class Communicator {
   virtual Handle broadcast(Tensor x, int root) = 0;
   // in (size * n) -> out (size * n): block r of in goes to rank r; block r of out came from r.
   virtual Handle all_to_all(Tensor out, Tensor in) = 0;
+  // Point to point. MPI matches a receive to the send with its tag. NCCL ignores tags apart from
+  // their channel, p2p_channel(tag, n) after open_p2p_channels(n) (else one channel): on each
+  // channel, the k-th send from rank a to rank b meets b's k-th receive from a; each channel is
+  // one stream per rank, and a call holds its stream until the peer's stream reaches the
+  // matching call. So a caller that must work on both gives every stream of a rank one role
+  // (sends to one peer, or receives from one) and posts each link's messages in the same order
+  // on both sides (the pipeline executor: p2p_tag in engine/schedule/schedule.h).
   virtual Handle send(Tensor x, int peer, int tag = 0) = 0;
   virtual Handle recv(Tensor x, int peer, int tag = 0) = 0;
+  // (Optional) Collective over the group: sets up `n` p2p channels (NCCL: one communicator and
+  // stream each). Backends that match by tag (MPI, local) need none.
+  virtual void open_p2p_channels(int n) { (void)n; }
   virtual void barrier() = 0;
   // Collective over this group: the ranks passing the same `color` form a new group, ordered
   // by `key` (MPI_Comm_split semantics). Used by the Mesh to build one group per axis.
@@ -108,6 +128,11 @@ class Communicator {
 };
 
 std::string_view comm_kind_name(CommKind k);
+
+// The channel of a message tag among `n` p2p channels (Communicator::send/recv).
+constexpr int p2p_channel(int tag, int n) {
+  return n > 1 ? tag % n : 0;
+}
 
 // A group of one: every collective is a copy (or nothing), send/recv are errors. No MPI.
 std::unique_ptr<Communicator> make_local_communicator(const std::string& name = "world");

@@ -32,6 +32,10 @@ class DeviceRouted final : public Communicator {
   Handle all_to_all(Tensor out, Tensor in) override { return of(out, in).all_to_all(out, in); }
   Handle send(Tensor x, int peer, int tag) override { return of(x).send(x, peer, tag); }
   Handle recv(Tensor x, int peer, int tag) override { return of(x).recv(x, peer, tag); }
+  void open_p2p_channels(int n) override {
+    host_->open_p2p_channels(n);
+    gpu_->open_p2p_channels(n);
+  }
   void barrier() override { host_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     return std::make_unique<DeviceRouted>(host_->split(color, key, name), make_gpu_);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace llmt {
 
@@ -26,15 +27,17 @@ std::string_view category_name(MemCategory c) {
 }
 
 namespace {
+void* aligned_host(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
+  return p;
+}
+
 class CpuBackend final : public DeviceBackend {
  public:
   Device device() const override { return {DeviceKind::cpu, 0}; }
-  void* allocate(size_t bytes) override {
-    size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    if (!p) throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
-    return p;
-  }
+  void* allocate(size_t bytes) override { return aligned_host(bytes); }
   void deallocate(void* p) override { std::free(p); }
   void memset_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
@@ -47,6 +50,38 @@ class CpuBackend final : public DeviceBackend {
   void synchronize() override {}
 };
 }  // namespace
+
+void* DeviceBackend::allocate_host(size_t bytes) {
+  return aligned_host(bytes);
+}
+void DeviceBackend::deallocate_host(void* p) {
+  std::free(p);
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    backend_ = std::exchange(o.backend_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void HostBuffer::reserve(DeviceBackend& backend, size_t bytes) {
+  if (backend_ == &backend && bytes_ >= bytes) return;
+  reset();
+  data_ = backend.allocate_host(bytes);
+  backend_ = &backend;
+  bytes_ = bytes;
+}
+
+void HostBuffer::reset() {
+  if (data_) backend_->deallocate_host(data_);
+  backend_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
 
 std::unique_ptr<DeviceBackend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "engine/core/tensor.h"
 
@@ -32,6 +33,11 @@ class DeviceBackend {
   virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Host memory for staging copies to and from this device (use HostBuffer). The CUDA backend
+  // page-locks it (cudaHostAlloc), so copies run at full PCIe speed instead of going through the
+  // driver's pageable bounce buffer; the default is plain 64-byte aligned memory.
+  virtual void* allocate_host(size_t bytes);
+  virtual void deallocate_host(void* p);
 };
 
 std::unique_ptr<DeviceBackend> make_cpu_backend();
@@ -53,6 +59,31 @@ struct MemStats {
 };
 
 class Allocator;
+
+// Host staging memory of one DeviceBackend (DeviceBackend::allocate_host: pinned on a GPU),
+// owned; move-only. Not counted by the Allocator, which accounts device memory.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { reset(); }
+
+  // Makes this at least `bytes` of `backend`'s host memory: kept when it already is (so a buffer
+  // reused from one copy to the next is allocated and pinned once), else replaced (contents lost).
+  void reserve(DeviceBackend& backend, size_t bytes);
+  void reset();
+  void* data() const { return data_; }
+  float* f32() const { return static_cast<float*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  DeviceBackend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 // Owns one allocation; returns it to the Allocator on destruction. Move-only.
 class Buffer {

@@ -1,5 +1,6 @@
 // The tp regions and vocab-parallel cross-entropy over a Communicator (tensor_parallel.h). Each
-// collective is waited on at once: the model's next op needs its result.
+// collective is waited on at once, by the device: the model's next op, a kernel on the compute
+// stream, reads its result, and the caller owns the buffers (Handle::device_wait).
 #include "engine/parallel/tensor_parallel.h"
 
 #include "kernels/ops.h"
@@ -18,40 +19,40 @@ void check_rows(const char* what, const Communicator& tp, const Tensor& full, co
 }  // namespace
 
 void copy_to_region_backward(Communicator& tp, Tensor dx) {
-  tp.all_reduce(dx).wait();
+  tp.all_reduce(dx).device_wait();
 }
 
 void reduce_from_region_forward(Communicator& tp, Tensor x) {
-  tp.all_reduce(x).wait();
+  tp.all_reduce(x).device_wait();
 }
 
 void gather_from_sequence_forward(Communicator& tp, Tensor full, Tensor shard) {
   check_rows("gather_from_sequence_forward", tp, full, shard);
-  tp.all_gather(full, shard).wait();
+  tp.all_gather(full, shard).device_wait();
 }
 
 void gather_from_sequence_backward(Communicator& tp, Tensor dshard, Tensor dfull) {
   check_rows("gather_from_sequence_backward", tp, dfull, dshard);
-  tp.reduce_scatter(dshard, dfull).wait();
+  tp.reduce_scatter(dshard, dfull).device_wait();
 }
 
 void reduce_scatter_to_sequence_forward(Communicator& tp, Tensor shard, Tensor full) {
   check_rows("reduce_scatter_to_sequence_forward", tp, full, shard);
-  tp.reduce_scatter(shard, full).wait();
+  tp.reduce_scatter(shard, full).device_wait();
 }
 
 void reduce_scatter_to_sequence_backward(Communicator& tp, Tensor dfull, Tensor dshard) {
   check_rows("reduce_scatter_to_sequence_backward", tp, dfull, dshard);
-  tp.all_gather(dfull, dshard).wait();
+  tp.all_gather(dfull, dshard).device_wait();
 }
 
 void vocab_parallel_cross_entropy(Communicator& tp, Tensor losses, Tensor logits, Tensor targets,
                                   int64_t vocab_start, int64_t vocab_size, float dloss, Tensor max,
                                   Tensor sums) {
   ops::cross_entropy_shard_max(max, logits, targets, vocab_size);
-  tp.all_reduce(max, ReduceOp::max).wait();
+  tp.all_reduce(max, ReduceOp::max).device_wait();
   ops::cross_entropy_shard_sums(sums, logits, max, targets, vocab_start);
-  tp.all_reduce(sums).wait();
+  tp.all_reduce(sums).device_wait();
   ops::cross_entropy_shard_finish(losses, logits, logits, max, sums, targets, vocab_start, dloss);
 }
 

@@ -17,15 +17,11 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Transformer& model, Commun
              " pp ranks, the pp group has ", pp.size());
   LLMT_CHECK(model.num_chunks() == s.virtual_stages, "the schedule runs ", s.virtual_stages,
              " chunks per rank, the model stage holds ", model.num_chunks());
+  if (pp.size() > 1) pp.open_p2p_channels(p2p_channels(s));  // NCCL: one stream per link role
   last_backward_mb_.assign(static_cast<size_t>(s.virtual_stages), -1);
   for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)])
     if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
       last_backward_mb_[static_cast<size_t>(a.chunk)] = a.mb;
-}
-
-int PipelineExecutor::tag(int mb, int recv_stage, bool grad) const {
-  const int stages = schedule_.shape.stages * schedule_.shape.virtual_stages;
-  return (mb * stages + recv_stage) * 2 + (grad ? 1 : 0);
 }
 
 double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float dloss,
@@ -38,23 +34,29 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
   const auto t_run = clock::now();
   busy_s_ = 0;
   double loss_sum = 0;
-  auto wait_take = [](std::map<Key, Handle>& m, const Key& k) {
+  // Receives are read only by the kernels of the compute action that takes them, so only the
+  // compute stream waits (Handle::device_wait); a send's buffer is freed by the host next, so the
+  // host waits.
+  auto wait_take = [](std::map<Key, Handle>& m, const Key& k, bool on_device) {
     auto it = m.find(k);
     if (it == m.end()) return;
-    it->second.wait();
+    if (on_device)
+      it->second.device_wait();
+    else
+      it->second.wait();
     m.erase(it);
   };
   for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
     const Key key{a.mb, a.chunk};
-    const int stage = stage_of(shape, rank_, a.chunk);
+    // Posted in action order: the order p2p_message's tests check against NCCL's matching.
+    const P2pMessage msg = is_p2p(a.kind) ? p2p_message(shape, rank_, a) : P2pMessage{};
     const PipelineMicroBatch& mb = mbs[static_cast<size_t>(a.mb)];
     switch (a.kind) {
       case ActionKind::recv_act:
-        recv_act_[key] =
-            pp_.recv(model_.chunk_input(a.chunk, a.mb), a.peer, tag(a.mb, stage, false));
+        recv_act_[key] = pp_.recv(model_.chunk_input(a.chunk, a.mb), msg.peer, msg.tag);
         break;
       case ActionKind::forward: {
-        wait_take(recv_act_, key);
+        wait_take(recv_act_, key, true);
         const auto t0 = clock::now();
         const float loss =
             model_.forward_chunk(a.chunk, a.mb, mb.tokens, mb.targets, dloss, mb.ctx);
@@ -63,18 +65,17 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         break;
       }
       case ActionKind::send_act:
-        send_act_[key] =
-            pp_.send(model_.chunk_output(a.chunk, a.mb), a.peer, tag(a.mb, stage + 1, false));
+        send_act_[key] = pp_.send(model_.chunk_output(a.chunk, a.mb), msg.peer, msg.tag);
         break;
       case ActionKind::recv_grad: {
         Buffer& buf = grad_in_[key];
         buf = alloc_.allocate_tensor(act, DType::f32, MemCategory::comm);
-        recv_grad_[key] = pp_.recv(buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage, true));
+        recv_grad_[key] = pp_.recv(buf.tensor(act, DType::f32), msg.peer, msg.tag);
         break;
       }
       case ActionKind::backward:
       case ActionKind::backward_input: {
-        wait_take(recv_grad_, key);
+        wait_take(recv_grad_, key, true);
         Tensor dout;
         if (auto it = grad_in_.find(key); it != grad_in_.end())
           dout = it->second.tensor(act, DType::f32);
@@ -92,7 +93,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
         grad_in_.erase(key);
         if (full) {
-          wait_take(send_act_, key);
+          wait_take(send_act_, key, false);
           model_.free_chunk(a.chunk, a.mb);
         }
         break;
@@ -102,7 +103,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         const auto t0 = clock::now();
         model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens);
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
-        wait_take(send_act_, key);
+        wait_take(send_act_, key, false);
         model_.free_chunk(a.chunk, a.mb);
         break;
       }
@@ -110,8 +111,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         auto it = grad_out_.find(key);
         LLMT_CHECK(it != grad_out_.end(), "send_grad of micro-batch ", a.mb, " chunk ", a.chunk,
                    " on pp rank ", rank_, " before its backward");
-        it->second.handle =
-            pp_.send(it->second.buf.tensor(act, DType::f32), a.peer, tag(a.mb, stage - 1, true));
+        it->second.handle = pp_.send(it->second.buf.tensor(act, DType::f32), msg.peer, msg.tag);
         break;
       }
     }
@@ -140,11 +140,15 @@ double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
   for (int s = 0; s < stages; ++s) {
     if (s % p != rank_) continue;
     const int chunk = s / p;
-    if (s > 0) pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, tag(0, s, false)).wait();
+    if (s > 0)
+      pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, p2p_tag(schedule_.shape, 0, s, false))
+          .device_wait();
     const float l = model_.forward_chunk(chunk, 0, mb.tokens, mb.targets, 0.0f, mb.ctx);
     if (model_.chunk_has_head(chunk)) loss = l;
     if (s + 1 < stages)
-      pp_.send(model_.chunk_output(chunk, 0), (s + 1) % p, tag(0, s + 1, false)).wait();
+      pp_.send(model_.chunk_output(chunk, 0), (s + 1) % p,
+               p2p_tag(schedule_.shape, 0, s + 1, false))
+          .wait();
     model_.free_chunk(chunk, 0);
   }
   if (p > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), p - 1).wait();

@@ -53,8 +53,6 @@ class PipelineExecutor {
 
  private:
   using Key = std::tuple<int, int>;  // (mb, chunk)
-  // Message tag: the receiving stage, the micro-batch and the direction (activations or grads).
-  int tag(int mb, int recv_stage, bool grad) const;
 
   Schedule schedule_;
   Transformer& model_;

@@ -199,6 +199,50 @@ const char* action_name(ActionKind kind) {
   return "?";
 }
 
+namespace {
+// Colours of the pp ranks: neighbours differ, also across the ring p-1 -> 0 of interleaving.
+bool odd_ring(const ScheduleShape& s) {
+  return s.virtual_stages > 1 && s.stages % 2 == 1;
+}
+int colour(const ScheduleShape& s, int rank) {
+  return odd_ring(s) && rank == s.stages - 1 ? 2 : rank % 2;
+}
+}  // namespace
+
+int p2p_channels(const ScheduleShape& s) {
+  return odd_ring(s) ? 6 : 4;
+}
+
+int p2p_tag(const ScheduleShape& s, int mb, int recv_stage, bool grad) {
+  const int p = s.stages, stages = p * s.virtual_stages;
+  const int sender = ((grad ? recv_stage + 1 : recv_stage - 1) + stages) % stages % p;
+  const int channel = (grad ? 1 : 0) + 2 * colour(s, sender);
+  return (mb * stages + recv_stage) * p2p_channels(s) + channel;
+}
+
+bool is_p2p(ActionKind kind) {
+  return kind == ActionKind::send_act || kind == ActionKind::recv_act ||
+         kind == ActionKind::send_grad || kind == ActionKind::recv_grad;
+}
+
+P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a) {
+  const int stage = stage_of(s, rank, a.chunk);
+  switch (a.kind) {
+    case ActionKind::recv_act:
+      return {false, a.peer, p2p_tag(s, a.mb, stage, false)};
+    case ActionKind::send_act:
+      return {true, a.peer, p2p_tag(s, a.mb, stage + 1, false)};
+    case ActionKind::recv_grad:
+      return {false, a.peer, p2p_tag(s, a.mb, stage, true)};
+    case ActionKind::send_grad:
+      return {true, a.peer, p2p_tag(s, a.mb, stage - 1, true)};
+    default:
+      break;
+  }
+  throw Error(concat("p2p_message: ", action_name(a.kind), " of micro-batch ", a.mb,
+                     " is not a send or receive"));
+}
+
 Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape) {
   const int p = shape.stages, v = shape.virtual_stages, m = shape.micro_batches;
   if (p < 1 || v < 1 || m < 1)

@@ -60,6 +60,33 @@ struct Schedule {
 // tags.
 Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 
+// Point-to-point channels (Communicator::send/recv, engine/comm/communicator.h): NCCL matches
+// sends and receives per channel in issue order, and each channel is one stream per rank that a
+// blocked call holds. The pipeline gives every (kind, sending rank's colour) a channel, the
+// colour alternating along the pp ranks (0, 1, 0, 1, ...; the last rank 2 when interleaving
+// closes the ring p-1 -> 0 over an odd p), so each stream of a rank carries one role: the
+// activations it sends to the next rank, those it receives from the previous one, the gradients
+// it sends back, or those it receives. With one channel, 1F1B deadlocks already at p = 2 (each
+// rank's stream blocks in a send the peer's stream has queued behind its own send;
+// tests/unit/schedule/test_p2p_matching.cpp).
+int p2p_channels(const ScheduleShape& s);  // 4, or 6 for interleaving over an odd p
+
+// The message tag of the transfer into global stage `recv_stage` of micro-batch `mb`:
+// (mb * p*v + recv_stage) * p2p_channels + channel, channel = kind (activations 0, gradients 1)
+// + 2 * the sender's colour. Unique per message of a step; p2p_channel(tag, p2p_channels(s)) is
+// its channel.
+int p2p_tag(const ScheduleShape& s, int mb, int recv_stage, bool grad);
+
+// What the executor passes to Communicator::send/recv for a p2p action of `rank` (the action's
+// peer and its p2p_tag); the executor posts them in the order of the rank's action list.
+struct P2pMessage {
+  bool send = false;
+  int peer = -1;
+  int tag = 0;
+};
+P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a);
+bool is_p2p(ActionKind kind);
+
 const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
 

@@ -376,7 +376,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
   // polled at every step end; a synchronous one completes where it starts).
   std::unique_ptr<ckpt::PendingSave> pending;
-  std::vector<float> ckpt_staging;  // async saves' snapshot, reused from one save to the next
+  HostBuffer ckpt_staging;  // async saves' snapshot (pinned on a GPU), reused from save to save
   auto report = [&](const ckpt::SaveResult& r) {
     if (rank0 && !opts.quiet)
       std::printf(

@@ -1,6 +1,6 @@
 // Communicator tests with exact per-rank answers, run under mpirun on 1, 2, 3 and 4 ranks (and
 // on the local backend without a launcher): every collective, point-to-point on a ring, split,
-// and the byte counters' ring volumes.
+// and the byte counters' ring volumes; the device-routed group with a stand-in for NCCL.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -150,7 +150,8 @@ TEST(Comm, ManyInFlight) {
 }
 
 // A stand-in for NCCL: forwards to a host communicator, taking tensors labelled as CUDA (whose
-// memory is host memory here) as host tensors.
+// memory is host memory here) as host tensors. Like NCCL it ignores tags apart from their p2p
+// channel: the host tag is the channel, so messages of a channel match in issue order.
 class FakeGpu final : public Communicator {
  public:
   explicit FakeGpu(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
@@ -164,11 +165,17 @@ class FakeGpu final : public Communicator {
   Handle all_gather(Tensor o, Tensor i) override { return inner_->all_gather(host(o), host(i)); }
   Handle broadcast(Tensor x, int root) override { return inner_->broadcast(host(x), root); }
   Handle all_to_all(Tensor o, Tensor i) override { return inner_->all_to_all(host(o), host(i)); }
-  Handle send(Tensor x, int peer, int tag) override { return inner_->send(host(x), peer, tag); }
-  Handle recv(Tensor x, int peer, int tag) override { return inner_->recv(host(x), peer, tag); }
+  Handle send(Tensor x, int peer, int tag) override {
+    return inner_->send(host(x), peer, p2p_channel(tag, channels));
+  }
+  Handle recv(Tensor x, int peer, int tag) override {
+    return inner_->recv(host(x), peer, p2p_channel(tag, channels));
+  }
+  void open_p2p_channels(int n) override { channels = n; }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int, int, const std::string&) override { return nullptr; }
   CommCounters counters() const override { return inner_->counters(); }
+  int channels = 1;
 
  private:
   static Tensor host(Tensor t) {
@@ -212,6 +219,39 @@ TEST(Comm, DeviceRouted) {
   sub->all_reduce(Tensor(&x, {1}, DType::f32, Device{DeviceKind::cuda, 0})).wait();
   EXPECT_EQ(x, static_cast<float>(sub->size()));
   EXPECT_EQ(gpus[1]->counters().calls[ar], 1);
+}
+
+// open_p2p_channels reaches the group's GPU communicator, and its channels keep separate orders:
+// rank 0 sends tags 0, 1, 2 (channels 0, 1, 0 of 2) to rank 1, which receives tag 1 first.
+TEST(Comm, DeviceRoutedP2pChannels) {
+  Communicator& c = mpi_test_world();
+  const int r = c.rank();
+  FakeGpu* gpu = nullptr;
+  auto routed = make_device_routed(c.split(0, r, "world2"), [&](Communicator& host_group) {
+    auto g = std::make_unique<FakeGpu>(host_group.split(0, host_group.rank(), "gpu"));
+    gpu = g.get();
+    return g;
+  });
+  routed->open_p2p_channels(2);
+  EXPECT_EQ(gpu->channels, 2);
+  if (c.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Device cuda{DeviceKind::cuda, 0};
+  float m[3] = {10.0f, 11.0f, 12.0f};
+  if (r == 0) {
+    std::vector<Handle> sent;
+    for (int tag = 0; tag < 3; ++tag)
+      sent.push_back(routed->send(Tensor(&m[tag], {1}, DType::f32, cuda), 1, tag));
+    for (Handle& h : sent) h.wait();
+  } else if (r == 1) {
+    float got[3] = {-1.0f, -1.0f, -1.0f};
+    Handle h1 = routed->recv(Tensor(&got[1], {1}, DType::f32, cuda), 0, 1);
+    Handle h0 = routed->recv(Tensor(&got[0], {1}, DType::f32, cuda), 0, 0);
+    Handle h2 = routed->recv(Tensor(&got[2], {1}, DType::f32, cuda), 0, 2);
+    h1.device_wait();  // MPI: waits on the host
+    h0.wait();
+    h2.wait();
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], m[k]) << "tag " << k;
+  }
 }
 
 }  // namespace

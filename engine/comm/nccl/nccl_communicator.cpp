@@ -1,8 +1,11 @@
 // NCCL collectives on a dedicated stream per communicator, ordered after the work already queued
 // on the compute stream (an event the NCCL stream waits on, so a collective never reads a buffer
-// a kernel is still writing); a Handle is a CUDA event recorded after the call, and wait()
-// blocks the host on it, after which the compute stream may read the result. Byte counts follow the
-// same ring volumes as the MPI backend (Communicator::count_collective).
+// a kernel is still writing); a Handle is a CUDA event recorded after the call: wait() blocks the
+// host on it, device_wait() makes the compute stream wait on it (cudaStreamWaitEvent). Sends and
+// receives go on p2p channels instead (communicator.h): one NCCL communicator and stream each,
+// split off this one, because NCCL matches point-to-point calls in issue order and a blocked call
+// holds its stream. Byte counts follow the same ring volumes as the MPI backend
+// (Communicator::count_collective).
 #include "engine/comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -50,7 +53,8 @@ class NcclHandle final : public Handle::Impl {
  public:
   NcclHandle(Communicator& owner, cudaEvent_t ev) : owner_(owner), ev_(ev) {}
   ~NcclHandle() override {
-    cudaEventSynchronize(ev_);
+    // After device_wait() the event may still be pending: CUDA releases it once it completes.
+    if (!on_device_) cudaEventSynchronize(ev_);
     cudaEventDestroy(ev_);
   }
   void wait() override {
@@ -60,10 +64,15 @@ class NcclHandle final : public Handle::Impl {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   bool test() override { return cudaEventQuery(ev_) == cudaSuccess; }
+  void device_wait() override {
+    LLMT_CUDA_RT(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_compute_stream()), ev_, 0));
+    on_device_ = true;
+  }
 
  private:
   Communicator& owner_;
   cudaEvent_t ev_;
+  bool on_device_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -80,6 +89,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~NcclCommunicator() override {
+    close_p2p_channels();
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -141,21 +151,37 @@ class NcclCommunicator final : public Communicator {
     count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
     return record();
   }
-  Handle send(Tensor x, int peer, int) override {
+  // On the tag's channel (communicator.h): matched in issue order with the peer's calls on the
+  // same channel, on that channel's stream.
+  Handle send(Tensor x, int peer, int tag) override {
     check_device(x, "send");
-    after_compute();
-    LLMT_NCCL(
-        ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
+    const P2pChannel ch = channel(tag, peer, "send");
+    after_compute(ch.stream);
+    LLMT_NCCL(ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, ch.comm,
+                       ch.stream));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
-    return record();
+    return record(ch.stream);
   }
-  Handle recv(Tensor x, int peer, int) override {
+  Handle recv(Tensor x, int peer, int tag) override {
     check_device(x, "recv");
-    after_compute();
-    LLMT_NCCL(
-        ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, comm_, stream_));
+    const P2pChannel ch = channel(tag, peer, "recv");
+    after_compute(ch.stream);
+    LLMT_NCCL(ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, ch.comm,
+                       ch.stream));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
-    return record();
+    return record(ch.stream);
+  }
+  // One NCCL communicator and stream per channel, split off this one (a collective).
+  void open_p2p_channels(int n) override {
+    if (static_cast<int>(channels_.size()) == n) return;
+    close_p2p_channels();
+    for (int c = 0; c < n; ++c) {
+      P2pChannel ch;
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      LLMT_NCCL(ncclCommSplit(comm_, 0, rank_, &ch.comm, &config));
+      channels_.push_back(ch);
+      LLMT_CUDA_RT(cudaStreamCreateWithFlags(&channels_.back().stream, cudaStreamNonBlocking));
+    }
   }
   void barrier() override {
     // An all-reduce of one int is NCCL's barrier.
@@ -179,20 +205,41 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclCommCount(comm_, &size_));
     LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
-  // The NCCL stream waits for everything queued on the compute stream so far.
-  void after_compute() {
+  struct P2pChannel {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  void close_p2p_channels() {
+    for (P2pChannel& ch : channels_) {
+      cudaStreamSynchronize(ch.stream);
+      ncclCommDestroy(ch.comm);
+      cudaStreamDestroy(ch.stream);
+    }
+    channels_.clear();
+  }
+  // The tag's channel; this communicator and its stream while no channels are open.
+  P2pChannel channel(int tag, int peer, const char* what) const {
+    LLMT_CHECK(peer >= 0 && peer < size_ && peer != rank_, name_, " ", what, ": peer ", peer,
+               " of rank ", rank_, " in a group of ", size_);
+    if (channels_.empty()) return {comm_, stream_};
+    return channels_[static_cast<size_t>(p2p_channel(tag, static_cast<int>(channels_.size())))];
+  }
+  // `stream` waits for everything queued on the compute stream so far.
+  void after_compute(cudaStream_t stream) {
     cudaEvent_t ev;
     LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     LLMT_CUDA_RT(cudaEventRecord(ev, static_cast<cudaStream_t>(cuda_compute_stream())));
-    LLMT_CUDA_RT(cudaStreamWaitEvent(stream_, ev, 0));
+    LLMT_CUDA_RT(cudaStreamWaitEvent(stream, ev, 0));
     LLMT_CUDA_RT(cudaEventDestroy(ev));
   }
-  Handle record() {
+  void after_compute() { after_compute(stream_); }
+  Handle record(cudaStream_t stream) {
     cudaEvent_t ev;
     LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    LLMT_CUDA_RT(cudaEventRecord(ev, stream_));
+    LLMT_CUDA_RT(cudaEventRecord(ev, stream));
     return Handle(std::make_unique<NcclHandle>(*this, ev));
   }
+  Handle record() { return record(stream_); }
   void check_device(const Tensor& x, const char* what) const {
     LLMT_CHECK(x.device.kind == DeviceKind::cuda, name_, " ", what, " on ", describe(x),
                ": the NCCL backend moves GPU buffers");
@@ -207,6 +254,7 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  std::vector<P2pChannel> channels_;  // open_p2p_channels
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
-// CUDA device memory, copies and streams. Copies are issued on the backend's compute stream and
-// waited for, so callers see synchronous semantics; kernels (kernels/cuda) use the same stream.
+// CUDA device memory, pinned host staging memory, copies and streams. Copies are issued on the
+// backend's compute stream and waited for, so callers see synchronous semantics; kernels
+// (kernels/cuda) use the same stream.
 #include <cublas_api.h>
 #include <cuda_runtime.h>
 #if __has_include(<nccl.h>)
@@ -55,6 +56,17 @@ class CudaBackend final : public DeviceBackend {
     LLMT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_));
   }
   void synchronize() override { LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+  // Page-locked, so that cudaMemcpyAsync to and from it is a direct DMA at full PCIe speed.
+  void* allocate_host(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess)
+      throw Error(detail::concat("cudaHostAlloc of ", bytes,
+                                 " bytes of pinned host memory for GPU ", index_,
+                                 " failed: ", cudaGetErrorString(err)));
+    return p;
+  }
+  void deallocate_host(void* p) override { cudaFreeHost(p); }
 
  private:
   int index_;

@@ -1,5 +1,9 @@
-// Allocator accounting (live and peak per category), Buffer views and checks.
+// Allocator accounting (live and peak per category), Buffer views and checks, HostBuffer reuse.
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "engine/core/allocator.h"
 
@@ -82,6 +86,61 @@ TEST(Device, SelectionFollowsTheSetting) {
   }
   EXPECT_NE(built_in_backends().find("cpu"), std::string::npos);
   EXPECT_EQ(built_in_backends().find("cuda") != std::string::npos, cuda_built_in());
+}
+
+// HostBuffer asks its backend for host memory once and keeps it while it is large enough, so a
+// checkpoint staging buffer reused from save to save is allocated (and, on a GPU, pinned) once.
+class CountingBackend final : public DeviceBackend {
+ public:
+  Device device() const override { return inner->device(); }
+  void* allocate(size_t bytes) override { return inner->allocate(bytes); }
+  void deallocate(void* p) override { inner->deallocate(p); }
+  void memset_zero(void* p, size_t bytes) override { inner->memset_zero(p, bytes); }
+  void copy_to_host(void* d, const void* s, size_t n) override { inner->copy_to_host(d, s, n); }
+  void copy_from_host(void* d, const void* s, size_t n) override { inner->copy_from_host(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { inner->copy(d, s, n); }
+  void synchronize() override {}
+  void* allocate_host(size_t bytes) override {
+    ++host_allocs;
+    return DeviceBackend::allocate_host(bytes);
+  }
+  void deallocate_host(void* p) override {
+    ++host_frees;
+    DeviceBackend::deallocate_host(p);
+  }
+  std::unique_ptr<DeviceBackend> inner = make_cpu_backend();
+  int host_allocs = 0, host_frees = 0;
+};
+
+TEST(HostBuffer, ReservesOnceAndReturnsItsMemoryToItsBackend) {
+  CountingBackend backend;
+  HostBuffer a;
+  EXPECT_EQ(a.data(), nullptr);
+  a.reserve(backend, 1000);
+  void* first = a.data();
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u);
+  EXPECT_EQ(a.bytes(), 1000u);
+  a.f32()[249] = 3.0f;      // the whole range is usable
+  a.reserve(backend, 400);  // smaller: kept
+  EXPECT_EQ(a.data(), first);
+  EXPECT_EQ(backend.host_allocs, 1);
+  a.reserve(backend, 4000);  // larger: replaced
+  EXPECT_EQ(a.bytes(), 4000u);
+  EXPECT_EQ(backend.host_allocs, 2);
+  EXPECT_EQ(backend.host_frees, 1);
+  HostBuffer b = std::move(a);  // moves ownership, allocates nothing
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(b.bytes(), 4000u);
+  EXPECT_EQ(backend.host_allocs, 2);
+  b.reset();
+  EXPECT_EQ(backend.host_frees, 2);
+  {
+    HostBuffer c;
+    c.reserve(backend, 8);
+  }
+  EXPECT_EQ(backend.host_allocs, 3);
+  EXPECT_EQ(backend.host_frees, 3);  // freed by the destructor
 }
 
 }  // namespace
