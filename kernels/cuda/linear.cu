@@ -53,16 +53,17 @@ cudaDataType_t cuda_type(DType t) {
 
 // Device memory for the 16-bit copies of GEMM inputs, grown on demand and kept: after the first
 // steps no call allocates. Calls reuse it in stream order (a GEMM has read its copies before the
-// next call's conversion overwrites them); growing waits for the queued work first.
+// next call's conversion overwrites them). Growing is stream-ordered too (cudaFreeAsync /
+// cudaMallocAsync): a cudaFree would synchronize the device, and so wait for NCCL streams that
+// may be blocked on a peer (the device backend allocates the same way, cuda_backend.cu).
 class Staging {
  public:
   void* reserve(size_t bytes) {
     if (bytes <= bytes_) return data_;
-    LLMT_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    if (data_) LLMT_CUDA_CHECK(cudaFree(data_));
+    if (data_) LLMT_CUDA_CHECK(cudaFreeAsync(data_, stream()));
     data_ = nullptr;
     bytes_ = 0;
-    LLMT_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    LLMT_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream()));
     bytes_ = bytes;
     return data_;
   }

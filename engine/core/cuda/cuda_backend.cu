@@ -7,6 +7,7 @@
 #include <nccl.h>
 #endif
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -29,17 +30,29 @@ class CudaBackend final : public DeviceBackend {
   explicit CudaBackend(int index) : index_(index) {
     LLMT_CUDA_CHECK(cudaSetDevice(index));
     compute_ = static_cast<cudaStream_t>(cuda_compute_stream());
+    // Freed memory stays in the device's pool for the next allocation instead of going back to
+    // the driver at every synchronization.
+    cudaMemPool_t pool = nullptr;
+    LLMT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+    uint64_t keep = UINT64_MAX;
+    LLMT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   Device device() const override { return {DeviceKind::cuda, index_}; }
+  // Stream-ordered (cudaMallocAsync/cudaFreeAsync on the compute stream): unlike cudaFree, a free
+  // never synchronizes the device, so it cannot wait for an NCCL stream blocked on a peer. The
+  // pipeline executor frees activations in every backward; with device-synchronizing frees,
+  // interleaved schedules deadlock under NCCL (P2pMatchingLimits in test_p2p_matching). Memory
+  // is reused in compute-stream order; other streams that read a buffer (NCCL) wait for the
+  // compute stream before their call, and the caller waits for them before freeing it.
   void* allocate(size_t bytes) override {
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+    cudaError_t err = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, compute_);
     if (err != cudaSuccess)
-      throw Error(detail::concat("cudaMalloc of ", bytes, " bytes on GPU ", index_,
+      throw Error(detail::concat("cudaMallocAsync of ", bytes, " bytes on GPU ", index_,
                                  " failed: ", cudaGetErrorString(err)));
     return p;
   }
-  void deallocate(void* p) override { cudaFree(p); }
+  void deallocate(void* p) override { cudaFreeAsync(p, compute_); }
   void memset_zero(void* p, size_t bytes) override {
     LLMT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
     LLMT_CUDA_CHECK(cudaStreamSynchronize(compute_));

@@ -13,7 +13,8 @@
 //    the receives are waited by the compute stream (Handle::device_wait), whose work every later
 //    call of the rank waits for: the model's host wait imposes the same order and more. The run
 //    must finish: no cycle of streams and hosts waiting on each other.
-// P2pMatchingLimits records what the CUDA backend's device-synchronizing cudaFree does to that.
+// P2pMatchingLimits records what a device-synchronizing cudaFree would do to that (why the CUDA
+// backend allocates stream-ordered).
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -107,7 +108,8 @@ TEST_P(P2pMatching, EveryReceiveMeetsItsTag) {
 class NcclModel {
  public:
   // syncing_frees: a backward (which frees buffers) first waits for every call its rank posted,
-  // as a cudaFree does (it synchronizes the device); the CUDA backend allocates that way today.
+  // as a cudaFree does (it synchronizes the device); the CUDA backend's stream-ordered
+  // cudaFreeAsync does not.
   explicit NcclModel(const Schedule& s, bool syncing_frees = false)
       : s_(s), syncing_frees_(syncing_frees), pc_(static_cast<size_t>(s.shape.stages), 0) {}
 
@@ -234,10 +236,10 @@ TEST_P(P2pMatching, NcclStreamsMakeProgress) {
   EXPECT_EQ(model.mismatches(), 0);
 }
 
-// A recorded limit, not a goal: if every backward also waits for all calls its rank posted (the
-// device synchronization of the CUDA backend's cudaFree), the interleaved schedules with
-// m >= 2p deadlock even on separate channels; GPipe, 1F1B and ZB-H1 still finish. A
-// stream-ordered or caching allocator on the GPU removes the wait (docs/gpu.md).
+// A recorded limit, not a goal: if every backward also waited for all calls its rank posted (the
+// device synchronization of cudaFree), the interleaved schedules with m >= 2p would deadlock even
+// on separate channels; GPipe, 1F1B and ZB-H1 still finish. This is why the CUDA backend frees
+// with cudaFreeAsync on the compute stream, which does not wait (docs/gpu.md).
 TEST(P2pMatchingLimits, DeviceSyncingFreesDeadlockInterleavedOnly) {
   for (const Case& c : all_cases()) {
     const Schedule s = make_schedule(c.kind, ScheduleShape{c.p, c.v, c.m});
