@@ -1,8 +1,9 @@
 // AdamW and the reductions the optimizer needs (grad norms, overflow checks), per tensor and over
 // a tensor list in one OpenMP parallel region. The element math of AdamW is kernels/adamw_math.h,
-// so a tensor updated alone or in a list gets the same bits. Reductions keep one partial per
-// chunk and add them in chunk order, so a rerun with the same thread count gives the same bits
-// (OpenMP's reduction clause would not).
+// so a tensor updated alone or in a list gets the same bits; this file is compiled with
+// -fno-math-errno (kernels/CMakeLists.txt), without which its sqrt kept the AdamW loop scalar.
+// Reductions keep one partial per chunk and add them in chunk order, so a rerun with the same
+// thread count gives the same bits (OpenMP's reduction clause would not).
 #include <bit>
 #include <cmath>
 #include <vector>
