@@ -6,6 +6,9 @@
 
 #include <array>
 #include <initializer_list>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -31,7 +34,8 @@ bool present(const Tensor& t) {
 class Op {
  public:
   Op(const char* name, std::initializer_list<Tensor> tensors, bool mixed_devices = false)
-      : name_(name) {
+      : Op(name, std::span<const Tensor>(tensors.begin(), tensors.size()), mixed_devices) {}
+  Op(const char* name, std::span<const Tensor> tensors, bool mixed_devices = false) : name_(name) {
     bool first = true;
     for (const Tensor& t : tensors) {
       if (!t.defined()) continue;
@@ -529,6 +533,66 @@ double sum_squares(Tensor x) {
 bool has_nonfinite(Tensor x) {
   Op op("has_nonfinite", {x});
   return LLMT_KERNEL(op, has_nonfinite)(op.f32("x", x), x.numel());
+}
+
+void adamw_update(std::span<const AdamWTensor> ts, const AdamWParams& hp) {
+  std::vector<Tensor> all;
+  for (const AdamWTensor& t : ts) all.insert(all.end(), {t.param, t.grad, t.m, t.v});
+  Op op("adamw_update", all);
+  op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
+  std::vector<float*> param, m, v;
+  std::vector<const float*> grad;
+  std::vector<int64_t> numel;
+  std::vector<float> weight_decay;
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const AdamWTensor& t = ts[k];
+    const std::string at = "[" + std::to_string(k) + "]";
+    op.same_shape(("grad" + at).c_str(), t.grad, ("param" + at).c_str(), t.param);
+    op.same_shape(("m" + at).c_str(), t.m, ("param" + at).c_str(), t.param);
+    op.same_shape(("v" + at).c_str(), t.v, ("param" + at).c_str(), t.param);
+    param.push_back(op.f32(("param" + at).c_str(), t.param));
+    grad.push_back(op.f32(("grad" + at).c_str(), t.grad));
+    m.push_back(op.f32(("m" + at).c_str(), t.m));
+    v.push_back(op.f32(("v" + at).c_str(), t.v));
+    numel.push_back(t.param.numel());
+    weight_decay.push_back(t.decay ? hp.weight_decay : 0.0f);
+  }
+  LLMT_KERNEL(op, adamw_update_multi)
+  (param.data(), grad.data(), m.data(), v.data(), numel.data(), weight_decay.data(),
+   static_cast<int64_t>(ts.size()), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.step, hp.grad_scale);
+}
+
+namespace {
+
+// The pointers and sizes of a list for the multi-tensor reductions.
+struct ListArgs {
+  std::vector<const float*> x;
+  std::vector<int64_t> numel;
+};
+
+ListArgs list_args(const Op& op, std::span<const Tensor> xs) {
+  ListArgs a;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    a.x.push_back(op.f32(("x[" + std::to_string(k) + "]").c_str(), xs[k]));
+    a.numel.push_back(xs[k].numel());
+  }
+  return a;
+}
+
+}  // namespace
+
+double sum_squares(std::span<const Tensor> xs) {
+  Op op("sum_squares", xs);
+  const ListArgs a = list_args(op, xs);
+  return LLMT_KERNEL(op, sum_squares_multi)(a.x.data(), a.numel.data(),
+                                            static_cast<int64_t>(xs.size()));
+}
+
+bool has_nonfinite(std::span<const Tensor> xs) {
+  Op op("has_nonfinite", xs);
+  const ListArgs a = list_args(op, xs);
+  return LLMT_KERNEL(op, has_nonfinite_multi)(a.x.data(), a.numel.data(),
+                                              static_cast<int64_t>(xs.size()));
 }
 
 // ---- precision --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "engine/core/tensor.h"
 
@@ -129,6 +130,22 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWPara
 double sum_squares(Tensor x);
 // True if any element is inf or nan.
 bool has_nonfinite(Tensor x);
+
+// Multi-tensor versions (apex's multi_tensor_apply, PyTorch's fused _foreach AdamW): one call
+// over a list of tensors instead of one per tensor. On the CPU one parallel region covers the
+// whole list; on CUDA a launch covers many tensors and the reductions read back once per list.
+// Any tensor may be empty. All tensors of a list on one device.
+struct AdamWTensor {
+  Tensor param, grad, m, v;  // same shape, f32
+  bool decay = true;         // hp.weight_decay applies; false: no weight decay (biases, norms)
+};
+// adamw_update of every entry; on the CPU bitwise what the per-tensor op gives.
+void adamw_update(std::span<const AdamWTensor> ts, const AdamWParams& hp);
+// The sum over the list of each tensor's sum of squares, in double, in a fixed order: on the
+// CPU bitwise the per-tensor results added in list order (for a given thread count).
+double sum_squares(std::span<const Tensor> xs);
+// True if any element of any tensor is inf or nan.
+bool has_nonfinite(std::span<const Tensor> xs);
 
 // ---- precision --------------------------------------------------------------------------------
 // Rounds f32 values in place to the nearest value representable in `target` (bf16: round to

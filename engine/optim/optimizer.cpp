@@ -1,4 +1,5 @@
-// AdamW state lives in two flat buffers (m, v) carved like the parameters; updates are ops.
+// AdamW state lives in two flat buffers (m, v) carved like the parameters; updates are ops, one
+// multi-tensor call per step (and per norm).
 #include "engine/optim/optimizer.h"
 
 #include <algorithm>
@@ -27,9 +28,7 @@ double lr_at(const OptimizerConfig& cfg, int64_t step) {
 }
 
 double global_norm(const std::vector<Tensor>& tensors) {
-  double sum = 0.0;
-  for (const Tensor& t : tensors) sum += ops::sum_squares(t);
-  return std::sqrt(sum);
+  return std::sqrt(ops::sum_squares(tensors));
 }
 
 double clip_coefficient(const OptimizerConfig& cfg, double norm) {
@@ -56,16 +55,18 @@ AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Ten
 
 void AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
                  int64_t step, float grad_scale) {
-  for (size_t i = 0; i < params.size(); ++i) {
-    ops::AdamWParams hp{static_cast<float>(lr),
-                        cfg_.beta1,
-                        cfg_.beta2,
-                        cfg_.eps,
-                        decay_[i] ? cfg_.weight_decay : 0.0f,
-                        step,
-                        grad_scale};
-    ops::adamw_update(params[i], grads[i], m_[i], v_[i], hp);
-  }
+  std::vector<ops::AdamWTensor> ts;
+  ts.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    ts.push_back({params[i], grads[i], m_[i], v_[i], decay_[i]});
+  const ops::AdamWParams hp{.lr = static_cast<float>(lr),
+                            .beta1 = cfg_.beta1,
+                            .beta2 = cfg_.beta2,
+                            .eps = cfg_.eps,
+                            .weight_decay = cfg_.weight_decay,
+                            .step = step,
+                            .grad_scale = grad_scale};
+  ops::adamw_update(ts, hp);
 }
 
 LossScaler::LossScaler(const OptimizerConfig& cfg, bool enabled)

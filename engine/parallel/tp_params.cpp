@@ -2,6 +2,7 @@
 #include "engine/parallel/tp_params.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -9,17 +10,16 @@ namespace llmt {
 
 double tp_sum_squares(const ModelSpec& spec, Tensor flat, int64_t begin) {
   const int64_t end = begin + flat.numel();
-  double sum = 0;
+  std::vector<Tensor> counted;
   int64_t off = 0;
   for (size_t i = 0; i < spec.params.size() && off < end; ++i) {
     const int64_t n = spec.params[i].shape.numel();
     const int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
     if (lo < hi && counts_in_tp_norm(spec, i))
-      sum +=
-          ops::sum_squares(Tensor(flat.f32() + (lo - begin), {hi - lo}, DType::f32, flat.device));
+      counted.emplace_back(flat.f32() + (lo - begin), Shape{hi - lo}, DType::f32, flat.device);
     off += n;
   }
-  return sum;
+  return ops::sum_squares(counted);
 }
 
 void gather_tp_params(Communicator& tp, const ModelSpec& spec, const std::vector<float>& local,

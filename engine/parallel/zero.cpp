@@ -285,15 +285,15 @@ void Zero::finish_backward() {
 double Zero::grad_norm() {
   // opt_grads_ follows the units' params with real rows; under tp a replicated parameter counts
   // on tp rank 0 only (tp_params.h).
-  double local = 0;
+  std::vector<Tensor> counted;
   size_t k = 0;
   for (const Unit& u : units_)
     for (const Param& p : u.params) {
       if (p.own_rows == 0) continue;
-      if (counts_in_tp_norm(model_.spec(), p.index)) local += ops::sum_squares(opt_grads_[k]);
+      if (counts_in_tp_norm(model_.spec(), p.index)) counted.push_back(opt_grads_[k]);
       ++k;
     }
-  float sum = static_cast<float>(local);
+  float sum = static_cast<float>(ops::sum_squares(counted));
   mesh_.comm(Axis::dp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
@@ -312,8 +312,7 @@ Tensor Zero::owned_grad(size_t i) {
 }
 
 bool Zero::grads_nonfinite() {
-  int32_t bad = 0;
-  for (const Tensor& g : opt_grads_) bad |= ops::has_nonfinite(g) ? 1 : 0;
+  int32_t bad = ops::has_nonfinite(opt_grads_) ? 1 : 0;
   mesh_.comm(Axis::dp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();

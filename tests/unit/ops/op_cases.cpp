@@ -348,6 +348,63 @@ void add_loss(std::vector<OpCase>& cases) {
                    kReduced});
 }
 
+// An empty tensor on the device of `like` (a HostTensor of 0 elements stands for an absent one).
+Tensor empty_like(const Tensor& like) {
+  return Tensor(nullptr, {0}, DType::f32, like.device);
+}
+
+// The multi-tensor (list) ops, on lists that cross every limit of the CUDA multi-tensor apply
+// (kernels/cuda/optim.cu): more tensors than a launch holds (24 for AdamW, 96 for the
+// reductions), tensors of one element and of several 16384-element chunks, empty tensors (made
+// in the call), and for the sum one tensor cut by a full launch (320 chunks).
+void add_multi_tensor(std::vector<OpCase>& cases) {
+  std::vector<HostTensor> adamw_args;
+  const int n_adamw = 30;
+  for (int k = 0; k < n_adamw; ++k) {
+    const int64_t n = k % 7 == 0 ? 40000 + k : 1 + 37 * k;
+    adamw_args.push_back(uniform({n}, 100 + 4 * k));
+    adamw_args.push_back(uniform({n}, 101 + 4 * k));
+    adamw_args.push_back(uniform({n}, 102 + 4 * k, -0.1f, 0.1f));
+    adamw_args.push_back(uniform({n}, 103 + 4 * k, 0.0f, 0.01f));
+  }
+  cases.push_back(
+      {"adamw_update", "adamw_update_list", adamw_args, op([n_adamw](const Views& v) {
+         const Tensor e = empty_like(v[0]);
+         std::vector<ops::AdamWTensor> ts{{e, e, e, e, true}};
+         for (int k = 0; k < n_adamw; ++k) {
+           ts.push_back({v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3], k % 3 != 0});
+           if (k == 12) ts.push_back({e, e, e, e, false});
+         }
+         ops::AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
+         ops::adamw_update(ts, hp);
+       }),
+       kTight});
+  // 100003 elements (7 chunks), then 5.3M (324 chunks: the launch fills at its 313th), then 98
+  // small ones.
+  std::vector<HostTensor> sum_args{uniform({100003}, 200), uniform({5300000}, 201)};
+  for (int k = 0; k < 98; ++k) sum_args.push_back(uniform({1 + 13 * k}, 202 + k));
+  auto with_empty = [](const Views& v) {
+    std::vector<Tensor> xs(v);
+    xs.insert(xs.begin() + 50, empty_like(v[0]));
+    return xs;
+  };
+  cases.push_back({"sum_squares", "sum_squares_list", sum_args,
+                   [with_empty](const Views& v) {
+                     return std::vector<double>{ops::sum_squares(with_empty(v))};
+                   },
+                   Tol{1e-10, 0.0}});
+  std::vector<HostTensor> finite(sum_args.begin() + 2, sum_args.end());
+  std::vector<HostTensor> with_inf = finite;
+  with_inf.back()[with_inf.back().numel() - 1] = INFINITY;  // in the second launch (tensor 97)
+  for (auto& [name, args] : {std::pair{"has_nonfinite_list_inf", with_inf},
+                             std::pair{"has_nonfinite_list_finite", finite}})
+    cases.push_back({"has_nonfinite", name, args,
+                     [with_empty](const Views& v) {
+                       return std::vector<double>{ops::has_nonfinite(with_empty(v)) * 1.0};
+                     },
+                     kExact});
+}
+
 void add_optim_and_reductions(std::vector<OpCase>& cases) {
   const Shape s{1000, 37};
   cases.push_back(
@@ -378,6 +435,7 @@ void add_optim_and_reductions(std::vector<OpCase>& cases) {
        {uniform({100003}, 6)},
        [](const Views& v) { return std::vector<double>{ops::has_nonfinite(v[0]) * 1.0}; },
        kExact});
+  add_multi_tensor(cases);
 }
 
 void add_precision(std::vector<OpCase>& cases) {

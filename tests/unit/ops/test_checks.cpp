@@ -2,6 +2,7 @@
 // tensors named, optional arguments may be absent, and CUDA tensors are refused until
 // kernels/cuda exists.
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "tests/unit/ops/harness.h"
@@ -56,6 +57,19 @@ TEST(OpChecks, GemmOperandsMustBeAFloatType) {
                              DType::i32);
       },
       {"op linear_backward", "operands must be f32, bf16 or f16, not i32"}));
+}
+
+// The list ops name the entry at fault.
+TEST(OpChecks, ListEntryMismatchNamesTheEntry) {
+  HostTensor p0({6}), p1({5}), g1({4}), x({3}, DType::i32);
+  const ops::AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+  const std::vector<ops::AdamWTensor> ts{{p0.t(), p0.t(), p0.t(), p0.t()},
+                                         {p1.t(), g1.t(), p1.t(), p1.t()}};
+  EXPECT_TRUE(throws_with([&] { ops::adamw_update(ts, hp); },
+                          {"op adamw_update", "grad[1]", "(4,)", "param[1]", "(5,)"}));
+  const std::vector<Tensor> xs{p0.t(), x.t()};
+  EXPECT_TRUE(throws_with([&] { ops::sum_squares(xs); }, {"op sum_squares", "x[1]", "i32"}));
+  EXPECT_TRUE(throws_with([&] { ops::has_nonfinite(xs); }, {"op has_nonfinite", "x[1]", "i32"}));
 }
 
 TEST(OpChecks, RequiredTensorMissing) {
