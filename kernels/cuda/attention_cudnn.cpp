@@ -139,10 +139,16 @@ Graph backward_graph(const Shape& s) {
   return g;
 }
 
-// Builds g (validation, heuristics, plans); "" or cuDNN's reason for refusing it.
+// Builds g (validation, heuristics, plans); "" or cuDNN's reason for refusing it. A cuDNN that
+// cannot start (no handle: a library piece missing at run time) refuses too, so training falls
+// back to the flash kernel rather than stopping.
 std::string build(const Graph& g) {
-  auto e = g->build(handle(), {fe::HeurMode_t::A});
-  return e.is_good() ? std::string() : e.get_message();
+  try {
+    auto e = g->build(handle(), {fe::HeurMode_t::A});
+    return e.is_good() ? std::string() : e.get_message();
+  } catch (const Error& e) {
+    return e.what();
+  }
 }
 
 struct Entry {
