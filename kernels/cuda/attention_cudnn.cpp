@@ -78,11 +78,9 @@ fe::graph::Tensor_attributes view(const char* name, Uid uid, const Shape& s, int
       .set_stride({s.T * row, s.D, row, 1});
 }
 
-// (B,H,T,1) f32: the saved log-sum-exp, laid out as ops.h's lse (B,H,T).
-fe::graph::Tensor_attributes stats_view(const Shape& s) {
-  return fe::graph::Tensor_attributes()
-      .set_name("Stats")
-      .set_uid(kStats)
+// t as the saved log-sum-exp: (B,H,T,1) f32, laid out as ops.h's lse (B,H,T).
+fe::graph::Tensor_attributes& as_lse(fe::graph::Tensor_attributes& t, const Shape& s) {
+  return t.set_uid(kStats)
       .set_dim({s.B, s.H, s.T, 1})
       .set_stride({s.H * s.T, s.T, 1, 1})
       .set_data_type(fe::DataType_t::FLOAT);
@@ -109,11 +107,7 @@ Graph forward_graph(const Shape& s) {
       .set_uid(kO)
       .set_dim({s.B, s.H, s.T, s.D})
       .set_stride({s.T * s.H * s.D, s.D, s.H * s.D, 1});
-  stats->set_output(true)
-      .set_uid(kStats)
-      .set_dim({s.B, s.H, s.T, 1})
-      .set_stride({s.H * s.T, s.T, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
+  as_lse(stats->set_output(true), s);
   return g;
 }
 
@@ -125,7 +119,8 @@ Graph backward_graph(const Shape& s) {
   auto v = g->tensor(view("V", kV, s, s.KV, L));
   auto o = g->tensor(view("O", kO, s, s.H, HD));
   auto dout = g->tensor(view("dO", kDO, s, s.H, HD));
-  auto stats = g->tensor(stats_view(s));
+  fe::graph::Tensor_attributes lse;
+  auto stats = g->tensor(as_lse(lse.set_name("Stats"), s));
   auto opts = fe::graph::SDPA_backward_attributes()
                   .set_name("sdpa_backward")
                   .set_attn_scale(scale_of(s))
