@@ -131,11 +131,13 @@ Rows rows_of(const Op& op, const char* arg, const Tensor& t) {
 }
 
 // Shape checks shared by attention forward and backward: qkv (B,T,H+2KV,D), out (B,T,H,D),
-// lse (B,H,T).
+// lse (B,H,T); operands a floating-point type.
 void check_attention(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                     int64_t H, int64_t KV) {
+                     int64_t H, int64_t KV, DType operands) {
   op.require(H > 0 && KV > 0 && H % KV == 0, "n_head=", H, " must be a positive multiple of ",
              "n_kv_head=", KV);
+  op.require(operands == DType::f32 || operands == DType::bf16 || operands == DType::f16,
+             "operands=", dtype_name(operands), ", expected f32, bf16 or f16");
   op.ndim("qkv", qkv, 4);
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(3);
   op.shape("qkv", qkv, {B, T, H + 2 * KV, D});
@@ -358,23 +360,24 @@ void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float the
 
 // ---- attention --------------------------------------------------------------------------------
 
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head) {
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head,
+                       DType operands) {
   Op op("attention_forward", {out, lse, qkv});
-  check_attention(op, out, lse, qkv, n_head, n_kv_head);
+  check_attention(op, out, lse, qkv, n_head, n_kv_head, operands);
   LLMT_KERNEL(op, attention_forward)
   (op.f32("out", out), op.f32("lse", lse), op.f32("qkv", qkv), qkv.size(0), qkv.size(1), n_head,
-   n_kv_head, qkv.size(3));
+   n_kv_head, qkv.size(3), operands);
 }
 
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                        int64_t n_head, int64_t n_kv_head) {
+                        int64_t n_head, int64_t n_kv_head, DType operands) {
   Op op("attention_backward", {dqkv, dout, qkv, out, lse});
-  check_attention(op, out, lse, qkv, n_head, n_kv_head);
+  check_attention(op, out, lse, qkv, n_head, n_kv_head, operands);
   op.same_shape("dqkv", dqkv, "qkv", qkv);
   op.same_shape("dout", dout, "out", out);
   LLMT_KERNEL(op, attention_backward)
   (op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv), op.f32("out", out),
-   op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3));
+   op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3), operands);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------

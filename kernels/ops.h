@@ -72,11 +72,17 @@ void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float the
 // Causal self-attention with grouped-query heads, computed in tiles with an online softmax:
 // memory O(T) per head, never a (T,T) matrix. qkv (B,T,H+2KV,D) holds q heads, then k, then v;
 // query head h uses kv head h / (H/KV). Scale 1/sqrt(D).
-// out (B,T,H,D); lse (B,H,T) log-sum-exp of each row's scores, saved for backward.
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head);
+// out (B,T,H,D); lse (B,H,T) log-sum-exp of each row's scaled scores (natural log), saved for
+// backward.
+// operands (f32, bf16 or f16): the inputs' values are representable in this type (the model's
+// compute precision); a backend may compute on that type with fp32 accumulation. The CPU ignores
+// it; CUDA runs cuDNN's fused attention for bf16/f16 where cuDNN supports the shape (docs/gpu.md).
+// Pass the same operands to the backward as to the forward.
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head,
+                       DType operands = DType::f32);
 // dqkv (B,T,H+2KV,D) assigned; dout (B,T,H,D); recomputes scores tile by tile from qkv and lse.
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                        int64_t n_head, int64_t n_kv_head);
+                        int64_t n_head, int64_t n_kv_head, DType operands = DType::f32);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)

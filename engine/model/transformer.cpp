@@ -528,7 +528,7 @@ void Transformer::layer_forward(int64_t local, LayerActs& a, Tensor res_out,
   ops::linear_forward(a.qkv.view({N, Q}), column_input(a.a), lw.qkv_w, lw.qkv_b, compute_);
   if (cfg.position == PositionKind::rope) ops::rope_forward(a.qkv, H + KV, 0, cfg.rope_theta);
   lowp(a.qkv);
-  ops::attention_forward(a.att, a.lse, a.qkv, H, KV);
+  ops::attention_forward(a.att, a.lse, a.qkv, H, KV, compute_);  // qkv holds compute_ values
   lowp(a.att);
   ops::linear_forward(scratch_c_, a.att.view({N, H * D}), lw.proj_w, row_bias(lw.proj_b), compute_);
   Tensor y = row_output(scratch_c_, lw.proj_b);
@@ -612,7 +612,7 @@ void Transformer::layer_backward(int64_t local, LayerActs& a, const StepContext&
   linear(d_att_.view({N, H * D}), lg.proj_w, lg.proj_b, row_output_grad(branch_grad(0)),
          a.att.view({N, H * D}), lw.proj_w, st.proj);
   lowp(d_att_);
-  ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV);
+  ops::attention_backward(d_qkv_, d_att_, a.qkv, a.att, a.lse, H, KV, compute_);
   if (cfg.position == PositionKind::rope) ops::rope_backward(d_qkv_, H + KV, 0, cfg.rope_theta);
   lowp(d_qkv_);
   linear(d_c_, lg.qkv_w, lg.qkv_b, d_qkv_.view({N, Q}), column_input(a.a), lw.qkv_w, st.qkv);

@@ -119,7 +119,7 @@ std::unique_ptr<float[], AlignedDelete> alloc_scratch(int64_t n) {
 // softmax (running max m and sum l per query; o and l rescaled by exp(m_old - m_new)) vectorises
 // across queries, and only Q, once per item, needs a transposed copy.
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D) {
+                       int64_t KV, int64_t D, DType /*operands: fp32 regardless*/) {
   LLMT_CHECK(KV > 0 && H % KV == 0, "n_head=", H, " is not a multiple of n_kv_head=", KV);
   const int64_t Dp = round_up(D, kVec), ld = (H + 2 * KV) * D, group = H / KV;
   const int64_t n_tiles = (T + kTile - 1) / kTile;
@@ -216,7 +216,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 //   dK += dS^T Q, dQ += dS K.
 // The first query head of the group assigns dK/dV, the others add to them.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        DType /*operands: fp32 regardless*/) {
   LLMT_CHECK(KV > 0 && H % KV == 0, "n_head=", H, " is not a multiple of n_kv_head=", KV);
   const int64_t Dp = round_up(D, kVec), ld = (H + 2 * KV) * D, ldo = H * D, group = H / KV;
   const int64_t n_tiles = (T + kTile - 1) / kTile, Tp = n_tiles * kTile;

@@ -5,8 +5,16 @@
 // bound (64, 128, 256); D <= 256. Straightforward CUDA cores, no tensor cores: this is the
 // always-available path (docs/gpu.md), not a tuned one.
 // Layouts (kernels/ops.h): qkv (B,T,H+2KV,D), out and dout (B,T,H,D), lse (B,H,T).
+// With 16-bit operands and a shape cuDNN supports, the entry points below hand the call to cuDNN's
+// fused attention instead (attention_cudnn.h): qkv (and out, dout) converted to the 16-bit type in
+// a reused device scratch buffer, cuDNN's results converted back to fp32.
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#ifdef LLMTRAIN_HAVE_CUDNN
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 
 namespace llmt::cuda {
 namespace {
@@ -206,11 +214,64 @@ Dims dims(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   return {B, T, H, KV, D, 1.0f / sqrtf(static_cast<float>(D))};
 }
 
+#ifdef LLMTRAIN_HAVE_CUDNN
+// One device buffer for the cuDNN path's 16-bit copies and cuDNN's workspace, reused by every
+// call and grown (stream-ordered, so pending kernels keep the old one) when a call needs more.
+void* scratch(size_t bytes) {
+  static void* p = nullptr;
+  static size_t capacity = 0;
+  if (bytes > capacity) {
+    if (p) LLMT_CUDA_CHECK(cudaFreeAsync(p, stream()));
+    p = nullptr;
+    capacity = 0;
+    LLMT_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream()));
+    capacity = bytes;
+  }
+  return p;
+}
+
+// Carves consecutive 256-byte aligned pieces out of the scratch buffer: sizes first, then bases.
+struct Pieces {
+  static size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
+  size_t total = 0;
+  size_t add(size_t bytes) {
+    const size_t at = total;
+    total += aligned(bytes);
+    return at;
+  }
+};
+#endif
+
 }  // namespace
 
+std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType operands) {
+  if (operands == DType::f32) return "flash: operands f32";
+#ifdef LLMTRAIN_HAVE_CUDNN
+  const std::string why = cudnn_sdpa::unsupported({B, T, H, KV, D, operands});
+  return why.empty() ? "cudnn" : "flash: " + why;
+#else
+  return "flash: this build has no cuDNN (cmake/cudnn.cmake)";
+#endif
+}
+
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D) {
+                       int64_t KV, int64_t D, DType operands) {
   if (B * T == 0) return;
+#ifdef LLMTRAIN_HAVE_CUDNN
+  if (attention_path(B, T, H, KV, D, operands) == "cudnn") {
+    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands};
+    const int64_t n_qkv = B * T * (H + 2 * KV) * D, n_o = B * T * H * D;
+    const size_t es = dtype_size(operands);
+    Pieces at;
+    const size_t qkv16 = at.add(n_qkv * es), o16 = at.add(n_o * es);
+    const size_t ws = at.add(cudnn_sdpa::workspace_bytes(s));
+    char* base = static_cast<char*>(scratch(at.total));
+    convert(base + qkv16, operands, qkv, DType::f32, n_qkv);  // exact: values are operands'
+    cudnn_sdpa::forward(base + o16, lse, base + qkv16, base + ws, s);
+    convert(out, DType::f32, base + o16, operands, n_o);
+    return;
+  }
+#endif
   const Dims d = dims(B, T, H, KV, D);
   const dim3 grid(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(H),
                   static_cast<unsigned>(B));
@@ -221,8 +282,26 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        DType operands) {
   if (B * T == 0) return;
+#ifdef LLMTRAIN_HAVE_CUDNN
+  if (attention_path(B, T, H, KV, D, operands) == "cudnn") {  // as the forward decided
+    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands};
+    const int64_t n_qkv = B * T * (H + 2 * KV) * D, n_o = B * T * H * D;
+    const size_t es = dtype_size(operands);
+    Pieces at;
+    const size_t qkv16 = at.add(n_qkv * es), o16 = at.add(n_o * es), do16 = at.add(n_o * es);
+    const size_t dqkv16 = at.add(n_qkv * es), ws = at.add(cudnn_sdpa::workspace_bytes(s));
+    char* base = static_cast<char*>(scratch(at.total));
+    convert(base + qkv16, operands, qkv, DType::f32, n_qkv);
+    convert(base + o16, operands, out, DType::f32, n_o);
+    convert(base + do16, operands, dout, DType::f32, n_o);
+    cudnn_sdpa::backward(base + dqkv16, base + do16, base + qkv16, base + o16, lse, base + ws, s);
+    convert(dqkv, DType::f32, base + dqkv16, operands, n_qkv);
+    return;
+  }
+#endif
   const Dims d = dims(B, T, H, KV, D);
   float* delta = nullptr;  // (B,H,T), stream-ordered scratch
   LLMT_CUDA_CHECK(

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/core/dtype.h"
 
@@ -19,10 +20,17 @@ namespace llmt::cuda {
 #include "kernels/kernel_decls.inc"
 
 // ---- attention.cu -----------------------------------------------------------------------------
-// As kernels/cpu/attention.h: qkv (B,T,H+2KV,D), out (B,T,H,D), lse (B,H,T); D <= 256.
+// As kernels/cpu/attention.h: qkv (B,T,H+2KV,D), out (B,T,H,D), lse (B,H,T). With operands bf16
+// or f16 and a shape cuDNN supports, cuDNN's fused attention (attention_cudnn.h); otherwise the
+// flash kernel, D <= 256. Forward and backward decide by the same predicate (attention_path).
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D);
+                       int64_t KV, int64_t D, DType operands);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+                        const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        DType operands);
+// Which implementation attention_forward/backward use for this call: "cudnn", or "flash: " and
+// the reason (operands f32, a build without cuDNN, or what cuDNN said about the shape). Builds
+// and caches cuDNN's graphs for the shape, so it needs a GPU when operands are 16-bit.
+std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DType operands);
 
 }  // namespace llmt::cuda

@@ -1,9 +1,10 @@
 // Every op of kernels/ops.h on CUDA against the CPU kernel on the same inputs: each case of the
 // shared op-case table (tests/unit/ops/op_cases.h) runs on the CPU and on GPU 0, and every tensor
-// and scalar it leaves must agree within the case's fp32 tolerance (plus one bf16 ulp, kBf16Tol,
-// in its bf16-storage variant). Then what the table cannot express: copies between
-// host and device, and the data-dependent errors (token ids, targets) the CPU kernels raise.
-// Skips (with the reason) where no GPU is visible.
+// and scalar it leaves must agree within the case's tolerance (fp32, or derived from the rounding
+// of 16-bit attention operands; plus one bf16 ulp, kBf16Tol, in its bf16-storage variant). Then
+// what the table cannot express: copies between host and device, the data-dependent errors (token
+// ids, targets) the CPU kernels raise, and which attention implementation runs. Skips (with the
+// reason) where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/core/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "tests/unit/ops/op_cases.h"
 
@@ -95,6 +97,20 @@ TEST_F(Gpu, BadTokenAndTargetIdsThrow) {
   EXPECT_THROW(ops::softmax_cross_entropy(losses.tensor({10}, DType::f32), Tensor(),
                                           out.tensor({10, 10}, DType::f32), t.view({10}), 1.0f),
                Error);
+}
+
+// Which attention the op-case table's attention cases run (so their comparisons test cuDNN where
+// they mean to): fp32 operands the flash kernel; bf16 GQA and f16 MQA cuDNN's fused attention;
+// a head dim cuDNN refuses (12, not a multiple of 8) the flash kernel. A build without cuDNN runs
+// the flash kernel everywhere and says so (cmake/cudnn.cmake).
+TEST_F(Gpu, AttentionPathFollowsOperandsAndShape) {
+  EXPECT_EQ(cuda::attention_path(2, 70, 4, 2, 16, DType::f32), "flash: operands f32");
+  const std::string gqa = cuda::attention_path(2, 70, 4, 2, 16, DType::bf16);
+  if (gqa.find("no cuDNN") != std::string::npos) GTEST_SKIP() << gqa;
+  EXPECT_EQ(gqa, "cudnn");
+  EXPECT_EQ(cuda::attention_path(1, 130, 2, 1, 64, DType::f16), "cudnn");
+  const std::string refused = cuda::attention_path(1, 33, 2, 2, 12, DType::bf16);
+  EXPECT_EQ(refused.rfind("flash: head dim 12", 0), 0u) << refused;
 }
 
 // A CUDA tensor and a host tensor in one op are refused, not read across devices.

@@ -6,6 +6,9 @@
 #if __has_include(<nccl.h>)
 #include <nccl.h>
 #endif
+#ifdef LLMTRAIN_HAVE_CUDNN
+#include <cudnn_version.h>
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -98,15 +101,21 @@ void* cuda_compute_stream() {
 }
 
 std::string cuda_version_info() {
-  // Versions of the headers this build was compiled against (the kernels link cuBLASLt; NCCL is
-  // engine/comm's; cuDNN is not used yet), then the driver found at run time.
+  // Versions of the headers this build was compiled against (the kernels link cuBLASLt and, for
+  // fused attention, cuDNN when cmake/cudnn.cmake found it; NCCL is engine/comm's), then the
+  // driver found at run time.
   std::string s =
       detail::concat("CUDA ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, ", cuBLASLt ",
                      CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, ".", CUBLAS_VER_PATCH);
 #if __has_include(<nccl.h>)
   s += detail::concat(", NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH);
 #endif
-  s += ", cuDNN not used";
+#ifdef LLMTRAIN_HAVE_CUDNN
+  s += detail::concat(", cuDNN ", CUDNN_MAJOR, ".", CUDNN_MINOR, ".", CUDNN_PATCHLEVEL,
+                      " (fused attention)");
+#else
+  s += ", cuDNN not used (not found at build time; attention uses the flash kernel)";
+#endif
   int driver = 0;
   if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0)
     s += detail::concat(", driver ", driver / 1000, ".", driver % 1000 / 10);

@@ -3,6 +3,7 @@
 // between the kernel's bounds), and outputs are seeded so that assigning and accumulating differ.
 #include "tests/unit/ops/op_cases.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <utility>
@@ -222,32 +223,125 @@ void add_rope(std::vector<OpCase>& cases) {
                    kTight});
 }
 
+// Unit roundoff of a 16-bit operands type: bf16 keeps 8 significant bits, f16 11.
+double unit_roundoff(DType t) {
+  return t == DType::bf16 ? 0x1p-8 : 0x1p-11;
+}
+
+// What cuDNN's fused attention on 16-bit operands may differ from the fp32 CPU kernel by, if it
+// rounds where FlashAttention-2 does (everything else fp32, so the fp32 tolerances add on top):
+// forward, the probabilities P to the operands type before P.V and out at the end; backward, P
+// before dV = P^T dO, dS = P (dP - delta) before dQ = scale dS K and dK = scale dS^T Q, and the
+// gradients at the end. A sum sum_j c_j y_j whose coefficients are rounded (relative u) moves by
+// at most u sum_j |c_j| |y_j|; the final rounding adds u |x| (rtol). So:
+//   out: atol 2u max|v| (the rows of P sum to 1; 2u whether cuDNN divides by the sum of P before
+//        or after rounding), lse: fp32 only;
+//   dqkv: atol u max(max|dO| colsum P, scale max|q| colsum |dS|, scale max|k| rowsum |dS|), the
+//        sums over the keys a query sees (rows) or the queries (of the group) a key serves
+//        (columns), computed here in double from the case's data; max|qkv| stands for max|q|,
+//        max|k| and max|v|.
+struct AttnBounds {
+  Tol forward, backward;
+};
+AttnBounds cudnn_attention_bounds(const HostTensor& qkv, const HostTensor& dout,
+                                  const HostTensor& out, int64_t H, int64_t KV, DType operands) {
+  const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
+  const int64_t ld = (H + 2 * KV) * D;
+  const double u = unit_roundoff(operands), scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const float* x = qkv.f32();
+  auto max_abs = [](const float* p, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(p[i])));
+    return m;
+  };
+  const double max_qkv = max_abs(x, qkv.numel()), max_dout = max_abs(dout.f32(), dout.numel());
+  double row_ds = 0.0, col_p = 0.0, col_ds = 0.0;
+  std::vector<double> p(T), ds(T), cp(T), cs(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < KV; ++g) {
+      std::fill(cp.begin(), cp.end(), 0.0);
+      std::fill(cs.begin(), cs.end(), 0.0);
+      for (int64_t h = g * (H / KV); h < (g + 1) * (H / KV); ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const float* q = x + (b * T + i) * ld + h * D;
+          const float* go = dout.f32() + ((b * T + i) * H + h) * D;
+          const float* o = out.f32() + ((b * T + i) * H + h) * D;
+          double mx = -INFINITY, sum = 0.0, delta = 0.0, rs = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const float* k = x + (b * T + j) * ld + (H + g) * D;
+            double s = 0.0;
+            for (int64_t c = 0; c < D; ++c) s += static_cast<double>(q[c]) * k[c];
+            p[j] = s * scale;
+            mx = std::max(mx, p[j]);
+          }
+          for (int64_t j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - mx);
+          for (int64_t c = 0; c < D; ++c) delta += static_cast<double>(go[c]) * o[c];
+          for (int64_t j = 0; j <= i; ++j) {
+            const float* v = x + (b * T + j) * ld + (H + KV + g) * D;
+            double dp = 0.0;
+            for (int64_t c = 0; c < D; ++c) dp += static_cast<double>(go[c]) * v[c];
+            p[j] /= sum;
+            ds[j] = std::fabs(p[j] * (dp - delta));
+            rs += ds[j];
+            cp[j] += p[j];
+            cs[j] += ds[j];
+          }
+          row_ds = std::max(row_ds, rs);
+        }
+      for (int64_t j = 0; j < T; ++j) {
+        col_p = std::max(col_p, cp[j]);
+        col_ds = std::max(col_ds, cs[j]);
+      }
+    }
+  const double grad =
+      std::max({max_dout * col_p, scale * max_qkv * col_ds, scale * max_qkv * row_ds});
+  return {Tol{u + 2e-4, 2 * u * max_qkv + 2e-5}, Tol{u + 2e-4, u * grad + 1e-4}};
+}
+
 void add_attention(std::vector<OpCase>& cases) {
   struct Dims {
     int64_t B, T, H, KV, D;
+    DType operands;
   };
-  // GQA with partial tiles; MQA with a padded head dim; MHA with D between 128 and 256.
-  for (const Dims d : {Dims{2, 70, 4, 2, 16}, Dims{1, 130, 2, 1, 80}, Dims{1, 33, 2, 2, 160}}) {
+  // fp32 operands (the flash kernel on CUDA): GQA with partial tiles; MQA with a padded head dim;
+  // MHA with D between 128 and 256. 16-bit operands (cuDNN on CUDA where it supports the shape),
+  // inputs pre-rounded to that type as the model's compute precision leaves them: GQA in bf16,
+  // MQA in f16, and a head dim cuDNN refuses (not a multiple of 8), which falls back to the flash
+  // kernel and so keeps the fp32 tolerance.
+  for (const Dims d : {Dims{2, 70, 4, 2, 16, DType::f32}, Dims{1, 130, 2, 1, 80, DType::f32},
+                       Dims{1, 33, 2, 2, 160, DType::f32}, Dims{2, 70, 4, 2, 16, DType::bf16},
+                       Dims{1, 130, 2, 1, 64, DType::f16}, Dims{1, 33, 2, 2, 12, DType::bf16}}) {
     std::ostringstream os;
     os << "_B" << d.B << "_T" << d.T << "_H" << d.H << "_KV" << d.KV << "_D" << d.D;
+    if (d.operands != DType::f32) os << "_ops_" << dtype_name(d.operands);
     const int64_t H = d.H, KV = d.KV;
+    const DType ops16 = d.operands;
+    const bool lowp = d.operands != DType::f32;
     HostTensor qkv = uniform({d.B, d.T, H + 2 * KV, d.D}, 1, -2.0f, 2.0f);
+    HostTensor dout = uniform({d.B, d.T, H, d.D}, 5);
+    if (lowp) {
+      ops::round_to(qkv.t(), d.operands);
+      ops::round_to(dout.t(), d.operands);
+    }
     HostTensor out({d.B, d.T, H, d.D}), lse({d.B, H, d.T});
     ops::attention_forward(out.t(), lse.t(), qkv.t(), H, KV);
-    cases.push_back(
-        {"attention_forward",
-         "attention_forward" + os.str(),
-         {uniform({d.B, d.T, H, d.D}, 2), uniform({d.B, H, d.T}, 3), qkv},
-         op([H, KV](const Views& v) { ops::attention_forward(v[0], v[1], v[2], H, KV); }),
-         Tol{2e-4, 2e-5}});
-    cases.push_back(
-        {"attention_backward",
-         "attention_backward" + os.str(),
-         {uniform({d.B, d.T, H + 2 * KV, d.D}, 4), uniform({d.B, d.T, H, d.D}, 5), qkv, out, lse},
-         op([H, KV](const Views& v) {
-           ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV);
-         }),
-         Tol{2e-4, 1e-4}});  // twice the CPU kernel's bound against a double reference
+    if (lowp) ops::round_to(out.t(), d.operands);
+    AttnBounds tol{Tol{2e-4, 2e-5}, Tol{2e-4, 1e-4}};  // twice the CPU kernel's bound vs double
+    if (lowp && d.D % 8 == 0) tol = cudnn_attention_bounds(qkv, dout, out, H, KV, d.operands);
+    cases.push_back({"attention_forward",
+                     "attention_forward" + os.str(),
+                     {uniform({d.B, d.T, H, d.D}, 2), uniform({d.B, H, d.T}, 3), qkv},
+                     op([H, KV, ops16](const Views& v) {
+                       ops::attention_forward(v[0], v[1], v[2], H, KV, ops16);
+                     }),
+                     tol.forward});
+    cases.push_back({"attention_backward",
+                     "attention_backward" + os.str(),
+                     {uniform({d.B, d.T, H + 2 * KV, d.D}, 4), dout, qkv, out, lse},
+                     op([H, KV, ops16](const Views& v) {
+                       ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV, ops16);
+                     }),
+                     tol.backward});
   }
 }
 

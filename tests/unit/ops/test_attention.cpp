@@ -145,6 +145,24 @@ TEST_P(Attention, DqkvIsAssigned) {
   EXPECT_TRUE(bits_equal(garbage, zeroed));
 }
 
+// `operands` allows a backend to compute on the 16-bit type; the CPU does not: the same fp32 bits
+// whatever it says, forward and backward.
+TEST_P(Attention, OperandsChangeNothingOnTheCpu) {
+  const auto& c = GetParam();
+  HostTensor dout = uniform({c.B, c.T, c.H, c.D}, 6);
+  forward();
+  HostTensor dqkv(qkv.shape());
+  backward(dqkv, dout);
+  for (DType t : {DType::bf16, DType::f16}) {
+    HostTensor o(out.shape()), l(lse.shape()), d(qkv.shape());
+    ops::attention_forward(o.t(), l.t(), qkv.t(), c.H, c.KV, t);
+    ops::attention_backward(d.t(), dout.t(), qkv.t(), out.t(), lse.t(), c.H, c.KV, t);
+    EXPECT_TRUE(bits_equal(o, out)) << dtype_name(t);
+    EXPECT_TRUE(bits_equal(l, lse)) << dtype_name(t);
+    EXPECT_TRUE(bits_equal(d, dqkv)) << dtype_name(t);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(AttnCase{1, 1, 1, 1, 8},      // one token
                                            AttnCase{2, 7, 4, 2, 8},      // GQA, under one tile

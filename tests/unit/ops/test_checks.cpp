@@ -121,6 +121,10 @@ TEST(OpChecks, OutOfRangeOptions) {
   HostTensor qkv({1, 4, 5, 8}), out({1, 4, 3, 8}), lse({1, 3, 4});
   EXPECT_TRUE(throws_with([&] { ops::attention_forward(out.t(), lse.t(), qkv.t(), 3, 2); },
                           {"op attention_forward", "n_head=3"}));
+  HostTensor qkv1({1, 4, 3, 8}), out1({1, 4, 1, 8}), lse1({1, 1, 4});
+  EXPECT_TRUE(
+      throws_with([&] { ops::attention_forward(out1.t(), lse1.t(), qkv1.t(), 1, 1, DType::i32); },
+                  {"op attention_forward", "operands=i32"}));
 }
 
 }  // namespace

@@ -1,13 +1,18 @@
 // The op-case table that the GPU suite runs on CUDA (op_cases.h), checked where CI can run it:
 // it names every op declared in kernels/ops.h, every case passes the dispatcher's checks and
 // changes something, and running a case through a DeviceBackend's buffers gives the bits of a
-// run in host memory (the round trip the GPU comparison relies on).
+// run in host memory (the round trip the GPU comparison relies on); and the tolerances of the
+// attention cases with 16-bit operands cover a CPU model of cuDNN's rounding, where fp32 ones
+// would not.
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "engine/core/allocator.h"
+#include "kernels/ops.h"
 #include "tests/unit/ops/op_cases.h"
 
 namespace llmt::test {
@@ -57,6 +62,107 @@ TEST(OpCases, BackendBuffersGiveTheBitsOfHostMemory) {
     }
   }
   EXPECT_EQ(alloc.stats().live_total, 0);
+}
+
+// The tolerance of the attention cases with 16-bit operands (cuDNN on the GPU) against a CPU model
+// of cuDNN's forward: fp32 scores and softmax, P rounded to the operands type before P.V, out
+// rounded at the end. The model must pass within the case's tolerance, and fail the fp32 one
+// (else the 16-bit cases would not need their own).
+TEST(OpCases, AttentionOperandsToleranceCoversRoundedProbabilities) {
+  int checked = 0;
+  for (const OpCase& c : op_cases()) {
+    if (c.op != "attention_forward" || c.name.find("_ops_") == std::string::npos) continue;
+    const DType t = c.name.ends_with("_f16") ? DType::f16 : DType::bf16;
+    const HostTensor& qkv = c.args[2];
+    const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
+    const int64_t H = c.args[0].shape()[2], KV = (qkv.shape()[2] - H) / 2, ld = (H + 2 * KV) * D;
+    if (D % 8 != 0) continue;  // the fallback case: the flash kernel, fp32
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const OpResult want = run_case(c);
+    OpResult model = want;
+    HostTensor p({T});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t g = h / (H / KV);
+          const float* q = qkv.f32() + (b * T + i) * ld + h * D;
+          double m = -INFINITY, l = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            double s = 0.0;
+            for (int64_t d = 0; d < D; ++d)
+              s += static_cast<double>(q[d]) * qkv.f32()[(b * T + j) * ld + (H + g) * D + d];
+            p[j] = static_cast<float>(s * scale);
+            m = std::max(m, static_cast<double>(p[j]));
+          }
+          for (int64_t j = 0; j <= i; ++j) l += p[j] = std::exp(p[j] - static_cast<float>(m));
+          ops::round_to(p.t(), t);
+          float* o = model.args[0].f32() + ((b * T + i) * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            double acc = 0.0;
+            for (int64_t j = 0; j <= i; ++j)
+              acc += p[j] * static_cast<double>(qkv.f32()[(b * T + j) * ld + (H + KV + g) * D + d]);
+            o[d] = static_cast<float>(acc / l);
+          }
+        }
+    ops::round_to(model.args[0].t(), t);
+    EXPECT_TRUE(results_close(model, want, c.tol)) << c.name;
+    EXPECT_FALSE(results_close(model, want, Tol{2e-4, 2e-5})) << c.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// The same for the backward: P from the saved lse, delta = dO . O, dS = P (dO . v - delta); P
+// rounded before dV = P^T dO, dS before dQ = scale dS K and dK = scale dS^T Q, dqkv rounded at
+// the end; sums in double.
+TEST(OpCases, AttentionOperandsToleranceCoversRoundedGradients) {
+  int checked = 0;
+  for (const OpCase& c : op_cases()) {
+    if (c.op != "attention_backward" || c.name.find("_ops_") == std::string::npos) continue;
+    const DType t = c.name.ends_with("_f16") ? DType::f16 : DType::bf16;
+    const HostTensor &dout = c.args[1], &qkv = c.args[2], &out = c.args[3], &lse = c.args[4];
+    const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
+    const int64_t H = out.shape()[2], KV = (qkv.shape()[2] - H) / 2, ld = (H + 2 * KV) * D;
+    if (D % 8 != 0) continue;  // the fallback case
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const OpResult want = run_case(c);
+    std::vector<double> grad(qkv.numel(), 0.0);
+    HostTensor p({T}), ds({T});
+    auto at = [&](int64_t b, int64_t t, int64_t head) { return (b * T + t) * ld + head * D; };
+    const float* x = qkv.f32();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t g = h / (H / KV), oi = ((b * T + i) * H + h) * D;
+          double delta = 0.0;
+          for (int64_t d = 0; d < D; ++d) delta += static_cast<double>(dout[oi + d]) * out[oi + d];
+          for (int64_t j = 0; j <= i; ++j) {
+            double s = 0.0, dp = 0.0;
+            for (int64_t d = 0; d < D; ++d) {
+              s += static_cast<double>(x[at(b, i, h) + d]) * x[at(b, j, H + g) + d];
+              dp += static_cast<double>(dout[oi + d]) * x[at(b, j, H + KV + g) + d];
+            }
+            const double pj = std::exp(s * scale - lse[(b * H + h) * T + i]);
+            p[j] = static_cast<float>(pj);
+            ds[j] = static_cast<float>(pj * (dp - delta));
+          }
+          ops::round_to(p.t(), t);
+          ops::round_to(ds.t(), t);
+          for (int64_t j = 0; j <= i; ++j)
+            for (int64_t d = 0; d < D; ++d) {
+              grad[at(b, j, H + KV + g) + d] += p[j] * static_cast<double>(dout[oi + d]);
+              grad[at(b, j, H + g) + d] += scale * ds[j] * x[at(b, i, h) + d];
+              grad[at(b, i, h) + d] += scale * ds[j] * x[at(b, j, H + g) + d];
+            }
+        }
+    OpResult model = want;
+    for (int64_t e = 0; e < qkv.numel(); ++e) model.args[0][e] = static_cast<float>(grad[e]);
+    ops::round_to(model.args[0].t(), t);
+    EXPECT_TRUE(results_close(model, want, c.tol)) << c.name;
+    EXPECT_FALSE(results_close(model, want, Tol{2e-4, 1e-4})) << c.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 TEST(OpCases, ResultsCloseFailsOnADifference) {
