@@ -549,14 +549,15 @@ void adamw_update(std::span<const AdamWTensor> ts, const AdamWParams& hp) {
   std::vector<float> weight_decay;
   for (size_t k = 0; k < ts.size(); ++k) {
     const AdamWTensor& t = ts[k];
-    const std::string at = "[" + std::to_string(k) + "]";
-    op.same_shape(("grad" + at).c_str(), t.grad, ("param" + at).c_str(), t.param);
-    op.same_shape(("m" + at).c_str(), t.m, ("param" + at).c_str(), t.param);
-    op.same_shape(("v" + at).c_str(), t.v, ("param" + at).c_str(), t.param);
-    param.push_back(op.f32(("param" + at).c_str(), t.param));
-    grad.push_back(op.f32(("grad" + at).c_str(), t.grad));
-    m.push_back(op.f32(("m" + at).c_str(), t.m));
-    v.push_back(op.f32(("v" + at).c_str(), t.v));
+    const std::string pk = detail::concat("param[", k, "]"), gk = detail::concat("grad[", k, "]"),
+                      mk = detail::concat("m[", k, "]"), vk = detail::concat("v[", k, "]");
+    op.same_shape(gk.c_str(), t.grad, pk.c_str(), t.param);
+    op.same_shape(mk.c_str(), t.m, pk.c_str(), t.param);
+    op.same_shape(vk.c_str(), t.v, pk.c_str(), t.param);
+    param.push_back(op.f32(pk.c_str(), t.param));
+    grad.push_back(op.f32(gk.c_str(), t.grad));
+    m.push_back(op.f32(mk.c_str(), t.m));
+    v.push_back(op.f32(vk.c_str(), t.v));
     numel.push_back(t.param.numel());
     weight_decay.push_back(t.decay ? hp.weight_decay : 0.0f);
   }
