@@ -215,19 +215,10 @@ Dims dims(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
 }
 
 #ifdef LLMTRAIN_HAVE_CUDNN
-// One device buffer for the cuDNN path's 16-bit copies and cuDNN's workspace, reused by every
-// call and grown (stream-ordered, so pending kernels keep the old one) when a call needs more.
+// One device buffer for the cuDNN path's 16-bit copies and cuDNN's workspace.
 void* scratch(size_t bytes) {
-  static void* p = nullptr;
-  static size_t capacity = 0;
-  if (bytes > capacity) {
-    if (p) LLMT_CUDA_CHECK(cudaFreeAsync(p, stream()));
-    p = nullptr;
-    capacity = 0;
-    LLMT_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream()));
-    capacity = bytes;
-  }
-  return p;
+  static Scratch s;
+  return s.reserve(bytes);
 }
 
 // Carves consecutive 256-byte aligned pieces out of the scratch buffer: sizes first, then bases.

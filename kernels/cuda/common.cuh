@@ -1,12 +1,14 @@
 // Building blocks shared by the CUDA kernels (the counterpart of kernels/cpu/kernel_util.h):
 // error checks, the compute stream, grid-stride maps, warp and block reductions, column sums for
-// parameter gradients, the counter-based RNG on the device, and the read-back of a kernel's
+// parameter gradients, the counter-based RNG on the device, grow-on-demand scratch memory, and
+// the read-back of a kernel's
 // "first bad index" for argument errors only the data can reveal (token ids, targets).
 // Included only by kernels/cuda/*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/core/check.h"
@@ -135,6 +137,31 @@ __device__ inline float rng_normal(uint64_t k) {
   const double u2 = static_cast<double>(k & 0xffffffffULL) * (1.0 / 4294967296.0);
   return static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
+
+// ---- scratch memory ---------------------------------------------------------------------------
+
+// Device memory a kernel file keeps for itself (16-bit operand copies, partial sums), grown on
+// demand and kept, so that after the first steps no call allocates. Used in compute-stream order:
+// a call's kernels have read it before the next call's overwrite it. Growing is stream-ordered
+// too (cudaFreeAsync / cudaMallocAsync): queued kernels keep the old memory, and nothing
+// synchronizes the device, as a cudaFree would (waiting for NCCL streams that may be blocked on a
+// peer; cuda_backend.cu allocates the same way). Outside the Allocator's accounting.
+class Scratch {
+ public:
+  void* reserve(size_t bytes) {
+    if (bytes <= bytes_) return data_;
+    if (data_) LLMT_CUDA_CHECK(cudaFreeAsync(data_, stream()));
+    data_ = nullptr;
+    bytes_ = 0;
+    LLMT_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream()));
+    bytes_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 // ---- data-dependent argument checks -----------------------------------------------------------
 

@@ -51,28 +51,6 @@ cudaDataType_t cuda_type(DType t) {
   return CUDA_R_32F;
 }
 
-// Device memory for the 16-bit copies of GEMM inputs, grown on demand and kept: after the first
-// steps no call allocates. Calls reuse it in stream order (a GEMM has read its copies before the
-// next call's conversion overwrites them). Growing is stream-ordered too (cudaFreeAsync /
-// cudaMallocAsync): a cudaFree would synchronize the device, and so wait for NCCL streams that
-// may be blocked on a peer (the device backend allocates the same way, cuda_backend.cu).
-class Staging {
- public:
-  void* reserve(size_t bytes) {
-    if (bytes <= bytes_) return data_;
-    if (data_) LLMT_CUDA_CHECK(cudaFreeAsync(data_, stream()));
-    data_ = nullptr;
-    bytes_ = 0;
-    LLMT_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream()));
-    bytes_ = bytes;
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 // The inputs of one linear call as cuBLASLt multiplies them: the fp32 tensors themselves, or
 // (16-bit operands) their copies in that type. Absent inputs (nullptr) stay absent.
 struct Operands {
@@ -93,7 +71,7 @@ Operands gemm_operands(DType t, std::array<const float*, 3> src, std::array<int6
     off[i] = total;
     if (src[i]) total += (static_cast<size_t>(n[i]) * 2 + kAlign - 1) / kAlign * kAlign;
   }
-  static Staging staging;
+  static Scratch staging;  // the 16-bit copies of GEMM inputs
   char* base = static_cast<char*>(staging.reserve(total));
   for (size_t i = 0; i < src.size(); ++i) {
     if (!src[i]) continue;

@@ -156,18 +156,10 @@ __global__ void final_sum_kernel(double* out, const double* partial, int64_t cou
   if (threadIdx.x == 0) *out = s;
 }
 
-// Device scratch for a result and `count` partial sums, grown as lists need, stream-ordered
-// (cudaFreeAsync/cudaMallocAsync on the compute stream: a cudaFree would synchronize the device
-// and so wait for NCCL streams blocked on a peer, cuda_backend.cu).
+// Device scratch for a result and `count` partial sums, grown as lists need.
 double* sum_scratch(int64_t count) {
-  static double* scratch = nullptr;
-  static int64_t capacity = 0;
-  if (count + 1 > capacity) {
-    if (scratch) LLMT_CUDA_CHECK(cudaFreeAsync(scratch, stream()));
-    capacity = std::max<int64_t>(count + 1, 2 * capacity);
-    LLMT_CUDA_CHECK(cudaMallocAsync(&scratch, capacity * sizeof(double), stream()));
-  }
-  return scratch;
+  static Scratch s;
+  return static_cast<double*>(s.reserve(static_cast<size_t>(count + 1) * sizeof(double)));
 }
 
 // The sum of elem(x) over every element of the list: one partial per block, the partials added

@@ -28,38 +28,17 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/schedule/schedule.h"
+#include "tests/unit/schedule/schedule_cases.h"
 
 namespace llmt {
 namespace {
 
-struct Case {
-  PipeSchedule kind;
-  int p, v, m;
-};
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << schedule_name(c.kind) << " p=" << c.p << " v=" << c.v << " m=" << c.m;
-}
-
-std::string case_name(const testing::TestParamInfo<Case>& info) {
-  std::string n = schedule_name(info.param.kind);
-  for (char& c : n)
-    if (c == '-') c = '_';
-  return n + "_p" + std::to_string(info.param.p) + "_v" + std::to_string(info.param.v) + "_m" +
-         std::to_string(info.param.m);
-}
+using testing_cases::Case;
+using testing_cases::case_name;
 
 std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (int p : {2, 3, 4, 8}) {  // 3: interleaving closes an odd ring p-1 -> 0
-    for (int m : {p, 2 * p, 4 * p}) {
-      cases.push_back({PipeSchedule::gpipe, p, 1, m});
-      cases.push_back({PipeSchedule::one_f_one_b, p, 1, m});
-      cases.push_back({PipeSchedule::interleaved, p, 2, m});
-      cases.push_back({PipeSchedule::interleaved, p, 4, m});
-      cases.push_back({PipeSchedule::zb_h1, p, 1, m});
-    }
-  }
-  return cases;
+  return testing_cases::schedule_cases({2, 3, 4, 8},
+                                       {2, 4});  // 3: interleaving closes an odd ring p-1 -> 0
 }
 
 class P2pMatching : public testing::TestWithParam<Case> {
