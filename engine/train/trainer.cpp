@@ -16,6 +16,7 @@
 #include "data/gpt_dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "engine/core/peak_flops.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/data_parallel.h"
@@ -38,11 +39,6 @@ DType compute_dtype(Precision p) {
       return DType::f16;
   }
   return DType::f32;
-}
-
-double default_peak_flops(int threads) {
-  const double flop_per_cycle = __builtin_cpu_supports("avx512f") ? 64.0 : 32.0;
-  return threads * 4.1e9 * flop_per_cycle;
 }
 
 namespace {
@@ -363,9 +359,17 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     return world_mean(sum / static_cast<double>(n));
   };
 
-  // log.peak_flops is per rank; the step's FLOPs are the whole world's.
-  const double peak = (cfg.log.peak_flops > 0 ? cfg.log.peak_flops : default_peak_flops(threads)) *
-                      static_cast<double>(mesh.shape().world());
+  // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
+  // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
+  const double rank_peak =
+      cfg.log.peak_flops > 0
+          ? cfg.log.peak_flops
+          : default_peak_flops(backend->device(), compute_dtype(cfg.train.precision), threads);
+  if (rank_peak <= 0 && rank0 && !opts.quiet)
+    std::printf(
+        "note: the peak FLOP/s of this GPU is not known; MFU reads 0 until log.peak_flops "
+        "is set\n");
+  const double peak = rank_peak * static_cast<double>(mesh.shape().world());
   const double flops_per_step = spec.flops_per_token() * static_cast<double>(gbs * T);
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
@@ -482,7 +486,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     const auto t1 = clock::now();
     m.step_time_s = std::chrono::duration<double>(t1 - t0).count();
     m.tokens_per_s = static_cast<double>(gbs * T) / m.step_time_s;
-    m.mfu = flops_per_step / m.step_time_s / peak;
+    m.mfu = peak > 0 ? flops_per_step / m.step_time_s / peak : 0.0;
     m.mem = alloc.stats();
     m.comm = take_comm_counters(mesh);
     m.comm_wait_s = data_parallel->take_wait_seconds();

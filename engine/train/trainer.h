@@ -32,8 +32,4 @@ TrainResult train(const Config& cfg, const TrainOptions& opts);
 // Compute type of a precision setting: fp32 -> f32, bf16 -> bf16, fp16 -> f16.
 DType compute_dtype(Precision p);
 
-// FLOP/s used for MFU when log.peak_flops = 0: threads x 4.1 GHz x FLOP/cycle of the CPU's FMA
-// units (64 with AVX-512, 32 with AVX2), the figure REFERENCE.md gives for the CI machines.
-double default_peak_flops(int threads);
-
 }  // namespace llmt

@@ -124,6 +124,14 @@ std::string cuda_version_info() {
   return s;
 }
 
+GpuInfo cuda_gpu_info(int device_index) {
+  cudaDeviceProp prop{};
+  LLMT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  int clock_khz = 0;
+  LLMT_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_index));
+  return {prop.name, prop.major, prop.minor, prop.multiProcessorCount, clock_khz * 1e3};
+}
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;

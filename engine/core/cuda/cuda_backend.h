@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/core/allocator.h"
+#include "engine/core/peak_flops.h"
 
 namespace llmt {
 
@@ -14,6 +15,9 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index);
 
 // Number of visible GPUs; 0 when there is no driver or no device (never throws).
 int cuda_device_count();
+
+// Name, compute capability, SM count and maximum SM clock of GPU `device_index`, from the driver.
+GpuInfo cuda_gpu_info(int device_index);
 
 // The one compute stream of this process (a cudaStream_t, opaque here so that no CUDA type
 // reaches an engine header), created on first use on the current device. The backend's copies
