@@ -8,6 +8,7 @@
 // With 16-bit operands and a shape cuDNN supports, the entry points below hand the call to cuDNN's
 // fused attention instead (attention_cudnn.h): qkv (and out, dout) converted to the 16-bit type in
 // a reused device scratch buffer, cuDNN's results converted back to fp32.
+#include <cstdint>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -231,6 +232,18 @@ struct Pieces {
     return at;
   }
 };
+
+// cuDNN's Stats (our lse) is declared to the backend with the frontend's default 16-byte
+// alignment (Tensor_attributes::default_alignment in cudnn_frontend/graph_properties.h, passed as
+// the tensor's byte alignment in cudnn_interface.h), but execute() checks pointers only for Q, K,
+// V, O, dO, dQ, dK, dV (collect_aligned_operands_node, node/scaled_dot_product_flash_attention.h),
+// and the backend does not check what it was promised (node/sdpa_support_surface.h: a misaligned
+// Q/K/V/O gives wrong output on sm90, a fault on sm80). ops.h tensors may be views at any 4-byte
+// offset (the model's lse is 64-byte aligned), so an lse that is not 16-byte aligned goes through
+// a scratch piece.
+bool stats_aligned(const float* lse) {
+  return reinterpret_cast<uintptr_t>(lse) % 16 == 0;
+}
 #endif
 
 }  // namespace
@@ -256,10 +269,16 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
     Pieces at;
     const size_t qkv16 = at.add(n_qkv * es), o16 = at.add(n_o * es);
     const size_t ws = at.add(cudnn_sdpa::workspace_bytes(s));
+    const size_t lse_bytes = static_cast<size_t>(B * H * T) * sizeof(float);
+    const bool direct = stats_aligned(lse);
+    const size_t st = direct ? 0 : at.add(lse_bytes);
     char* base = static_cast<char*>(scratch(at.total));
+    float* stats = direct ? lse : reinterpret_cast<float*>(base + st);
     convert(base + qkv16, operands, qkv, DType::f32, n_qkv);  // exact: values are operands'
-    cudnn_sdpa::forward(base + o16, lse, base + qkv16, base + ws, s);
+    cudnn_sdpa::forward(base + o16, stats, base + qkv16, base + ws, s);
     convert(out, DType::f32, base + o16, operands, n_o);
+    if (!direct)
+      LLMT_CUDA_CHECK(cudaMemcpyAsync(lse, stats, lse_bytes, cudaMemcpyDeviceToDevice, stream()));
     return;
   }
 #endif
@@ -284,11 +303,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     Pieces at;
     const size_t qkv16 = at.add(n_qkv * es), o16 = at.add(n_o * es), do16 = at.add(n_o * es);
     const size_t dqkv16 = at.add(n_qkv * es), ws = at.add(cudnn_sdpa::workspace_bytes(s));
+    const size_t lse_bytes = static_cast<size_t>(B * H * T) * sizeof(float);
+    const bool direct = stats_aligned(lse);
+    const size_t st = direct ? 0 : at.add(lse_bytes);
     char* base = static_cast<char*>(scratch(at.total));
+    const float* stats = lse;
+    if (!direct) {
+      LLMT_CUDA_CHECK(
+          cudaMemcpyAsync(base + st, lse, lse_bytes, cudaMemcpyDeviceToDevice, stream()));
+      stats = reinterpret_cast<const float*>(base + st);
+    }
     convert(base + qkv16, operands, qkv, DType::f32, n_qkv);
     convert(base + o16, operands, out, DType::f32, n_o);
     convert(base + do16, operands, dout, DType::f32, n_o);
-    cudnn_sdpa::backward(base + dqkv16, base + do16, base + qkv16, base + o16, lse, base + ws, s);
+    cudnn_sdpa::backward(base + dqkv16, base + do16, base + qkv16, base + o16, stats, base + ws, s);
     convert(dqkv, DType::f32, base + dqkv16, operands, n_qkv);
     return;
   }
