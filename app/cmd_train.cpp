@@ -73,7 +73,19 @@ Run add_train_command(CLI::App& app) {
     opts.dump_final = args->dump_final;
     opts.quiet = args->quiet;
     opts.stop_after = args->stop_after;
-    TrainResult r = train(cfg, opts, mesh);
+    TrainResult r;
+    try {
+      r = train(cfg, opts, mesh);
+    } catch (const std::exception& e) {
+      if (!runtime.distributed()) throw;
+      // A failure on some ranks only (a file one rank cannot write, a device error) would leave
+      // the others waiting in their next collective, and this rank in freeing its communicators:
+      // the job would hang without a word. Say which rank failed and why, then end every rank.
+      std::fprintf(stderr, "error: rank %d of %d: %s\n", mesh.rank(), mesh.shape().world(),
+                   e.what());
+      std::fflush(stderr);
+      runtime.abort_world(dynamic_cast<const ConfigError*>(&e) ? 2 : 1);
+    }
     if (!args->quiet && rank0)
       std::printf("done: %lld steps, final loss %.4f, metrics in %s\n",
                   static_cast<long long>(r.steps), r.final_loss, cfg.train.run_dir.c_str());

@@ -91,6 +91,14 @@ CommRuntime::~CommRuntime() {
 #endif
 }
 
+void CommRuntime::abort_world(int code) const {
+  LLMT_CHECK(distributed_, "abort_world: not a distributed run");
+#ifdef LLMTRAIN_HAVE_MPI
+  mpi::abort_world(code);
+#endif
+  std::abort();
+}
+
 std::unique_ptr<Communicator> make_world_communicator() {
 #ifdef LLMTRAIN_HAVE_MPI
   if (launched_distributed()) return mpi::world();

@@ -153,6 +153,10 @@ class CommRuntime {
   CommRuntime(const CommRuntime&) = delete;
   CommRuntime& operator=(const CommRuntime&) = delete;
   bool distributed() const { return distributed_; }
+  // Ends every rank of the job now with exit code `code` (MPI_Abort), for a failure on one rank:
+  // the others would otherwise wait in their next collective forever, and so would this one in
+  // freeing its communicators. Only when distributed().
+  [[noreturn]] void abort_world(int code) const;
 
  private:
   bool distributed_ = false;

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "engine/core/check.h"
 
@@ -185,6 +186,11 @@ void finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+void abort_world(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; should it, this rank still ends
 }
 
 std::unique_ptr<Communicator> world() {

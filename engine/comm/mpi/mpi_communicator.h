@@ -11,6 +11,8 @@ namespace llmt::mpi {
 // MPI_Init_thread(FUNNELED: only the main thread calls MPI; OpenMP workers never do).
 void init();
 void finalize();
+// MPI_Abort on MPI_COMM_WORLD: ends every rank of the job with `code`.
+[[noreturn]] void abort_world(int code);
 // MPI_COMM_WORLD as a Communicator named "world" (a duplicate, so library traffic and ours never
 // match each other's messages).
 std::unique_ptr<Communicator> world();
