@@ -13,15 +13,8 @@
 
 #include "engine/core/check.h"
 #include "engine/core/cuda/cuda_backend.h"
+#include "engine/core/cuda/cuda_check.h"
 #include "engine/core/rng.h"
-
-#define LLMT_CUDA_CHECK(call)                                                                \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess)                                                                 \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cudaGetErrorString(err_)));                 \
-  } while (0)
 
 // After a launch: reports a bad configuration at once (execution errors surface at the next
 // synchronising call).

@@ -16,6 +16,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/cuda/cuda_backend.h"
+#include "engine/core/cuda/cuda_check.h"
 
 #define LLMT_NCCL(call)                                                                           \
   do {                                                                                            \
@@ -23,13 +24,6 @@
     if (llmt_nccl_rc != ncclSuccess)                                                              \
       throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,            \
                                                  " failed: ", ncclGetErrorString(llmt_nccl_rc))); \
-  } while (0)
-#define LLMT_CUDA_RT(call)                                                                        \
-  do {                                                                                            \
-    const cudaError_t llmt_cuda_rc = (call);                                                      \
-    if (llmt_cuda_rc != cudaSuccess)                                                              \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,            \
-                                                 " failed: ", cudaGetErrorString(llmt_cuda_rc))); \
   } while (0)
 
 namespace llmt {
@@ -59,13 +53,13 @@ class NcclHandle final : public Handle::Impl {
   }
   void wait() override {
     const auto t0 = std::chrono::steady_clock::now();
-    LLMT_CUDA_RT(cudaEventSynchronize(ev_));
+    LLMT_CUDA_CHECK(cudaEventSynchronize(ev_));
     owner_.add_wait_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   bool test() override { return cudaEventQuery(ev_) == cudaSuccess; }
   void device_wait() override {
-    LLMT_CUDA_RT(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_compute_stream()), ev_, 0));
+    LLMT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_compute_stream()), ev_, 0));
     on_device_ = true;
   }
 
@@ -79,14 +73,14 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, int device)
       : name_(bootstrap.name()), rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device) {
-    LLMT_CUDA_RT(cudaSetDevice(device_));
+    LLMT_CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id{};
     if (rank_ == 0) LLMT_NCCL(ncclGetUniqueId(&id));
     static_assert(sizeof(ncclUniqueId) % 4 == 0);
     Tensor id_bytes(&id, {static_cast<int64_t>(sizeof id / 4)}, DType::i32);
     bootstrap.broadcast(id_bytes, 0).wait();
     LLMT_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
-    LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~NcclCommunicator() override {
     close_p2p_channels();
@@ -180,16 +174,16 @@ class NcclCommunicator final : public Communicator {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       LLMT_NCCL(ncclCommSplit(comm_, 0, rank_, &ch.comm, &config));
       channels_.push_back(ch);
-      LLMT_CUDA_RT(cudaStreamCreateWithFlags(&channels_.back().stream, cudaStreamNonBlocking));
+      LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&channels_.back().stream, cudaStreamNonBlocking));
     }
   }
   void barrier() override {
     // An all-reduce of one int is NCCL's barrier.
     void* p = nullptr;
-    LLMT_CUDA_RT(cudaMallocAsync(&p, 4, stream_));
+    LLMT_CUDA_CHECK(cudaMallocAsync(&p, 4, stream_));
     LLMT_NCCL(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, comm_, stream_));
-    LLMT_CUDA_RT(cudaFreeAsync(p, stream_));
-    LLMT_CUDA_RT(cudaStreamSynchronize(stream_));
+    LLMT_CUDA_CHECK(cudaFreeAsync(p, stream_));
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     ncclComm_t sub = nullptr;
@@ -203,7 +197,7 @@ class NcclCommunicator final : public Communicator {
       : comm_(comm), name_(std::move(name)), device_(device) {
     LLMT_NCCL(ncclCommUserRank(comm_, &rank_));
     LLMT_NCCL(ncclCommCount(comm_, &size_));
-    LLMT_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   struct P2pChannel {
     ncclComm_t comm = nullptr;
@@ -227,16 +221,16 @@ class NcclCommunicator final : public Communicator {
   // `stream` waits for everything queued on the compute stream so far.
   void after_compute(cudaStream_t stream) {
     cudaEvent_t ev;
-    LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    LLMT_CUDA_RT(cudaEventRecord(ev, static_cast<cudaStream_t>(cuda_compute_stream())));
-    LLMT_CUDA_RT(cudaStreamWaitEvent(stream, ev, 0));
-    LLMT_CUDA_RT(cudaEventDestroy(ev));
+    LLMT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    LLMT_CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(cuda_compute_stream())));
+    LLMT_CUDA_CHECK(cudaStreamWaitEvent(stream, ev, 0));
+    LLMT_CUDA_CHECK(cudaEventDestroy(ev));
   }
   void after_compute() { after_compute(stream_); }
   Handle record(cudaStream_t stream) {
     cudaEvent_t ev;
-    LLMT_CUDA_RT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    LLMT_CUDA_RT(cudaEventRecord(ev, stream));
+    LLMT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    LLMT_CUDA_CHECK(cudaEventRecord(ev, stream));
     return Handle(std::make_unique<NcclHandle>(*this, ev));
   }
   Handle record() { return record(stream_); }

@@ -15,14 +15,7 @@
 #include <string>
 
 #include "engine/core/cuda/cuda_backend.h"
-
-#define LLMT_CUDA_CHECK(call)                                                                \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess)                                                                 \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cudaGetErrorString(err_)));                 \
-  } while (0)
+#include "engine/core/cuda/cuda_check.h"
 
 namespace llmt {
 

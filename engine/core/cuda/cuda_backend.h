@@ -1,5 +1,5 @@
-// The CUDA DeviceBackend: cudaMalloc'd memory, copies and a compute stream per backend. Only
-// this folder includes <cuda_runtime.h>; engine headers see the DeviceBackend interface.
+// The CUDA DeviceBackend: stream-ordered device memory, pinned host memory, copies and a compute
+// stream per backend. Engine headers see only the DeviceBackend interface (no CUDA types).
 #pragma once
 
 #include <memory>

@@ -1,0 +1,16 @@
+// LLMT_CUDA_CHECK: throws llmt::Error naming the file, line, call and CUDA's message when a CUDA
+// runtime call fails. For CUDA sources only (.cu files and the NCCL backend), never included by
+// an engine header that other code sees.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "engine/core/check.h"
+
+#define LLMT_CUDA_CHECK(call)                                                                \
+  do {                                                                                       \
+    cudaError_t err_ = (call);                                                               \
+    if (err_ != cudaSuccess)                                                                 \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
+                                                 cudaGetErrorString(err_)));                 \
+  } while (0)
