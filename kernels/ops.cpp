@@ -280,17 +280,33 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
                      Tensor weight, DType operands) {
   Op op("linear_backward", {dinp, dweight, dbias, dout, inp, weight});
   gemm_operands(op, operands);
-  op.ndim("weight", weight, 2);
-  const int64_t OC = weight.size(0), IC = weight.size(1);
-  const int64_t N = op.rows("inp", inp, IC);
-  op.require(op.rows("dout", dout, OC) == N, "dout ", describe(dout), " and inp ", describe(inp),
-             " have different row counts");
-  if (dinp.defined()) op.same_shape("dinp", dinp, "inp", inp);
+  // Only the GEMMs' inputs are required: weight for dinp, inp for dweight (the two halves run
+  // apart under zero-bubble schedules and tensor parallelism).
+  op.require(!dinp.defined() || weight.defined(), "dinp needs weight");
+  op.require(!dweight.defined() || inp.defined(), "dweight needs inp");
+  const Tensor& w = weight.defined() ? weight : dweight;  // (OC,IC)
+  op.require(w.defined() || (dbias.defined() && !inp.defined()),
+             "weight, or dweight, or dbias alone is required");
+  if (w.defined()) op.ndim(weight.defined() ? "weight" : "dweight", w, 2);
+  const int64_t OC = w.defined() ? w.size(0) : dbias.numel();
+  const int64_t N = op.rows("dout", dout, OC);
+  if (w.defined()) {
+    const int64_t IC = w.size(1);
+    if (inp.defined())
+      op.require(op.rows("inp", inp, IC) == N, "dout ", describe(dout), " and inp ",
+                 describe(inp), " have different row counts");
+    if (dinp.defined())
+      op.require(op.rows("dinp", dinp, IC) == N, "dout ", describe(dout), " and dinp ",
+                 describe(dinp), " have different row counts");
+    if (dinp.defined() && inp.defined()) op.same_shape("dinp", dinp, "inp", inp);
+  }
+  const int64_t IC = w.defined() ? w.size(1) : 0;
   op.shape_opt("dweight", dweight, {OC, IC});
   op.shape_opt("dbias", dbias, {OC});
   LLMT_KERNEL(op, linear_backward)
   (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32_opt("dbias", dbias),
-   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), N, IC, OC, operands);
+   op.f32("dout", dout), op.f32_opt("inp", inp), op.f32_opt("weight", weight), N, IC, OC,
+   operands);
 }
 
 // ---- activations ------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
 void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias,
                     DType operands = DType::f32);
 // dinp (N,IC) assigned, dweight (OC,IC) +=, dbias (OC) +=; each optional (skipped when absent:
-// zero-bubble pipelines compute dinp and the weight gradients at different times).
+// zero-bubble pipelines compute dinp and the weight gradients at different times). Only what
+// the GEMMs that run read is required: weight for dinp, inp for dweight.
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                      Tensor weight, DType operands = DType::f32);
 

@@ -101,7 +101,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
       case ActionKind::backward_weight: {
         start_backward(last_backward_mb_[static_cast<size_t>(a.chunk)] == a.mb);
         const auto t0 = clock::now();
-        model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens);
+        model_.backward_weight_chunk(a.chunk, a.mb, mb.tokens, mb.ctx);
         busy_s_ += std::chrono::duration<double>(clock::now() - t0).count();
         wait_take(send_act_, key, false);
         model_.free_chunk(a.chunk, a.mb);

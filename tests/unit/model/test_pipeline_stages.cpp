@@ -118,7 +118,7 @@ void check_stages(Arch arch, int p, int v, bool split) {
       const Tensor dx = split ? st.backward_input_chunk(s / p, i, dout, ctx(i))
                               : st.backward_chunk(s / p, i, dout, tokens(i), ctx(i));
       if (s > 0) ops::copy(g, dx);
-      if (split) st.backward_weight_chunk(s / p, i, tokens(i));
+      if (split) st.backward_weight_chunk(s / p, i, tokens(i), ctx(i));
       st.free_chunk(s / p, i);
     }
   }

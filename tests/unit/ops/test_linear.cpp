@@ -139,6 +139,28 @@ TEST(LinearOps, SixteenBitOperandsChangeNothingOnTheCpu) {
   }
 }
 
+// The two halves of a backward run apart (tensor-parallel layers, zero-bubble schedules) need
+// only their own GEMM's inputs: dinp without inp, the weight gradients without weight. Each half
+// is bitwise what the whole call gives; a half missing its own input is refused.
+TEST(LinearOps, HalvesNeedOnlyTheirInputs) {
+  HostTensor inp = uniform({6, 10}, 1), weight = uniform({7, 10}, 2), dout = uniform({6, 7}, 3);
+  HostTensor dinp({6, 10}), dw({7, 10}), db({7});
+  ops::linear_backward(dinp.t(), dw.t(), db.t(), dout.t(), inp.t(), weight.t());
+  HostTensor dinp_half({6, 10}), dw_half({7, 10}), db_half({7});
+  ops::linear_backward(dinp_half.t(), Tensor(), Tensor(), dout.t(), Tensor(), weight.t());
+  ops::linear_backward(Tensor(), dw_half.t(), db_half.t(), dout.t(), inp.t(), Tensor());
+  EXPECT_TRUE(bits_equal(dinp_half, dinp));
+  EXPECT_TRUE(bits_equal(dw_half, dw));
+  EXPECT_TRUE(bits_equal(db_half, db));
+  EXPECT_THROW(ops::linear_backward(dinp_half.t(), Tensor(), Tensor(), dout.t(), inp.t(), Tensor()),
+               Error);
+  EXPECT_THROW(ops::linear_backward(Tensor(), dw_half.t(), Tensor(), dout.t(), Tensor(), weight.t()),
+               Error);
+  HostTensor wrong({5, 10});  // dinp rows must match dout's
+  EXPECT_THROW(ops::linear_backward(wrong.t(), Tensor(), Tensor(), dout.t(), Tensor(), weight.t()),
+               Error);
+}
+
 TEST(LinearOps, AcceptsLeadingDims) {
   HostTensor inp = uniform({2, 3, 8}, 1), weight = uniform({4, 8}, 2), out({2, 3, 4}), flat({6, 4});
   ops::linear_forward(out.t(), inp.t(), weight.t(), Tensor());

@@ -1,0 +1,509 @@
+// The blocks' forward and backward as sequences of ops and tensor-parallel layers (blocks.h).
+// Every activation and gradient that is an op's output is rounded to the compute type where the
+// 16-bit storage it emulates would round it.
+#include "engine/model/blocks.h"
+
+#include <numeric>
+
+#include "engine/core/rng.h"
+#include "kernels/ops.h"
+
+namespace llmt {
+
+size_t spec_bytes(const std::vector<TensorSpec>& specs) {
+  TensorLayout count;
+  count.take_all(specs);
+  return count.bytes();
+}
+
+Tensor TensorLayout::take(Shape s) {
+  const size_t bytes = (static_cast<size_t>(s.numel()) * 4 + 63) / 64 * 64;
+  Tensor out;
+  if (region_.defined()) {
+    LLMT_CHECK(offset_ + static_cast<size_t>(s.numel()) * 4 <= region_.nbytes(), "layout of ",
+               s.str(), " at byte ", offset_, " overruns its region ", describe(region_));
+    out = Tensor(static_cast<char*>(region_.data) + offset_, s, DType::f32, region_.device);
+  }
+  offset_ += bytes;
+  return out;
+}
+
+std::vector<Tensor> TensorLayout::take_all(const std::vector<TensorSpec>& specs) {
+  std::vector<Tensor> out;
+  out.reserve(specs.size());
+  for (const TensorSpec& s : specs) out.push_back(take(s.shape));
+  return out;
+}
+
+Tensor Stash::keep(size_t i, Tensor t) {
+  if (!persistent_) {
+    entries_[i] = t;
+    return t;
+  }
+  ops::copy(entries_[i], t);
+  return entries_[i];
+}
+
+int64_t BlockEnv::param(const std::string& name) const {
+  return static_cast<int64_t>(spec.index_of(name));
+}
+
+int64_t BlockEnv::param_opt(const std::string& name) const {
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    if (spec.params[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+namespace {
+
+// This rank's head and ffn counts.
+struct LocalDims {
+  int64_t H, KV, D, Q, F, F1, C, V;
+};
+
+LocalDims local_dims(const ModelSpec& spec, int tp) {
+  LocalDims d;
+  d.H = spec.cfg.n_heads / tp;
+  d.KV = spec.n_kv_heads / tp;
+  d.D = spec.head_dim;
+  d.Q = (d.H + 2 * d.KV) * d.D;
+  d.F = spec.ffn_dim / tp;
+  d.F1 = spec.fc1_out / tp;
+  d.C = spec.cfg.d_model;
+  d.V = spec.cfg.vocab_size / tp;
+  return d;
+}
+
+}  // namespace
+
+// ---- Norm ---------------------------------------------------------------------------------------
+
+Norm::Norm(const BlockEnv& env, const std::string& prefix)
+    : env_(env),
+      layernorm_(env.spec.cfg.norm == NormKind::layernorm),
+      w_(env.param(prefix + ".weight")),
+      b_(env.param_opt(prefix + ".bias")) {}
+
+std::vector<TensorSpec> Norm::saved() const {
+  const int64_t R = env_.tp.R;
+  if (!layernorm_) return {{"rstd", {R}}};
+  return {{"mean", {R}}, {"rstd", {R}}};
+}
+
+std::vector<TensorSpec> Norm::stash() const {
+  // One tensor, so that SP completes weight and bias with one all-reduce.
+  return {{"d_weight_bias", {b_ >= 0 ? 2 : 1, env_.spec.cfg.d_model}}};
+}
+
+void Norm::forward(std::span<const Tensor> s, Tensor out, Tensor in) const {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  const float eps = env_.spec.cfg.norm_eps;
+  if (layernorm_)
+    ops::layernorm_forward(out.view({R, C}), s[0], s[1], in.view({R, C}), env_.w(w_), env_.w(b_),
+                           eps);
+  else
+    ops::rmsnorm_forward(out.view({R, C}), s[0], in.view({R, C}), env_.w(w_), eps);
+  env_.round(out);
+}
+
+void Norm::backward_input(std::span<const Tensor> s, Stash& st, Tensor din, Tensor dout,
+                          Tensor in) const {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  Tensor partial = st[0];  // (1 or 2, C): the kernel adds into it
+  ops::fill_zero(partial);
+  Tensor dw = partial.rows(0, 1).view({C});
+  if (layernorm_)
+    ops::layernorm_backward(din.view({R, C}), dw, b_ >= 0 ? partial.rows(1, 2).view({C}) : Tensor(),
+                            dout.view({R, C}), in.view({R, C}), env_.w(w_), s[0], s[1]);
+  else
+    ops::rmsnorm_backward(din.view({R, C}), dw, dout.view({R, C}), in.view({R, C}), env_.w(w_),
+                          s[0]);
+  env_.round(din);
+  sum_sequence_partials(env_.tp, partial);
+}
+
+void Norm::backward_weight(const Stash& st) const {
+  const int64_t C = env_.spec.cfg.d_model;
+  ops::add_inplace(env_.g(w_), st[0].rows(0, 1).view({C}));
+  if (b_ >= 0) ops::add_inplace(env_.g(b_), st[0].rows(1, 2).view({C}));
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recompute_core)
+    : env_(env),
+      recompute_core_(recompute_core),
+      qkv_w_(env.param(prefix + ".qkv.weight")),
+      qkv_b_(env.param_opt(prefix + ".qkv.bias")),
+      proj_w_(env.param(prefix + ".proj.weight")),
+      proj_b_(env.param_opt(prefix + ".proj.bias")),
+      qkv_(env.tp),
+      proj_(env.tp) {}
+
+std::vector<TensorSpec> Attention::saved() const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t B = env_.B, T = env_.T;
+  std::vector<TensorSpec> out{{"qkv", {B, T, d.H + 2 * d.KV, d.D}}};
+  if (!recompute_core_) {
+    out.push_back({"att", {B, T, d.H, d.D}});
+    out.push_back({"lse", {B, d.H, T}});
+  }
+  return out;
+}
+
+std::vector<TensorSpec> Attention::stash() const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  return {{"d_proj_out", {N, d.C}, true}, {"d_qkv_out", {N, d.Q}, true}};
+}
+
+std::pair<Tensor, Tensor> Attention::core(std::span<const Tensor> s) {
+  if (!recompute_core_) return {s[1], s[2]};
+  BlockScratch& sc = env_.scratch;
+  if (sc.core_of != s[0].data) {
+    const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+    ops::attention_forward(sc.core_att, sc.core_lse, s[0], d.H, d.KV, env_.tp.compute);
+    env_.round(sc.core_att);
+    sc.core_of = s[0].data;
+  }
+  return {sc.core_att, sc.core_lse};
+}
+
+Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const auto& cfg = env_.spec.cfg;
+  const int64_t N = env_.tp.N;
+  Tensor qkv = s[0];  // (B,T,H+2KV,D)
+  qkv_.forward(qkv.view({N, d.Q}), qkv_.input(x), env_.w(qkv_w_), env_.w(qkv_b_));
+  if (cfg.position == PositionKind::rope) ops::rope_forward(qkv, d.H + d.KV, 0, cfg.rope_theta);
+  env_.round(qkv);
+  if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
+  const auto [att, lse] = core(s);
+  if (!recompute_core_) {
+    ops::attention_forward(att, lse, qkv, d.H, d.KV, env_.tp.compute);  // qkv holds 16-bit values
+    env_.round(att);
+  }
+  Tensor y = proj_.forward(att.view({N, d.H * d.D}), env_.w(proj_w_), env_.w(proj_b_));
+  env_.round(y);
+  return y;
+}
+
+Tensor Attention::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const auto& cfg = env_.spec.cfg;
+  const BlockScratch& sc = env_.scratch;
+  const int64_t N = env_.tp.N;
+  const auto [att, lse] = core(s);
+  st.keep(0, proj_.backward_input(sc.d_att.view({N, d.H * d.D}), dy, env_.w(proj_w_)));
+  env_.round(sc.d_att);
+  ops::attention_backward(sc.d_qkv, sc.d_att, s[0], att, lse, d.H, d.KV, env_.tp.compute);
+  if (cfg.position == PositionKind::rope) ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta);
+  env_.round(sc.d_qkv);
+  Tensor dqkv = st.keep(1, sc.d_qkv.view({N, d.Q}));
+  return qkv_.backward_input(sc.d_c, dqkv, env_.w(qkv_w_));
+}
+
+void Attention::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  const Tensor att = core(s).first;
+  proj_.backward_weight(env_.g(proj_w_), env_.g(proj_b_), st[0], att.view({N, d.H * d.D}));
+  qkv_.backward_weight(env_.g(qkv_w_), env_.g(qkv_b_), st[1], qkv_.input(x));
+}
+
+// ---- Mlp ----------------------------------------------------------------------------------------
+
+Mlp::Mlp(const BlockEnv& env, const std::string& prefix)
+    : env_(env),
+      gelu_(env.spec.cfg.activation == Activation::gelu),
+      fc1_w_(env.param(prefix + ".fc1.weight")),
+      fc1_b_(env.param_opt(prefix + ".fc1.bias")),
+      fc2_w_(env.param(prefix + ".fc2.weight")),
+      fc2_b_(env.param_opt(prefix + ".fc2.bias")),
+      fc1_(env.tp),
+      fc2_(env.tp) {}
+
+std::vector<TensorSpec> Mlp::saved() const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  return {{"u", {env_.B, env_.T, d.F1}}, {"g", {env_.B, env_.T, d.F}}};
+}
+
+std::vector<TensorSpec> Mlp::stash() const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  return {{"d_fc2_out", {N, d.C}, true}, {"d_fc1_out", {N, d.F1}, true}};
+}
+
+Tensor Mlp::forward(std::span<const Tensor> s, Tensor x) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  Tensor u = s[0], g = s[1];
+  fc1_.forward(u.view({N, d.F1}), fc1_.input(x), env_.w(fc1_w_), env_.w(fc1_b_));
+  env_.round(u);
+  if (gelu_)
+    ops::gelu_forward(g, u);
+  else
+    ops::swiglu_forward(g.view({N, d.F}), u.view({N, d.F1}));
+  env_.round(g);
+  Tensor y = fc2_.forward(g.view({N, d.F}), env_.w(fc2_w_), env_.w(fc2_b_));
+  env_.round(y);
+  return y;
+}
+
+Tensor Mlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const BlockScratch& sc = env_.scratch;
+  const int64_t N = env_.tp.N;
+  st.keep(0, fc2_.backward_input(sc.d_g.view({N, d.F}), dy, env_.w(fc2_w_)));
+  env_.round(sc.d_g);
+  if (gelu_)
+    ops::gelu_backward(sc.d_u, sc.d_g, s[0]);
+  else
+    ops::swiglu_backward(sc.d_u.view({N, d.F1}), sc.d_g.view({N, d.F}), s[0].view({N, d.F1}));
+  env_.round(sc.d_u);
+  Tensor du = st.keep(1, sc.d_u.view({N, d.F1}));
+  // fc1's input gradient; under SP its weight gradient gathers the input (N,C) once more
+  // (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
+  return fc1_.backward_input(sc.d_c, du, env_.w(fc1_w_));
+}
+
+void Mlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  fc2_.backward_weight(env_.g(fc2_w_), env_.g(fc2_b_), st[0], s[1].view({N, d.F}));
+  fc1_.backward_weight(env_.g(fc1_w_), env_.g(fc1_b_), st[1], fc1_.input(x));
+}
+
+// ---- Layer --------------------------------------------------------------------------------------
+
+Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay)
+    : env_(env),
+      layer_(layer),
+      recompute_(recompute),
+      replay_(replay),
+      norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
+      norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
+      attn_block_(env, "layers." + std::to_string(layer) + ".attn",
+                  recompute == Recompute::selective),
+      mlp_block_(env, "layers." + std::to_string(layer) + ".mlp") {
+  n1_ = 4;
+  attn_ = n1_ + norm_1_.saved().size();
+  n2_ = attn_ + attn_block_.saved().size();
+  mlp_ = n2_ + norm_2_.saved().size();
+  end_ = mlp_ + mlp_block_.saved().size();
+  // The stash in backward order: mlp, norm_2, attention, norm_1.
+  st_mlp_ = 0;
+  st_n2_ = st_mlp_ + mlp_block_.stash().size();
+  st_attn_ = st_n2_ + norm_2_.stash().size();
+  st_n1_ = st_attn_ + attn_block_.stash().size();
+  st_end_ = st_n1_ + norm_1_.stash().size();
+  LLMT_CHECK(recompute_ != Recompute::full || replay_.size() == end_, "layer ", layer,
+             ": the replay set has ", replay_.size(), " tensors, full recompute needs ", end_);
+}
+
+std::vector<TensorSpec> Layer::full_saved() const {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  std::vector<TensorSpec> out{{"res_in", {R, C}}, {"a", {R, C}}, {"res_mid", {R, C}}, {"m", {R, C}}};
+  for (const auto& part :
+       {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_.saved()})
+    out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+std::vector<TensorSpec> Layer::saved() const {
+  if (recompute_ == Recompute::full) return {{"res_in", {env_.tp.R, env_.spec.cfg.d_model}}};
+  return full_saved();
+}
+
+std::vector<TensorSpec> Layer::stash() const {
+  std::vector<TensorSpec> out;
+  for (const auto& part :
+       {mlp_block_.stash(), norm_2_.stash(), attn_block_.stash(), norm_1_.stash()})
+    out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+float Layer::dropout(const StepContext& ctx) const {
+  return ctx.dropout ? env_.spec.cfg.dropout : 0.0f;
+}
+
+uint64_t Layer::dropout_stream(int site, int64_t step) const {
+  return rng::mix64(rng::hash_name("dropout") ^
+                    rng::mix64(static_cast<uint64_t>(layer_ * 2 + site)) ^
+                    rng::mix64(static_cast<uint64_t>(step) + 0x51ed27ULL));
+}
+
+// out = res + dropout(branch); the mask is keyed by the global element index (under sequence
+// parallelism this rank's rows start at global row row0).
+void Layer::residual(Tensor out, Tensor res, Tensor branch, int site, const StepContext& ctx) {
+  const float p = dropout(ctx);
+  if (p > 0.0f) {
+    const int64_t offset = (ctx.first_sample * env_.T + env_.tp.row0) * env_.spec.cfg.d_model;
+    ops::dropout_forward(env_.scratch.d_tmp, branch, p, ctx.seed, dropout_stream(site, ctx.step),
+                         offset);
+    branch = env_.scratch.d_tmp;
+  }
+  ops::add(out, res, branch);
+  env_.round(out);
+}
+
+// The gradient of a residual branch's output (R,C): d_res through the dropout mask (or d_res);
+// 16-bit, as it is the output gradient of a linear (the 1/(1-p) scaling leaves the grid).
+Tensor Layer::branch_grad(int site, const StepContext& ctx) {
+  const BlockScratch& sc = env_.scratch;
+  const float p = dropout(ctx);
+  if (p == 0.0f) return sc.d_res;
+  const int64_t offset = (ctx.first_sample * env_.T + env_.tp.row0) * env_.spec.cfg.d_model;
+  ops::dropout_backward(sc.d_tmp, sc.d_res, p, ctx.seed, dropout_stream(site, ctx.step), offset);
+  env_.round(sc.d_tmp);
+  return sc.d_tmp;
+}
+
+void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx) {
+  const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
+  norm_1_.forward(f.subspan(n1_, attn_ - n1_), a, res_in);
+  Tensor y = attn_block_.forward(f.subspan(attn_, n2_ - attn_), a);
+  residual(res_mid, res_in, y, 0, ctx);
+  norm_2_.forward(f.subspan(n2_, mlp_ - n2_), m, res_mid);
+  y = mlp_block_.forward(f.subspan(mlp_, end_ - mlp_), m);
+  residual(out, res_mid, y, 1, ctx);
+}
+
+void Layer::forward(std::span<const Tensor> s, Tensor out, const StepContext& ctx) {
+  if (recompute_ != Recompute::full) {
+    run_forward(s, out, ctx);
+    return;
+  }
+  // The forward of a fully recomputed layer runs in the replay set, which then holds its
+  // activations until another layer uses it.
+  replay_[0] = s[0];
+  run_forward(replay_, out, ctx);
+  env_.scratch.replay_of = s[0].data;
+}
+
+std::span<const Tensor> Layer::full_set(std::span<const Tensor> s, const StepContext& ctx) {
+  if (recompute_ != Recompute::full) return s;
+  replay_[0] = s[0];
+  if (env_.scratch.replay_of != s[0].data) {
+    run_forward(replay_, env_.scratch.replay_out, ctx);
+    env_.scratch.replay_of = s[0].data;
+  }
+  return replay_;
+}
+
+void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepContext& ctx,
+                           bool then_weight) {
+  const BlockScratch& sc = env_.scratch;
+  const std::span<const Tensor> f = full_set(s, ctx);
+  const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
+  Stash st_mlp = st.part(st_mlp_, st_n2_ - st_mlp_), st_n2 = st.part(st_n2_, st_attn_ - st_n2_);
+  Stash st_attn = st.part(st_attn_, st_n1_ - st_attn_), st_n1 = st.part(st_n1_, st_end_ - st_n1_);
+  const auto f_n1 = f.subspan(n1_, attn_ - n1_), f_attn = f.subspan(attn_, n2_ - attn_);
+  const auto f_n2 = f.subspan(n2_, mlp_ - n2_), f_mlp = f.subspan(mlp_, end_ - mlp_);
+
+  // d_res: the gradient of the layer's output.
+  Tensor dm = mlp_block_.backward_input(f_mlp, st_mlp, branch_grad(1, ctx));
+  if (then_weight) mlp_block_.backward_weight(f_mlp, st_mlp, m);
+  norm_2_.backward_input(f_n2, st_n2, sc.d_tmp, dm, res_mid);
+  if (then_weight) norm_2_.backward_weight(st_n2);
+  ops::add_inplace(sc.d_res, sc.d_tmp);
+  env_.round(sc.d_res);
+  // d_res: the gradient of res_mid.
+  Tensor da = attn_block_.backward_input(f_attn, st_attn, branch_grad(0, ctx));
+  if (then_weight) attn_block_.backward_weight(f_attn, st_attn, a);
+  norm_1_.backward_input(f_n1, st_n1, sc.d_tmp, da, res_in);
+  if (then_weight) norm_1_.backward_weight(st_n1);
+  ops::add_inplace(sc.d_res, sc.d_tmp);
+  env_.round(sc.d_res);
+}
+
+void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
+  const std::span<const Tensor> f = full_set(s, ctx);
+  mlp_block_.backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_), f[3]);
+  norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
+  attn_block_.backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
+                              f[1]);
+  norm_1_.backward_weight(st.part(st_n1_, st_end_ - st_n1_));
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------
+
+Embedding::Embedding(const BlockEnv& env)
+    : env_(env),
+      wte_(env.param_opt("wte.weight")),
+      wpe_(env.param_opt("wpe.weight")),
+      emb_(env.tp, env.spec.cfg.vocab_size) {}
+
+std::vector<TensorSpec> Embedding::stash() const {
+  return {{"d_out", {env_.tp.R, env_.spec.cfg.d_model}, true}};
+}
+
+void Embedding::forward(Tensor x, Tensor tokens) const {
+  emb_.forward(x, tokens, env_.w(wte_), env_.w(wpe_));
+  env_.round(x);
+}
+
+void Embedding::backward_input(Stash& st, Tensor dx) const {
+  st.keep(0, dx);
+}
+
+void Embedding::backward_weight(const Stash& st, Tensor tokens) const {
+  emb_.backward_weight(env_.g(wte_), env_.g(wpe_), st[0], tokens);
+}
+
+// ---- Head ---------------------------------------------------------------------------------------
+
+Head::Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums)
+    : env_(env),
+      norm_f_(env, "norm_f"),
+      head_(env.param(env.spec.cfg.tie_embeddings ? "wte.weight" : "lm_head.weight")),
+      linear_(env.tp),
+      loss_(env.tp, env.spec.cfg.vocab_size, ce_max, ce_sums),
+      host_losses_(static_cast<size_t>(env.tp.N)) {}
+
+std::vector<TensorSpec> Head::saved() const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  const int64_t N = env_.tp.N;
+  std::vector<TensorSpec> out{{"xf", {N, d.C}}};
+  for (const TensorSpec& t : norm_f_.saved()) out.push_back(t);
+  out.push_back({"logits", {N, d.V}});
+  out.push_back({"losses", {env_.B, env_.T}});
+  return out;
+}
+
+std::vector<TensorSpec> Head::stash() const {
+  return norm_f_.stash();
+}
+
+float Head::forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss) {
+  const int64_t N = env_.tp.N;
+  const size_t k = norm_f_.saved().size();
+  const Tensor xf = s[0], logits = s[1 + k], losses = s[2 + k];
+  // Under SP the norm's (R,C) output is gathered into xf, else it is xf.
+  Tensor out = env_.tp.sp() ? env_.tp.shard : xf;
+  norm_f_.forward(s.subspan(1, k), out, x);
+  linear_.forward(logits, linear_.input(out, xf), env_.w(head_), Tensor());
+  env_.round(logits);
+  // Fused: the losses and, in place of the logits, d(dloss * mean loss)/d logits.
+  loss_.forward_backward(losses.view({N}), logits, targets.view({N}),
+                         dloss / static_cast<float>(N));
+  // The logits gradient is the head's backward GEMM input: 16-bit, as the GEMM operands are.
+  env_.round(logits);
+  env_.alloc.backend().copy_to_host(host_losses_.data(), losses.data, losses.nbytes());
+  const double sum = std::accumulate(host_losses_.begin(), host_losses_.end(), 0.0);
+  return static_cast<float>(sum / static_cast<double>(N));
+}
+
+void Head::backward_input(std::span<const Tensor> s, Stash& st, Tensor x) {
+  const size_t k = norm_f_.saved().size();
+  Tensor dxf = linear_.backward_input(env_.scratch.d_c, s[1 + k], env_.w(head_));
+  norm_f_.backward_input(s.subspan(1, k), st, env_.scratch.d_res, dxf, x);
+}
+
+void Head::backward_weight(std::span<const Tensor> s, const Stash& st) {
+  const size_t k = norm_f_.saved().size();
+  linear_.backward_weight(env_.g(head_), Tensor(), s[1 + k], s[0]);
+  norm_f_.backward_weight(st);
+}
+
+}  // namespace llmt

@@ -1,0 +1,283 @@
+// The transformer's blocks: Embedding, Norm, Attention and Mlp (the two residual branches, behind
+// the Branch interface so that another attention or MLP is a swap), Head (final norm, vocab-
+// parallel logits and loss), and the Layer that assembles norm -> branch -> dropout + residual
+// twice. Each block has forward, backward_input and backward_weight, and declares what it saves
+// (forward -> backward) and what it stashes (backward_input -> backward_weight), as shapes, so
+// activation memory is a sum the model lays out once and `plan` and tests can compute.
+//
+// Backward: backward_input assigns the input gradient; backward_weight adds into the weight
+// gradients. Run back to back (every schedule but zero-bubble) the stash holds views of live
+// buffers; run apart (ZB-H1) it holds copies in the micro-batch's own memory (Stash).
+//
+// Dims: B micro-batch, T seq_len, C d_model, H/KV query/kv heads and F ffn hidden as this tp rank
+// holds them, D head dim, Q = (H+2KV)*D, F1 = F (gelu) or 2F (swiglu), N = B*T, R rows of the
+// residual stream this rank holds (N, or N/tp under sequence parallelism), V/tp vocabulary rows.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/allocator.h"
+#include "engine/model/model_spec.h"
+#include "engine/parallel/parallel_layers.h"
+
+namespace llmt {
+
+// Options of one forward/backward that are not shapes.
+struct StepContext {
+  uint64_t seed = 0;         // dropout key
+  int64_t step = 0;          // dropout key
+  int64_t first_sample = 0;  // global index of the micro-batch's first sample (dropout key)
+  bool dropout = true;       // false for evaluation: no dropout whatever model.dropout says
+};
+
+// Activation recompute of a layer (docs/model.md, "Activation memory"): none keeps everything its
+// backward reads; selective drops the attention core's output and log-sum-exp and reruns the
+// core from the saved qkv in backward; full keeps only the layer's input and reruns its forward.
+enum class Recompute : uint8_t { none, selective, full };
+
+// One f32 tensor a block saves or stashes. `view`: in a back-to-back backward the stash entry is
+// a view of a live buffer and takes no memory (a linear's output gradient); otherwise the block
+// computes into it (a norm's weight gradient).
+struct TensorSpec {
+  std::string name;
+  Shape shape;
+  bool view = false;
+};
+size_t spec_bytes(const std::vector<TensorSpec>& specs);  // laid out back to back (TensorLayout)
+
+// Lays out tensors back to back in a region of memory (a flat f32 tensor), each at a 64-byte
+// boundary: a first pass without a region counts bytes, a second over a region of that size
+// hands out views.
+class TensorLayout {
+ public:
+  explicit TensorLayout(Tensor region = {}) : region_(region) {}
+  Tensor take(Shape s);
+  std::vector<Tensor> take_all(const std::vector<TensorSpec>& specs);
+  size_t bytes() const { return offset_; }
+
+ private:
+  Tensor region_;
+  size_t offset_ = 0;
+};
+
+// What backward_input leaves for backward_weight, one entry per TensorSpec of the block's
+// stash(). Persistent (zero-bubble): every entry is memory of the micro-batch's own, and keep()
+// copies into it. Back to back: view entries alias the live buffer keep() is given, the others
+// are the model's shared scratch.
+class Stash {
+ public:
+  Stash(std::span<Tensor> entries, bool persistent) : entries_(entries), persistent_(persistent) {}
+  // Entry i := t: a copy (persistent) or t itself (a view entry of a back-to-back backward).
+  Tensor keep(size_t i, Tensor t);
+  Tensor operator[](size_t i) const { return entries_[i]; }
+  // Entries [first, first + n), for one block of a layer.
+  Stash part(size_t first, size_t n) const { return Stash(entries_.subspan(first, n), persistent_); }
+
+ private:
+  std::span<Tensor> entries_;
+  bool persistent_;
+};
+
+// The model's weights and gradients, one view per ModelSpec::params entry (this rank's shapes).
+// Blocks hold indices, so ZeRO rebinding a block's views changes no block.
+struct ParamViews {
+  std::vector<Tensor> w;  // compute weights (the master weights for f32)
+  std::vector<Tensor> g;  // gradients
+};
+
+// Backward scratch shared by every block of a model (one micro-batch's worth, reused).
+struct BlockScratch {
+  Tensor d_res, d_tmp;    // (R,C) residual-stream gradient and a branch's
+  Tensor d_c;             // (N,C) a column-parallel linear's partial input gradient
+  Tensor d_qkv, d_att;    // (B,T,H+2KV,D), (B,T,H,D)
+  Tensor d_u, d_g;        // (B,T,F1), (B,T,F)
+  Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
+  Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
+  Tensor stash;               // the non-view stash entries of a back-to-back backward
+  // Which saved set the recompute scratch holds now (its first tensor's data), so a zero-bubble
+  // backward_weight replays only when another micro-batch or layer has used it since.
+  const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
+  const void* replay_of = nullptr;  // the replay set: replayed from this res_in
+};
+
+// What every block of one model shares.
+struct BlockEnv {
+  const ModelSpec& spec;  // this rank's (tp-sharded) spec
+  Allocator& alloc;
+  int64_t B, T;
+  const TpLayers& tp;  // compute type, rows, regions
+  ParamViews& params;
+  BlockScratch& scratch;
+
+  int64_t param(const std::string& name) const;      // index; throws if absent
+  int64_t param_opt(const std::string& name) const;  // index or -1
+  Tensor w(int64_t i) const { return i < 0 ? Tensor() : params.w[static_cast<size_t>(i)]; }
+  Tensor g(int64_t i) const { return i < 0 ? Tensor() : params.g[static_cast<size_t>(i)]; }
+  void round(Tensor x) const { tp.round(x); }
+};
+
+// LayerNorm or RMSNorm over the rows this rank holds.
+class Norm {
+ public:
+  Norm(const BlockEnv& env, const std::string& prefix);  // "layers.3.norm_1", "norm_f"
+  std::vector<TensorSpec> saved() const;  // mean (R) (layernorm), rstd (R)
+  std::vector<TensorSpec> stash() const;  // d weight (C), d bias (C) (layernorm): partial sums
+  // out (R,C) = norm(in (R,C)), rounded to the compute type.
+  void forward(std::span<const Tensor> s, Tensor out, Tensor in) const;
+  // din (R,C) from dout (R,C); the weight gradients into the stash, summed over tp under SP.
+  void backward_input(std::span<const Tensor> s, Stash& st, Tensor din, Tensor dout,
+                      Tensor in) const;
+  void backward_weight(const Stash& st) const;
+
+ private:
+  const BlockEnv& env_;
+  bool layernorm_;
+  int64_t w_, b_;
+};
+
+// A residual branch: x (R,C), the normalised residual stream -> y (R,C), before dropout and the
+// residual add. Attention and Mlp are the two; a context-parallel attention or an expert MLP is
+// another implementation of this interface.
+class Branch {
+ public:
+  virtual ~Branch() = default;
+  virtual std::vector<TensorSpec> saved() const = 0;
+  virtual std::vector<TensorSpec> stash() const = 0;
+  // y (R,C), a view of the model's scratch valid until the next branch runs.
+  virtual Tensor forward(std::span<const Tensor> s, Tensor x) = 0;
+  // dx (R,C) from dy (R,C), a scratch view valid until the next branch's backward.
+  virtual Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) = 0;
+  virtual void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) = 0;
+};
+
+// Causal self-attention: column-parallel qkv (+ RoPE), the flash-style core, row-parallel proj.
+// With recompute_core (selective recompute) the core's output and LSE are not saved: they are
+// recomputed from the saved qkv into the model's scratch in backward.
+class Attention final : public Branch {
+ public:
+  Attention(const BlockEnv& env, const std::string& prefix, bool recompute_core);
+  std::vector<TensorSpec> saved() const override;  // qkv (B,T,H+2KV,D) [, att (B,T,H,D), lse (B,H,T)]
+  std::vector<TensorSpec> stash() const override;  // d proj out (N,C), d qkv out (N,Q)
+  Tensor forward(std::span<const Tensor> s, Tensor x) override;
+  Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;
+  void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) override;
+
+ private:
+  // The core's output and LSE of the saved set s: saved, or recomputed into the scratch unless
+  // it holds them already (scratch.core_of).
+  std::pair<Tensor, Tensor> core(std::span<const Tensor> s);
+  const BlockEnv& env_;
+  bool recompute_core_;
+  int64_t qkv_w_, qkv_b_, proj_w_, proj_b_;
+  ColumnParallelLinear qkv_;
+  RowParallelLinear proj_;
+};
+
+// The MLP: column-parallel fc1, GELU or SwiGLU, row-parallel fc2.
+class Mlp final : public Branch {
+ public:
+  Mlp(const BlockEnv& env, const std::string& prefix);
+  std::vector<TensorSpec> saved() const override;  // u (B,T,F1), g (B,T,F)
+  std::vector<TensorSpec> stash() const override;  // d fc2 out (N,C), d fc1 out (N,F1)
+  Tensor forward(std::span<const Tensor> s, Tensor x) override;
+  Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;
+  void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) override;
+
+ private:
+  const BlockEnv& env_;
+  bool gelu_;
+  int64_t fc1_w_, fc1_b_, fc2_w_, fc2_b_;
+  ColumnParallelLinear fc1_;
+  RowParallelLinear fc2_;
+};
+
+// One pre-norm transformer layer: res_mid = res_in + dropout(attn(norm_1(res_in))), out =
+// res_mid + dropout(mlp(norm_2(res_mid))); the dropout mask keyed by (layer, site, step, global
+// element index), so a replay draws the same mask. Its saved tensors are [res_in, a, res_mid, m]
+// (a, m: the norms' outputs) then each block's; under full recompute only res_in, the rest
+// replayed into `replay` (one layer's full set, the model's scratch) in backward.
+class Layer {
+ public:
+  Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay);
+  int64_t index() const { return layer_; }
+  Recompute recompute() const { return recompute_; }
+  std::vector<TensorSpec> saved() const;
+  std::vector<TensorSpec> stash() const;
+  // The full saved set of this layer's shapes (what full recompute replays into).
+  std::vector<TensorSpec> full_saved() const;
+  // out (R,C) = layer(s[0] = res_in).
+  void forward(std::span<const Tensor> s, Tensor out, const StepContext& ctx);
+  // scratch.d_res (R,C): on entry the gradient of the layer's output, on return of its input.
+  // With `then_weight` every block's backward_weight follows its backward_input at once (and
+  // `st` need not persist); otherwise backward_weight(s, st) runs later (zero-bubble).
+  void backward_input(std::span<const Tensor> s, Stash& st, const StepContext& ctx,
+                      bool then_weight);
+  void backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx);
+
+ private:
+  // f: the full saved set (forward writes into it); out (R,C).
+  void run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx);
+  // The full saved set: s itself, or (full recompute) the replay set, replayed from s[0] when it
+  // does not hold this s yet.
+  std::span<const Tensor> full_set(std::span<const Tensor> s, const StepContext& ctx);
+  void residual(Tensor out, Tensor res, Tensor branch, int site, const StepContext& ctx);
+  Tensor branch_grad(int site, const StepContext& ctx);  // dropout backward of scratch.d_res
+  float dropout(const StepContext& ctx) const;
+  uint64_t dropout_stream(int site, int64_t step) const;
+  // Offsets of the blocks' parts in the full saved set and stash.
+  size_t n1_, attn_, n2_, mlp_, end_;
+  size_t st_attn_, st_n2_, st_mlp_, st_n1_, st_end_;
+  const BlockEnv& env_;
+  int64_t layer_;
+  Recompute recompute_;
+  std::span<Tensor> replay_;
+  Norm norm_1_, norm_2_;
+  Attention attn_block_;
+  Mlp mlp_block_;
+};
+
+// Token (+ learned position) embedding, vocab-parallel.
+class Embedding {
+ public:
+  explicit Embedding(const BlockEnv& env);
+  std::vector<TensorSpec> stash() const;  // d out (R,C) (view)
+  // x (R,C) from tokens (B,T), rounded to the compute type.
+  void forward(Tensor x, Tensor tokens) const;
+  // The gradient of x (R,C) into the stash (the embedding has no input gradient).
+  void backward_input(Stash& st, Tensor dx) const;
+  void backward_weight(const Stash& st, Tensor tokens) const;
+
+ private:
+  const BlockEnv& env_;
+  int64_t wte_, wpe_;
+  VocabParallelEmbedding emb_;
+};
+
+// Final norm, vocab-parallel head (wte when tied) and softmax cross-entropy. Saves the gathered
+// norm output xf (N,C), the norm's statistics, the logits (N,V/tp; overwritten by their
+// gradient in forward) and the losses (B,T).
+class Head {
+ public:
+  Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums);
+  std::vector<TensorSpec> saved() const;
+  std::vector<TensorSpec> stash() const;  // the final norm's
+  // The micro-batch's mean loss of the residual stream x (R,C) against targets (B,T); the
+  // logits' gradient d(dloss * mean loss)/d logits is computed with it.
+  float forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss);
+  // scratch.d_res (R,C) = the gradient of x.
+  void backward_input(std::span<const Tensor> s, Stash& st, Tensor x);
+  void backward_weight(std::span<const Tensor> s, const Stash& st);
+
+ private:
+  const BlockEnv& env_;
+  Norm norm_f_;
+  int64_t head_;
+  ColumnParallelLinear linear_;
+  VocabParallelCrossEntropy loss_;
+  std::vector<float> host_losses_;
+};
+
+}  // namespace llmt

@@ -1,0 +1,116 @@
+// The tensor-parallel layers over the regions of tensor_parallel.h (parallel_layers.h). Every
+// collective here runs on the tp group the TpLayers carries; with tp = 1 only the ops run.
+#include "engine/parallel/parallel_layers.h"
+
+#include "kernels/ops.h"
+
+namespace llmt {
+
+void TpLayers::round(Tensor x) const {
+  if (compute != DType::f32) ops::round_to(x, compute);
+}
+
+Tensor ColumnParallelLinear::input(Tensor x, Tensor into) const {
+  if (!t_.sp()) return x;  // copy_to_region forward: identity
+  Tensor full = into.defined() ? into : t_.gathered;
+  tp::gather_from_sequence_forward(*t_.tp.comm, full, x);
+  return full;
+}
+
+void ColumnParallelLinear::forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const {
+  ops::linear_forward(y, x_full, w, b, t_.compute);
+}
+
+Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w) const {
+  ops::linear_backward(dx_partial, Tensor(), Tensor(), dy, Tensor(), w, t_.compute);
+  t_.round(dx_partial);
+  if (!t_.parallel()) return dx_partial;
+  if (!t_.sp()) {
+    tp::copy_to_region_backward(*t_.tp.comm, dx_partial);
+    return dx_partial;
+  }
+  tp::gather_from_sequence_backward(*t_.tp.comm, t_.shard, dx_partial);
+  return t_.shard;
+}
+
+void ColumnParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const {
+  ops::linear_backward(Tensor(), dw, db, dy, x_full, Tensor(), t_.compute);
+}
+
+Tensor RowParallelLinear::forward(Tensor x, Tensor w, Tensor b) const {
+  // Under tp the bias is added once, after the reduction.
+  ops::linear_forward(t_.full, x, w, t_.parallel() ? Tensor() : b, t_.compute);
+  if (!t_.parallel()) return t_.full;
+  Tensor out = t_.full;
+  if (t_.sp()) {
+    tp::reduce_scatter_to_sequence_forward(*t_.tp.comm, t_.shard, t_.full);
+    out = t_.shard;
+  } else {
+    tp::reduce_from_region_forward(*t_.tp.comm, t_.full);
+  }
+  if (b.defined()) ops::add_bias(out, b);
+  return out;
+}
+
+Tensor RowParallelLinear::backward_input(Tensor dx, Tensor dy, Tensor w) const {
+  Tensor dy_full = dy;  // reduce_from_region backward: identity
+  if (t_.sp()) {
+    tp::reduce_scatter_to_sequence_backward(*t_.tp.comm, t_.full, dy);
+    dy_full = t_.full;
+  }
+  ops::linear_backward(dx, Tensor(), Tensor(), dy_full, Tensor(), w, t_.compute);
+  return dy_full;
+}
+
+void RowParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy_full, Tensor x) const {
+  ops::linear_backward(Tensor(), dw, db, dy_full, x, Tensor(), t_.compute);
+}
+
+void VocabParallelEmbedding::forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe) const {
+  const int64_t B = tokens.shape[0], T = tokens.shape[1], C = x.shape[x.ndim() - 1];
+  if (!t_.parallel()) {
+    ops::embedding_forward(x.view({B, T, C}), tokens, wte, wpe);
+    return;
+  }
+  Tensor full = t_.sp() ? t_.full : x;
+  ops::embedding_forward(full.view({B, T, C}), tokens, wte, t_.tp.rank() == 0 ? wpe : Tensor(), 0,
+                         vocab_start(), vocab_size_);
+  if (t_.sp())
+    tp::reduce_scatter_to_sequence_forward(*t_.tp.comm, x, full);
+  else
+    tp::reduce_from_region_forward(*t_.tp.comm, x);
+}
+
+void VocabParallelEmbedding::backward_weight(Tensor dwte, Tensor dwpe, Tensor dx,
+                                             Tensor tokens) const {
+  const int64_t B = tokens.shape[0], T = tokens.shape[1], C = dx.shape[dx.ndim() - 1];
+  if (!t_.parallel()) {
+    ops::embedding_backward(dwte, dwpe, dx.view({B, T, C}), tokens);
+    return;
+  }
+  // Every rank has the whole (gathered, under SP) embedding gradient: its vocabulary rows go to
+  // its wte shard, and all of it to wpe, whose gradient is thus the same on every rank.
+  Tensor d = dx;
+  if (t_.sp()) {
+    tp::reduce_scatter_to_sequence_backward(*t_.tp.comm, t_.full, dx);
+    d = t_.full;
+  }
+  ops::embedding_backward(dwte, dwpe, d.view({B, T, C}), tokens, 0, vocab_start(), vocab_size_);
+}
+
+void VocabParallelCrossEntropy::forward_backward(Tensor losses, Tensor logits, Tensor targets,
+                                                 float dloss) const {
+  if (!t_.parallel()) {
+    ops::softmax_cross_entropy(losses, logits, logits, targets, dloss);
+    return;
+  }
+  const int64_t vocab_start = t_.tp.rank() * (vocab_size_ / t_.tp.size());
+  tp::vocab_parallel_cross_entropy(*t_.tp.comm, losses, logits, targets, vocab_start, vocab_size_,
+                                   dloss, max_, sums_);
+}
+
+void sum_sequence_partials(const TpLayers& t, Tensor partial) {
+  if (t.sp()) tp::copy_to_region_backward(*t.tp.comm, partial);
+}
+
+}  // namespace llmt

@@ -1,0 +1,117 @@
+// The tensor-parallel layers (Megatron-Core tensor_parallel/layers.py): column- and row-parallel
+// linears, the vocab-parallel embedding and cross-entropy, and the sequence-parallel norm
+// gradient, each owning its communication regions (tensor_parallel.h), so a model built from
+// them has no `if (sequence_parallel)` of its own. With tp = 1 every region is the identity.
+//
+// Dims: N = B*T tokens of a micro-batch; R rows of the residual stream this rank holds (N, or
+// N/tp under sequence parallelism, rows [row0, row0 + R)); IC/OC in/out features of a linear as
+// this rank holds them (a column-parallel linear's OC and a row-parallel linear's IC are the
+// global ones / tp); C the model width, which every region input and output has.
+//
+// Backward is split as the zero-bubble schedules need it: backward_input assigns the input
+// gradient and returns what backward_weight reads (the output gradient a linear's dW needs);
+// backward_weight adds into the weight gradients. Rounding to the compute type (16-bit emulation)
+// is the caller's, except where it sits between a GEMM and a region (the partial input gradient).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/dtype.h"
+#include "engine/parallel/tensor_parallel.h"
+
+namespace llmt {
+
+// The tp setting of one model and the buffers its regions share: `gathered` (N,C) holds a
+// column-parallel input gathered over the sequence, `shard` (R,C) a reduce-scattered output or
+// input gradient, `full` (N,C) a row-parallel linear's partial output or its gathered output
+// gradient. The model allocates them once; a region's result is valid until the next region
+// that writes the same buffer.
+struct TpLayers {
+  TensorParallel tp;
+  DType compute = DType::f32;
+  int64_t N = 0, R = 0, row0 = 0;
+  Tensor gathered, shard, full;
+
+  bool parallel() const { return tp.size() > 1; }
+  bool sp() const { return tp.sequence_parallel && tp.size() > 1; }
+  // Rounds x in place to the compute type (no-op for f32).
+  void round(Tensor x) const;
+};
+
+// Y = X W^T + b with W (OC, IC) sharded on its output rows over tp (Shard(0)). Its input region
+// (input()) is separate from the GEMMs, so a caller may keep the gathered input (the head does).
+class ColumnParallelLinear {
+ public:
+  explicit ColumnParallelLinear(const TpLayers& t) : t_(t) {}
+  // The (N,IC) input of x (R,IC): x itself, or gathered over tp into `into` (default t.gathered)
+  // under SP.
+  Tensor input(Tensor x, Tensor into = {}) const;
+  // y (N,OC) = x_full @ w^T + b; x_full (N,IC) from input().
+  void forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const;
+  // dx (R,IC): dx_partial (N,IC) = dy (N,OC) @ w, rounded, then summed over tp (all-reduce in
+  // place, or reduce-scattered into t.shard under SP). Returns the view holding dx.
+  Tensor backward_input(Tensor dx_partial, Tensor dy, Tensor w) const;
+  // dw (OC,IC) += dy^T x_full; db (OC) += sum of dy's rows (optional).
+  void backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const;
+
+ private:
+  const TpLayers& t_;
+};
+
+// Y = X W^T + b with W (OC, IC) sharded on its input columns over tp (Shard(1)); b replicated,
+// added once after the reduction.
+class RowParallelLinear {
+ public:
+  explicit RowParallelLinear(const TpLayers& t) : t_(t) {}
+  // y (R,OC) = sum over tp of x (N,IC) @ w^T (all-reduce, or reduce-scatter under SP), + b.
+  // The product goes to t.full; returns the view holding y (t.full, or t.shard under SP).
+  Tensor forward(Tensor x, Tensor w, Tensor b) const;
+  // dx (N,IC) = gather(dy (R,OC)) @ w. Returns the gathered output gradient (N,OC): dy itself,
+  // or t.full under SP, which backward_weight reads.
+  Tensor backward_input(Tensor dx, Tensor dy, Tensor w) const;
+  // dw (OC,IC) += dy_full^T x; db (OC) += sum of dy_full's rows (the same on every tp rank).
+  void backward_weight(Tensor dw, Tensor db, Tensor dy_full, Tensor x) const;
+
+ private:
+  const TpLayers& t_;
+};
+
+// Token (+ learned position) embedding with wte (V/tp, C) sharded over the vocabulary: each rank
+// looks up its rows (zeros elsewhere), tp rank 0 adds the positions, the sum over tp is the full
+// embedding (all-reduce, or reduce-scatter to this rank's rows under SP).
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(const TpLayers& t, int64_t vocab_size) : t_(t), vocab_size_(vocab_size) {}
+  // x (R,C) = embedding of tokens (B,T); wte (V/tp, C), wpe (T,C) optional.
+  void forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe) const;
+  // dwte += its vocabulary rows' gradients, dwpe += every row's (the same on every tp rank);
+  // dx (R,C) the gradient of forward's x.
+  void backward_weight(Tensor dwte, Tensor dwpe, Tensor dx, Tensor tokens) const;
+
+ private:
+  int64_t vocab_start() const { return t_.tp.rank() * (vocab_size_ / t_.tp.size()); }
+  const TpLayers& t_;
+  int64_t vocab_size_;
+};
+
+// Softmax cross-entropy over logits (N, V/tp) sharded over the vocabulary (Megatron
+// cross_entropy.py): losses (N) the full loss per row on every rank; the logits are overwritten
+// by d(dloss * loss)/d logits. max (N) and sums (2,N) are scratch (tp > 1 only).
+class VocabParallelCrossEntropy {
+ public:
+  VocabParallelCrossEntropy(const TpLayers& t, int64_t vocab_size, Tensor max, Tensor sums)
+      : t_(t), vocab_size_(vocab_size), max_(max), sums_(sums) {}
+  void forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss) const;
+
+ private:
+  const TpLayers& t_;
+  int64_t vocab_size_;
+  Tensor max_, sums_;
+};
+
+// Under SP a norm sees only this rank's rows, so its weight (and bias) gradients are partial sums
+// over the sequence: completed by an all-reduce over tp (copy_to_region backward). Without SP
+// every tp rank has all rows and the whole gradient: nothing to do.
+void sum_sequence_partials(const TpLayers& t, Tensor partial);
+
+}  // namespace llmt
