@@ -33,11 +33,6 @@ struct StepContext {
   bool dropout = true;       // false for evaluation: no dropout whatever model.dropout says
 };
 
-// Activation recompute of a layer (docs/model.md, "Activation memory"): none keeps everything its
-// backward reads; selective drops the attention core's output and log-sum-exp and reruns the
-// core from the saved qkv in backward; full keeps only the layer's input and reruns its forward.
-enum class Recompute : uint8_t { none, selective, full };
-
 // One f32 tensor a block saves or stashes. `view`: in a back-to-back backward the stash entry is
 // a view of a live buffer and takes no memory (a linear's output gradient); otherwise the block
 // computes into it (a norm's weight gradient).

@@ -10,6 +10,11 @@ enum class Arch : uint8_t { gpt2, llama };
 enum class NormKind : uint8_t { layernorm, rmsnorm };
 enum class Activation : uint8_t { gelu, swiglu };
 enum class PositionKind : uint8_t { learned, rope };
+// Activation recompute of a layer ([train] recompute; docs/model.md, "Activation memory"): none
+// keeps everything its backward reads; selective drops the attention core's output and
+// log-sum-exp and reruns the core from the saved qkv in backward; full keeps only the layer's
+// input and reruns its forward in backward.
+enum class Recompute : uint8_t { none, selective, full };
 
 // [model]. `arch` is a preset: it sets the defaults of norm, activation, position, bias,
 // tie_embeddings and d_ff; each may still be set explicitly.

@@ -41,6 +41,7 @@ constexpr std::array<std::string_view, 2> kActivationNames{"gelu", "swiglu"};
 constexpr std::array<std::string_view, 2> kPositionNames{"learned", "rope"};
 constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "constant"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
+constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
@@ -392,6 +393,8 @@ const std::vector<Section>& sections() {
                     .add("threads", &T::threads)
                     .add("eval_interval", &T::eval_interval)
                     .add("eval_iters", &T::eval_iters)
+                    .add("recompute", &T::recompute, kRecomputeNames)
+                    .add("recompute_layers", &T::recompute_layers)
                     .build());
     s.push_back(SectionBuilder<O>("optimizer", &Config::optimizer)
                     .add("lr", &O::lr)
@@ -855,6 +858,12 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   }
   r.require(!t.run_dir.empty(), {"train.run_dir"}, "train.run_dir must not be empty");
   r.at_least<int64_t>("train.threads", t.threads, 0);
+  r.at_least<int64_t>("train.recompute_layers", t.recompute_layers, 0, ", or 0 for every layer");
+  if (m.n_layers >= 1) {
+    r.require(t.recompute_layers <= m.n_layers, {"train.recompute_layers", "model.n_layers"},
+              concat("train.recompute_layers=", t.recompute_layers, " exceeds model.n_layers=",
+                     m.n_layers, "; use 0 to recompute every layer"));
+  }
 
   const OptimizerConfig& o = c.optimizer;
   r.positive("optimizer.lr", o.lr);

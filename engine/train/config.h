@@ -34,6 +34,8 @@ struct TrainConfig {
   int64_t threads = 0;        // OpenMP threads per rank; 0 = all cores
   int64_t eval_interval = 0;  // validation loss every this many steps; 0 = never
   int64_t eval_iters = 10;    // global batches of the valid split per validation
+  Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
+  int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
 };
 
 // One [[data.sources]] entry: a dataset of a blend.

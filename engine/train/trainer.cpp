@@ -239,7 +239,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
   // reads the same micro-batches.
   const TensorParallel tp{&mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
   Transformer model(stage_spec, alloc, mbs, compute_dtype(cfg.train.precision),
-                    model_storage(cfg.parallel.zero_stage), tp);
+                    model_storage(cfg.parallel.zero_stage), tp,
+                    {cfg.train.recompute, cfg.train.recompute_layers});
   if (cfg.parallel.zero_stage < 3) model.init(cfg.train.seed);
   std::unique_ptr<DataParallel> data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);

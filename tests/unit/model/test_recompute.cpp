@@ -1,0 +1,140 @@
+// Activation recompute: the gradients of none / selective / full are bitwise equal (with
+// dropout), and the activation bytes the allocator counts per layer are exactly the formulas of
+// docs/model.md ("Activation memory"), for GPT and Llama at two shapes each.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/model/transformer.h"
+
+namespace llmt {
+namespace {
+
+// Shapes chosen so every saved tensor is a whole number of 64-byte lines: the formulas are then
+// exact without the layout's rounding.
+struct Case {
+  Arch arch;
+  int64_t B, T, C, H, KV, F;
+};
+
+ModelConfig config(const Case& k, int64_t layers) {
+  ModelConfig c = model_preset(k.arch);
+  c.vocab_size = 64;
+  c.n_layers = layers;
+  c.d_model = k.C;
+  c.n_heads = k.H;
+  c.n_kv_heads = k.KV;
+  c.d_ff = k.F;
+  c.seq_len = k.T;
+  c.dropout = 0.1f;
+  return c;
+}
+
+// Bytes one layer saves per micro-batch in fp32 (docs/model.md): s = T, b = B, h = C, a = H,
+// D = h/a. none: the four (sbh) residual-stream tensors, the norms' statistics (mean and rstd for
+// layernorm, rstd for rmsnorm), qkv, the attention output and its log-sum-exp (abs), the MLP's
+// fc1 output and activation output. selective: without the attention output and lse. full: the
+// layer's input only.
+int64_t formula_bytes(const Case& k, Recompute r) {
+  const int64_t sb = k.B * k.T, h = k.C, D = k.C / k.H;
+  const bool gpt = k.arch == Arch::gpt2;
+  const int64_t F1 = gpt ? k.F : 2 * k.F;
+  const int64_t stats = gpt ? 4 * sb : 2 * sb;
+  const int64_t qkv = sb * (k.H + 2 * k.KV) * D, core = sb * h + k.B * k.H * k.T;
+  switch (r) {
+    case Recompute::none:
+      return 4 * (4 * sb * h + stats + qkv + core + sb * F1 + sb * k.F);
+    case Recompute::selective:
+      return 4 * (4 * sb * h + stats + qkv + sb * F1 + sb * k.F);
+    case Recompute::full:
+      return 4 * sb * h;
+  }
+  return 0;
+}
+
+// The model-wide recompute scratch: the attention core (selective), one layer's full set plus
+// the replayed output (full).
+int64_t formula_scratch(const Case& k, Recompute r) {
+  const int64_t sb = k.B * k.T;
+  if (r == Recompute::selective) return 4 * (sb * k.C + k.B * k.H * k.T);
+  if (r == Recompute::full) return formula_bytes(k, Recompute::none) + 4 * sb * k.C;
+  return 0;
+}
+
+const Case kCases[] = {
+    {Arch::gpt2, 2, 32, 64, 4, 4, 256},
+    {Arch::gpt2, 1, 48, 96, 6, 6, 384},
+    {Arch::llama, 2, 32, 64, 4, 2, 176},
+    {Arch::llama, 1, 48, 96, 6, 3, 256},
+};
+
+int64_t activation_bytes(const Case& k, int64_t layers, RecomputeOptions r) {
+  auto backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  Transformer model(ModelSpec::from_config(config(k, layers)), alloc, k.B, DType::f32, {}, {}, r);
+  return alloc.stats().live[static_cast<int>(MemCategory::activations)];
+}
+
+TEST(Recompute, ActivationBytesPerLayerAreTheFormulas) {
+  for (const Case& k : kCases) {
+    const int64_t base = activation_bytes(k, 2, {});
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+      const int64_t two = activation_bytes(k, 2, {r, 0}), four = activation_bytes(k, 4, {r, 0});
+      EXPECT_EQ((four - two) / 2, formula_bytes(k, r))
+          << (k.arch == Arch::gpt2 ? "gpt" : "llama") << " C=" << k.C << " mode "
+          << static_cast<int>(r);
+      // Two layers at mode r against two at none: the layers' difference plus the scratch.
+      EXPECT_EQ(two - base, 2 * (formula_bytes(k, r) - formula_bytes(k, Recompute::none)) +
+                                formula_scratch(k, r))
+          << "C=" << k.C << " mode " << static_cast<int>(r);
+    }
+    // recompute_layers = 1 of 4: one layer at full, three at none, plus the replay scratch.
+    const int64_t partial = activation_bytes(k, 4, {Recompute::full, 1});
+    const int64_t none4 = activation_bytes(k, 4, {});
+    EXPECT_EQ(partial - none4, formula_bytes(k, Recompute::full) -
+                                   formula_bytes(k, Recompute::none) +
+                                   formula_scratch(k, Recompute::full));
+  }
+}
+
+// One step of forward + backward over two micro-batches; the gradients as raw bits.
+std::vector<float> gradients(const Case& k, RecomputeOptions r, DType compute) {
+  auto backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  Transformer model(ModelSpec::from_config(config(k, 3)), alloc, k.B, compute, {}, {}, r);
+  model.init(11);
+  Buffer tok = alloc.allocate_tensor({2, k.B, k.T}, DType::i32, MemCategory::other);
+  Tensor tokens = tok.tensor({k.B, k.T}, DType::i32);
+  Tensor targets = tok.tensor({k.B, k.T}, DType::i32, static_cast<size_t>(k.B * k.T) * 4);
+  std::mt19937 gen(3);
+  model.zero_grads();
+  for (int micro = 0; micro < 2; ++micro) {
+    for (int64_t i = 0; i < k.B * k.T; ++i) {
+      tokens.i32()[i] = static_cast<int32_t>(gen() % 64);
+      targets.i32()[i] = static_cast<int32_t>(gen() % 64);
+    }
+    model.forward_backward(tokens, targets, 0.5f, StepContext{5, 2, micro * k.B});
+  }
+  const Tensor g = model.flat_grads();
+  return std::vector<float>(g.f32(), g.f32() + g.numel());
+}
+
+TEST(Recompute, GradientsAreBitwiseThoseOfNone) {
+  for (const Case& k : {kCases[0], kCases[2]})
+    for (DType t : {DType::f32, DType::bf16}) {
+      const std::vector<float> none = gradients(k, {}, t);
+      for (RecomputeOptions r : {RecomputeOptions{Recompute::selective, 0},
+                                 RecomputeOptions{Recompute::full, 0},
+                                 RecomputeOptions{Recompute::full, 2}}) {
+        const std::vector<float> g = gradients(k, r, t);
+        ASSERT_EQ(g.size(), none.size());
+        EXPECT_EQ(std::memcmp(g.data(), none.data(), g.size() * 4), 0)
+            << dtype_name(t) << " mode " << static_cast<int>(r.mode) << " layers " << r.layers;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace llmt
