@@ -23,14 +23,18 @@ void ColumnParallelLinear::forward(Tensor y, Tensor x_full, Tensor w, Tensor b) 
 
 Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w) const {
   ops::linear_backward(dx_partial, Tensor(), Tensor(), dy, Tensor(), w, t_.compute);
-  t_.round(dx_partial);
-  if (!t_.parallel()) return dx_partial;
-  if (!t_.sp()) {
+  // The partial sums are reduced in fp32 and the sum rounded once, as one rank rounds the whole
+  // GEMM's output (rounding each rank's partial first drifts several times further from the
+  // single-rank run: tests/mpi/precision_tp.py).
+  Tensor dx = dx_partial;
+  if (t_.sp()) {
+    tp::gather_from_sequence_backward(*t_.tp.comm, t_.shard, dx_partial);
+    dx = t_.shard;
+  } else if (t_.parallel()) {
     tp::copy_to_region_backward(*t_.tp.comm, dx_partial);
-    return dx_partial;
   }
-  tp::gather_from_sequence_backward(*t_.tp.comm, t_.shard, dx_partial);
-  return t_.shard;
+  t_.round(dx);
+  return dx;
 }
 
 void ColumnParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const {

@@ -11,7 +11,8 @@
 // Backward is split as the zero-bubble schedules need it: backward_input assigns the input
 // gradient and returns what backward_weight reads (the output gradient a linear's dW needs);
 // backward_weight adds into the weight gradients. Rounding to the compute type (16-bit emulation)
-// is the caller's, except where it sits between a GEMM and a region (the partial input gradient).
+// is the caller's, except for a column-parallel linear's input gradient, which is rounded after
+// its reduction.
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,9 @@ class ColumnParallelLinear {
   Tensor input(Tensor x, Tensor into = {}) const;
   // y (N,OC) = x_full @ w^T + b; x_full (N,IC) from input().
   void forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const;
-  // dx (R,IC): dx_partial (N,IC) = dy (N,OC) @ w, rounded, then summed over tp (all-reduce in
-  // place, or reduce-scattered into t.shard under SP). Returns the view holding dx.
+  // dx (R,IC): dx_partial (N,IC) = dy (N,OC) @ w, summed over tp in fp32 (all-reduce in place,
+  // or reduce-scattered into t.shard under SP), then rounded to the compute type once. Returns
+  // the view holding dx.
   Tensor backward_input(Tensor dx_partial, Tensor dy, Tensor w) const;
   // dw (OC,IC) += dy^T x_full; db (OC) += sum of dy's rows (optional).
   void backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const;
