@@ -98,7 +98,7 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
-    if (tp_rank != 0 && (!p.tp.sharded() || tp_spec.tp_size == 1)) continue;
+    if (tp_rank != 0 && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
     const int64_t rows = p.shape[0], s = (rows + dp - 1) / dp;
     const int64_t begin = std::min(rows, dp_rank * s), end = std::min(rows, begin + s);
     if (begin == end) continue;

@@ -20,7 +20,9 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
 
   using P = Placement;
   auto add = [&](std::string name, Shape shape, InitKind init, float sd, bool decay, P tp) {
-    s.params.push_back({std::move(name), shape, shape, init, sd, decay, std::move(tp)});
+    ParamSpec p{std::move(name), shape, shape, init, sd, decay};
+    p.placement[static_cast<int>(Axis::tp)] = std::move(tp);
+    s.params.push_back(std::move(p));
   };
   auto norm = [&](const std::string& prefix) {
     add(prefix + ".weight", {C}, InitKind::ones, 0, false, P::replicate());
@@ -103,6 +105,7 @@ ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int6
     if (!keep) continue;
     out.params.push_back(p);
     out.params.back().tied_copy = copy;
+    out.params.back().placement[static_cast<int>(Axis::pp)] = Placement::owned(rank);
   }
   return out;
 }
@@ -122,12 +125,13 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
   ModelSpec s = *this;
   s.tp_size = size;
   s.tp_rank = rank;
-  for (ParamSpec& p : s.params) p.shape = local_shape(p.global_shape, p.tp, size, p.name);
+  for (ParamSpec& p : s.params)
+    p.shape = local_shape(p.global_shape, p.on(Axis::tp), size, p.name);
   return s;
 }
 
 std::vector<ShardSlice> ModelSpec::local_slices(size_t i) const {
-  return llmt::local_slices(params[i].global_shape, params[i].tp, tp_size, tp_rank);
+  return llmt::local_slices(params[i].global_shape, params[i].on(Axis::tp), tp_size, tp_rank);
 }
 
 int64_t ModelSpec::num_local_params() const {

@@ -1,9 +1,10 @@
 // ModelSpec: the model's parameters as global names and global shapes, derived from [model]
 // before anything is allocated. Parallel transforms change what a rank holds (ParamSpec::shape,
-// from each parameter's Placement on the tp axis), never the names or global shapes;
+// from each parameter's Placement on each mesh axis), never the names or global shapes;
 // checkpoints, init and tests speak these names (docs/model.md, docs/parallelism.md).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include "engine/core/tensor.h"
 #include "engine/model/model_config.h"
+#include "engine/parallel/axis.h"
 #include "engine/parallel/placement.h"
 
 namespace llmt {
@@ -24,10 +26,14 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   float std = 0.0f;    // for InitKind::normal
   bool decay = false;  // AdamW weight decay applies (2-D weights and embeddings)
-  // Megatron 1D tensor parallelism: column-parallel qkv/fc1 Shard(0) by head groups / [gate|up],
-  // row-parallel proj/fc2 Shard(1) (their biases replicated, added after the all-reduce),
-  // vocab-parallel wte/lm_head Shard(0), norms and wpe replicated.
-  Placement tp;
+  // The layout on every mesh axis (indexed by Axis). tp, Megatron 1D tensor parallelism:
+  // column-parallel qkv/fc1 Shard(0) by head groups / [gate|up], row-parallel proj/fc2 Shard(1)
+  // (their biases replicated, added after the all-reduce), vocab-parallel wte/lm_head Shard(0),
+  // norms and wpe replicated. pp: Owned(stage's pp rank) once shard_pp placed it (Replicate
+  // before). cp and dp: Replicate (ZeRO's dp shards are the optimizer's and gradients' layout,
+  // zero.h; the parameter a layer computes with is whole).
+  std::array<Placement, kNumAxes> placement{};
+  const Placement& on(Axis a) const { return placement[static_cast<int>(a)]; }
   // Pipeline parallelism with tied embeddings: the last stage's copy of wte.weight (the head).
   // Initialised like stage 0's; its gradient is summed with stage 0's before the update, and it
   // counts once (on stage 0) in norms.

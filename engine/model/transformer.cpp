@@ -320,7 +320,7 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
   const uint64_t stream = rng::hash_name(p.name);
   const Shape& g = p.global_shape;
   const int64_t row = g.numel() / g[0];  // global elements per dim-0 index
-  if (!p.tp.sharded() || spec.tp_size == 1) {
+  if (!p.on(Axis::tp).sharded() || spec.tp_size == 1) {
     ops::init_normal(x, p.std, seed, stream, row_begin * row);
     return;
   }
@@ -334,7 +334,7 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
                          (s.global_start + lo - s.local_start) * row);
     } else {  // one column slice of a 2-D weight: every row's columns [global_start, +length)
       LLMT_CHECK(s.dim == 1 && g.ndim() == 2 && s.local_start == 0 && s.length == p.shape[1],
-                 p.name, ": only one column slice of a 2-D tensor is supported, got ", p.tp.str());
+                 p.name, ": only one column slice of a 2-D tensor is supported, got ", p.on(Axis::tp).str());
       ops::init_normal(x, p.std, seed, stream, row_begin * g[1] + s.global_start, g[1]);
     }
   }

@@ -1,4 +1,4 @@
-// DDP: bucketed all-reduce of the flat gradient buffer over dp, started from after_backward on
+// DDP: bucketed all-reduce of the flat gradient buffer over the data-parallel group, started from after_backward on
 // the step's last micro-batch and waited before the optimizer. The factory for every strategy.
 #include "engine/parallel/data_parallel.h"
 
@@ -12,9 +12,8 @@
 namespace llmt {
 
 double DataParallel::take_wait_seconds() {
-  Communicator& dp = mesh_.comm(Axis::dp);
-  const double s = dp.wait_seconds();
-  dp.reset_wait_seconds();
+  const double s = group_.wait_seconds();
+  group_.reset_wait_seconds();
   return s;
 }
 
@@ -26,9 +25,10 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
                                                  Transformer& model, Allocator& alloc,
                                                  uint64_t seed) {
+  Communicator& group = mesh.group({Axis::dp, Axis::cp});
   if (cfg.zero_stage == 0)
-    return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, model, alloc);
-  return std::make_unique<Zero>(cfg, opt, mesh, model, alloc, seed);
+    return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, group, model, alloc);
+  return std::make_unique<Zero>(cfg, opt, mesh, group, model, alloc, seed);
 }
 
 std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
@@ -68,8 +68,9 @@ std::vector<bool> decay_flags(const ModelSpec& spec) {
 
 DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
-                                                 Transformer& model, Allocator& alloc)
-    : DataParallel(mesh),
+                                                 Communicator& group, Transformer& model,
+                                                 Allocator& alloc)
+    : DataParallel(mesh, group),
       model_(model),
       alloc_(alloc),
       adamw_(opt, alloc, model.params(), decay_flags(model.spec())),
@@ -89,12 +90,12 @@ void DistributedDataParallel::before_backward(int block) {
 }
 
 void DistributedDataParallel::after_backward(int block) {
-  if (!last_micro_ || mesh_.size(Axis::dp) == 1) return;
+  if (!last_micro_ || group_.size() == 1) return;
   Tensor flat = model_.flat_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
     const Bucket& b = buckets_[next_bucket_++];
     Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
-    pending_.push_back(mesh_.comm(Axis::dp).all_reduce(view));
+    pending_.push_back(group_.all_reduce(view));
   }
   for (Handle& h : pending_) h.poll();
 }
@@ -102,7 +103,7 @@ void DistributedDataParallel::after_backward(int block) {
 void DistributedDataParallel::finish_backward() {
   for (Handle& h : pending_) h.wait();
   pending_.clear();
-  LLMT_CHECK(mesh_.size(Axis::dp) == 1 || next_bucket_ == buckets_.size(), "DDP: ", next_bucket_,
+  LLMT_CHECK(group_.size() == 1 || next_bucket_ == buckets_.size(), "DDP: ", next_bucket_,
              " of ", buckets_.size(), " buckets were started; was the last micro-batch marked?");
 }
 

@@ -1,5 +1,6 @@
-// Data parallelism over the mesh's dp axis: the strategy that turns each rank's gradients of its
-// slice of the global batch into the update of the global model. DataParallel is the interface
+// Data parallelism: the strategy that turns each rank's gradients of its slice of the global batch
+// into the update of the global model, over the group it reduces over (the mesh's dp axis, and cp
+// once context parallelism splits sequences: parameters replicate over both). DataParallel is the interface
 // the trainer drives; make_data_parallel picks DDP (zero_stage 0, this file) or ZeRO 1-3
 // (zero.h). Each is a ModelHooks: it acts per block while backward (and, for ZeRO-3, forward)
 // runs, so communication overlaps compute. The trainer pre-scales each micro-batch's loss
@@ -58,14 +59,17 @@ class DataParallel : public ModelHooks {
   double take_wait_seconds();
 
  protected:
-  DataParallel(Mesh& mesh) : mesh_(mesh) {}
+  // group: the ranks holding replicas of the same parameters that see different data.
+  DataParallel(Mesh& mesh, Communicator& group) : mesh_(mesh), group_(group) {}
   Mesh& mesh_;
+  Communicator& group_;
 };
 
 // What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither).
 ModelStorage model_storage(int64_t zero_stage);
 
 // `model` must have been built with model_storage(cfg.zero_stage) and (stages 0-2) initialised.
+// The strategy reduces over mesh.group({dp, cp}).
 std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
                                                  Transformer& model, Allocator& alloc,
@@ -77,7 +81,7 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
 class DistributedDataParallel final : public DataParallel {
  public:
   DistributedDataParallel(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh,
-                          Transformer& model, Allocator& alloc);
+                          Communicator& group, Transformer& model, Allocator& alloc);
   void start_step() override;
   void start_micro_batch(bool last) override { last_micro_ = last; }
   void before_backward(int block) override;

@@ -3,6 +3,8 @@
 // axis a, ordered by their coordinate on a.
 #include "engine/parallel/mesh.h"
 
+#include <algorithm>
+
 #include "engine/core/check.h"
 
 namespace llmt {
@@ -51,6 +53,22 @@ std::vector<int> MeshShape::group(int rank, Axis a) const {
   return ranks;
 }
 
+std::vector<int> MeshShape::group(int rank, std::initializer_list<Axis> axes) const {
+  const std::array<int, kNumAxes> c = coords(rank);
+  std::vector<int> ranks;
+  for (int r = 0; r < world(); ++r) {
+    const std::array<int, kNumAxes> o = coords(r);
+    bool same = true;
+    for (int a = 0; a < kNumAxes; ++a) {
+      bool in_set = false;
+      for (Axis x : axes) in_set = in_set || static_cast<int>(x) == a;
+      same = same && (in_set || o[a] == c[a]);
+    }
+    if (same) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 Mesh::Mesh(MeshShape shape, int rank, std::array<std::unique_ptr<Communicator>, kNumAxes> axes,
            std::unique_ptr<Communicator> world)
     : shape_(shape),
@@ -80,6 +98,36 @@ Mesh Mesh::create(MeshShape shape, std::unique_ptr<Communicator> world) {
     axes[a] = world->split(color, shape.coords(rank)[a], std::string(axis_name(axis)));
   }
   return Mesh(shape, rank, std::move(axes), std::move(world));
+}
+
+std::vector<Communicator*> Mesh::communicators() const {
+  std::vector<Communicator*> out;
+  for (const auto& c : axes_) out.push_back(c.get());
+  for (const auto& [mask, c] : groups_) out.push_back(c.get());
+  return out;
+}
+
+Communicator& Mesh::group(std::initializer_list<Axis> axes) {
+  LLMT_CHECK(axes.size() > 0, "Mesh::group of no axis");
+  unsigned mask = 0;
+  int wide = 0, last = 0;
+  for (Axis a : axes) {
+    if (size(a) == 1 || (mask & (1u << static_cast<int>(a)))) continue;
+    mask |= 1u << static_cast<int>(a);
+    last = static_cast<int>(a);
+    ++wide;
+  }
+  if (wide == 0) return comm(*axes.begin());  // degree 1: a group of this rank alone
+  if (wide == 1) return comm(static_cast<Axis>(last));
+  auto it = groups_.find(mask);
+  if (it != groups_.end()) return *it->second;
+  std::string name;
+  for (int a = 0; a < kNumAxes; ++a)
+    if (mask & (1u << a)) name += (name.empty() ? "" : "x") + std::string(axis_name(static_cast<Axis>(a)));
+  const std::vector<int> members = shape_.group(rank_, axes);
+  const int key = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  auto comm = world_->split(members.front(), key, name);
+  return *groups_.emplace(mask, std::move(comm)).first->second;
 }
 
 }  // namespace llmt

@@ -1,21 +1,21 @@
 // Mesh: the world's ranks arranged on named axes tp, cp, dp, pp (tp fastest-varying, Megatron
-// order), with one Communicator per axis group this rank belongs to. Worked example: with
-// tp=2, dp=2, pp=2 (world 8), rank 5 = tp 1 + 2*(cp 0) + 2*(dp 0) + 4*(pp 1): it shares its tp
-// group with rank 4, its dp group with rank 7, its pp group with rank 1.
+// order), with one Communicator per axis group this rank belongs to, and on demand one per set of
+// axes (Mesh::group). Worked example: with tp=2, dp=2, pp=2 (world 8), rank 5 = tp 1 + 2*(cp 0)
+// + 2*(dp 0) + 4*(pp 1): it shares its tp group with rank 4, its dp group with rank 7, its pp
+// group with rank 1, and its {tp, dp} group with ranks 4, 6 and 7.
 #pragma once
 
 #include <array>
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/comm/communicator.h"
+#include "engine/parallel/axis.h"
 
 namespace llmt {
-
-enum class Axis : uint8_t { tp, cp, dp, pp };
-constexpr int kNumAxes = 4;
-std::string_view axis_name(Axis a);
 
 // Degrees and coordinates only: pure arithmetic, usable without MPI (`config show --world`).
 struct MeshShape {
@@ -27,6 +27,9 @@ struct MeshShape {
   int rank_of(const std::array<int, kNumAxes>& coords) const;
   // The global ranks of `rank`'s group along axis a, in axis order.
   std::vector<int> group(int rank, Axis a) const;
+  // The global ranks of `rank`'s group over the axes `axes` (those that agree with it on every
+  // other axis), in rank order: the group's rank of a member is its index here.
+  std::vector<int> group(int rank, std::initializer_list<Axis> axes) const;
 };
 
 class Mesh {
@@ -42,6 +45,14 @@ class Mesh {
   int size(Axis a) const { return shape_.size(a); }
   Communicator& comm(Axis a) const { return *axes_[static_cast<int>(a)]; }
   Communicator& world() const { return *world_; }
+  // The communicator of this rank's group over a set of axes (MeshShape::group): what gradient
+  // sync and ZeRO reduce over (dp; dp x cp with context parallelism). Axes of degree 1 add no
+  // ranks and are dropped; a set that leaves one axis is that axis's communicator. Any other
+  // set is split from the world on its first use, which is a collective: every rank must ask
+  // for it, in the same order as the others.
+  Communicator& group(std::initializer_list<Axis> axes);
+  // Every communicator of this rank's: one per axis, then the groups made so far (counters).
+  std::vector<Communicator*> communicators() const;
 
  private:
   MeshShape shape_;
@@ -49,6 +60,7 @@ class Mesh {
   std::array<int, kNumAxes> coords_;
   std::array<std::unique_ptr<Communicator>, kNumAxes> axes_;
   std::unique_ptr<Communicator> world_;
+  std::map<unsigned, std::unique_ptr<Communicator>> groups_;  // by bit mask of the axes
 };
 
 }  // namespace llmt

@@ -39,6 +39,7 @@ Shape with_dim(const Shape& s, int d, int64_t v) {
 }  // namespace
 
 std::string Placement::str() const {
+  if (kind == Kind::owned) return "Owned(" + std::to_string(owner) + ")";
   if (!sharded()) return "Replicate";
   std::string s = "Shard(" + std::to_string(dim);
   if (!segments.empty()) {

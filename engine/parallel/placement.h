@@ -1,5 +1,6 @@
-// Placement: how a parameter with a global shape is laid out over one mesh axis — replicated, or
-// sharded along one dim. Every shard is a list of rectangular slices of the global tensor, which
+// Placement: how a parameter with a global shape is laid out over one mesh axis — replicated,
+// sharded along one dim, or owned whole by one coordinate of the axis (a pipeline stage's
+// layers; later an expert rank's experts). Every shard is a list of rectangular slices of the global tensor, which
 // is what checkpoints (one hyperslab per slice), initialisation (each slice from its global
 // offset) and resharding rely on (DESIGN.md §4-§5).
 //
@@ -21,17 +22,20 @@
 namespace llmt {
 
 struct Placement {
-  enum class Kind : uint8_t { replicate, shard };
+  enum class Kind : uint8_t { replicate, shard, owned };
   Kind kind = Kind::replicate;
   int dim = 0;                    // shard only: the tensor dim that is split
   std::vector<int64_t> segments;  // shard only: the dim's parts, split separately; empty = one
+  int owner = 0;                  // owned only: the coordinate on the axis that holds it
 
   static Placement replicate() { return {}; }
   static Placement shard(int dim, std::vector<int64_t> segments = {}) {
-    return {Kind::shard, dim, std::move(segments)};
+    return {Kind::shard, dim, std::move(segments), 0};
   }
+  static Placement owned(int coord) { return {Kind::owned, 0, {}, coord}; }
   bool sharded() const { return kind == Kind::shard; }
-  std::string str() const;  // "Replicate", "Shard(0)", "Shard(0, [64, 32, 32])"
+  // "Replicate", "Shard(0)", "Shard(0, [64, 32, 32])", "Owned(1)"
+  std::string str() const;
 };
 
 // One rectangular piece of a rank's shard: along `dim`, global [global_start, global_start +
@@ -41,7 +45,8 @@ struct ShardSlice {
   int64_t global_start, local_start, length;
 };
 
-// The shape a rank holds of `global` under `p` over an axis of `axis_size` ranks. Throws (naming
+// The shape a rank holds of `global` under `p` over an axis of `axis_size` ranks (Owned: the
+// owner's, the whole tensor). Throws (naming
 // `what`, the dim and the numbers) when a segment does not divide by the axis size.
 Shape local_shape(const Shape& global, const Placement& p, int axis_size, const std::string& what);
 // The slices rank `axis_rank` holds, in local order (one whole-tensor slice for Replicate).

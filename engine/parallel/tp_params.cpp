@@ -42,11 +42,11 @@ void gather_tp_params(Communicator& tp, const ModelSpec& spec, const std::vector
       const float* src = all.data() + r * P + loff;
       // A replicated parameter must be bitwise the same on every tp rank (same gradients, same
       // update); a difference means the ranks have drifted apart.
-      if (!ps.tp.sharded() && !std::equal(src, src + l.numel(), all.data() + loff))
+      if (!ps.on(Axis::tp).sharded() && !std::equal(src, src + l.numel(), all.data() + loff))
         throw Error(detail::concat("gather_tp_params: ", ps.name, " differs between tp rank 0 and ",
                                    r, "; replicated parameters must stay identical"));
       float* dst = global.data() + goff;
-      for (const ShardSlice& s : local_slices(g, ps.tp, p, r)) {
+      for (const ShardSlice& s : local_slices(g, ps.on(Axis::tp), p, r)) {
         if (s.dim == 0) {
           std::copy(src + s.local_start * lcols, src + (s.local_start + s.length) * lcols,
                     dst + s.global_start * gcols);

@@ -15,7 +15,7 @@ namespace llmt {
 // parameter's elements are each on one rank; a replicated one (the same on every tp rank)
 // counts on tp rank 0 only. The last pipeline stage's tied copy of wte counts on stage 0 only.
 inline bool counts_in_tp_norm(const ModelSpec& spec, size_t i) {
-  return !spec.params[i].tied_copy && (spec.params[i].tp.sharded() || spec.tp_rank == 0);
+  return !spec.params[i].tied_copy && (spec.params[i].on(Axis::tp).sharded() || spec.tp_rank == 0);
 }
 
 // Sum of squares of `flat`, elements [begin, begin + flat.numel()) of a buffer holding the

@@ -14,14 +14,14 @@ int64_t Zero::Param::own_rows_of(int r) const {
   return std::clamp<int64_t>(rows - r * shard_rows, 0, shard_rows);
 }
 
-Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Transformer& model,
-           Allocator& alloc, uint64_t seed)
-    : DataParallel(mesh),
+Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Communicator& group,
+           Transformer& model, Allocator& alloc, uint64_t seed)
+    : DataParallel(mesh, group),
       stage_(static_cast<int>(cfg.zero_stage)),
       model_(model),
       alloc_(alloc),
-      dp_(mesh.size(Axis::dp)),
-      rank_(mesh.coord(Axis::dp)),
+      dp_(group.size()),
+      rank_(group.rank()),
       L_(model.num_blocks() - 2) {
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
@@ -147,7 +147,7 @@ void Zero::start_gather(int unit) {
   Tensor in(static_cast<float*>(param_shard_.data()) + u.shard_begin, {u.shard_numel}, DType::f32,
             alloc_.device());
   u.gather =
-      mesh_.comm(Axis::dp).all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
+      group_.all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
 }
 
 void Zero::finish_gather(int unit) {
@@ -186,7 +186,7 @@ void Zero::start_reduce(int unit) {
   pack(red.packed.tensor({u.shard_numel * dp_}, DType::f32), u, model_.grads(), true);
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
   red.handle =
-      mesh_.comm(Axis::dp).reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
+      group_.reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
                                           red.packed.tensor({u.shard_numel * dp_}, DType::f32));
   reductions_.push_back(std::move(red));
   // At most two reductions in flight: bounds the packed staging to two units.
@@ -294,7 +294,7 @@ double Zero::grad_norm() {
       ++k;
     }
   float sum = static_cast<float>(ops::sum_squares(counted));
-  mesh_.comm(Axis::dp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  group_.all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
   return std::sqrt(static_cast<double>(sum));
@@ -313,7 +313,7 @@ Tensor Zero::owned_grad(size_t i) {
 
 bool Zero::grads_nonfinite() {
   int32_t bad = ops::has_nonfinite(opt_grads_) ? 1 : 0;
-  mesh_.comm(Axis::dp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  group_.all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   return bad != 0;
@@ -346,7 +346,7 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
                  alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm),
                  Handle()};
     pack(cur.in.tensor({u.shard_numel}, DType::f32), u, model_.params(), false);
-    cur.handle = mesh_.comm(Axis::dp).all_gather(cur.out.tensor({u.shard_numel * dp_}, DType::f32),
+    cur.handle = group_.all_gather(cur.out.tensor({u.shard_numel * dp_}, DType::f32),
                                                  cur.in.tensor({u.shard_numel}, DType::f32));
     if (prev) finish(*prev);
     prev = std::move(cur);

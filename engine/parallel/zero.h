@@ -1,4 +1,5 @@
-// ZeRO stages 1-3 over the dp axis with per-parameter Shard(0) (the FSDP2 layout): parameter i
+// ZeRO stages 1-3 over the data-parallel group (DataParallel: dp, or dp x cp) with per-parameter
+// Shard(0) (the FSDP2 layout): parameter i
 // with R rows is cut into dp shards of s = ceil(R/dp) rows, rank r owning global rows
 // [r*s, min(R, (r+1)*s)) — a rectangular slice of the global tensor; the last ranks' shards are
 // padded with zero rows (kept zero: their gradient is zero, so AdamW leaves them at zero).
@@ -32,8 +33,8 @@ class Zero final : public DataParallel {
  public:
   // `seed`: stage 3 initialises its shards from (seed, global name, global element index), as
   // Transformer::init does for whole tensors.
-  Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Transformer& model,
-       Allocator& alloc, uint64_t seed);
+  Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Communicator& group,
+       Transformer& model, Allocator& alloc, uint64_t seed);
 
   void start_step() override;
   void start_micro_batch(bool last) override;

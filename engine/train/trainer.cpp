@@ -186,13 +186,13 @@ void gather_pp_params(Communicator& pp, const ModelSpec& spec, const ParallelCon
   }
 }
 
-// This step's traffic per mesh axis (axes of one rank move nothing and are left out).
+// This step's traffic per mesh axis and axis group (groups of one rank move nothing and are left
+// out).
 std::vector<std::pair<std::string, CommCounters>> take_comm_counters(Mesh& mesh) {
   std::vector<std::pair<std::string, CommCounters>> out;
-  for (int a = 0; a < kNumAxes; ++a) {
-    Communicator& c = mesh.comm(static_cast<Axis>(a));
-    if (c.size() > 1) out.emplace_back(c.name(), c.counters());
-    c.reset_counters();
+  for (Communicator* c : mesh.communicators()) {
+    if (c->size() > 1) out.emplace_back(c->name(), c->counters());
+    c->reset_counters();
   }
   return out;
 }

@@ -142,7 +142,7 @@ TEST(Layout, ReplicasWriteNothing) {
   const MeshShape m = mesh(2, 1, 2);
   const ModelSpec s1 = spec.shard_tp(2, 1);
   // Rank 1 is tp 1: only tp-sharded params; rank 2 is cp 1: nothing.
-  for (const Piece& pc : pieces_to_write(s1, m, 1)) EXPECT_TRUE(s1.params[pc.param].tp.sharded());
+  for (const Piece& pc : pieces_to_write(s1, m, 1)) EXPECT_TRUE(s1.params[pc.param].on(Axis::tp).sharded());
   EXPECT_TRUE(pieces_to_write(spec.shard_tp(2, 0), m, 2).empty());
   EXPECT_EQ(rank_file_name(12), "rank_00012.h5");
   EXPECT_EQ(shard_dataset(Kind::exp_avg, "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");

@@ -52,5 +52,31 @@ TEST(ModelSpec, GroupedQueryShapesAndInitRules) {
   EXPECT_EQ(s.params[s.index_of("norm_f.weight")].init, InitKind::ones);
 }
 
+// A placement on every mesh axis: tp per Megatron's split, pp Owned by the stage once shard_pp
+// placed the parameter, cp and dp Replicate (4 layers, pp 2, 2 chunks per rank: rank 1 holds
+// layers 1 and 3, the final norm and the head's tied copy of wte).
+TEST(ModelSpec, PlacementOnEveryAxis) {
+  ModelConfig c = model_preset(Arch::gpt2);
+  c.vocab_size = 64;
+  c.n_layers = 4;
+  c.d_model = 32;
+  c.n_heads = 4;
+  const ModelSpec whole = ModelSpec::from_config(c);
+  const ParamSpec& qkv = whole.params[whole.index_of("layers.1.attn.qkv.weight")];
+  EXPECT_EQ(qkv.on(Axis::tp).str(), "Shard(0, [32, 32, 32])");
+  EXPECT_EQ(qkv.on(Axis::pp).str(), "Replicate");
+  EXPECT_EQ(whole.params[whole.index_of("layers.1.attn.proj.weight")].on(Axis::tp).str(),
+            "Shard(1)");
+  const ModelSpec r1 = whole.shard_pp(2, 2, {}, 1);
+  for (const ParamSpec& p : r1.params) {
+    EXPECT_EQ(p.on(Axis::pp).str(), "Owned(1)") << p.name;
+    EXPECT_EQ(p.on(Axis::cp).str(), "Replicate") << p.name;
+    EXPECT_EQ(p.on(Axis::dp).str(), "Replicate") << p.name;
+    EXPECT_EQ(p.on(Axis::tp).str(), whole.params[whole.index_of(p.name)].on(Axis::tp).str());
+  }
+  EXPECT_EQ(r1.params[r1.index_of("layers.3.mlp.fc1.weight")].on(Axis::tp).str(), "Shard(0)");
+  EXPECT_TRUE(r1.params[r1.index_of("wte.weight")].tied_copy);
+}
+
 }  // namespace
 }  // namespace llmt

@@ -28,6 +28,17 @@ TEST(Mesh, WorkedExample) {
   EXPECT_EQ(s.group(5, Axis::cp), (std::vector<int>{5}));
 }
 
+// The header's worked example: tp=2, dp=2, pp=2, rank 5's group over {tp, dp} is ranks 4-7; over
+// {tp, pp} ranks 4, 5 and 0, 1 (dp coordinate 0); over every axis the world.
+TEST(Mesh, GroupOverAxes) {
+  MeshShape s;
+  s.degree = {2, 1, 2, 2};
+  EXPECT_EQ(s.group(5, {Axis::tp, Axis::dp}), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(s.group(5, {Axis::pp, Axis::tp}), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(s.group(5, {Axis::dp, Axis::cp}), (std::vector<int>{5, 7}));
+  EXPECT_EQ(s.group(5, {Axis::tp, Axis::cp, Axis::dp, Axis::pp}).size(), 8u);
+}
+
 TEST(Mesh, RoundTripAllAxes) {
   const MeshShape s = shape(2, 3, 2, 2);
   for (int r = 0; r < s.world(); ++r) {

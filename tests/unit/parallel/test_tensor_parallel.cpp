@@ -182,7 +182,7 @@ void check_tp(Arch arch, int p, bool sp) {
   // Sharded: each rank fills its slices; replicated: every rank holds the same bits.
   for (int r = 0; r < p; ++r)
     for (size_t i = 0; i < gs.params.size(); ++i) {
-      if (gs.params[i].tp.sharded()) {
+      if (gs.params[i].on(Axis::tp).sharded()) {
         for (size_t k = 0; k < params[i].size(); ++k) {
           if (!std::isnan(rank_params[r][i][k])) params[i][k] = rank_params[r][i][k];
           if (!std::isnan(rank_grads[r][i][k])) grads[i][k] = rank_grads[r][i][k];
