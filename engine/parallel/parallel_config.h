@@ -6,12 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace llmt {
+#include "engine/schedule/schedule.h"  // PipeSchedule
 
-// Pipeline schedules (engine/schedule): GPipe (all forwards, then all backwards), 1F1B
-// (PipeDream-Flush), interleaved 1F1B over virtual stages (Megatron PTD-P), ZB-H1 (zero bubble:
-// backward split into input- and weight-gradient parts).
-enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
+namespace llmt {
 
 struct ParallelConfig {
   int64_t tp = 1;   // tensor parallel degree

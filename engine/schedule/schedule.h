@@ -13,9 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/parallel/parallel_config.h"
-
 namespace llmt {
+
+// Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
+// interleaved 1F1B over virtual stages (Megatron PTD-P), ZB-H1 (zero bubble: backward split into
+// input- and weight-gradient parts). [parallel] pp_schedule names one (parallel_config.h).
+enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
 
 enum class ActionKind : uint8_t {
   forward,          // forward of (mb, chunk); on the last stage also the loss
