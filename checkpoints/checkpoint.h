@@ -11,7 +11,7 @@
 #include "checkpoints/checkpoint_config.h"
 #include "checkpoints/store.h"
 #include "engine/core/allocator.h"
-#include "engine/parallel/data_parallel.h"
+#include "engine/data_parallel/data_parallel.h"
 
 namespace llmt::ckpt {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "engine/model/model_spec.h"
-#include "engine/parallel/data_parallel.h"
+#include "engine/data_parallel/data_parallel.h"
 #include "engine/parallel/mesh.h"
 
 namespace llmt::ckpt {

@@ -628,6 +628,7 @@ void round_to(Tensor x, DType target) {
     case DType::f16:
       return LLMT_KERNEL(op, round_to_f16)(p, x.numel());
     case DType::i32:
+    case DType::f64:
       break;
   }
   op.require(false, "cannot round to ", dtype_name(target), " (bf16, f16 or f32 only)");

@@ -8,7 +8,8 @@
 
 namespace llmt {
 
-enum class DType : uint8_t { f32, bf16, f16, i32 };
+// f64: host scalars only (sums of squares reduced across ranks), never a compute tensor.
+enum class DType : uint8_t { f32, bf16, f16, i32, f64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -20,6 +21,8 @@ constexpr size_t dtype_size(DType t) {
       return 2;
     case DType::i32:
       return 4;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
@@ -34,6 +37,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "f16";
     case DType::i32:
       return "i32";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }

@@ -121,9 +121,12 @@ Communicator& Mesh::group(std::initializer_list<Axis> axes) {
   if (wide == 1) return comm(static_cast<Axis>(last));
   auto it = groups_.find(mask);
   if (it != groups_.end()) return *it->second;
-  std::string name;
-  for (int a = 0; a < kNumAxes; ++a)
-    if (mask & (1u << a)) name += (name.empty() ? "" : "x") + std::string(axis_name(static_cast<Axis>(a)));
+  std::string name;  // "tpxdp"
+  for (int a = 0; a < kNumAxes; ++a) {
+    if (!(mask & (1u << a))) continue;
+    if (!name.empty()) name += 'x';
+    name += axis_name(static_cast<Axis>(a));
+  }
   const std::vector<int> members = shape_.group(rank_, axes);
   const int key = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   auto comm = world_->split(members.front(), key, name);

@@ -14,7 +14,7 @@ struct ParallelConfig {
   int64_t tp = 1;   // tensor parallel degree
   int64_t cp = 1;   // context parallel degree (not implemented yet: must be 1)
   int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
-  int64_t pp = 1;   // pipeline parallel degree (engine/schedule/executor.h)
+  int64_t pp = 1;   // pipeline parallel degree (engine/pipeline/executor.h)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // model chunks per pp rank (interleaved only: >= 2)
   // Transformer layers per pipeline stage (pp * virtual_stages entries, summing to n_layers);

@@ -908,7 +908,7 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
       p.cp == 1 || p.cp < 1, {"parallel.cp"},
       concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
   if (p.pp > 1) {
-    // What the pipeline executor (engine/schedule/executor.h) does not run yet.
+    // What the pipeline executor (engine/pipeline/executor.h) does not run yet.
     r.require(p.pp_schedule != PipeSchedule::zb_h1 || p.zero_stage <= 2,
               {"parallel.pp_schedule", "parallel.zero_stage"},
               concat("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=", p.zero_stage,

@@ -19,8 +19,8 @@
 #include "engine/core/peak_flops.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
-#include "engine/parallel/data_parallel.h"
-#include "engine/schedule/executor.h"
+#include "engine/data_parallel/data_parallel.h"
+#include "engine/pipeline/executor.h"
 #include "engine/train/metrics.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -471,9 +471,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     bool overflow = cfg.train.precision == Precision::fp16 && data_parallel->grads_nonfinite();
     double grad_norm = data_parallel->grad_norm();
     if (pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
-      float v[2] = {static_cast<float>(grad_norm * grad_norm), overflow ? 1.0f : 0.0f};
-      mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f32)).wait();
-      grad_norm = std::sqrt(static_cast<double>(v[0]));
+      double v[2] = {grad_norm * grad_norm, overflow ? 1.0 : 0.0};
+      mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f64)).wait();
+      grad_norm = std::sqrt(v[0]);
       overflow = v[1] > 0;
     }
     m.skipped = scaler.update(overflow);

@@ -45,6 +45,7 @@ cudaDataType_t cuda_type(DType t) {
     case DType::f16:
       return CUDA_R_16F;
     case DType::i32:
+    case DType::f64:
       break;
   }
   LLMT_CHECK(false, "linear: no GEMM operands of type ", dtype_name(t));

@@ -56,6 +56,7 @@ void with_codec(DType t, F&& f) {
     case DType::f16:
       return f(F16{});
     case DType::i32:
+    case DType::f64:
       break;
   }
   LLMT_CHECK(false, "convert: ", dtype_name(t), " is not a floating-point storage type");

@@ -25,6 +25,16 @@ TEST(Comm, AllReduceSum) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(x[i], 10.0f * p * (p - 1) / 2 + p * i) << "rank " << r;
 }
 
+// Sums of squares are reduced in double: a value fp32 cannot hold (2^30 + r) sums exactly.
+TEST(Comm, AllReduceDouble) {
+  Communicator& c = mpi_test_world();
+  const int p = c.size(), r = c.rank();
+  double x[2] = {1073741824.0 + r, 0.5 * r};
+  c.all_reduce(Tensor(x, {2}, DType::f64)).wait();
+  EXPECT_EQ(x[0], 1073741824.0 * p + p * (p - 1) / 2) << "rank " << r;
+  EXPECT_EQ(x[1], 0.25 * p * (p - 1)) << "rank " << r;
+}
+
 TEST(Comm, AllReduceMaxAndInt) {
   Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();

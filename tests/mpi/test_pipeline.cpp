@@ -12,7 +12,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/model/model_config.h"
 #include "engine/parallel/mesh.h"
-#include "engine/schedule/executor.h"
+#include "engine/pipeline/executor.h"
 #include "tests/mpi/mpi_test_main.h"
 
 namespace llmt {

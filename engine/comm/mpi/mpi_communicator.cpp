@@ -32,6 +32,8 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_FLOAT;
     case DType::i32:
       return MPI_INT32_T;
+    case DType::f64:
+      return MPI_DOUBLE;
     case DType::bf16:
     case DType::f16:
       return MPI_UINT16_T;  // moved, never reduced
@@ -84,8 +86,8 @@ class MpiCommunicator final : public Communicator {
 
   Handle all_reduce(Tensor x, ReduceOp op) override {
     check_host(x, "all_reduce");
-    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32, name_, " all_reduce of ",
-               dtype_name(x.dtype), ": only f32 and i32 reduce on the CPU");
+    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32 || x.dtype == DType::f64, name_,
+               " all_reduce of ", dtype_name(x.dtype), ": only f32, i32 and f64 reduce on the CPU");
     MPI_Request req;
     LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op), comm_,
                             &req));

@@ -39,6 +39,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat16;
     case DType::i32:
       return ncclInt32;
+    case DType::f64:
+      return ncclFloat64;
   }
   return ncclUint8;
 }

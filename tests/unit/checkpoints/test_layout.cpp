@@ -44,7 +44,7 @@ class LayoutTest : public ::testing::TestWithParam<std::tuple<Arch, int, int, in
 TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
   const auto [arch, tp, dp, cp] = GetParam();
   const ModelSpec spec = tiny(arch);
-  const std::vector<IndexTensor> plan = plan_index(spec, WriteLayout{mesh(tp, dp, cp)});
+  const std::vector<IndexTensor> plan = plan_index(spec, WriteLayout{mesh(tp, dp, cp), 1, {}});
   ASSERT_EQ(plan.size(), 3 * spec.params.size());
   for (const IndexTensor& t : plan) {
     int64_t numel = 1;

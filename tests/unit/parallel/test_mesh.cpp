@@ -171,7 +171,7 @@ TEST(Layout, ParseTimeRules) {
             std::string::npos);
   EXPECT_NE(parse_error({"parallel.cp=2"}).find("context parallelism is not implemented yet"),
             std::string::npos);
-  // pp > 1 trains (engine/schedule/executor.h); zb-h1's split backward does not run with ZeRO-3.
+  // pp > 1 trains (engine/pipeline/executor.h); zb-h1's split backward does not run with ZeRO-3.
   EXPECT_EQ(parse_error({"parallel.pp=2"}), "");
   EXPECT_EQ(parse_error({"parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.zero_stage=2"}),
             "");

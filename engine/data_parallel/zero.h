@@ -25,7 +25,7 @@
 #include <deque>
 #include <optional>
 
-#include "engine/parallel/data_parallel.h"
+#include "engine/data_parallel/data_parallel.h"
 
 namespace llmt {
 

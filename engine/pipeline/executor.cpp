@@ -1,7 +1,7 @@
 // The pipeline executor (executor.h): a loop over this rank's actions. Receives are posted when
 // the schedule names them and waited by the compute action that reads them; sends are waited
 // before their buffer is freed (activations after the backward, gradients at the end of the step).
-#include "engine/schedule/executor.h"
+#include "engine/pipeline/executor.h"
 
 #include <chrono>
 

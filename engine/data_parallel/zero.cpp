@@ -1,11 +1,11 @@
 // ZeRO 1-3 (see zero.h for the layout and the schedule of collectives per stage).
-#include "engine/parallel/zero.h"
+#include "engine/data_parallel/zero.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "engine/core/rng.h"
-#include "engine/parallel/tp_params.h"
+#include "engine/data_parallel/tp_params.h"
 #include "kernels/ops.h"
 
 namespace llmt {
@@ -293,10 +293,10 @@ double Zero::grad_norm() {
       if (counts_in_tp_norm(model_.spec(), p.index)) counted.push_back(opt_grads_[k]);
       ++k;
     }
-  float sum = static_cast<float>(ops::sum_squares(counted));
-  group_.all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  double sum = ops::sum_squares(counted);  // reduced in double, as ops.h promises
+  group_.all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   if (mesh_.size(Axis::tp) > 1)
-    mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+    mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   return std::sqrt(static_cast<double>(sum));
 }
 

@@ -1,5 +1,5 @@
 // Norm accounting and gathering of tp-sharded parameters (tp_params.h).
-#include "engine/parallel/tp_params.h"
+#include "engine/data_parallel/tp_params.h"
 
 #include <algorithm>
 #include <vector>

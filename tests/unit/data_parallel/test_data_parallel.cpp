@@ -2,7 +2,7 @@
 // at parameter boundaries, and each becomes ready at the lowest block it covers.
 #include <gtest/gtest.h>
 
-#include "engine/parallel/data_parallel.h"
+#include "engine/data_parallel/data_parallel.h"
 #include "engine/train/config.h"
 
 namespace llmt {

@@ -1,12 +1,12 @@
 // DDP: bucketed all-reduce of the flat gradient buffer over the data-parallel group, started from after_backward on
 // the step's last micro-batch and waited before the optimizer. The factory for every strategy.
-#include "engine/parallel/data_parallel.h"
+#include "engine/data_parallel/data_parallel.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "engine/parallel/tp_params.h"
-#include "engine/parallel/zero.h"
+#include "engine/data_parallel/tp_params.h"
+#include "engine/data_parallel/zero.h"
 #include "kernels/ops.h"
 
 namespace llmt {
@@ -112,8 +112,8 @@ double DistributedDataParallel::grad_norm() {
     return global_norm({model_.flat_grads()});
   // Under tp: this rank's slices of the sharded parameters, the replicated ones once; under pp
   // without a tied copy of wte (tp_params.h). The trainer sums the stages' norms over pp.
-  float sum = static_cast<float>(tp_sum_squares(model_.spec(), model_.flat_grads()));
-  mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f32)).wait();
+  double sum = tp_sum_squares(model_.spec(), model_.flat_grads());
+  mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   return std::sqrt(static_cast<double>(sum));
 }
 
