@@ -14,12 +14,11 @@ Prints the worst relative differences."""
 import json
 import os
 import shutil
-import sys
 
 import h5py
 import numpy as np
 
-from harness import parse_args, run
+from harness import finish, parse_args, run
 from parity import COMMON, LAYOUTS
 
 LAYOUTS = dict(LAYOUTS, single=(1, [], []))
@@ -123,9 +122,7 @@ def main():
     print(f"{os.path.basename(args.config)} {a} -> {b}: {len(moved)} steps after resume, max rel "
           f"loss {worst['loss']:.2e}, grad_norm {worst['grad_norm']:.2e}; A->B->A reshard "
           f"bitwise over {ranks_a} rank files")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Shared by the mpirun test scripts (parity.py, volume_memory.py, tp_volume.py): their common
-arguments, running a command (failing the test with its output), and the resolved config."""
+"""Shared by the mpirun test scripts (parity.py, recompute.py, precision_tp.py, volume_memory.py,
+tp_volume.py, checkpoint_reshard.py): their common arguments, running a command (failing the test
+with its output), a training run's metrics, the resolved config, and the verdict."""
 import argparse
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -32,3 +36,27 @@ def resolved_config(args, sets):
         cmd += ["--set", s]
     shown = run(cmd)
     return shown, dict(re.findall(r"^(\w+) = (\S+)$", shown, re.M))
+
+
+def train(args, out, ranks, sets, dump_final=False):
+    """Trains args.config into the folder `out` (emptied first) with `--set` for each of `sets`,
+    on one rank, or under mpirun on `ranks`. Returns the per-step metrics (metrics.jsonl); with
+    dump_final the final parameters are in out/final/params.bin (--dump-final)."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [args.llmtrain, "train", "--config", args.config, "-q"]
+    if dump_final:
+        cmd += ["--dump-final", os.path.join(out, "final")]
+    for s in sets + [f"train.run_dir={out}"]:
+        cmd += ["--set", s]
+    if ranks > 1:
+        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
+    run(cmd)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def finish(failures):
+    """Fails the test listing `failures`, or prints OK."""
+    if failures:
+        sys.exit("FAIL:\n  " + "\n  ".join(failures))
+    print("OK")

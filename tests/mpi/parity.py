@@ -7,14 +7,11 @@ Layouts: dpN (DDP over N ranks), zeroS-dpN (ZeRO stage S; dp3 with global batch 
 shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation steps per rank on
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
 (tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2. Prints one line: layout, max relative differences."""
-import json
 import os
-import shutil
-import sys
 
 import numpy as np
 
-from harness import parse_args, run
+from harness import finish, parse_args, train
 
 # layout: (ranks, its --set overrides, overrides for both it and its single-rank reference)
 GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
@@ -66,19 +63,9 @@ LAYOUTS = {
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
 
 
-def train(args, out, ranks, sets):
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [args.llmtrain, "train", "--config", args.config, "-q", "--dump-final",
-           os.path.join(out, "final")]
-    for s in COMMON + sets + [f"train.run_dir={out}"]:
-        cmd += ["--set", s]
-    if ranks > 1:
-        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
-    run(cmd)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f]
-    params = np.fromfile(os.path.join(out, "final", "params.bin"), dtype="<f4")
-    return steps, params
+def train_run(args, out, ranks, sets):
+    steps = train(args, out, ranks, COMMON + sets, dump_final=True)
+    return steps, np.fromfile(os.path.join(out, "final", "params.bin"), dtype="<f4")
 
 
 def rel(a, b):
@@ -91,8 +78,8 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     ranks, sets, base = LAYOUTS[args.layout]
     single = "single" + ("-" + "-".join(b.split(".")[-1] for b in base) if base else "")
-    ref_steps, ref_params = train(args, os.path.join(args.workdir, single), 1, base)
-    steps, params = train(args, os.path.join(args.workdir, args.layout), ranks, sets + base)
+    ref_steps, ref_params = train_run(args, os.path.join(args.workdir, single), 1, base)
+    steps, params = train_run(args, os.path.join(args.workdir, args.layout), ranks, sets + base)
 
     failures = []
     if len(steps) != len(ref_steps):
@@ -119,9 +106,7 @@ def main():
     print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
           f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
           f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,10 @@ relative grad_norm difference must stay below u/100 (bf16) or u/50 (fp16), u the
 fp32 reduction, 1.0e-4 / 3.2e-5 with the per-rank rounding; fp16 2.2e-6 / 1.1e-6 against
 1.6e-5 / 6.9e-6: with the old rounding every one of the four tests fails
 (docs/parallelism.md, "16-bit under tensor parallelism")."""
-import json
 import os
-import shutil
 import statistics
-import sys
 
-from harness import parse_args, run
+from harness import finish, parse_args, train
 
 LAYOUTS = {
     "tp2": (2, ["parallel.tp=2"], []),
@@ -32,18 +29,6 @@ COMMON = ["train.threads=1", "log.progress=false", "train.steps=16", "optimizer.
 BOUND = {"bf16": 2.0**-9 / 100, "fp16": 2.0**-12 / 50}
 
 
-def train(args, out, ranks, sets):
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [args.llmtrain, "train", "--config", args.config, "-q"]
-    for s in COMMON + sets + [f"train.run_dir={out}"]:
-        cmd += ["--set", s]
-    if ranks > 1:
-        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
-    run(cmd)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def main():
     args = parse_args(lambda ap: ap.add_argument("--precision", required=True,
                                                  choices=sorted(BOUND)))
@@ -51,8 +36,8 @@ def main():
     prec = [f"train.precision={args.precision}"]
     for name, (ranks, sets, base) in LAYOUTS.items():
         tag = "-".join(b.split("=")[-1] for b in base) or "base"
-        ref = train(args, os.path.join(args.workdir, f"single-{tag}"), 1, prec + base)
-        got = train(args, os.path.join(args.workdir, name), ranks, prec + base + sets)
+        ref = train(args, os.path.join(args.workdir, f"single-{tag}"), 1, COMMON + prec + base)
+        got = train(args, os.path.join(args.workdir, name), ranks, COMMON + prec + base + sets)
         if len(got) != len(ref):
             failures.append(f"{name}: {len(got)} steps vs {len(ref)}")
         diffs = [abs(s["grad_norm"] - r["grad_norm"]) / r["grad_norm"] for s, r in zip(got, ref)]
@@ -62,9 +47,7 @@ def main():
               f"{BOUND[args.precision]:.2e})")
         if med > BOUND[args.precision]:
             failures.append(f"{name}: median {med:.2e} > {BOUND[args.precision]:.2e}")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,9 @@ bytes per layer are tests/unit/model/test_recompute.cpp's. (Recomputing one laye
 less than the one-layer replay buffer it needs: recompute_layers pays off from 2 layers on.)
 
 Layouts: single (one rank), tp2-sp, dp2-zero3, pp2-1f1b, pp4-zb-h1 (4 layers)."""
-import json
 import os
-import shutil
-import sys
 
-from harness import parse_args, run
+from harness import finish, parse_args, train
 
 LAYOUTS = {
     "single": (1, []),
@@ -26,20 +23,10 @@ MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.r
 COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1"]
 
 
-def train(args, out, ranks, sets):
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [args.llmtrain, "train", "--config", args.config, "-q", "--dump-final",
-           os.path.join(out, "final")]
-    for s in COMMON + sets + [f"train.run_dir={out}"]:
-        cmd += ["--set", s]
-    if ranks > 1:
-        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
-    run(cmd)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f]
+def train_run(args, out, ranks, sets):
+    steps = train(args, out, ranks, COMMON + sets, dump_final=True)
     with open(os.path.join(out, "final", "params.bin"), "rb") as f:
-        params = f.read()
-    return steps, params
+        return steps, f.read()
 
 
 def main():
@@ -51,7 +38,7 @@ def main():
         for mode, extra in MODES:
             out = os.path.join(args.workdir, args.layout, precision, mode)
             recompute = "full" if mode == "full-first" else mode
-            runs[mode] = train(args, out, ranks, sets + extra + [
+            runs[mode] = train_run(args, out, ranks, sets + extra + [
                 f"train.precision={precision}", f"train.recompute={recompute}"])
         ref_steps, ref_params = runs["none"]
         peaks = {}
@@ -71,9 +58,7 @@ def main():
               ", ".join(f"{m} {peaks[m]}" for m in peaks))
         if not peaks["full"] < peaks["selective"] < peaks["none"]:
             failures.append(f"{precision}: peak activations not none > selective > full: {peaks}")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":

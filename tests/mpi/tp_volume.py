@@ -13,9 +13,8 @@ Checked within 5% (the counts are exact; the margin is the issue's)."""
 import json
 import os
 import shutil
-import sys
 
-from harness import parse_args, resolved_config, run
+from harness import finish, parse_args, resolved_config, run
 
 LAYOUTS = {"tp2": (2, False), "tp4": (4, False), "tp2-sp": (2, True), "tp4-sp": (4, True)}
 SETS = ["train.steps=2", "train.threads=1", "log.progress=false", "model.n_kv_heads=4"]
@@ -58,9 +57,7 @@ def main():
                   f"{w:.0f} ({d:+.2%})")
             if abs(d) > 0.05:
                 failures.append(f"{name} {kind}: {g} vs analytic {w:.0f}")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":

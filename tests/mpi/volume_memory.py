@@ -16,9 +16,8 @@ import json
 import os
 import re
 import shutil
-import sys
 
-from harness import parse_args, resolved_config, run
+from harness import finish, parse_args, resolved_config, run
 
 ND = 4
 SETS = ["model.n_layers=4", "train.steps=2", "train.global_batch_size=8", "train.micro_batch_size=2",
@@ -66,9 +65,7 @@ def main():
             exact = (3 * psi - psi_root) * 4 * frac
             if abs(vol / exact - 1) > 0.005:
                 failures.append(f"stage 3: volume {vol} vs (3Psi - Psi_root) schedule {exact:.0f}")
-    if failures:
-        sys.exit("FAIL:\n  " + "\n  ".join(failures))
-    print("OK")
+    finish(failures)
 
 
 if __name__ == "__main__":
