@@ -14,21 +14,14 @@
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/executor.h"
 #include "tests/mpi/mpi_test_main.h"
+#include "tests/unit/tiny_model.h"
 
 namespace llmt {
 
 namespace {
 
 ModelConfig tiny(Arch arch) {
-  ModelConfig c = model_preset(arch);
-  c.vocab_size = 37;
-  c.n_layers = 8;
-  c.d_model = 16;
-  c.n_heads = 4;
-  c.seq_len = 7;
-  c.d_ff = 24;
-  if (arch == Arch::llama) c.n_kv_heads = 2;
-  return c;
+  return test::tiny_model(arch, {.layers = 8, .d_ff = 24});
 }
 
 // Runs one step of `kind` with m micro-batches of 2 samples; checks peak activations and loss.

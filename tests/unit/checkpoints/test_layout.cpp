@@ -4,20 +4,14 @@
 #include <gtest/gtest.h>
 
 #include "checkpoints/layout.h"
+#include "tests/unit/tiny_model.h"
 
 namespace llmt::ckpt {
 namespace {
 
 ModelSpec tiny(Arch arch) {
-  ModelConfig c = model_preset(arch);
-  c.vocab_size = 96;
-  c.n_layers = 2;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.n_kv_heads = arch == Arch::llama ? 2 : 0;
-  c.seq_len = 8;
-  c.d_ff = preset_d_ff(arch, c.d_model);
-  return ModelSpec::from_config(c);
+  return ModelSpec::from_config(
+      test::tiny_model(arch, {.vocab = 96, .d_model = 32, .seq_len = 8}));
 }
 
 MeshShape mesh(int tp, int dp, int cp = 1) {

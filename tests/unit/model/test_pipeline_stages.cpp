@@ -9,23 +9,14 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
+#include "tests/unit/tiny_model.h"
 #include "kernels/ops.h"
 
 namespace llmt {
 namespace {
 
 ModelConfig tiny(Arch arch) {
-  ModelConfig c = model_preset(arch);
-  c.vocab_size = 37;
-  c.n_layers = 4;
-  c.d_model = 16;
-  c.n_heads = 4;
-  c.seq_len = 7;
-  c.d_ff = 24;
-  c.init_std = 0.3f;
-  c.dropout = 0.1f;
-  if (arch == Arch::llama) c.n_kv_heads = 2;
-  return c;
+  return test::tiny_model(arch, {.layers = 4, .d_ff = 24, .init_std = 0.3f, .dropout = 0.1f});
 }
 
 std::vector<std::string> names(const ModelSpec& s) {

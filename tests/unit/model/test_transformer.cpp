@@ -9,27 +9,15 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
+#include "tests/unit/tiny_model.h"
 
 namespace llmt {
 namespace {
 
+// Large weights make attention peaked and every gradient well above fp32 finite-difference
+// noise; with GPT-2's 0.02 the q/k gradients are too small to test.
 ModelConfig tiny(Arch arch) {
-  ModelConfig c = model_preset(arch);
-  c.vocab_size = 37;
-  c.n_layers = 2;
-  c.d_model = 16;
-  c.n_heads = 4;
-  c.seq_len = 7;
-  // Large weights make attention peaked and every gradient well above fp32 finite-difference
-  // noise; with GPT-2's 0.02 the q/k gradients are too small to test.
-  c.init_std = 0.3f;
-  if (arch == Arch::gpt2) {
-    c.d_ff = 64;
-  } else {
-    c.n_kv_heads = 2;
-    c.d_ff = 24;
-  }
-  return c;
+  return test::tiny_model(arch, {.d_ff = arch == Arch::gpt2 ? 64 : 24, .init_std = 0.3f});
 }
 
 struct Fixture {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
+#include "tests/unit/tiny_model.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "tests/unit/parallel/thread_group.h"
 
@@ -39,21 +40,12 @@ TEST(Placement, QkvShardIsThreeSlicesOfTheGlobalRows) {
   EXPECT_THROW(local_shape({128, 64}, Placement::shard(0, {64, 32, 32}), 64, "qkv"), Error);
 }
 
+// init_std 0.2: large enough that every gradient is well above f32 noise.
 ModelConfig tiny(Arch arch) {
-  ModelConfig c = model_preset(arch);
-  c.vocab_size = 64;
-  c.n_layers = 2;
-  c.d_model = 32;
-  c.n_heads = 8;
-  c.seq_len = 8;
-  c.d_ff = 64;
-  c.init_std = 0.2f;  // large enough that every gradient is well above f32 noise
-  c.dropout = 0.1f;
-  if (arch == Arch::llama) {
-    c.n_kv_heads = 4;
-    c.dropout = 0.0f;
-  }
-  return c;
+  const bool llama = arch == Arch::llama;
+  return test::tiny_model(arch, {.vocab = 64, .d_model = 32, .heads = 8, .llama_kv_heads = 4,
+                                 .seq_len = 8, .d_ff = 64, .init_std = 0.2f,
+                                 .dropout = llama ? 0.0f : 0.1f});
 }
 
 TEST(ModelSpecTp, LocalShapesAndDivisibility) {
