@@ -199,322 +199,437 @@ std::vector<std::pair<std::string, CommCounters>> take_comm_counters(Mesh& mesh)
 
 }  // namespace
 
-TrainResult train(const Config& cfg, const TrainOptions& opts) {
-  Mesh mesh = Mesh::create(MeshShape{}, make_local_communicator("world"));
-  validate_layout(cfg, 1);
-  return train(cfg, opts, mesh);
-}
+// Everything one rank's run holds, built in the order the old single function built it (the
+// collectives of construction — mesh groups, checkpoint load, the embedding group — run in the
+// same order on every rank).
+struct Trainer::State {
+  State(const Config& c, const TrainOptions& o, Mesh& m)
+      : cfg(c),
+        opts(o),
+        mesh(m),
+        rank0(m.rank() == 0),
+        dp(m.size(Axis::dp)),
+        dp_rank(m.coord(Axis::dp)),
+        pp(m.size(Axis::pp)),
+        pp_rank(m.coord(Axis::pp)),
+        threads(set_cpu_threads(static_cast<int>(c.train.threads))),
+        // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
+        // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
+        // (make_device_routed, built by the app before the mesh).
+        backend(make_device_backend(select_device(c.train.device, local_rank_from_env()))),
+        alloc(*backend),
+        spec(ModelSpec::from_config(c.model)),
+        T(c.model.seq_len),
+        gbs(c.train.global_batch_size),
+        mbs(c.train.micro_batch_size),
+        accum(grad_accum_steps(c) / dp),
+        scaler(c.optimizer, c.train.precision == Precision::fp16) {}
 
-TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
-  const bool rank0 = mesh.rank() == 0;
-  const int64_t dp = mesh.size(Axis::dp), dp_rank = mesh.coord(Axis::dp);
-  const int threads = set_cpu_threads(static_cast<int>(cfg.train.threads));
-  // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
-  // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
-  // (make_device_routed, built by the app before the mesh).
-  auto backend = make_device_backend(select_device(cfg.train.device, local_rank_from_env()));
-  Allocator alloc(*backend);
-
-  const ModelSpec spec = ModelSpec::from_config(cfg.model);
-  // The checkpoint to resume from, checked against the model before anything is allocated.
+  const Config& cfg;
+  const TrainOptions& opts;
+  Mesh& mesh;
+  const bool rank0;
+  const int64_t dp, dp_rank;
+  const int pp, pp_rank, threads;
+  std::unique_ptr<DeviceBackend> backend;
+  Allocator alloc;
+  const ModelSpec spec;
+  // T seq_len, gbs global batch; each dp rank runs `accum` micro-batches of mbs sequences of its
+  // slice of the global batch.
+  const int64_t T, gbs, mbs, accum;
   std::optional<ckpt::Checkpoint> resume;
-  if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
-    resume.emplace(*path);
-    ckpt::check_model(*resume, spec);
-  }
-  if (rank0)
-    for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
-      std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
-                  cfg.checkpoint.dir.c_str(), name.c_str());
-  // Pipeline parallelism: this rank's stage of the model (its chunks' layers, the embeddings on
-  // pp rank 0, the head on the last) and the executor that runs the schedule's actions for it.
-  const int pp = mesh.size(Axis::pp), pp_rank = mesh.coord(Axis::pp);
-  const int virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
-  const ModelSpec stage_spec =
-      pp > 1 ? spec.shard_pp(pp, virtual_stages, cfg.parallel.pp_layers, pp_rank) : spec;
-  const int64_t T = cfg.model.seq_len, gbs = cfg.train.global_batch_size;
-  // Each dp rank runs `accum` micro-batches of its slice of the global batch.
-  const int64_t mbs = cfg.train.micro_batch_size, accum = grad_accum_steps(cfg) / dp;
-  // Under tp the model holds this rank's shards (ModelSpec::shard_tp); every rank of a tp group
-  // reads the same micro-batches.
-  const TensorParallel tp{&mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
-  Transformer model(stage_spec, alloc, mbs, compute_dtype(cfg.train.precision),
-                    model_storage(cfg.parallel.zero_stage), tp,
-                    {cfg.train.recompute, cfg.train.recompute_layers});
-  if (cfg.parallel.zero_stage < 3) model.init(cfg.train.seed);
-  std::unique_ptr<DataParallel> data_parallel =
-      make_data_parallel(cfg.parallel, cfg.optimizer, mesh, model, alloc, cfg.train.seed);
-  model.set_hooks(data_parallel.get());
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<DataParallel> data_parallel;
   std::optional<PipelineExecutor> pipeline;
   double predicted_bubble = 0;
   // Tied embeddings under pp: stage 0's wte and the last stage's copy form the embedding group,
   // whose gradients are summed before the update (Megatron's embedding group).
   std::unique_ptr<Communicator> embedding_group;
-  if (pp > 1) {
-    pipeline.emplace(
-        make_schedule(cfg.parallel.pp_schedule, {pp, virtual_stages, static_cast<int>(accum)}),
-        model, mesh.comm(Axis::pp), alloc);
-    predicted_bubble = simulate(pipeline->schedule()).bubble_fraction;
-    if (cfg.model.tie_embeddings) {
-      const bool ends = pp_rank == 0 || pp_rank == pp - 1;
-      embedding_group = mesh.comm(Axis::pp).split(ends ? 0 : 1, pp_rank, "embedding");
-      if (!ends) embedding_group.reset();
-    }
-  }
-  LossScaler scaler(cfg.optimizer, cfg.train.precision == Precision::fp16);
+  LossScaler scaler;
   int64_t start_step = 0, updates = 0, consumed = 0;
-  if (resume) {
-    const ckpt::RunState& rs = resume->state();
-    const auto t_load = std::chrono::steady_clock::now();
-    const int64_t bytes = ckpt::load(*resume, model.spec(), *data_parallel, *backend);
-    const double load_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
-    start_step = rs.step;
-    updates = rs.updates;
-    consumed = rs.consumed_samples;
-    if (rank0 && !opts.quiet)
-      std::printf(
-          "checkpoint: resumed from %s (step %lld, written at %s; rank 0 read %.1f MB in "
-          "%.2f s, %.2f GB/s)\n",
-          resume->dir().c_str(), static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str(),
-          static_cast<double>(bytes) / 1e6, load_s,
-          static_cast<double>(bytes) / 1e9 / std::max(load_s, 1e-9));
-    LLMT_CHECK(consumed <= cfg.train.steps * gbs || start_step >= cfg.train.steps, "checkpoint ",
-               resume->dir(), " consumed ", consumed, " samples");
-  }
-  const DataSources data = make_data_sources(cfg, rank0 && !opts.quiet);
-  const BatchLayout layout{gbs, mbs, dp_rank, dp};
-  DataLoader loader(data.train, layout, std::min(consumed, cfg.train.steps * gbs),
-                    std::max(consumed, cfg.train.steps * gbs));
-
+  DataSources data;
+  std::unique_ptr<DataLoader> loader;
   // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
-  // (mbs, T+1) on the host; under pp one pair per micro-batch of the step (every pp rank of a dp
-  // group reads the same ones; the first and last stage use them).
-  const int64_t slots = pp > 1 ? accum : 1;
-  Buffer tok_buf = alloc.allocate_tensor({slots, 2, mbs, T}, DType::i32, MemCategory::other);
-  auto inputs_of = [&](int64_t slot) {
-    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(2 * slot * mbs * T) * 4);
-  };
-  auto targets_of = [&](int64_t slot) {
-    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>((2 * slot + 1) * mbs * T) * 4);
-  };
-  Tensor inputs = inputs_of(0), targets = targets_of(0);
-  std::vector<int32_t> host_in(static_cast<size_t>(mbs * T)), host_tg(host_in.size());
-  auto stage = [&](const MicroBatch& mb, int64_t slot = 0) {
-    for (int64_t b = 0; b < mbs; ++b)
-      for (int64_t t = 0; t < T; ++t) {
-        host_in[b * T + t] = mb.tokens[b * (T + 1) + t];
-        host_tg[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
-      }
-    backend->copy_from_host(inputs_of(slot).data, host_in.data(), inputs.nbytes());
-    backend->copy_from_host(targets_of(slot).data, host_tg.data(), targets.nbytes());
-  };
-  std::vector<PipelineMicroBatch> pipe_mbs(static_cast<size_t>(slots));
-
-  if (rank0) fs::create_directories(cfg.train.run_dir);
-  MetricsWriter metrics(cfg.log.metrics.empty() || !rank0
-                            ? ""
-                            : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
-                        start_step);
+  // (mbs, T+1) on the host; under pp one pair per micro-batch of the step (every pp rank of a
+  // dp group reads the same ones; the first and last stage use them).
+  Buffer tok_buf;
+  std::vector<int32_t> host_in, host_tg;
+  std::vector<PipelineMicroBatch> pipe_mbs;
+  std::unique_ptr<MetricsWriter> metrics;
   std::ofstream dump_tokens;
   std::vector<float> host_params;
-  auto gather_params = [&]() {
-    data_parallel->gather_params(host_params);
-    if (pp > 1) {
-      std::vector<float> local;
-      local.swap(host_params);
-      gather_pp_params(mesh.comm(Axis::pp), spec, cfg.parallel, local, host_params);
-    }
-  };
-  if (!opts.dump_dir.empty()) {
-    gather_params();
-    if (rank0) {
-      dump_params(opts.dump_dir, spec, host_params);
-      dump_tokens.open(fs::path(opts.dump_dir) / "tokens.bin", std::ios::binary);
-    }
-  }
   std::vector<int32_t> global_window;
-  // Losses are averaged over the world: every rank of a dp group saw different samples, tp/cp
-  // ranks of one group the same.
-  Communicator& world = mesh.world();
-  auto world_mean = [&](double v) {
-    if (world.size() == 1) return v;
-    float x = static_cast<float>(v);
-    world.all_reduce(Tensor(&x, {1}, DType::f32)).wait();
-    return static_cast<double>(x) / world.size();
-  };
-  // Validation: the mean loss over train.eval_iters global batches of the valid split (the same
-  // ones every time), each rank taking its slices as in training.
-  auto evaluate = [&](int64_t step) {
-    DataLoader valid(data.valid, layout, 0, cfg.train.eval_iters * gbs);
-    const int64_t n = cfg.train.eval_iters * layout.micro_batches();
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const MicroBatch& mb = valid.next();
-      stage(mb);
-      const StepContext ctx{cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
-      sum += pipeline ? pipeline->forward_loss({inputs, targets, ctx})
-                      : model.forward_loss(inputs, targets, ctx);
-    }
-    return world_mean(sum / static_cast<double>(n));
-  };
-
-  // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
-  // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
-  const double rank_peak =
-      cfg.log.peak_flops > 0
-          ? cfg.log.peak_flops
-          : default_peak_flops(backend->device(), compute_dtype(cfg.train.precision), threads);
-  if (rank_peak <= 0 && rank0 && !opts.quiet)
-    std::printf(
-        "note: the peak FLOP/s of this GPU is not known; MFU reads 0 until log.peak_flops "
-        "is set\n");
-  const double peak = rank_peak * static_cast<double>(mesh.shape().world());
-  const double flops_per_step = spec.flops_per_token() * static_cast<double>(gbs * T);
-  using clock = std::chrono::steady_clock;
-  const auto t_start = clock::now();
-  TrainResult result;
-  if (rank0 && !opts.quiet && start_step >= cfg.train.steps)
-    std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
-                static_cast<long long>(start_step), static_cast<long long>(cfg.train.steps));
+  double peak = 0, flops_per_step = 0;
   // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
   // polled at every step end; a synchronous one completes where it starts).
   std::unique_ptr<ckpt::PendingSave> pending;
   HostBuffer ckpt_staging;  // async saves' snapshot (pinned on a GPU), reused from save to save
-  auto report = [&](const ckpt::SaveResult& r) {
-    if (rank0 && !opts.quiet)
-      std::printf(
-          "checkpoint: saved %s (%.1f MB; rank 0 wrote its file in %.2f s, %.2f GB/s over all "
-          "ranks; training blocked %.2f s)\n",
-          r.path.c_str(), static_cast<double>(r.bytes) / 1e6, r.write_seconds,
-          static_cast<double>(r.bytes) / 1e9 / std::max(r.write_seconds, 1e-9), r.blocked_seconds);
-  };
-  auto poll_checkpoint = [&](bool wait) {
-    if (pending && pending->poll(wait)) {
-      report(pending->result());
-      pending.reset();
+
+  // Construction after the members: the checkpoint to resume from, the model, its state, the
+  // data, the FLOP/s peak.
+  void init();
+  void build_model();
+  void restore();
+  void build_data();
+  // One micro-batch's windows (mbs, T+1) -> the device tokens and targets of slot `slot`.
+  void stage(const MicroBatch& mb, int64_t slot);
+  void gather_params();
+  double world_mean(double v);
+  double evaluate(int64_t step);
+  void report_save(const ckpt::SaveResult& r);
+  void poll_checkpoint(bool wait);
+  void start_checkpoint(int64_t step);
+  double forward_backward(int64_t step, float dloss);
+  void train_step(int64_t step, StepMetrics& m);
+  TrainResult run();
+
+  Tensor inputs_of(int64_t slot) const {
+    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(2 * slot * mbs * T) * 4);
+  }
+  Tensor targets_of(int64_t slot) const {
+    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>((2 * slot + 1) * mbs * T) * 4);
+  }
+};
+
+void Trainer::State::init() {
+  State& s = *this;
+  // The checkpoint to resume from, checked against the model before anything is allocated.
+  if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
+    s.resume.emplace(*path);
+    ckpt::check_model(*s.resume, s.spec);
+  }
+  if (s.rank0)
+    for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
+      std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
+                  cfg.checkpoint.dir.c_str(), name.c_str());
+  build_model();
+  restore();
+  build_data();
+  const double rank_peak =
+      cfg.log.peak_flops > 0
+          ? cfg.log.peak_flops
+          : default_peak_flops(s.backend->device(), compute_dtype(cfg.train.precision), s.threads);
+  // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
+  // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
+  if (rank_peak <= 0 && s.rank0 && !opts.quiet)
+    std::printf(
+        "note: the peak FLOP/s of this GPU is not known; MFU reads 0 until log.peak_flops "
+        "is set\n");
+  s.peak = rank_peak * static_cast<double>(mesh.shape().world());
+  s.flops_per_step = s.spec.flops_per_token() * static_cast<double>(s.gbs * s.T);
+}
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Mesh& mesh)
+    : s_(std::make_unique<State>(cfg, opts, mesh)) {
+  s_->init();
+}
+
+Trainer::~Trainer() {
+  if (s_->model) s_->model->set_hooks(nullptr);
+}
+
+TrainResult Trainer::run() {
+  return s_->run();
+}
+
+// Pipeline parallelism: this rank's stage of the model (its chunks' layers, the embeddings on pp
+// rank 0, the head on the last) and the executor that runs the schedule's actions for it. Under
+// tp the model holds this rank's shards (ModelSpec::shard_tp); every rank of a tp group reads
+// the same micro-batches.
+void Trainer::State::build_model() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  const int virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
+  const ModelSpec stage_spec =
+      s.pp > 1 ? s.spec.shard_pp(s.pp, virtual_stages, cfg.parallel.pp_layers, s.pp_rank) : s.spec;
+  const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
+  s.model = std::make_unique<Transformer>(stage_spec, s.alloc, s.mbs,
+                                          compute_dtype(cfg.train.precision),
+                                          model_storage(cfg.parallel.zero_stage), tp,
+                                          RecomputeOptions{cfg.train.recompute,
+                                                           cfg.train.recompute_layers});
+  if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
+  s.data_parallel =
+      make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
+  s.model->set_hooks(s.data_parallel.get());
+  if (s.pp == 1) return;
+  s.pipeline.emplace(
+      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, static_cast<int>(s.accum)}),
+      *s.model, s.mesh.comm(Axis::pp), s.alloc);
+  s.predicted_bubble = simulate(s.pipeline->schedule()).bubble_fraction;
+  if (cfg.model.tie_embeddings) {
+    const bool ends = s.pp_rank == 0 || s.pp_rank == s.pp - 1;
+    s.embedding_group = s.mesh.comm(Axis::pp).split(ends ? 0 : 1, s.pp_rank, "embedding");
+    if (!ends) s.embedding_group.reset();
+  }
+}
+
+// Loads the checkpoint to resume from into what build_model made (resharding when the layout
+// differs): weights, optimizer state, loss scale, step and loader position.
+void Trainer::State::restore() {
+  State& s = *this;
+  if (!s.resume) return;
+  const ckpt::RunState& rs = s.resume->state();
+  const auto t_load = std::chrono::steady_clock::now();
+  const int64_t bytes = ckpt::load(*s.resume, s.model->spec(), *s.data_parallel, *s.backend);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
+  s.start_step = rs.step;
+  s.updates = rs.updates;
+  s.consumed = rs.consumed_samples;
+  if (s.rank0 && !s.opts.quiet)
+    std::printf(
+        "checkpoint: resumed from %s (step %lld, written at %s; rank 0 read %.1f MB in "
+        "%.2f s, %.2f GB/s)\n",
+        s.resume->dir().c_str(), static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str(),
+        static_cast<double>(bytes) / 1e6, load_s,
+        static_cast<double>(bytes) / 1e9 / std::max(load_s, 1e-9));
+  LLMT_CHECK(s.consumed <= s.cfg.train.steps * s.gbs || s.start_step >= s.cfg.train.steps,
+             "checkpoint ", s.resume->dir(), " consumed ", s.consumed, " samples");
+}
+
+// The loader at the resumed position, the token staging, the metrics file and the debug dump.
+void Trainer::State::build_data() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  s.data = make_data_sources(cfg, s.rank0 && !s.opts.quiet);
+  const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
+  s.loader = std::make_unique<DataLoader>(s.data.train, layout,
+                                          std::min(s.consumed, cfg.train.steps * s.gbs),
+                                          std::max(s.consumed, cfg.train.steps * s.gbs));
+  const int64_t slots = s.pp > 1 ? s.accum : 1;
+  s.tok_buf = s.alloc.allocate_tensor({slots, 2, s.mbs, s.T}, DType::i32, MemCategory::other);
+  s.host_in.resize(static_cast<size_t>(s.mbs * s.T));
+  s.host_tg.resize(s.host_in.size());
+  s.pipe_mbs.resize(static_cast<size_t>(slots));
+  if (s.rank0) fs::create_directories(cfg.train.run_dir);
+  s.metrics = std::make_unique<MetricsWriter>(
+      cfg.log.metrics.empty() || !s.rank0 ? ""
+                                          : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
+      s.start_step);
+  if (!s.opts.dump_dir.empty()) {
+    gather_params();
+    if (s.rank0) {
+      dump_params(s.opts.dump_dir, s.spec, s.host_params);
+      s.dump_tokens.open(fs::path(s.opts.dump_dir) / "tokens.bin", std::ios::binary);
     }
-  };
-  auto start_checkpoint = [&](int64_t step) {
-    poll_checkpoint(true);
-    const LossScaler::State sc = scaler.state();
-    ckpt::RunState rs;
-    rs.step = step;
-    rs.updates = updates;
-    rs.consumed_samples = consumed + (step - start_step) * gbs;
-    rs.loss_scale = sc.scale;
-    rs.loss_scale_clean_steps = sc.clean_steps;
-    rs.seed = static_cast<int64_t>(cfg.train.seed);
-    rs.config = to_toml(cfg);
-    rs.mesh = mesh.shape();
-    rs.zero_stage = cfg.parallel.zero_stage;
-    rs.sequence_parallel = cfg.parallel.sequence_parallel;
-    rs.virtual_stages = cfg.parallel.virtual_stages;
-    rs.pp_layers = cfg.parallel.pp_layers;
-    pending =
-        std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, spec, model.spec(), *data_parallel,
-                                            mesh, *backend, cfg.checkpoint.async, &ckpt_staging);
-    if (!cfg.checkpoint.async) poll_checkpoint(true);
-  };
-  const int64_t last_step =
-      opts.stop_after > 0 ? std::min(opts.stop_after, cfg.train.steps) : cfg.train.steps;
-  for (int64_t step = start_step + 1; step <= last_step; ++step) {
-    const auto t0 = clock::now();
-    data_parallel->start_step();
-    const float scale = scaler.scale();
-    if (dump_tokens.is_open()) {
-      global_window.resize(static_cast<size_t>(gbs * (T + 1)));
-      data.train->fill(global_window.data(), (step - 1) * gbs, gbs);
-      dump_tokens.write(reinterpret_cast<const char*>(global_window.data()),
-                        static_cast<std::streamsize>(global_window.size() * 4));
+  }
+}
+
+void Trainer::State::stage(const MicroBatch& mb, int64_t slot) {
+  State& s = *this;
+  for (int64_t b = 0; b < s.mbs; ++b)
+    for (int64_t t = 0; t < s.T; ++t) {
+      s.host_in[b * s.T + t] = mb.tokens[b * (s.T + 1) + t];
+      s.host_tg[b * s.T + t] = mb.tokens[b * (s.T + 1) + t + 1];
     }
+  const size_t bytes = s.host_in.size() * 4;
+  s.backend->copy_from_host(s.inputs_of(slot).data, s.host_in.data(), bytes);
+  s.backend->copy_from_host(s.targets_of(slot).data, s.host_tg.data(), bytes);
+}
+
+// Every parameter at global shape into host_params on rank 0 (dumps).
+void Trainer::State::gather_params() {
+  State& s = *this;
+  s.data_parallel->gather_params(s.host_params);
+  if (s.pp > 1) {
+    std::vector<float> local;
+    local.swap(s.host_params);
+    gather_pp_params(s.mesh.comm(Axis::pp), s.spec, s.cfg.parallel, local, s.host_params);
+  }
+}
+
+// Losses are averaged over the world: every rank of a dp group saw different samples, tp/cp
+// ranks of one group the same.
+double Trainer::State::world_mean(double v) {
+  Communicator& world = mesh.world();
+  if (world.size() == 1) return v;
+  float x = static_cast<float>(v);
+  world.all_reduce(Tensor(&x, {1}, DType::f32)).wait();
+  return static_cast<double>(x) / world.size();
+}
+
+// Validation: the mean loss over train.eval_iters global batches of the valid split (the same
+// ones every time), each rank taking its slices as in training.
+double Trainer::State::evaluate(int64_t step) {
+  State& s = *this;
+  const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
+  DataLoader valid(s.data.valid, layout, 0, s.cfg.train.eval_iters * s.gbs);
+  const int64_t n = s.cfg.train.eval_iters * layout.micro_batches();
+  const Tensor inputs = s.inputs_of(0), targets = s.targets_of(0);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const MicroBatch& mb = valid.next();
+    stage(mb, 0);
+    const StepContext ctx{s.cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
+    sum += s.pipeline ? s.pipeline->forward_loss({inputs, targets, ctx})
+                      : s.model->forward_loss(inputs, targets, ctx);
+  }
+  return world_mean(sum / static_cast<double>(n));
+}
+
+void Trainer::State::report_save(const ckpt::SaveResult& r) {
+  if (rank0 && !opts.quiet)
+    std::printf(
+        "checkpoint: saved %s (%.1f MB; rank 0 wrote its file in %.2f s, %.2f GB/s over all "
+        "ranks; training blocked %.2f s)\n",
+        r.path.c_str(), static_cast<double>(r.bytes) / 1e6, r.write_seconds,
+        static_cast<double>(r.bytes) / 1e9 / std::max(r.write_seconds, 1e-9), r.blocked_seconds);
+}
+
+void Trainer::State::poll_checkpoint(bool wait) {
+  State& s = *this;
+  if (s.pending && s.pending->poll(wait)) {
+    report_save(s.pending->result());
+    s.pending.reset();
+  }
+}
+
+void Trainer::State::start_checkpoint(int64_t step) {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  poll_checkpoint(true);
+  const LossScaler::State sc = s.scaler.state();
+  ckpt::RunState rs;
+  rs.step = step;
+  rs.updates = s.updates;
+  rs.consumed_samples = s.consumed + (step - s.start_step) * s.gbs;
+  rs.loss_scale = sc.scale;
+  rs.loss_scale_clean_steps = sc.clean_steps;
+  rs.seed = static_cast<int64_t>(cfg.train.seed);
+  rs.config = to_toml(cfg);
+  rs.mesh = s.mesh.shape();
+  rs.zero_stage = cfg.parallel.zero_stage;
+  rs.sequence_parallel = cfg.parallel.sequence_parallel;
+  rs.virtual_stages = cfg.parallel.virtual_stages;
+  rs.pp_layers = cfg.parallel.pp_layers;
+  s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
+                                                  *s.data_parallel, s.mesh, *s.backend,
+                                                  cfg.checkpoint.async, &s.ckpt_staging);
+  if (!cfg.checkpoint.async) poll_checkpoint(true);
+}
+
+// The step's forward and backward over this rank's micro-batches (or the pipeline schedule);
+// returns the sum of the micro-batches' mean losses.
+double Trainer::State::forward_backward(int64_t step, float dloss) {
+  State& s = *this;
+  const uint64_t seed = s.cfg.train.seed;
+  if (!s.pipeline) {
     double loss_sum = 0;
-    // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
-    const float dloss = scale / static_cast<float>(accum * dp);
-    if (!pipeline) {
-      for (int64_t micro = 0; micro < accum; ++micro) {
-        // This dp rank's slice of the step's global batch (BatchLayout).
-        const MicroBatch& mb = loader.next();
-        stage(mb);
-        StepContext ctx{cfg.train.seed, step, mb.first_sample};
-        data_parallel->start_micro_batch(micro + 1 == accum);
-        loss_sum += model.forward_backward(inputs, targets, dloss, ctx);
-      }
-    } else {
-      for (int64_t micro = 0; micro < accum; ++micro) {
-        const MicroBatch& mb = loader.next();
-        stage(mb, micro);
-        pipe_mbs[static_cast<size_t>(micro)] = {inputs_of(micro), targets_of(micro),
-                                                StepContext{cfg.train.seed, step, mb.first_sample}};
-      }
-      loss_sum = static_cast<double>(accum) * pipeline->run(pipe_mbs, dloss, [&](bool last) {
-        data_parallel->start_micro_batch(last);
-      });
+    for (int64_t micro = 0; micro < s.accum; ++micro) {
+      // This dp rank's slice of the step's global batch (BatchLayout).
+      const MicroBatch& mb = s.loader->next();
+      stage(mb, 0);
+      const StepContext ctx{seed, step, mb.first_sample};
+      s.data_parallel->start_micro_batch(micro + 1 == s.accum);
+      loss_sum += s.model->forward_backward(s.inputs_of(0), s.targets_of(0), dloss, ctx);
     }
-    data_parallel->finish_backward();
-    if (embedding_group) {
-      // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows
-      // on both ends, whose dp coordinates are the same.
-      Tensor g = data_parallel->owned_grad(model.spec().index_of("wte.weight"));
-      if (g.defined()) embedding_group->all_reduce(g).wait();
-    }
+    return loss_sum;
+  }
+  for (int64_t micro = 0; micro < s.accum; ++micro) {
+    const MicroBatch& mb = s.loader->next();
+    stage(mb, micro);
+    s.pipe_mbs[static_cast<size_t>(micro)] = {s.inputs_of(micro), s.targets_of(micro),
+                                              StepContext{seed, step, mb.first_sample}};
+  }
+  return static_cast<double>(s.accum) *
+         s.pipeline->run(s.pipe_mbs, dloss,
+                         [&](bool last) { s.data_parallel->start_micro_batch(last); });
+}
+
+// One optimizer step: forward/backward, gradient sync, overflow check, norm, clip, AdamW;
+// fills the step's loss, norm and scale metrics.
+void Trainer::State::train_step(int64_t step, StepMetrics& m) {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  s.data_parallel->start_step();
+  const float scale = s.scaler.scale();
+  if (s.dump_tokens.is_open()) {
+    s.global_window.resize(static_cast<size_t>(s.gbs * (s.T + 1)));
+    s.data.train->fill(s.global_window.data(), (step - 1) * s.gbs, s.gbs);
+    s.dump_tokens.write(reinterpret_cast<const char*>(s.global_window.data()),
+                        static_cast<std::streamsize>(s.global_window.size() * 4));
+  }
+  // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
+  const float dloss = scale / static_cast<float>(s.accum * s.dp);
+  const double loss_sum = forward_backward(step, dloss);
+  s.data_parallel->finish_backward();
+  if (s.embedding_group) {
+    // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows on
+    // both ends, whose dp coordinates are the same.
+    Tensor g = s.data_parallel->owned_grad(s.model->spec().index_of("wte.weight"));
+    if (g.defined()) s.embedding_group->all_reduce(g).wait();
+  }
+  m.loss = world_mean(loss_sum / static_cast<double>(s.accum));
+  m.lr = lr_at(cfg.optimizer, step);
+  m.loss_scale = scale;
+  // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm is
+  // divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
+  bool overflow = cfg.train.precision == Precision::fp16 && s.data_parallel->grads_nonfinite();
+  double grad_norm = s.data_parallel->grad_norm();
+  if (s.pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
+    double v[2] = {grad_norm * grad_norm, overflow ? 1.0 : 0.0};
+    s.mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f64)).wait();
+    grad_norm = std::sqrt(v[0]);
+    overflow = v[1] > 0;
+  }
+  m.skipped = s.scaler.update(overflow);
+  m.grad_norm = grad_norm / scale;
+  if (!m.skipped) {
+    const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
+    s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
+  }
+  s.backend->synchronize();
+}
+
+TrainResult Trainer::State::run() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  TrainResult result;
+  if (s.rank0 && !s.opts.quiet && s.start_step >= cfg.train.steps)
+    std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
+                static_cast<long long>(s.start_step), static_cast<long long>(cfg.train.steps));
+  const int64_t last_step =
+      s.opts.stop_after > 0 ? std::min(s.opts.stop_after, cfg.train.steps) : cfg.train.steps;
+  for (int64_t step = s.start_step + 1; step <= last_step; ++step) {
+    const auto t0 = clock::now();
     StepMetrics m;
     m.step = step;
     m.steps = cfg.train.steps;
-    m.loss = world_mean(loss_sum / static_cast<double>(accum));
-    m.lr = lr_at(cfg.optimizer, step);
-    m.loss_scale = scale;
-
-    // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm
-    // is divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
-    bool overflow = cfg.train.precision == Precision::fp16 && data_parallel->grads_nonfinite();
-    double grad_norm = data_parallel->grad_norm();
-    if (pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
-      double v[2] = {grad_norm * grad_norm, overflow ? 1.0 : 0.0};
-      mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f64)).wait();
-      grad_norm = std::sqrt(v[0]);
-      overflow = v[1] > 0;
-    }
-    m.skipped = scaler.update(overflow);
-    m.grad_norm = grad_norm / scale;
-    if (!m.skipped) {
-      const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
-      data_parallel->step(m.lr, ++updates, static_cast<float>(coef / scale));
-    }
-    backend->synchronize();
-
+    train_step(step, m);
     const auto t1 = clock::now();
     m.step_time_s = std::chrono::duration<double>(t1 - t0).count();
-    m.tokens_per_s = static_cast<double>(gbs * T) / m.step_time_s;
-    m.mfu = peak > 0 ? flops_per_step / m.step_time_s / peak : 0.0;
-    m.mem = alloc.stats();
-    m.comm = take_comm_counters(mesh);
-    m.comm_wait_s = data_parallel->take_wait_seconds();
-    if (pipeline) {
-      float idle = static_cast<float>((pipeline->total_seconds() - pipeline->busy_seconds()) /
-                                      pipeline->busy_seconds());
-      mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
-      m.pp_bubble = idle / static_cast<float>(pp);
-      m.pp_bubble_predicted = predicted_bubble;
+    m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
+    m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
+    m.mem = s.alloc.stats();
+    m.comm = take_comm_counters(s.mesh);
+    m.comm_wait_s = s.data_parallel->take_wait_seconds();
+    if (s.pipeline) {
+      float idle = static_cast<float>((s.pipeline->total_seconds() - s.pipeline->busy_seconds()) /
+                                      s.pipeline->busy_seconds());
+      s.mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
+      m.pp_bubble = idle / static_cast<float>(s.pp);
+      m.pp_bubble_predicted = s.predicted_bubble;
     }
-    m.data_wait_s = loader.take_wait_seconds();
+    m.data_wait_s = s.loader->take_wait_seconds();
     if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);
     const CheckpointConfig& ck = cfg.checkpoint;
     const bool save_due =
         !ck.dir.empty() && ((ck.interval > 0 && step % ck.interval == 0) || step == last_step);
-    if (save_due || pending) {
+    if (save_due || s.pending) {
       const auto tc = clock::now();
-      if (save_due) {
+      if (save_due)
         start_checkpoint(step);
-      } else {
+      else
         poll_checkpoint(false);
-      }
       m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
     }
-    metrics.write(m);
-    if (rank0 && !opts.quiet && cfg.log.progress &&
+    s.metrics->write(m);
+    if (s.rank0 && !s.opts.quiet && cfg.log.progress &&
         (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {
       const double elapsed = std::chrono::duration<double>(t1 - t_start).count();
       const double eta =
@@ -526,12 +641,22 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
     result.final_loss = m.loss;
   }
   poll_checkpoint(true);  // an async save of the last step completes before the run ends
-  if (!opts.dump_final.empty()) {
+  if (!s.opts.dump_final.empty()) {
     gather_params();
-    if (rank0) dump_params(opts.dump_final, spec, host_params);
+    if (s.rank0) dump_params(s.opts.dump_final, s.spec, s.host_params);
   }
-  model.set_hooks(nullptr);
   return result;
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& opts) {
+  Mesh mesh = Mesh::create(MeshShape{}, make_local_communicator("world"));
+  validate_layout(cfg, 1);
+  return train(cfg, opts, mesh);
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
+  Trainer trainer(cfg, opts, mesh);
+  return trainer.run();
 }
 
 }  // namespace llmt

@@ -1,5 +1,5 @@
-// The training loop of one rank: build the model from the config, then per step: data ->
-// micro-batch forward/backward -> unscale/overflow check -> clip -> AdamW -> metrics.
+// The training loop of one rank (Trainer): build the model from the config, then per step: data
+// -> micro-batch forward/backward -> unscale/overflow check -> clip -> AdamW -> metrics.
 #pragma once
 
 #include <memory>
@@ -24,7 +24,26 @@ struct TrainResult {
   double final_loss = 0;
 };
 
-// On `mesh` (validate_layout must have passed for its world size); rank 0 prints and writes.
+// One rank's run on `mesh` (validate_layout must have passed for its world size); rank 0 prints
+// and writes. The constructor builds everything before the first step — the model stage and its
+// shards, the data-parallel strategy, the pipeline executor, the loader at the resumed position,
+// the metrics file — and loads the checkpoint to resume from; run() trains from there. Its
+// construction and every step run collectives: every rank of the mesh makes the same calls.
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opts, Mesh& mesh);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  // Steps from the resumed step + 1 to train.steps (or TrainOptions::stop_after).
+  TrainResult run();
+
+ private:
+  struct State;  // trainer.cpp: what the run holds, and the step's parts
+  std::unique_ptr<State> s_;
+};
+
+// Trainer(cfg, opts, mesh).run().
 TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh);
 // Single rank (a local mesh of one).
 TrainResult train(const Config& cfg, const TrainOptions& opts);
