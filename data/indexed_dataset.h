@@ -1,4 +1,4 @@
-// The Megatron indexed dataset (PREFIX.bin + PREFIX.idx, "MMIDIDX" header; REFERENCE.md):
+// The Megatron indexed dataset (PREFIX.bin + PREFIX.idx, "MMIDIDX" header; docs/data.md):
 // read by memory map and validated completely before training, written by streaming. Data
 // prepared by Megatron-LM loads unchanged, and what we write loads there.
 #pragma once

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # check_includes: every project `#include "..."` under app/ engine/ kernels/ data/ checkpoints/ must
-# name a header whose library the including file's library links (DESIGN.md §2: the link lists are
+# name a header whose library the including file's library links (docs/architecture.md: the link lists are
 # the dependency graph), so an include that points up fails CI instead of building by accident.
 """Rules (all facts come from a CMake configure; no library list is hard-coded):
 

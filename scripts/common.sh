@@ -1,5 +1,5 @@
 # Shared by the setup, quickstart and test scripts: dependency install and the CPU build.
-# Sourced, not run. Debian packages only (REFERENCE.md).
+# Sourced, not run. Debian packages only (docs/references.md).
 
 LLMT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LLMT_PACKAGES=(

@@ -24,7 +24,7 @@ struct GpuInfo {
 double gpu_peak_flops(const GpuInfo& gpu, DType compute);
 
 // threads x 4.1 GHz x FLOP/cycle of the CPU's FMA units (AVX-512: 64, else 32), fp32: the figure
-// REFERENCE.md gives for the CI machines.
+// docs/references.md gives for the project's machines.
 double cpu_peak_flops(int threads);
 
 // The default for a rank on `device` computing in `compute` with `threads` CPU threads: the CPU's

@@ -78,7 +78,7 @@ struct ModelSpec {
   int64_t num_local_params() const;  // this rank's
   // Index of a parameter by name; throws if absent.
   size_t index_of(const std::string& name) const;
-  // Training FLOPs per token: 6*N + 6*L*C*T (REFERENCE.md), N without position embeddings.
+  // Training FLOPs per token: 6*N + 6*L*C*T (docs/references.md), N without position embeddings.
   double flops_per_token() const;
 };
 

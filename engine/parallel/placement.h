@@ -2,7 +2,7 @@
 // sharded along one dim, or owned whole by one coordinate of the axis (a pipeline stage's
 // layers; later an expert rank's experts). Every shard is a list of rectangular slices of the global tensor, which
 // is what checkpoints (one hyperslab per slice), initialisation (each slice from its global
-// offset) and resharding rely on (DESIGN.md §4-§5).
+// offset) and resharding rely on (docs/references.md, "Design rules").
 //
 // A sharded dim may be a concatenation of segments that are split separately: the fused QKV
 // weight's rows are [q heads | k heads | v heads] and SwiGLU's fc1 rows are [gate | up]. Rank r

@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN.md §5): a schedule is a pure function of (stages, virtual
+// Pipeline schedules as data (docs/pipeline.md): a schedule is a pure function of (stages, virtual
 // stages, micro-batches) giving each pp rank its ordered list of actions. Nothing here touches a
 // model or a communicator, so tests check schedules without running anything and `llmtrain plan
 // --schedule` prints and draws them; the executor (executor.h) runs any of them.
@@ -125,7 +125,7 @@ inline int stage_of(const ScheduleShape& s, int rank, int chunk) {
   return chunk * s.stages + rank;
 }
 
-// The published formulas (REFERENCE.md, the ZB paper) that simulate() is tested against, for the
+// The published formulas (docs/references.md) that simulate() is tested against, for the
 // default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m).
 double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
 // Peak in-flight micro-batches (for interleaved: (micro-batch, chunk) pairs) of `rank`: GPipe m,

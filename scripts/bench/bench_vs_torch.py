@@ -3,7 +3,7 @@ environment, same thread count. The PyTorch peer is tests/reference/model.py (fl
 architecture) with torch.optim.AdamW and clip_grad_norm_ — an idiomatic eager training step.
 
 Reports tokens/s (median over the timed steps, after warm-up), the ratio, and MFU against the
-fp32 peak that llmtrain assumes (log.peak_flops; REFERENCE.md: ~520 GFLOP/s on 2 AVX-512 cores).
+fp32 peak that llmtrain assumes (log.peak_flops; docs/references.md: ~520 GFLOP/s on 2 Zen 5 cores).
 
   /usr/bin/python3 scripts/bench/bench_vs_torch.py --llmtrain build/app/llmtrain [--steps 6]
 """

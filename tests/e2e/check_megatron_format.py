@@ -1,5 +1,5 @@
 """The Megatron indexed dataset from both sides, with a reader written here from the format
-description alone (shared/REFERENCE.md; numpy memmap, not our code):
+description alone (docs/data.md, "The dataset format"; numpy memmap, not our code):
   1. `llmtrain data tokenizer-train` + `data prepare` on text and JSONL: every document read back
      here is exactly SentencePiece's ids for it (python3-sentencepiece) + eos, and
      `data inspect --verify` reports the same counts and decodes the same text.

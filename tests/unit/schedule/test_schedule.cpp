@@ -1,7 +1,7 @@
 // Pipeline schedules checked as data, no model run (issue 6): for every schedule x p in {2,4,8} x
 // m in {p,2p,4p}: each backward follows its forward, sends and recvs pair up in order, the
 // simulation finishes, and the bubble and peak in-flight micro-batches equal the formulas of
-// REFERENCE.md (ZB-H1: the ZB paper's (p-1)/(3m)). Corrupted schedules must be rejected.
+// docs/references.md (ZB-H1: the ZB paper's (p-1)/(3m)). Corrupted schedules must be rejected.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -105,7 +105,7 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
   // Makespan: per rank work m*(F+B) = 3m time units, plus the bubble.
   EXPECT_NEAR(sim.makespan, 3 * m * (1 + bubble), 1e-9);
   ASSERT_EQ(sim.peak_in_flight.size(), static_cast<size_t>(c.p));
-  // First stage: 1F1B and ZB-H1 hold p micro-batches, GPipe m (REFERENCE.md).
+  // First stage: 1F1B and ZB-H1 hold p micro-batches, GPipe m (docs/references.md).
   if (c.kind == PipeSchedule::gpipe) {
     EXPECT_EQ(sim.peak_in_flight[0], c.m);
   } else if (c.kind != PipeSchedule::interleaved) {
