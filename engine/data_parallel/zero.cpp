@@ -23,6 +23,11 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       dp_(group.size()),
       rank_(group.rank()),
       L_(model.num_blocks() - 2) {
+  // The checkpoint write rule (checkpoints/layout.cpp) cuts ZeRO's shards by the dp coordinate;
+  // a group wider than dp (dp x cp) needs that rule to follow the group first.
+  LLMT_CHECK(group.size() == mesh.size(Axis::dp), "ZeRO over a group of ", group.size(),
+             " ranks, the dp axis has ", mesh.size(Axis::dp),
+             ": sharding over dp x cp needs the checkpoint write rule to follow the group");
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
   units_.resize(static_cast<size_t>(L_) + 1);

@@ -479,8 +479,8 @@ float Head::forward(std::span<const Tensor> s, Tensor x, Tensor targets, float d
   const int64_t N = env_.tp.N;
   const size_t k = norm_f_.saved().size();
   const Tensor xf = s[0], logits = s[1 + k], losses = s[2 + k];
-  // Under SP the norm's (R,C) output is gathered into xf, else it is xf.
-  Tensor out = env_.tp.sp() ? env_.tp.shard : xf;
+  // The norm's (R,C) output is xf, or under SP gathered into xf.
+  const Tensor out = linear_.input_rows(xf);
   norm_f_.forward(s.subspan(1, k), out, x);
   linear_.forward(logits, linear_.input(out, xf), env_.w(head_), Tensor());
   env_.round(logits);

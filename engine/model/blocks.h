@@ -7,7 +7,8 @@
 //
 // Backward: backward_input assigns the input gradient; backward_weight adds into the weight
 // gradients. Run back to back (every schedule but zero-bubble) the stash holds views of live
-// buffers; run apart (ZB-H1) it holds copies in the micro-batch's own memory (Stash).
+// buffers (TensorSpec::view) and the model's small shared scratch for the rest; run apart (ZB-H1)
+// it holds copies in the micro-batch's own memory (Stash).
 //
 // Dims: B micro-batch, T seq_len, C d_model, H/KV query/kv heads and F ffn hidden as this tp rank
 // holds them, D head dim, Q = (H+2KV)*D, F1 = F (gelu) or 2F (swiglu), N = B*T, R rows of the

@@ -29,8 +29,8 @@ struct ParamSpec {
   // The layout on every mesh axis (indexed by Axis). tp, Megatron 1D tensor parallelism:
   // column-parallel qkv/fc1 Shard(0) by head groups / [gate|up], row-parallel proj/fc2 Shard(1)
   // (their biases replicated, added after the all-reduce), vocab-parallel wte/lm_head Shard(0),
-  // norms and wpe replicated. pp: Owned(stage's pp rank) once shard_pp placed it (Replicate
-  // before). cp and dp: Replicate (ZeRO's dp shards are the optimizer's and gradients' layout,
+  // norms and wpe replicated. pp: Owned(pp rank) once shard_pp placed it (Replicate before;
+  // the last rank's tied copy of wte is Owned(pp-1) beside rank 0's, flagged tied_copy). cp and dp: Replicate (ZeRO's dp shards are the optimizer's and gradients' layout,
   // zero.h; the parameter a layer computes with is whole).
   std::array<Placement, kNumAxes> placement{};
   const Placement& on(Axis a) const { return placement[static_cast<int>(a)]; }

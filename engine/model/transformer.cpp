@@ -139,7 +139,10 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       sc.core_lse = lay.take({B_, H, T_});
     }
     if (any_full) {
-      replay_set_ = lay.take_all(layer_full);
+      // One layer's full saved set but its input: a replay reads the layer's own saved input.
+      replay_set_.assign(1, Tensor());
+      for (const Tensor& t : lay.take_all({layer_full.begin() + 1, layer_full.end()}))
+        replay_set_.push_back(t);
       sc.replay_out = lay.take({R, C});
     }
     recompute_scratch_bytes_ = lay.bytes() - before;

@@ -47,6 +47,9 @@ class ColumnParallelLinear {
   // The (N,IC) input of x (R,IC): x itself, or gathered over tp into `into` (default t.gathered)
   // under SP.
   Tensor input(Tensor x, Tensor into = {}) const;
+  // Where to compute the (R,IC) rows whose input() is to land in `into` (N,IC): `into` itself,
+  // or under SP t.shard (then gathered into `into`).
+  Tensor input_rows(Tensor into) const { return t_.sp() ? t_.shard : into; }
   // y (N,OC) = x_full @ w^T + b; x_full (N,IC) from input().
   void forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const;
   // dx (R,IC): dx_partial (N,IC) = dy (N,OC) @ w, summed over tp in fp32 (all-reduce in place,

@@ -225,8 +225,8 @@ struct Trainer::State {
         accum(grad_accum_steps(c) / dp),
         scaler(c.optimizer, c.train.precision == Precision::fp16) {}
 
-  const Config& cfg;
-  const TrainOptions& opts;
+  const Config cfg;  // copies: a Trainer outlives the arguments it was built from
+  const TrainOptions opts;
   Mesh& mesh;
   const bool rank0;
   const int64_t dp, dp_rank;
@@ -261,9 +261,10 @@ struct Trainer::State {
   std::vector<int32_t> global_window;
   double peak = 0, flops_per_step = 0;
   // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
-  // polled at every step end; a synchronous one completes where it starts).
-  std::unique_ptr<ckpt::PendingSave> pending;
+  // polled at every step end; a synchronous one completes where it starts). The staging is
+  // declared first so that it outlives a save still writing from it when the run unwinds.
   HostBuffer ckpt_staging;  // async saves' snapshot (pinned on a GPU), reused from save to save
+  std::unique_ptr<ckpt::PendingSave> pending;
 
   // Construction after the members: the checkpoint to resume from, the model, its state, the
   // data, the FLOP/s peak.

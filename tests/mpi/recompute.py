@@ -1,26 +1,36 @@
 #!/usr/bin/python3
 """Activation recompute never changes a bit: at one layout, train config C for its train.steps
 with train.recompute = "none", "selective" and "full" (and "full" on the first layer only,
-train.recompute_layers = 1), in fp32 and bf16, with dropout 0.1, and require every step's loss
-and grad_norm and the final parameters (--dump-final) to be bitwise those of "none". Also checks
-that recompute lowers the peak activation bytes (selective < none, full < selective); the exact
-bytes per layer are tests/unit/model/test_recompute.cpp's. (Recomputing one layer of two saves
-less than the one-layer replay buffer it needs: recompute_layers pays off from 2 layers on.)
+train.recompute_layers = 1), in fp32 and bf16, with dropout 0.1 and a validation pass every 5
+steps, and require every step's loss, grad_norm and val_loss and the final parameters
+(--dump-final) to be bitwise those of "none". Also checks that recompute lowers the peak
+activation bytes (selective < none, full < selective); the exact bytes per layer are
+tests/unit/model/test_recompute.cpp's. (Recomputing one layer of two saves nothing: the replay
+buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 
-Layouts: single (one rank), tp2-sp, dp2-zero3, pp2-1f1b, pp4-zb-h1 (4 layers)."""
+Layouts: single (one rank), tp2 and tp2-sp (a replay repeats the forward's collectives),
+dp2-zero3 (a replay after ZeRO-3's gather), pp2-1f1b, pp2-interleaved (2 chunks per rank,
+4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused) and
+pp2-zb-h1-tp2-sp."""
 import os
 
 from harness import finish, parse_args, train
 
 LAYOUTS = {
     "single": (1, []),
+    "tp2": (2, ["parallel.tp=2"]),
     "tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
     "dp2-zero3": (2, ["parallel.zero_stage=3"]),
     "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"]),
+    "pp2-interleaved": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                            "parallel.virtual_stages=2", "model.n_layers=4"]),
     "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1", "model.n_layers=4"]),
+    "pp2-zb-h1-tp2-sp": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.tp=2",
+                             "parallel.sequence_parallel=true"]),
 }
 MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.recompute_layers=1"])]
-COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1"]
+COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1", "train.eval_interval=5",
+          "train.eval_iters=2"]
 
 
 def train_run(args, out, ranks, sets):
@@ -47,10 +57,10 @@ def main():
             if len(steps) != len(ref_steps):
                 failures.append(f"{precision} {mode}: {len(steps)} steps vs {len(ref_steps)}")
             for s, r in zip(steps, ref_steps):
-                for key in ["loss", "grad_norm"]:
-                    if s[key] != r[key]:
-                        failures.append(f"{precision} {mode} step {s['step']} {key}: {s[key]!r} "
-                                        f"vs none {r[key]!r}")
+                for key in ["loss", "grad_norm", "val_loss"]:
+                    if s.get(key) != r.get(key):
+                        failures.append(f"{precision} {mode} step {s['step']} {key}: "
+                                        f"{s.get(key)!r} vs none {r.get(key)!r}")
             if params != ref_params:
                 failures.append(f"{precision} {mode}: final parameters differ from none")
         print(f"{os.path.basename(args.config)} {args.layout} {precision}: {len(ref_steps)} steps "

@@ -54,12 +54,13 @@ int64_t formula_bytes(const Case& k, Recompute r) {
   return 0;
 }
 
-// The model-wide recompute scratch: the attention core (selective), one layer's full set plus
-// the replayed output (full).
+// The model-wide recompute scratch: the attention core (selective); one layer's full set without
+// its input (the replayed layer's own saved input is read) plus the replayed output, which is
+// the bytes of one layer without recompute (full).
 int64_t formula_scratch(const Case& k, Recompute r) {
   const int64_t sb = k.B * k.T;
   if (r == Recompute::selective) return 4 * (sb * k.C + k.B * k.H * k.T);
-  if (r == Recompute::full) return formula_bytes(k, Recompute::none) + 4 * sb * k.C;
+  if (r == Recompute::full) return formula_bytes(k, Recompute::none);
   return 0;
 }
 
