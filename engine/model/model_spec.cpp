@@ -121,7 +121,7 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
   LLMT_CHECK(tp_size == 1, "shard_tp of a spec already sharded for tp=", tp_size);
   LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "tp rank ", rank, " of ", size);
   const auto errors = tensor_parallel_errors(cfg, size, false);
-  if (!errors.empty()) throw Error(errors.front());
+  if (!errors.empty()) throw Error(errors.front().message);
   ModelSpec s = *this;
   s.tp_size = size;
   s.tp_rank = rank;
@@ -140,23 +140,27 @@ int64_t ModelSpec::num_local_params() const {
   return n;
 }
 
-std::vector<std::string> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
-                                                bool sequence_parallel) {
-  std::vector<std::string> out;
+std::vector<LayoutRuleError> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
+                                                    bool sequence_parallel) {
+  std::vector<LayoutRuleError> out;
   const int64_t kv = cfg.n_kv_heads > 0 ? cfg.n_kv_heads : cfg.n_heads;
-  auto need = [&](const char* key, int64_t value, const char* why) {
-    if (value % tp != 0)
-      out.push_back(
-          detail::concat(key, "=", value, " is not divisible by parallel.tp=", tp, ": ", why));
+  auto need = [&](const char* key, int64_t value, const char* why, bool sp = false) {
+    if (value < 1 || value % tp == 0) return;
+    LayoutRuleError e{{key, "parallel.tp"},
+                      detail::concat(key, "=", value, " is not divisible by parallel.tp=", tp,
+                                     sp ? " with parallel.sequence_parallel=true" : "", ": ", why)};
+    if (sp) e.keys.push_back("parallel.sequence_parallel");
+    out.push_back(std::move(e));
   };
   if (tp <= 1) return out;
   need("model.n_heads", cfg.n_heads, "each tp rank holds n_heads/tp query heads");
   need("model.n_kv_heads", kv, "each tp rank holds n_kv_heads/tp kv heads");
   need("model.d_ff", cfg.d_ff, "fc1 and fc2 are split over tp along d_ff");
-  need("model.vocab_size", cfg.vocab_size, "wte and the head are split over tp by vocabulary rows");
+  need("model.vocab_size", cfg.vocab_size,
+       "the embedding and head are split over tp by vocabulary rows");
   if (sequence_parallel)
-    need("model.seq_len", cfg.seq_len,
-         "parallel.sequence_parallel splits each micro-batch's tokens over tp");
+    need("model.seq_len", cfg.seq_len, "norms and dropout hold seq_len/tp positions per rank",
+         true);
   return out;
 }
 

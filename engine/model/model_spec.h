@@ -82,10 +82,18 @@ struct ModelSpec {
   double flops_per_token() const;
 };
 
-// What [model] must satisfy for tp (and sequence parallelism): one message per violation, each
-// naming the keys and numbers; empty when the layout fits. shard_tp throws the first; config
-// validation (engine/train/config.cpp) reports the same conditions with file positions.
-std::vector<std::string> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
-                                                bool sequence_parallel);
+// One rule of [model] that a parallel layout breaks: the dotted keys involved and the message,
+// which names them with their numbers and says why the rule exists.
+struct LayoutRuleError {
+  std::vector<std::string> keys;
+  std::string message;
+};
+
+// What [model] must satisfy for tp (and sequence parallelism), the one place these rules are
+// written: one error per violation; empty when the layout fits. shard_tp throws the first;
+// config validation (engine/train/config.cpp) reports them all with the keys' file positions.
+// Values below 1 are left to the checks of their own keys.
+std::vector<LayoutRuleError> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
+                                                    bool sequence_parallel);
 
 }  // namespace llmt

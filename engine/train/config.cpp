@@ -27,6 +27,7 @@
 
 #include "data/gpt_dataset.h"
 #include "engine/core/check.h"
+#include "engine/model/model_spec.h"
 
 namespace llmt {
 namespace {
@@ -729,6 +730,12 @@ class Rules {
   std::vector<std::string> errors;
 
   void require(bool ok, std::initializer_list<std::string_view> keys, const std::string& msg) {
+    require(ok, std::vector<std::string_view>(keys), msg);
+  }
+  void require(bool ok, const std::vector<std::string>& keys, const std::string& msg) {
+    require(ok, std::vector<std::string_view>(keys.begin(), keys.end()), msg);
+  }
+  void require(bool ok, const std::vector<std::string_view>& keys, const std::string& msg) {
     if (ok) return;
     std::string origin;
     for (std::string_view k : keys) {
@@ -954,30 +961,9 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
             concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
   r.positive("parallel.bucket_mb", p.bucket_mb);
-  if (p.tp >= 1) {
-    if (m.n_heads >= 1)
-      r.require(m.n_heads % p.tp == 0, {"model.n_heads", "parallel.tp"},
-                concat("model.n_heads=", m.n_heads, " is not divisible by parallel.tp=", p.tp,
-                       ": each tp rank holds n_heads/tp heads"));
-    if (m.n_kv_heads >= 1)
-      r.require(m.n_kv_heads % p.tp == 0, {"model.n_kv_heads", "parallel.tp"},
-                concat("model.n_kv_heads=", m.n_kv_heads, " is not divisible by parallel.tp=", p.tp,
-                       ": each tp rank holds n_kv_heads/tp kv heads"));
-    if (m.d_ff >= 1)
-      r.require(m.d_ff % p.tp == 0, {"model.d_ff", "parallel.tp"},
-                concat("model.d_ff=", m.d_ff, " is not divisible by parallel.tp=", p.tp,
-                       ": fc1 and fc2 are split over tp along d_ff"));
-    if (m.vocab_size >= 1)
-      r.require(m.vocab_size % p.tp == 0, {"model.vocab_size", "parallel.tp"},
-                concat("model.vocab_size=", m.vocab_size, " is not divisible by parallel.tp=", p.tp,
-                       ": the embedding and head are split by vocabulary rows"));
-    if (p.sequence_parallel && m.seq_len >= 1)
-      r.require(m.seq_len % p.tp == 0,
-                {"model.seq_len", "parallel.tp", "parallel.sequence_parallel"},
-                concat("model.seq_len=", m.seq_len, " is not divisible by parallel.tp=", p.tp,
-                       " with parallel.sequence_parallel=true: norms and dropout hold seq_len/tp "
-                       "positions per rank"));
-  }
+  if (p.tp >= 1)
+    for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
+      r.require(false, e.keys, e.message);
 
   r.at_least<int64_t>("train.eval_interval", t.eval_interval, 0, " (0 = no validation)");
   if (t.eval_interval > 0) r.at_least<int64_t>("train.eval_iters", t.eval_iters, 1);

@@ -62,8 +62,11 @@ TEST(ModelSpecTp, LocalShapesAndDivisibility) {
   bad.vocab_size = 66;
   const auto errors = tensor_parallel_errors(bad, 4, true);
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_EQ(errors[0].rfind("model.n_kv_heads=2 is not divisible by parallel.tp=4", 0), 0u);
-  EXPECT_EQ(errors[1].rfind("model.vocab_size=66 is not divisible by parallel.tp=4", 0), 0u);
+  EXPECT_EQ(errors[0].message.rfind("model.n_kv_heads=2 is not divisible by parallel.tp=4", 0),
+            0u);
+  EXPECT_EQ(errors[1].message.rfind("model.vocab_size=66 is not divisible by parallel.tp=4", 0),
+            0u);
+  EXPECT_EQ(errors[1].keys, (std::vector<std::string>{"model.vocab_size", "parallel.tp"}));
   EXPECT_THROW(ModelSpec::from_config(bad).shard_tp(4, 0), Error);
 }
 
