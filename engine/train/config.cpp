@@ -871,6 +871,12 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               concat("train.recompute_layers=", t.recompute_layers, " exceeds model.n_layers=",
                      m.n_layers, "; use 0 to recompute every layer"));
   }
+  if (t.recompute_layers > 0) {
+    r.require(t.recompute != Recompute::none, {"train.recompute_layers", "train.recompute"},
+              concat("train.recompute_layers=", t.recompute_layers,
+                     " chooses layers to recompute, but train.recompute=\"none\"; set "
+                     "train.recompute to \"selective\" or \"full\", or recompute_layers to 0"));
+  }
 
   const OptimizerConfig& o = c.optimizer;
   r.positive("optimizer.lr", o.lr);

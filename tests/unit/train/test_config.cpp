@@ -892,6 +892,26 @@ TEST(ConfigBadConfigs, TheBaseOfTheSetCasesIsValid) {
   EXPECT_EQ(c.train.steps, 10);
 }
 
+// [train] recompute and recompute_layers: parsed, and every setting the model cannot honour
+// refused with its numbers.
+TEST(ConfigErrors, Recompute) {
+  const Config c = parse_config_string(
+      "[model]\nn_layers = 4\n[train]\nrecompute = \"full\"\nrecompute_layers = 2\n", "t.toml");
+  EXPECT_EQ(c.train.recompute, Recompute::full);
+  EXPECT_EQ(c.train.recompute_layers, 2);
+  expect_contains(error_of("[train]\nrecompute = \"partial\"\n"),
+                  {"expected one of \"none\", \"selective\", \"full\"", "(\"partial\")"});
+  expect_contains(error_of("[model]\nn_layers = 4\n[train]\nrecompute = \"full\"\n"
+                           "recompute_layers = -1\n"),
+                  {"train.recompute_layers=-1 must be >= 0"});
+  expect_contains(error_of("[model]\nn_layers = 4\n[train]\nrecompute = \"full\"\n"
+                           "recompute_layers = 5\n"),
+                  {"train.recompute_layers=5 exceeds model.n_layers=4"});
+  expect_contains(error_of("[model]\nn_layers = 4\n[train]\nrecompute_layers = 2\n"),
+                  {"train.recompute_layers=2 chooses layers to recompute, but "
+                   "train.recompute=\"none\""});
+}
+
 // Tensor parallelism splits heads, kv heads, d_ff and the vocabulary over tp, and sequence
 // parallelism the tokens: each that does not divide is reported with its numbers.
 TEST(ConfigErrors, TensorParallelDivisibility) {
