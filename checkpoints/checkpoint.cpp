@@ -20,6 +20,12 @@ std::string step_dir_name(int64_t step) {
 }
 
 namespace {
+// "\"param\", \"exp_avg\"".
+std::string join_quoted(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", \"" : "\"") + v[i] + "\"";
+  return out.empty() ? "nothing" : out;
+}
 
 bool is_step_dir(const fs::directory_entry& e) {
   const std::string n = e.path().filename().string();
@@ -129,17 +135,35 @@ std::vector<std::string> remove_leftovers(const std::string& dir) {
   return removed;
 }
 
-void check_model(const Checkpoint& ckpt, const ModelSpec& spec) {
+void check_model(const Checkpoint& ckpt, const ModelSpec& spec,
+                 const std::vector<std::string>& states) {
   auto shape_text = [](const std::vector<int64_t>& s) {
     std::string t = "(";
     for (size_t i = 0; i < s.size(); ++i) t += detail::concat(i ? ", " : "", s[i]);
     return t + (s.size() == 1 ? ",)" : ")");
   };
+  auto has = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  std::vector<std::string> expected_states = states;
+  if (!has(expected_states, kMasterState)) expected_states.insert(expected_states.begin(), kMasterState);
   std::vector<std::string> problems;
+  // A state one side keeps and the other does not is one problem, not one per tensor.
+  for (const std::string& st : expected_states)
+    if (!has(ckpt.states(), st))
+      problems.push_back(state_group(st) + "/: missing from the checkpoint (this run keeps the "
+                         "state \"" + st + "\"; the checkpoint stores " +
+                         join_quoted(ckpt.states()) + ")");
+  for (const std::string& st : ckpt.states())
+    if (!has(expected_states, st))
+      problems.push_back(state_group(st) + "/: the checkpoint stores the state \"" + st +
+                         "\", which this run does not keep (it keeps " +
+                         join_quoted(expected_states) + ")");
   std::map<std::string, bool> expected;
-  for (Kind k : kKinds) {
+  for (const std::string& st : expected_states) {
+    if (!has(ckpt.states(), st)) continue;
     for (const ParamSpec& p : spec.params) {
-      const std::string path = tensor_path(k, p.name);
+      const std::string path = tensor_path(st, p.name);
       expected[path] = true;
       const std::vector<int64_t> want = whole(p.global_shape).count;
       const IndexTensor* t = ckpt.find(path);
@@ -152,10 +176,11 @@ void check_model(const Checkpoint& ckpt, const ModelSpec& spec) {
     }
   }
   for (const IndexTensor& t : ckpt.tensors())
-    if (!expected.count(t.path)) problems.push_back(t.path + ": not a tensor of this model");
+    if (!expected.count(t.path) && has(expected_states, split_tensor_path(t.path).first))
+      problems.push_back(t.path + ": not a tensor of this model");
   if (problems.empty()) return;
   std::string msg = "checkpoint " + ckpt.dir() + " does not fit the model of this config (" +
-                    std::to_string(problems.size()) + " tensors differ):";
+                    std::to_string(problems.size()) + " problems):";
   for (const std::string& p : problems) msg += "\n  " + p;
   throw ConfigError(msg);
 }
@@ -167,12 +192,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-                         const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh,
+                         const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh,
                          DeviceBackend& backend, bool background, HostBuffer* staging)
     : cfg_(cfg),
       run_(run),
       spec_(spec),
       tp_spec_(tp_spec),
+      states_(state.state_names()),
       mesh_(mesh),
       start_(std::chrono::steady_clock::now()),
       staging_(staging ? staging : &own_staging_) {
@@ -193,16 +219,16 @@ PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const
   agree(mesh.world(), error, "checkpoint: creating the directory");
 
   // This rank's pieces, from the state tensors that hold their rows.
-  std::map<std::pair<Kind, size_t>, std::vector<StateTensor>> held;
-  for (const StateTensor& st : state.state_tensors()) held[{st.kind, st.param}].push_back(st);
-  for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank())) {
+  std::map<std::pair<std::string, size_t>, std::vector<StateTensor>> held;
+  for (const StateTensor& st : state.state_tensors()) held[{st.state, st.param}].push_back(st);
+  for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank(), states_)) {
     const ParamSpec& p = tp_spec.params[pc.param];
     const int64_t row_numel = p.shape.numel() / p.shape[0];
     const StateTensor* src = nullptr;
-    for (const StateTensor& st : held[{pc.kind, pc.param}])
+    for (const StateTensor& st : held[{pc.state, pc.param}])
       if (st.row_begin <= pc.row_begin && st.row_begin + st.local.size(0) >= pc.row_end) src = &st;
     LLMT_CHECK(src, "checkpoint: this rank must write rows [", pc.row_begin, ", ", pc.row_end,
-               ") of ", tensor_path(pc.kind, p.name), " but does not hold them");
+               ") of ", tensor_path(pc.state, p.name), " but does not hold them");
     pieces_.push_back({pc,
                        src->local.f32() + (pc.row_begin - src->row_begin) * row_numel,
                        (pc.row_end - pc.row_begin) * row_numel,
@@ -248,7 +274,7 @@ void PendingSave::write_file(DeviceBackend* backend) {
       const auto boxes =
           global_boxes(tp_spec_, pd.piece.param, pd.piece.row_begin, pd.piece.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
-        out.write(shard_dataset(pd.piece.kind, name, b), boxes[b].global,
+        out.write(shard_dataset(pd.piece.state, name, b), boxes[b].global,
                   host + boxes[b].local_offset);
     }
     out.close();
@@ -256,7 +282,7 @@ void PendingSave::write_file(DeviceBackend* backend) {
     // The index depends on the layout only: rank 0 writes it while the other ranks' files are
     // still being written; nothing is visible before poll() renames the directory.
     if (mesh_.rank() == 0) {
-      write_index(tmp_, run_, plan_index(spec_, write_layout(run_)));
+      write_index(tmp_, run_, plan_index(spec_, write_layout(run_), states_));
       h5::fsync_path(tmp_);
     }
   } catch (const std::exception& e) {
@@ -313,13 +339,13 @@ bool PendingSave::poll(bool wait) {
 }
 
 SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-                const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend) {
+                const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh, DeviceBackend& backend) {
   PendingSave s(cfg, run, spec, tp_spec, state, mesh, backend, /*background=*/false);
   s.poll(true);
   return s.result();
 }
 
-int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
+int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, TrainingState& state,
              DeviceBackend& backend) {
   HostBuffer host;  // one state tensor at a time (pinned on a GPU)
   int64_t bytes = 0;
@@ -330,7 +356,7 @@ int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& sta
     host.reserve(backend, n * 4);
     std::fill_n(host.f32(), n, 0.0f);
     for (const LocalBox& lb : global_boxes(tp_spec, st.param, st.row_begin, st.row_begin + rows))
-      ckpt.read(tensor_path(st.kind, p.name), lb.global, host.f32() + lb.local_offset);
+      ckpt.read(tensor_path(st.state, p.name), lb.global, host.f32() + lb.local_offset);
     backend.copy_from_host(st.local.data, host.data(), n * 4);
     bytes += static_cast<int64_t>(n) * 4;
   }

@@ -11,7 +11,8 @@
 #include "checkpoints/checkpoint_config.h"
 #include "checkpoints/store.h"
 #include "engine/core/allocator.h"
-#include "engine/data_parallel/data_parallel.h"
+#include "engine/optim/sharded_optimizer.h"
+#include "engine/parallel/mesh.h"
 
 namespace llmt::ckpt {
 
@@ -33,9 +34,13 @@ std::optional<std::string> resolve_load(const CheckpointConfig& cfg);
 // log). Run by one rank before training.
 std::vector<std::string> remove_leftovers(const std::string& dir);
 
-// Compares the checkpoint's tensors with the model's (global names and shapes): throws Error
-// listing every tensor that is missing, extra or of another shape, with both shapes.
-void check_model(const Checkpoint& ckpt, const ModelSpec& spec);
+// Compares the checkpoint's tensors with the model's (global names and shapes) for each of
+// `states` (the master weights always; a run passes TrainingState::state_names(), the offline
+// tools the checkpoint's own states()): throws ConfigError listing every state one side keeps and
+// the other does not, and every tensor that is missing, extra or of another shape, with both
+// shapes.
+void check_model(const Checkpoint& ckpt, const ModelSpec& spec,
+                 const std::vector<std::string>& states);
 
 struct SaveResult {
   std::string path;            // the checkpoint directory
@@ -57,7 +62,7 @@ class PendingSave {
   // synchronous one's largest piece; pinned when `backend` is a GPU), kept by the caller from one
   // save to the next so that it is allocated and pinned once (null: the save allocates its own).
   PendingSave(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-              const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend,
+              const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh, DeviceBackend& backend,
               bool background, HostBuffer* staging = nullptr);
   ~PendingSave();
   PendingSave(const PendingSave&) = delete;
@@ -81,6 +86,7 @@ class PendingSave {
   RunState run_;
   const ModelSpec& spec_;
   const ModelSpec& tp_spec_;
+  std::vector<std::string> states_;  // what the training state lists, master weights first
   Mesh& mesh_;
   std::chrono::steady_clock::time_point start_;
   std::string name_, tmp_;
@@ -101,11 +107,11 @@ class PendingSave {
 // directory is synced and renamed to DIR/step_N; `latest` is replaced atomically; checkpoints
 // beyond keep_last go. tp_spec: the model spec sharded for this rank's tp coordinate.
 SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-                const ModelSpec& tp_spec, DataParallel& state, Mesh& mesh, DeviceBackend& backend);
+                const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh, DeviceBackend& backend);
 
 // Reads every state tensor this rank holds from `ckpt` (whatever layout it was written in) and
 // lets `state` refresh what derives from them. Returns the bytes read.
-int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, DataParallel& state,
+int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, TrainingState& state,
              DeviceBackend& backend);
 
 }  // namespace llmt::ckpt

@@ -82,7 +82,7 @@ class Builder {
                 bool transpose = false) {
     HfTensor t;
     t.name = hf;
-    t.source = tensor_path(Kind::param, ours);
+    t.source = tensor_path(kMasterState, ours);
     t.shape = dims(spec_.params[spec_.index_of(ours)].global_shape);
     t.shape[0] = row_end - row_begin;
     t.row_begin = row_begin;

@@ -5,20 +5,30 @@
 
 namespace llmt::ckpt {
 
-const char* kind_group(Kind k) {
-  switch (k) {
-    case Kind::param:
-      return "model";
-    case Kind::exp_avg:
-      return "optimizer/exp_avg";
-    case Kind::exp_avg_sq:
-      return "optimizer/exp_avg_sq";
-  }
-  return "?";
+namespace {
+constexpr const char* kModelGroup = "model";
+constexpr const char* kOptimizerPrefix = "optimizer/";
+}  // namespace
+
+std::string state_group(const std::string& state) {
+  return state == kMasterState ? std::string(kModelGroup) : kOptimizerPrefix + state;
 }
 
-std::string tensor_path(Kind k, const std::string& param_name) {
-  return std::string(kind_group(k)) + "/" + param_name;
+std::string tensor_path(const std::string& state, const std::string& param_name) {
+  return state_group(state) + "/" + param_name;
+}
+
+std::pair<std::string, std::string> split_tensor_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string group = slash == std::string::npos ? "" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string prefix = kOptimizerPrefix;
+  if (group == kModelGroup) return {kMasterState, name};
+  if (group.size() > prefix.size() && group.compare(0, prefix.size(), prefix) == 0 &&
+      group.find('/', prefix.size()) == std::string::npos)
+    return {group.substr(prefix.size()), name};
+  throw Error("checkpoint tensor " + path + " is in no state group (\"model/NAME\" or " +
+              "\"optimizer/STATE/NAME\")");
 }
 
 int64_t Box::numel() const {
@@ -88,27 +98,28 @@ std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t r
   return out;
 }
 
-std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank) {
-  const auto c = mesh.coords(rank);
-  const int tp_rank = c[static_cast<int>(Axis::tp)];
-  const int dp = mesh.size(Axis::dp), dp_rank = c[static_cast<int>(Axis::dp)];
-  // Replicas over cp write nothing: cp ranks hold the same parameters.
-  if (c[static_cast<int>(Axis::cp)] != 0) return {};
+std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank,
+                                   const std::vector<std::string>& states) {
+  const int tp_rank = mesh.coords(rank)[static_cast<int>(Axis::tp)];
+  // The ranks that hold the same parameters and see different data (ZeRO's group).
+  const std::vector<int> group = mesh.group(rank, {Axis::dp, Axis::cp});
+  const int n = static_cast<int>(group.size());
+  const int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   std::vector<Piece> out;
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
     if (tp_rank != 0 && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
-    const int64_t rows = p.shape[0], s = (rows + dp - 1) / dp;
-    const int64_t begin = std::min(rows, dp_rank * s), end = std::min(rows, begin + s);
+    const int64_t rows = p.shape[0], s = (rows + n - 1) / n;
+    const int64_t begin = std::min(rows, d * s), end = std::min(rows, begin + s);
     if (begin == end) continue;
-    for (Kind k : kKinds) out.push_back({k, i, begin, end});
+    for (const std::string& st : states) out.push_back({st, i, begin, end});
   }
   return out;
 }
 
-std::string shard_dataset(Kind k, const std::string& param_name, size_t box) {
-  return tensor_path(k, param_name) + "/" + std::to_string(box);
+std::string shard_dataset(const std::string& state, const std::string& param_name, size_t box) {
+  return tensor_path(state, param_name) + "/" + std::to_string(box);
 }
 
 std::string rank_file_name(int rank) {
@@ -131,20 +142,23 @@ ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank) 
   return stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
 }
 
-std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout) {
+std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,
+                                    const std::vector<std::string>& states) {
   const size_t n = spec.params.size();
   std::vector<IndexTensor> out;
-  for (Kind k : kKinds)
+  for (const std::string& st : states)
     for (const ParamSpec& p : spec.params)
-      out.push_back({tensor_path(k, p.name), whole(p.global_shape).count, {}});
+      out.push_back({tensor_path(st, p.name), whole(p.global_shape).count, {}});
   for (int r = 0; r < layout.mesh.world(); ++r) {
     const ModelSpec held = rank_spec(spec, layout, r);
-    for (const Piece& pc : pieces_to_write(held, layout.mesh, r)) {
+    for (const Piece& pc : pieces_to_write(held, layout.mesh, r, states)) {
       const std::string& name = held.params[pc.param].name;
-      IndexTensor& t = out[static_cast<size_t>(pc.kind) * n + spec.index_of(name)];
+      const size_t s = static_cast<size_t>(
+          std::find(states.begin(), states.end(), pc.state) - states.begin());
+      IndexTensor& t = out[s * n + spec.index_of(name)];
       const auto boxes = global_boxes(held, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
-        t.mappings.push_back({boxes[b].global, rank_file_name(r), shard_dataset(pc.kind, name, b)});
+        t.mappings.push_back({boxes[b].global, rank_file_name(r), shard_dataset(pc.state, name, b)});
     }
   }
   return out;

@@ -2,9 +2,11 @@
 // sit in the global tensors: pure arithmetic on ModelSpec and MeshShape, shared by save, load,
 // reshard and verify (docs/checkpoint-format.md).
 //
-// The write rule. For every parameter and every state kind (master weight, Adam m, Adam v), take
-// the tensor tp rank t holds (ModelSpec::shard_tp) and cut its R rows as ZeRO does: dp rank d
-// writes rows [d*s, min(R, (d+1)*s)), s = ceil(R/dp), whatever the zero stage (so DDP ranks
+// The write rule. For every parameter and every state the optimizer lists (the fp32 master
+// weight "param", then e.g. AdamW's "exp_avg" and "exp_avg_sq"), take the tensor tp rank t holds
+// (ModelSpec::shard_tp) and cut its R rows as ZeRO does over its group, the ranks that share
+// parameters and see different data (dp x cp, in rank order; MeshShape::group): the group's rank
+// d of n writes rows [d*s, min(R, (d+1)*s)), s = ceil(R/n), whatever the zero stage (so DDP ranks
 // share the writing and a ZeRO shard is written by its owner). A parameter replicated over tp is
 // written by tp rank 0 only; under pipeline parallelism each pp rank writes the parameters of its
 // stage, and the last stage's tied copy of wte (identical to stage 0's) is not written. Each piece
@@ -14,21 +16,23 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/model_spec.h"
-#include "engine/data_parallel/data_parallel.h"
+#include "engine/optim/sharded_optimizer.h"
 #include "engine/parallel/mesh.h"
 
 namespace llmt::ckpt {
 
-using Kind = StateTensor::Kind;
-constexpr Kind kKinds[] = {Kind::param, Kind::exp_avg, Kind::exp_avg_sq};
-
-// "model", "optimizer/exp_avg", "optimizer/exp_avg_sq": the group of the index and shard files.
-const char* kind_group(Kind k);
-// "model/layers.3.mlp.fc1.weight".
-std::string tensor_path(Kind k, const std::string& param_name);
+// The group of a state in the index and shard files: "model" for kMasterState ("param"),
+// "optimizer/NAME" for an optimizer state ("optimizer/exp_avg").
+std::string state_group(const std::string& state);
+// "model/layers.3.mlp.fc1.weight", "optimizer/exp_avg/wte.weight".
+std::string tensor_path(const std::string& state, const std::string& param_name);
+// The state and parameter of a tensor path (the inverse of tensor_path); throws Error on a path
+// of no state group.
+std::pair<std::string, std::string> split_tensor_path(const std::string& path);
 
 // A rectangular block of a global tensor of ndim dims, row-major.
 struct Box {
@@ -54,16 +58,17 @@ std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t r
 
 // One run of local rows of one state tensor that a rank writes.
 struct Piece {
-  Kind kind;
+  std::string state;
   size_t param;
   int64_t row_begin, row_end;  // rows of the tp-local tensor
 };
-// What global rank `rank` of `mesh` writes (the rule above); tp_spec = spec.shard_tp for that
-// rank's tp coordinate.
-std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank);
+// What global rank `rank` of `mesh` writes of each of `states` (the rule above); tp_spec =
+// spec.shard_tp for that rank's tp coordinate. Order: spec order, then states.
+std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank,
+                                   const std::vector<std::string>& states);
 
 // The name of box k of a piece inside a rank file: "model/wte.weight/0".
-std::string shard_dataset(Kind k, const std::string& param_name, size_t box);
+std::string shard_dataset(const std::string& state, const std::string& param_name, size_t box);
 // "rank_00003.h5".
 std::string rank_file_name(int rank);
 
@@ -93,8 +98,10 @@ struct WriteLayout {
 // (ModelSpec::shard_pp), then its tp shard.
 ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank);
 
-// Every global tensor of `spec` (whole model, global shapes) and, for each, where every rank of
-// `layout` writes its pieces (the write rule above). Order: kinds, then spec order.
-std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout);
+// Every global tensor of `spec` (whole model, global shapes) for each of `states` and, for each,
+// where every rank of `layout` writes its pieces (the write rule above). Order: states, then spec
+// order.
+std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,
+                                    const std::vector<std::string>& states);
 
 }  // namespace llmt::ckpt

@@ -227,6 +227,13 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [order, t] : found) {
     by_path_[t.path] = tensors_.size();
+    try {
+      const std::string state = split_tensor_path(t.path).first;
+      if (std::find(states_.begin(), states_.end(), state) == states_.end())
+        states_.push_back(state);
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
     tensors_.push_back(std::move(t));
   }
 }

@@ -72,6 +72,9 @@ class Checkpoint {
   const RunState& state() const { return state_; }
   const std::vector<IndexTensor>& tensors() const { return tensors_; }
   const IndexTensor* find(const std::string& path) const;
+  // The states it stores, in index order: kMasterState ("param") and whatever the optimizer of
+  // the run that wrote it listed ("exp_avg", "exp_avg_sq" for AdamW).
+  const std::vector<std::string>& states() const { return states_; }
 
   // The box `box` of global tensor `path` into out (box.count elements, row-major), read from
   // the rank files. Throws naming the file and dataset on a missing file, a checksum error or a
@@ -88,6 +91,7 @@ class Checkpoint {
   std::string dir_;
   RunState state_;
   std::vector<IndexTensor> tensors_;
+  std::vector<std::string> states_;
   std::map<std::string, size_t> by_path_;
   struct Files;
   std::unique_ptr<Files> files_;  // open rank files, by name

@@ -46,7 +46,7 @@ VerifyReport verify(const Checkpoint& ckpt, const ModelSpec& spec) {
   VerifyReport r;
   r.errors = ckpt.verify();
   try {
-    check_model(ckpt, spec);
+    check_model(ckpt, spec, ckpt.states());
   } catch (const Error& e) {
     r.errors.push_back(e.what());
   }
@@ -60,7 +60,7 @@ VerifyReport verify(const Checkpoint& ckpt, const ModelSpec& spec) {
 
 int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& state,
                 const std::string& out) {
-  check_model(src, spec);
+  check_model(src, spec, src.states());
   if (fs::exists(out)) throw Error("checkpoint reshard: " + out + " already exists");
   const fs::path final_dir = fs::absolute(out).lexically_normal();
   const fs::path tmp =
@@ -74,19 +74,19 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
   for (int r = 0; r < mesh.world(); ++r) {
     const ModelSpec tp_spec = rank_spec(spec, layout, r);
     ShardFileWriter w((tmp / rank_file_name(r)).string(), r);
-    for (const Piece& pc : pieces_to_write(tp_spec, mesh, r)) {
+    for (const Piece& pc : pieces_to_write(tp_spec, mesh, r, src.states())) {
       const std::string& name = tp_spec.params[pc.param].name;
       const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b) {
         buf.resize(static_cast<size_t>(boxes[b].global.numel()));
-        src.read(tensor_path(pc.kind, name), boxes[b].global, buf.data());
-        w.write(shard_dataset(pc.kind, name, b), boxes[b].global, buf.data());
+        src.read(tensor_path(pc.state, name), boxes[b].global, buf.data());
+        w.write(shard_dataset(pc.state, name, b), boxes[b].global, buf.data());
       }
     }
     w.close();
     bytes += w.bytes_written();
   }
-  write_index(tmp.string(), state, plan_index(spec, layout));
+  write_index(tmp.string(), state, plan_index(spec, layout, src.states()));
   h5::fsync_path(tmp.string());
   fs::rename(tmp, final_dir);
   h5::fsync_path(final_dir.parent_path().string());

@@ -21,17 +21,19 @@ else
   echo "==> no CUDA toolkit found: the CUDA build is not compiled"
 fi
 # Sanitizers (LLMTRAIN_SANITIZE), on the unit-test programs only: every unit test under
-# AddressSanitizer + UBSan, and the data loader's prefetch thread under ThreadSanitizer (OpenMP's
-# runtime is not instrumented, so TSan runs only tests that start no OpenMP region).
+# AddressSanitizer + UBSan; the data loader's prefetch thread and the background checkpoint
+# writer under ThreadSanitizer (OpenMP's runtime is not instrumented, so TSan runs only tests that
+# start no OpenMP region).
 unit_targets="test_core test_ops test_model test_optim test_data test_config test_tensor_parallel"
-unit_targets+=" test_mesh test_data_parallel test_checkpoint_layout test_schedule test_p2p_matching"
+unit_targets+=" test_mesh test_data_parallel test_checkpoint_layout test_checkpoint_save"
+unit_targets+=" test_schedule test_p2p_matching"
 LLMT_TARGETS="$unit_targets" llmt_build "$LLMT_ROOT/build-asan" -DLLMTRAIN_CUDA=OFF \
   -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ctest -L unit -E "include_graph|^mpi_" -j "$(nproc)" --output-on-failure) ||
   status=1
-LLMT_TARGETS="test_data" llmt_build "$LLMT_ROOT/build-tsan" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON \
-  -DLLMTRAIN_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
-(cd build-tsan && ctest -R "DataLoader" --output-on-failure) || status=1
+LLMT_TARGETS="test_data test_checkpoint_save" llmt_build "$LLMT_ROOT/build-tsan" \
+  -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build-tsan && ctest -R "DataLoader|SaveTest" --output-on-failure) || status=1
 # The CPU suite last, so its summary line closes the output.
 (cd build && ctest --output-on-failure -j "$(nproc)") || status=1
 exit $status

@@ -11,6 +11,18 @@
 
 namespace llmt {
 
+std::vector<std::string> DataParallel::state_names() const {
+  std::vector<std::string> out{kMasterState};
+  for (std::string& n : opt_->state_names()) out.push_back(std::move(n));
+  return out;
+}
+
+std::vector<StateTensor> DataParallel::state_tensors() {
+  std::vector<StateTensor> out = master_tensors();
+  for (StateTensor& t : opt_->state_tensors()) out.push_back(std::move(t));
+  return out;
+}
+
 double DataParallel::take_wait_seconds() {
   const double s = group_.wait_seconds();
   group_.reset_wait_seconds();
@@ -58,14 +70,6 @@ std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& mod
   return buckets;
 }
 
-namespace {
-std::vector<bool> decay_flags(const ModelSpec& spec) {
-  std::vector<bool> d;
-  for (const auto& p : spec.params) d.push_back(p.decay);
-  return d;
-}
-}  // namespace
-
 DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
                                                  Communicator& group, Transformer& model,
@@ -73,8 +77,13 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
     : DataParallel(mesh, group),
       model_(model),
       alloc_(alloc),
-      adamw_(opt, alloc, model.params(), decay_flags(model.spec())),
-      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024))) {}
+      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024))) {
+  // The optimizer owns every parameter whole.
+  std::vector<OptimizerSlot> slots;
+  for (size_t i = 0; i < model.params().size(); ++i)
+    slots.push_back({i, 0, model.params()[i], model.grads()[i], model.spec().params[i].decay});
+  opt_.emplace(opt, alloc, std::move(slots));
+}
 
 void DistributedDataParallel::start_step() {
   model_.zero_grads();
@@ -125,7 +134,7 @@ bool DistributedDataParallel::grads_nonfinite() {
 }
 
 void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {
-  adamw_.step(model_.params(), model_.grads(), lr, t, grad_scale);
+  opt_->step(lr, t, grad_scale);
   model_.sync_compute_weights();
 }
 
@@ -138,17 +147,6 @@ void DistributedDataParallel::gather_params(std::vector<float>& out) {
     local.swap(out);
     gather_tp_params(mesh_.comm(Axis::tp), model_.spec(), local, out);
   }
-}
-
-std::vector<StateTensor> DistributedDataParallel::state_tensors() {
-  std::vector<StateTensor> out;
-  const std::vector<Tensor>& params = model_.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    out.push_back({StateTensor::Kind::param, i, params[i]});
-    out.push_back({StateTensor::Kind::exp_avg, i, adamw_.exp_avg()[i]});
-    out.push_back({StateTensor::Kind::exp_avg_sq, i, adamw_.exp_avg_sq()[i]});
-  }
-  return out;
 }
 
 }  // namespace llmt

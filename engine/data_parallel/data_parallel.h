@@ -9,27 +9,20 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/model/transformer.h"
-#include "engine/optim/optimizer.h"
+#include "engine/optim/sharded_optimizer.h"
 #include "engine/parallel/mesh.h"
 #include "engine/parallel/parallel_config.h"
 
 namespace llmt {
 
-// One tensor of training state a rank holds, for checkpoints: rows [row_begin, row_begin +
-// local.size(0)) of this tp rank's tensor of parameter `param` (ModelSpec::params[param].shape),
-// f32 on the model's device, written and read in place.
-struct StateTensor {
-  enum class Kind : uint8_t { param, exp_avg, exp_avg_sq };  // fp32 master weight, Adam m, v
-  Kind kind;
-  size_t param;
-  Tensor local;
-  int64_t row_begin = 0;
-};
-
-class DataParallel : public ModelHooks {
+// Gradient synchronisation (the subclasses: DDP's bucketed all-reduce, ZeRO's reduce-scatter)
+// around a ShardedOptimizer over what this rank owns, which lists the training state.
+class DataParallel : public ModelHooks, public TrainingState {
  public:
   // Before the step's first micro-batch: gradients to zero.
   virtual void start_step() = 0;
@@ -46,23 +39,27 @@ class DataParallel : public ModelHooks {
   virtual void step(double lr, int64_t t, float grad_scale) = 0;
   // Every parameter at global shape into `out` (P) f32 on the host, spec order, on every rank.
   virtual void gather_params(std::vector<float>& out) = 0;
-  // Every state tensor this rank holds (its master weights and moments, whole or its dp shard).
-  virtual std::vector<StateTensor> state_tensors() = 0;
-  // After a checkpoint wrote into state_tensors(): refresh what derives from the master weights
-  // (the 16-bit compute copy).
-  virtual void after_load() = 0;
+  // TrainingState: the master weights this rank holds (master_tensors), then the optimizer's
+  // state of its slots. after_load refreshes what derives from the master weights (the 16-bit
+  // compute copy).
+  std::vector<std::string> state_names() const override;
+  std::vector<StateTensor> state_tensors() override;
   // The gradient of parameter i (model spec index) that this rank updates, after
   // finish_backward: the whole tensor (DDP), this rank's rows of it (ZeRO), or undefined when it
   // owns none of it. Pipeline parallelism sums the tied copies of wte through it.
-  virtual Tensor owned_grad(size_t i) = 0;
+  Tensor owned_grad(size_t i) { return opt_->grad_of(i); }
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
 
  protected:
   // group: the ranks holding replicas of the same parameters that see different data.
   DataParallel(Mesh& mesh, Communicator& group) : mesh_(mesh), group_(group) {}
+  // The master weights this rank holds for checkpoints: whole (DDP, ZeRO-1/2, the same on every
+  // rank of the group after the step) or its rows (ZeRO-3).
+  virtual std::vector<StateTensor> master_tensors() = 0;
   Mesh& mesh_;
   Communicator& group_;
+  std::optional<ShardedOptimizer> opt_;  // set by the subclass's constructor
 };
 
 // What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither).
@@ -91,9 +88,7 @@ class DistributedDataParallel final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
-  std::vector<StateTensor> state_tensors() override;
   void after_load() override { model_.sync_compute_weights(); }
-  Tensor owned_grad(size_t i) override { return model_.grads()[i]; }
 
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer
@@ -102,9 +97,9 @@ class DistributedDataParallel final : public DataParallel {
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
+  std::vector<StateTensor> master_tensors() override { return opt_->master_tensors(); }
   Transformer& model_;
   Allocator& alloc_;
-  AdamW adamw_;
   std::vector<Bucket> buckets_;
   std::vector<Handle> pending_;
   size_t next_bucket_ = 0;

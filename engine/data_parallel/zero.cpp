@@ -23,11 +23,6 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       dp_(group.size()),
       rank_(group.rank()),
       L_(model.num_blocks() - 2) {
-  // The checkpoint write rule (checkpoints/layout.cpp) cuts ZeRO's shards by the dp coordinate;
-  // a group wider than dp (dp x cp) needs that rule to follow the group first.
-  LLMT_CHECK(group.size() == mesh.size(Axis::dp), "ZeRO over a group of ", group.size(),
-             " ranks, the dp axis has ", mesh.size(Axis::dp),
-             ": sharding over dp x cp needs the checkpoint write rule to follow the group");
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
   units_.resize(static_cast<size_t>(L_) + 1);
@@ -64,23 +59,22 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     init_shards(seed);
   }
 
-  // AdamW over this rank's real rows.
-  std::vector<bool> decay;
+  // The optimizer over this rank's real rows.
+  std::vector<OptimizerSlot> slots;
   for (const Unit& u : units_) {
     for (const Param& p : u.params) {
       if (p.own_rows == 0) continue;
       const int64_t row0 = rank_ * p.shard_rows;
-      opt_params_.push_back(
-          stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                      : model.params()[p.index].rows(row0, row0 + p.own_rows));
-      opt_grads_.push_back(
-          stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                      : model.grads()[p.index].rows(row0, row0 + p.own_rows));
-      decay.push_back(spec.params[p.index].decay);
-      opt_rows_.push_back({StateTensor::Kind::param, p.index, opt_params_.back(), row0});
+      slots.push_back(
+          {p.index, row0,
+           stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                       : model.params()[p.index].rows(row0, row0 + p.own_rows),
+           stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+                       : model.grads()[p.index].rows(row0, row0 + p.own_rows),
+           spec.params[p.index].decay});
     }
   }
-  adamw_.emplace(opt, alloc, opt_params_, std::move(decay));
+  opt_.emplace(opt, alloc, std::move(slots));
 }
 
 int Zero::unit_of(int block) const {
@@ -288,16 +282,11 @@ void Zero::finish_backward() {
 }
 
 double Zero::grad_norm() {
-  // opt_grads_ follows the units' params with real rows; under tp a replicated parameter counts
-  // on tp rank 0 only (tp_params.h).
+  // The optimizer's slots are this rank's real rows; under tp a replicated parameter counts on
+  // tp rank 0 only (tp_params.h).
   std::vector<Tensor> counted;
-  size_t k = 0;
-  for (const Unit& u : units_)
-    for (const Param& p : u.params) {
-      if (p.own_rows == 0) continue;
-      if (counts_in_tp_norm(model_.spec(), p.index)) counted.push_back(opt_grads_[k]);
-      ++k;
-    }
+  for (const OptimizerSlot& s : opt_->slots())
+    if (counts_in_tp_norm(model_.spec(), s.param)) counted.push_back(s.grad);
   double sum = ops::sum_squares(counted);  // reduced in double, as ops.h promises
   group_.all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   if (mesh_.size(Axis::tp) > 1)
@@ -305,19 +294,10 @@ double Zero::grad_norm() {
   return std::sqrt(static_cast<double>(sum));
 }
 
-Tensor Zero::owned_grad(size_t i) {
-  size_t k = 0;  // opt_grads_ follows the units' params with real rows
-  for (const Unit& u : units_)
-    for (const Param& p : u.params) {
-      if (p.own_rows == 0) continue;
-      if (p.index == i) return opt_grads_[k];
-      ++k;
-    }
-  return Tensor();
-}
-
 bool Zero::grads_nonfinite() {
-  int32_t bad = ops::has_nonfinite(opt_grads_) ? 1 : 0;
+  std::vector<Tensor> grads;
+  for (const OptimizerSlot& s : opt_->slots()) grads.push_back(s.grad);
+  int32_t bad = ops::has_nonfinite(grads) ? 1 : 0;
   group_.all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
@@ -325,7 +305,7 @@ bool Zero::grads_nonfinite() {
 }
 
 void Zero::step(double lr, int64_t t, float grad_scale) {
-  adamw_->step(opt_params_, opt_grads_, lr, t, grad_scale);
+  opt_->step(lr, t, grad_scale);
   if (stage_ == 3) {
     // The shards are the parameters; no gathered copy may outlive the update (a forward-only
     // evaluation leaves the root and a prefetch behind). The next forward gathers afresh.
@@ -389,25 +369,13 @@ void Zero::gather_params(std::vector<float>& out) {
   }
 }
 
-std::vector<StateTensor> Zero::state_tensors() {
+std::vector<StateTensor> Zero::master_tensors() {
+  // Stages 1-2 hold the master weights whole (the same on every rank of the group after the
+  // step's all-gather), stage 3 only its rows.
+  if (stage_ == 3) return opt_->master_tensors();
   std::vector<StateTensor> out;
-  // Master weights: stages 1-2 hold them whole (the same on every dp rank after the step's
-  // all-gather), stage 3 only its rows.
-  if (stage_ < 3) {
-    for (size_t i = 0; i < model_.params().size(); ++i)
-      out.push_back({StateTensor::Kind::param, i, model_.params()[i]});
-  } else {
-    out = opt_rows_;
-  }
-  for (size_t k = 0; k < opt_rows_.size(); ++k) {
-    StateTensor m = opt_rows_[k], v = opt_rows_[k];
-    m.kind = StateTensor::Kind::exp_avg;
-    m.local = adamw_->exp_avg()[k];
-    v.kind = StateTensor::Kind::exp_avg_sq;
-    v.local = adamw_->exp_avg_sq()[k];
-    out.push_back(m);
-    out.push_back(v);
-  }
+  for (size_t i = 0; i < model_.params().size(); ++i)
+    out.push_back({kMasterState, i, model_.params()[i]});
   return out;
 }
 

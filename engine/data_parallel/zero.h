@@ -46,11 +46,10 @@ class Zero final : public DataParallel {
   bool grads_nonfinite() override;
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
-  std::vector<StateTensor> state_tensors() override;
   void after_load() override;
-  Tensor owned_grad(size_t i) override;
 
  private:
+  std::vector<StateTensor> master_tensors() override;
   struct Param {
     size_t index = 0;                                // into the model's params
     int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/dp), this rank's real rows
@@ -97,9 +96,6 @@ class Zero final : public DataParallel {
   int dp_, rank_, L_;
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;             // stage 3 / stages 2-3: (sum of unit shard_numel)
-  std::vector<Tensor> opt_params_, opt_grads_;  // this rank's real rows, for AdamW
-  std::vector<StateTensor> opt_rows_;           // which param and rows each AdamW entry is
-  std::optional<AdamW> adamw_;
   std::deque<Reduction> reductions_;
   bool last_micro_ = true;
 };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/core/allocator.h"
@@ -30,10 +31,14 @@ class AdamW {
   // updates (bias correction).
   void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
             int64_t step, float grad_scale = 1.0f);
-  // The moments, one view per parameter in the constructor's order (checkpoints read and write
-  // them in place).
-  const std::vector<Tensor>& exp_avg() const { return m_; }
-  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  // The state, named, one view per parameter in the constructor's order: "exp_avg" (m) and
+  // "exp_avg_sq" (v). Checkpoints store and restore what this lists, in place.
+  struct NamedState {
+    std::string name;
+    std::vector<Tensor> tensors;
+  };
+  static constexpr const char* kStateNames[] = {"exp_avg", "exp_avg_sq"};
+  std::vector<NamedState> state() const { return {{kStateNames[0], m_}, {kStateNames[1], v_}}; }
 
  private:
   OptimizerConfig cfg_;

@@ -297,7 +297,7 @@ void Trainer::State::init() {
   // The checkpoint to resume from, checked against the model before anything is allocated.
   if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
     s.resume.emplace(*path);
-    ckpt::check_model(*s.resume, s.spec);
+    ckpt::check_model(*s.resume, s.spec, training_state_names(cfg.optimizer));
   }
   if (s.rank0)
     for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))

@@ -13,7 +13,11 @@
   corrupt    a truncated rank file and a flipped byte inside a tensor's data are reported by
              `verify` and by load, naming the file and the dataset
   errors     load = "latest" with nothing saved, and a checkpoint of another model shape (which
-             lists each tensor with both shapes) fail with exit code 2 before training"""
+             lists each tensor with both shapes) fail with exit code 2 before training
+  states     the optimizer states are whatever the index lists: a checkpoint whose index keeps
+             one optimizer state under another name ("momentum", mapped to exp_avg_sq's boxes)
+             verifies, inspects and reshards to dp=2 with that state (h5py reads it back equal),
+             and a run, whose AdamW keeps exp_avg and exp_avg_sq, refuses it naming both lists"""
 import argparse
 import json
 import os
@@ -229,12 +233,49 @@ def test_errors(r, w):
     print("errors: load=latest without a checkpoint and another model shape exit 2")
 
 
+def test_states(r, w):
+    run_dir = os.path.join(w, "states")
+    ck = os.path.join(run_dir, "ckpt")
+    r.train(run_dir, f"checkpoint.dir={ck}", "train.steps=2")
+    step = os.path.join(ck, "step_00000002")
+    other = os.path.join(run_dir, "other")
+    shutil.copytree(step, other)
+    with h5py.File(os.path.join(other, "index.h5"), "a") as f:
+        want = {n: f["optimizer/exp_avg_sq/" + n][()] for n in f["model"]}
+        del f["optimizer/exp_avg"]
+        f.move("optimizer/exp_avg_sq", "optimizer/momentum")
+    out = run([r.args.llmtrain, "checkpoint", "verify", other]).stdout
+    check(": ok:" in out, f"verify of a checkpoint with state momentum:\n{out}")
+    out = run([r.args.llmtrain, "checkpoint", "inspect", other]).stdout
+    check("optimizer/momentum/wte.weight" in out and "exp_avg" not in out, f"inspect:\n{out}")
+    resharded = os.path.join(run_dir, "resharded")
+    shutil.rmtree(resharded, ignore_errors=True)
+    run([r.args.llmtrain, "checkpoint", "reshard", other, resharded, "--world", "2",
+         "--set", "parallel.dp=2"])
+    with h5py.File(os.path.join(resharded, "index.h5"), "r") as f:
+        check(sorted(f["optimizer"].keys()) == ["momentum"],
+              f"resharded optimizer groups {list(f['optimizer'].keys())}")
+        for n, v in want.items():
+            check(np.array_equal(f["optimizer/momentum/" + n][()], v),
+                  f"resharded optimizer/momentum/{n} differs from exp_avg_sq")
+    with h5py.File(os.path.join(resharded, "rank_00001.h5"), "r") as f:
+        check("momentum" in f["optimizer"], "rank 1 of the resharded checkpoint writes no momentum")
+    t = r.train(os.path.join(w, "states_b"), f"checkpoint.load={other}", expect=2).stdout
+    check('optimizer/exp_avg/: missing from the checkpoint (this run keeps the state "exp_avg"; '
+          'the checkpoint stores "param", "momentum")' in t and
+          'optimizer/momentum/: the checkpoint stores the state "momentum", which this run does '
+          'not keep (it keeps "param", "exp_avg", "exp_avg_sq")' in t,
+          f"resume with other optimizer states:\n{t}")
+    print(f"states: a checkpoint keeping state 'momentum' verifies, inspects, reshards "
+          f"({len(want)} tensors equal) and is refused by an AdamW run")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llmtrain", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors"])
+    ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors", "states"])
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](Runner(args), args.workdir)

@@ -14,6 +14,9 @@ ModelSpec tiny(Arch arch) {
       test::tiny_model(arch, {.vocab = 96, .d_model = 32, .seq_len = 8}));
 }
 
+// AdamW's, as a run lists them (TrainingState::state_names).
+const std::vector<std::string> kAdam = {"param", "exp_avg", "exp_avg_sq"};
+
 MeshShape mesh(int tp, int dp, int cp = 1) {
   MeshShape m;
   m.degree = {tp, cp, dp, 1};
@@ -38,7 +41,8 @@ class LayoutTest : public ::testing::TestWithParam<std::tuple<Arch, int, int, in
 TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
   const auto [arch, tp, dp, cp] = GetParam();
   const ModelSpec spec = tiny(arch);
-  const std::vector<IndexTensor> plan = plan_index(spec, WriteLayout{mesh(tp, dp, cp), 1, {}});
+  const std::vector<IndexTensor> plan =
+      plan_index(spec, WriteLayout{mesh(tp, dp, cp), 1, {}}, kAdam);
   ASSERT_EQ(plan.size(), 3 * spec.params.size());
   for (const IndexTensor& t : plan) {
     int64_t numel = 1;
@@ -118,7 +122,7 @@ TEST(Layout, PipelineStagesCoverEveryElementOnce) {
          {WriteLayout{mesh(1, 1), 1, {}}, WriteLayout{{{2, 1, 2, 2}}, 1, {}},
           WriteLayout{{{1, 1, 1, 2}}, 2, {}}, WriteLayout{{{1, 1, 3, 4}}, 1, {}},
           WriteLayout{{{2, 1, 1, 2}}, 1, {1, 3}}}) {
-      for (const IndexTensor& t : plan_index(spec, layout)) {
+      for (const IndexTensor& t : plan_index(spec, layout, kAdam)) {
         int64_t numel = 1;
         for (int64_t d : t.shape) numel *= d;
         std::vector<int> hits(static_cast<size_t>(numel), 0);
@@ -131,15 +135,53 @@ TEST(Layout, PipelineStagesCoverEveryElementOnce) {
   }
 }
 
-TEST(Layout, ReplicasWriteNothing) {
+// tp replicas write nothing of a replicated parameter; the ranks of ZeRO's group (dp x cp, in
+// rank order) share the rows of every parameter: rank 2 is tp 0, cp 1, the group's second rank.
+TEST(Layout, TpReplicasWriteNothingAndTheDpCpGroupSharesTheRows) {
   const ModelSpec spec = tiny(Arch::gpt2);
   const MeshShape m = mesh(2, 1, 2);
-  const ModelSpec s1 = spec.shard_tp(2, 1);
-  // Rank 1 is tp 1: only tp-sharded params; rank 2 is cp 1: nothing.
-  for (const Piece& pc : pieces_to_write(s1, m, 1)) EXPECT_TRUE(s1.params[pc.param].on(Axis::tp).sharded());
-  EXPECT_TRUE(pieces_to_write(spec.shard_tp(2, 0), m, 2).empty());
+  const ModelSpec s0 = spec.shard_tp(2, 0), s1 = spec.shard_tp(2, 1);
+  for (const Piece& pc : pieces_to_write(s1, m, 1, kAdam))
+    EXPECT_TRUE(s1.params[pc.param].on(Axis::tp).sharded());
+  const std::vector<Piece> first = pieces_to_write(s0, m, 0, kAdam);
+  const std::vector<Piece> second = pieces_to_write(s0, m, 2, kAdam);
+  ASSERT_FALSE(second.empty());
+  for (const Piece& pc : second) {
+    const int64_t rows = s0.params[pc.param].shape[0], s = (rows + 1) / 2;
+    EXPECT_EQ(pc.row_begin, s) << s0.params[pc.param].name;
+    EXPECT_EQ(pc.row_end, rows) << s0.params[pc.param].name;
+  }
+  for (const Piece& pc : first) EXPECT_EQ(pc.row_begin, 0);
   EXPECT_EQ(rank_file_name(12), "rank_00012.h5");
-  EXPECT_EQ(shard_dataset(Kind::exp_avg, "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");
+  EXPECT_EQ(shard_dataset("exp_avg", "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");
+}
+
+// The states are whatever the optimizer lists: an optimizer with one state (SGD's momentum) gets
+// one optimizer group, covered once like AdamW's, and the names round-trip through the paths.
+TEST(Layout, StatesAreWhatTheOptimizerLists) {
+  const ModelSpec spec = tiny(Arch::llama);
+  const std::vector<std::string> states = {"param", "momentum"};
+  const std::vector<IndexTensor> plan = plan_index(spec, WriteLayout{mesh(2, 3), 1, {}}, states);
+  ASSERT_EQ(plan.size(), 2 * spec.params.size());
+  EXPECT_EQ(plan.front().path, "model/" + spec.params.front().name);
+  EXPECT_EQ(plan.back().path, "optimizer/momentum/" + spec.params.back().name);
+  for (const IndexTensor& t : plan) {
+    int64_t covered = 0, numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    for (const Mapping& mp : t.mappings) {
+      covered += mp.dest.numel();
+      EXPECT_EQ(mp.dataset.rfind(t.path + "/", 0), 0u) << mp.dataset;
+    }
+    EXPECT_EQ(covered, numel) << t.path;
+    const auto [state, name] = split_tensor_path(t.path);
+    EXPECT_EQ(tensor_path(state, name), t.path);
+  }
+  EXPECT_EQ(split_tensor_path("model/wte.weight").first, "param");
+  EXPECT_EQ(split_tensor_path("optimizer/exp_avg_sq/wte.weight").first, "exp_avg_sq");
+  EXPECT_THROW(split_tensor_path("wte.weight"), Error);
+  EXPECT_THROW(split_tensor_path("optimizer/wte.weight"), Error);
+  EXPECT_THROW(split_tensor_path("optimizer/a/b/wte.weight"), Error);
+  EXPECT_THROW(split_tensor_path("weights/wte.weight"), Error);
 }
 
 }  // namespace
