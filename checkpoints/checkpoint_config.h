@@ -7,6 +7,8 @@
 
 namespace llmt {
 
+class Rules;
+
 struct CheckpointConfig {
   std::string dir;        // checkpoints go to DIR/step_NNNNNNNN; "" = never save
   int64_t interval = 0;   // save every `interval` steps (0: only at the end of the run)
@@ -19,5 +21,8 @@ struct CheckpointConfig {
   // on, and the checkpoint completes at a later step (costs one host copy of that state).
   bool async = false;
 };
+
+// [checkpoint]'s rules: ranges, and what load and the save keys need of dir.
+void check_checkpoint_config(const CheckpointConfig& ck, Rules& r);
 
 }  // namespace llmt

@@ -26,7 +26,7 @@ fi
 # start no OpenMP region).
 unit_targets="test_core test_ops test_model test_optim test_data test_config test_tensor_parallel"
 unit_targets+=" test_mesh test_data_parallel test_checkpoint_layout test_checkpoint_save"
-unit_targets+=" test_schedule test_p2p_matching"
+unit_targets+=" test_schedule test_p2p_matching test_config_loader"
 LLMT_TARGETS="$unit_targets" llmt_build "$LLMT_ROOT/build-asan" -DLLMTRAIN_CUDA=OFF \
   -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ctest -L unit -E "include_graph|^mpi_" -j "$(nproc)" --output-on-failure) ||

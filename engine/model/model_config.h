@@ -4,7 +4,11 @@
 
 #include <cstdint>
 
+#include "engine/parallel/parallel_config.h"
+
 namespace llmt {
+
+class Rules;
 
 enum class Arch : uint8_t { gpt2, llama };
 enum class NormKind : uint8_t { layernorm, rmsnorm };
@@ -58,5 +62,12 @@ constexpr ModelConfig model_preset(Arch arch) {
   }
   return c;
 }
+
+// [model]'s own rules on the resolved section (raw: as written, before presets and defaults):
+// sizes, head divisibility, rope's even head dim, ranges.
+void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
+// What tensor (and sequence) parallelism at p.tp needs of the model's shapes
+// (tensor_parallel_errors, model_spec.h), each rule written once.
+void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r);
 
 }  // namespace llmt

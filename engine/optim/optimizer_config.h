@@ -6,6 +6,8 @@
 
 namespace llmt {
 
+class Rules;
+
 enum class LrDecay : uint8_t { cosine, linear, constant };
 
 // [optimizer]: AdamW + LR schedule + clipping + fp16 loss scaling.
@@ -23,5 +25,10 @@ struct OptimizerConfig {
   float initial_loss_scale = 65536.0f;  // fp16 only
   int64_t loss_scale_window = 1000;     // fp16: steps without overflow before doubling the scale
 };
+
+// [optimizer]'s rules on the resolved section (raw: as written; decay_steps = 0 there means
+// train.steps); fp16: train.precision is "fp16" (the loss scaler's keys then matter).
+void check_optimizer_config(const OptimizerConfig& o, const OptimizerConfig& raw, bool fp16,
+                            Rules& r);
 
 }  // namespace llmt

@@ -10,6 +10,8 @@
 
 namespace llmt {
 
+class Rules;
+
 struct ParallelConfig {
   int64_t tp = 1;   // tensor parallel degree
   int64_t cp = 1;   // context parallel degree (not implemented yet: must be 1)
@@ -24,5 +26,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB
 };
+
+// [parallel]'s own rules: degrees, schedules and their options, pp_layers against the model's
+// n_layers (when n_layers >= 1), the zero stage, the bucket size.
+void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r);
 
 }  // namespace llmt

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoints/checkpoint_config.h"
+#include "data/data_config.h"
 #include "engine/core/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/optim/optimizer_config.h"
@@ -19,7 +20,6 @@
 namespace llmt {
 
 enum class Precision : uint8_t { fp32, bf16, fp16 };
-enum class DataSource : uint8_t { synthetic, indexed };
 
 // [train]
 struct TrainConfig {
@@ -36,24 +36,6 @@ struct TrainConfig {
   int64_t eval_iters = 10;    // global batches of the valid split per validation
   Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
   int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
-};
-
-// One [[data.sources]] entry: a dataset of a blend.
-struct DataSourceConfig {
-  std::string path;   // dataset prefix (PREFIX.bin + PREFIX.idx)
-  double weight = 0;  // share of the samples, relative to the other entries' weights
-};
-
-// [data]. Paths written in a config file are relative to that file's folder (as includes are)
-// and are stored resolved; paths given with --set are relative to the current directory.
-// With source = "synthetic" the dataset keys are not used.
-struct DataConfig {
-  DataSource source = DataSource::synthetic;
-  uint64_t seed = 0;                      // samples and shuffles; 0 = train.seed
-  std::string path;                       // indexed: one dataset prefix
-  std::vector<DataSourceConfig> sources;  // indexed: a blend, instead of path
-  std::string split = "98,1,1";           // indexed: train,valid,test shares of the documents
-  std::string tokenizer;                  // optional SentencePiece model the data was made with
 };
 
 // [log]

@@ -1,0 +1,51 @@
+// [model]'s rules (check_model_config) and the tensor-parallel divisibility rules of a model at a
+// tp degree, reported through the config's Rules.
+#include "engine/model/model_config.h"
+
+#include "engine/config/rules.h"
+#include "engine/model/model_spec.h"
+
+namespace llmt {
+
+using detail::concat;
+
+void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) {
+  r.at_least<int64_t>("model.vocab_size", m.vocab_size, 2);
+  r.at_least<int64_t>("model.n_layers", m.n_layers, 1);
+  r.at_least<int64_t>("model.d_model", m.d_model, 1);
+  r.at_least<int64_t>("model.n_heads", m.n_heads, 1);
+  if (raw.n_kv_heads != 0) {
+    r.at_least<int64_t>("model.n_kv_heads", m.n_kv_heads, 1, ", or 0 for model.n_heads");
+  }
+  if (m.d_model >= 1) r.at_least<int64_t>("model.d_ff", m.d_ff, 1, ", or 0 for the arch default");
+  r.at_least<int64_t>("model.seq_len", m.seq_len, 1);
+  if (m.d_model >= 1 && m.n_heads >= 1) {
+    r.require(m.d_model % m.n_heads == 0, {"model.d_model", "model.n_heads"},
+              concat("model.d_model=", m.d_model, " is not divisible by model.n_heads=", m.n_heads,
+                     ": the head dim is d_model/n_heads"));
+    if (m.d_model % m.n_heads == 0 && m.position == PositionKind::rope) {
+      const int64_t head_dim = m.d_model / m.n_heads;
+      r.require(
+          head_dim % 2 == 0, {"model.position", "model.arch", "model.d_model", "model.n_heads"},
+          concat("model.position=\"rope\" needs an even head dim, but model.d_model=", m.d_model,
+                 " / model.n_heads=", m.n_heads, " = ", head_dim));
+    }
+  }
+  if (m.n_heads >= 1 && m.n_kv_heads >= 1) {
+    r.require(m.n_heads % m.n_kv_heads == 0, {"model.n_heads", "model.n_kv_heads"},
+              concat("model.n_heads=", m.n_heads, " is not divisible by model.n_kv_heads=",
+                     m.n_kv_heads, ": each kv head serves n_heads/n_kv_heads query heads"));
+  }
+  r.positive("model.norm_eps", m.norm_eps);
+  r.positive("model.rope_theta", m.rope_theta);
+  r.unit_interval("model.dropout", m.dropout);
+  r.at_least("model.init_std", m.init_std, 0.0f);
+}
+
+void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r) {
+  if (p.tp < 1) return;  // reported by check_parallel_config
+  for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
+    r.require(false, e.keys, e.message);
+}
+
+}  // namespace llmt

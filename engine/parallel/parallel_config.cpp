@@ -1,0 +1,68 @@
+// [parallel]'s rules, reported through the config's Rules (the world-size rules are
+// validate_layout's, engine/train; the model's tp divisibility is check_model_layout's).
+#include "engine/parallel/parallel_config.h"
+
+#include "engine/config/rules.h"
+
+namespace llmt {
+
+using detail::concat;
+
+void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) {
+  r.at_least<int64_t>("parallel.tp", p.tp, 1);
+  r.at_least<int64_t>("parallel.cp", p.cp, 1);
+  r.at_least<int64_t>("parallel.pp", p.pp, 1);
+  r.require(p.dp == -1 || p.dp >= 1, {"parallel.dp"},
+            concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
+  r.require(
+      p.cp == 1 || p.cp < 1, {"parallel.cp"},
+      concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
+  if (p.pp > 1) {
+    // What the pipeline executor (engine/pipeline/executor.h) does not run yet.
+    r.require(p.pp_schedule != PipeSchedule::zb_h1 || p.zero_stage <= 2,
+              {"parallel.pp_schedule", "parallel.zero_stage"},
+              concat("parallel.pp_schedule=\"zb-h1\" with parallel.zero_stage=", p.zero_stage,
+                     ": ZeRO-3 gathers a layer's weights only around its hooks, which the split "
+                     "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\""));
+  }
+  r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.virtual_stages >= 1) {
+    const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
+    r.require(interleaved || p.virtual_stages == 1,
+              {"parallel.virtual_stages", "parallel.pp_schedule"},
+              concat("parallel.virtual_stages=", p.virtual_stages,
+                     " needs parallel.pp_schedule=\"interleaved\"; the other schedules run one "
+                     "model chunk per rank"));
+    r.require(!interleaved || p.virtual_stages >= 2,
+              {"parallel.virtual_stages", "parallel.pp_schedule"},
+              concat("parallel.pp_schedule=\"interleaved\" needs parallel.virtual_stages >= 2, "
+                     "found ",
+                     p.virtual_stages));
+  }
+  if (p.pp >= 1 && p.virtual_stages >= 1 && n_layers >= 1) {
+    const int64_t stages = p.pp * p.virtual_stages;
+    if (p.pp_layers.empty()) {
+      r.require(n_layers % stages == 0, {"model.n_layers", "parallel.pp"},
+                concat("model.n_layers=", n_layers, " does not split evenly into pp(", p.pp,
+                       ")*virtual_stages(", p.virtual_stages, ")=", stages,
+                       " stages; set parallel.pp_layers to list the layers of each stage"));
+    } else {
+      int64_t sum = 0;
+      bool negative = false;
+      for (int64_t n : p.pp_layers) {
+        sum += n;
+        negative = negative || n < 0;
+      }
+      r.require(static_cast<int64_t>(p.pp_layers.size()) == stages && sum == n_layers && !negative,
+                {"parallel.pp_layers"},
+                concat("parallel.pp_layers=", toml_text(p.pp_layers), " must have pp(", p.pp,
+                       ")*virtual_stages(", p.virtual_stages, ")=", stages,
+                       " non-negative entries summing to model.n_layers=", n_layers));
+    }
+  }
+  r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
+            concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
+  r.positive("parallel.bucket_mb", p.bucket_mb);
+}
+
+}  // namespace llmt
