@@ -6,6 +6,7 @@
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
+#include "engine/train/stop.h"
 #include "engine/train/trainer.h"
 
 namespace llmt::app {
@@ -85,6 +86,23 @@ Run add_train_command(CLI::App& app) {
                    e.what());
       std::fflush(stderr);
       runtime.abort_world(dynamic_cast<const ConfigError*>(&e) ? 2 : 1);
+    }
+    const std::string saved =
+        r.last_checkpoint.empty() ? "no checkpoint saved" : "last checkpoint " + r.last_checkpoint;
+    if (!r.error.empty()) {
+      // Every rank saw it alike (the values are all-reduced): rank 0 says it, all exit 1.
+      if (rank0) std::fprintf(stderr, "error: %s (%s)\n", r.error.c_str(), saved.c_str());
+      return 1;
+    }
+    if (!r.stopped.empty()) {
+      if (rank0)
+        std::printf("stopped: %s after step %lld; %s%s; exit %d\n", r.stopped.c_str(),
+                    static_cast<long long>(r.steps), saved.c_str(),
+                    cfg.checkpoint.dir.empty()
+                        ? " ([checkpoint] dir is not set, so nothing can resume)"
+                        : "; resume with checkpoint.load = \"auto\"",
+                    kExitStopped);
+      return kExitStopped;
     }
     if (!args->quiet && rank0)
       std::printf("done: %lld steps, final loss %.4f, metrics in %s\n",

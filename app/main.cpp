@@ -1,10 +1,14 @@
-// llmtrain: the command-line front end. Exit codes: 0 success, 2 usage or configuration error,
-// 1 runtime failure.
+// llmtrain: the command-line front end. `train` is the default subcommand: `llmtrain --config
+// C.toml` is `llmtrain train --config C.toml`, as job scripts write it. Exit codes (docs/slurm.md):
+// 0 success, 1 runtime failure, 2 usage or configuration error, 75 stopped early by a signal or
+// train.time_limit after saving a checkpoint (resume with checkpoint.load = "auto").
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "app/commands.h"
+#include "engine/comm/communicator.h"
 #include "engine/core/allocator.h"
 #include "engine/core/check.h"
 
@@ -18,10 +22,29 @@ std::string version_text() {
   return "llmtrain " LLMTRAIN_VERSION "\nbackends: " + llmt::built_in_backends() + "\n";
 }
 
+// argv with "train" inserted when the first argument is an option other than --help/--version
+// (`llmtrain --config C.toml`).
+std::vector<char*> with_default_command(int argc, char** argv) {
+  static char train[] = "train";
+  std::vector<char*> out(argv, argv + argc);
+  if (argc > 1 && argv[1][0] == '-') {
+    const std::string first = argv[1];
+    if (first != "-h" && first != "--help" && first != "--version")
+      out.insert(out.begin() + 1, train);
+  }
+  return out;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"llmtrain: train large language models from a TOML config", "llmtrain"};
+int main(int argc_in, char** argv_in) {
+  std::vector<char*> args = with_default_command(argc_in, argv_in);
+  const int argc = static_cast<int>(args.size());
+  char** argv = args.data();
+  CLI::App app{
+      "llmtrain: train large language models from a TOML config\n"
+      "  llmtrain --config C.toml [--set k=v]...   is   llmtrain train --config C.toml ...",
+      "llmtrain"};
   app.set_version_flag("--version", version_text());
   app.require_subcommand(1);
   llmt::app::Run run_train = llmt::app::add_train_command(app);
@@ -43,7 +66,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("plan")) return run_plan();
     return 2;
   } catch (const llmt::ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // Every rank reads the same config and fails alike: rank 0 alone says so.
+    if (llmt::world_rank_from_env() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -100,7 +100,23 @@ std::optional<std::string> resolve_load(const CheckpointConfig& cfg) {
       throw ConfigError("checkpoint.load=\"" + cfg.load + "\" needs checkpoint.dir");
     std::optional<std::string> latest = read_latest(cfg.dir);
     if (!latest) {
-      if (cfg.load == "auto") return std::nullopt;
+      // "auto" starts fresh only in a directory without checkpoints: one whose `latest` was
+      // lost would otherwise be trained over and its steps overwritten.
+      std::vector<std::string> steps;
+      std::error_code ec;
+      if (fs::is_directory(cfg.dir, ec))
+        for (const auto& e : fs::directory_iterator(cfg.dir))
+          if (is_step_dir(e)) steps.push_back(e.path().filename().string());
+      std::sort(steps.begin(), steps.end());
+      if (cfg.load == "auto" && steps.empty()) return std::nullopt;
+      if (!steps.empty())
+        throw ConfigError("checkpoint.load=\"" + cfg.load + "\": " + cfg.dir + " has " +
+                          std::to_string(steps.size()) + " checkpoint directories (" +
+                          steps.front() + (steps.size() > 1 ? " ... " + steps.back() : "") +
+                          ") but no " + kLatestFile + " file naming the one to resume; refusing "
+                          "to start from initialisation over them. Resume one explicitly "
+                          "(checkpoint.load = \"" + (fs::path(cfg.dir) / steps.back()).string() +
+                          "\"), or restore " + kLatestFile);
       throw ConfigError("checkpoint.load=\"latest\": " + cfg.dir +
                         " has no complete checkpoint (no " + kLatestFile +
                         " file); use load = \"none\" to start from initialisation, or \"auto\"");

@@ -1,5 +1,6 @@
 // What every backend shares: the ring-volume byte counting, the launcher environment (is this
 // an mpirun/srun process, which local rank), and the runtime/world factory that picks MPI or local.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -71,6 +72,27 @@ int local_rank_from_env() {
     if (const char* v = env(name)) return std::atoi(v);
   }
   return 0;
+}
+
+int local_size_from_env() {
+  if (const char* v = env("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(v));
+  // Slurm: "2" or "2(x3)" tasks per node; the leading count is this node's on even layouts.
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+    if (const char* v = env(name)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+int world_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = env(name)) return std::atoi(v);
+  return 0;
+}
+
+const char* launcher_name() {
+  if (env("OMPI_COMM_WORLD_SIZE")) return "mpirun";
+  if (env("SLURM_PROCID") && launched_distributed()) return "srun";
+  if (env("PMIX_RANK") || env("PMI_RANK")) return "pmi";
+  return "none";
 }
 
 CommRuntime::CommRuntime() {

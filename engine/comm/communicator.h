@@ -142,6 +142,14 @@ bool launched_distributed();
 // This process's index among the ranks on its node (the GPU it drives): OMPI_COMM_WORLD_LOCAL_RANK
 // or SLURM_LOCALID; 0 when neither is set.
 int local_rank_from_env();
+// The ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, or Slurm's tasks on this node); 1 when
+// not launched.
+int local_size_from_env();
+// This process's rank in the launch, from the launcher's environment, before MPI starts
+// (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID); 0 when not launched.
+int world_rank_from_env();
+// "mpirun", "srun", "pmi" (another PMI launcher) or "none".
+const char* launcher_name();
 
 // Owns the process-wide communication runtime: MPI_Init_thread at construction and
 // MPI_Finalize at destruction when launched_distributed() (and MPI is built in), nothing

@@ -40,6 +40,10 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
   r.positive("model.rope_theta", m.rope_theta);
   r.unit_interval("model.dropout", m.dropout);
   r.at_least("model.init_std", m.init_std, 0.0f);
+  r.require(m.init_std <= 1.0f, {"model.init_std"},
+            concat("model.init_std=", toml_text(m.init_std),
+                   " must be <= 1.0: weights drawn that wide overflow the first forward (GPT-2 "
+                   "uses 0.02)"));
 }
 
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r) {

@@ -32,6 +32,7 @@ constexpr std::array<std::string_view, 2> kPositionNames{"learned", "rope"};
 constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "constant"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
+constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
@@ -159,6 +160,9 @@ const std::vector<Section>& sections() {
                     .add("eval_iters", &T::eval_iters)
                     .add("recompute", &T::recompute, kRecomputeNames)
                     .add("recompute_layers", &T::recompute_layers)
+                    .add("on_nonfinite", &T::on_nonfinite, kOnNonfiniteNames)
+                    .add("max_skipped_steps", &T::max_skipped_steps)
+                    .add("time_limit", &T::time_limit)
                     .build());
     s.push_back(SectionBuilder<O>("optimizer", &Config::optimizer)
                     .add("lr", &O::lr)
@@ -282,6 +286,9 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
                      " chooses layers to recompute, but train.recompute=\"none\"; set "
                      "train.recompute to \"selective\" or \"full\", or recompute_layers to 0"));
   }
+
+  r.at_least<int64_t>("train.max_skipped_steps", t.max_skipped_steps, 0, " (0 = never stop)");
+  r.at_least("train.time_limit", t.time_limit, 0.0, " (seconds; 0 = no limit)");
 
   check_optimizer_config(c.optimizer, raw.optimizer, t.precision == Precision::fp16, r);
   check_parallel_config(c.parallel, m.n_layers, r);

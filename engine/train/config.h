@@ -20,6 +20,9 @@
 namespace llmt {
 
 enum class Precision : uint8_t { fp32, bf16, fp16 };
+// What a step whose loss or gradient norm is not finite does (fp16 overflow aside, which the
+// loss scaler skips): stop the run before the update (exit 1), or skip the update.
+enum class OnNonfinite : uint8_t { stop, skip };
 
 // [train]
 struct TrainConfig {
@@ -36,6 +39,13 @@ struct TrainConfig {
   int64_t eval_iters = 10;    // global batches of the valid split per validation
   Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
   int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
+  OnNonfinite on_nonfinite = OnNonfinite::stop;
+  // Stop (exit 1) after this many skipped steps in a row (fp16 overflow, on_nonfinite = "skip");
+  // 0 = never.
+  int64_t max_skipped_steps = 25;
+  // Wall-clock seconds the run may take: it stops, saves and exits 75 before the next step would
+  // end past it (as on SIGTERM); 0 = no limit.
+  double time_limit = 0;
 };
 
 // [log]

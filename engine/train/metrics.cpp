@@ -102,7 +102,7 @@ std::string progress_line(const StepMetrics& m, double eta_s) {
                 "eta %s%s",
                 width, static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, val,
                 m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta_s).c_str(),
-                m.skipped ? " | skipped (fp16 overflow)" : "");
+                m.skipped ? " | skipped (no update)" : "");
   return buf;
 }
 

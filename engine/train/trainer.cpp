@@ -17,11 +17,13 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "engine/core/peak_flops.h"
+#include "engine/data_parallel/data_parallel.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
-#include "engine/data_parallel/data_parallel.h"
 #include "engine/pipeline/executor.h"
 #include "engine/train/metrics.h"
+#include "engine/train/run_lock.h"
+#include "engine/train/stop.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -212,7 +214,10 @@ struct Trainer::State {
         dp_rank(m.coord(Axis::dp)),
         pp(m.size(Axis::pp)),
         pp_rank(m.coord(Axis::pp)),
-        threads(set_cpu_threads(static_cast<int>(c.train.threads))),
+        thread_choice(c.train.threads > 0
+                          ? ThreadChoice{static_cast<int>(c.train.threads), "train.threads"}
+                          : default_cpu_threads(local_size_from_env())),
+        threads(set_cpu_threads(thread_choice.threads)),
         // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
         // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
         // (make_device_routed, built by the app before the mesh).
@@ -223,14 +228,19 @@ struct Trainer::State {
         gbs(c.train.global_batch_size),
         mbs(c.train.micro_batch_size),
         accum(grad_accum_steps(c) / dp),
-        scaler(c.optimizer, c.train.precision == Precision::fp16) {}
+        scaler(c.optimizer, c.train.precision == Precision::fp16),
+        created(std::chrono::steady_clock::now()) {}
 
   const Config cfg;  // copies: a Trainer outlives the arguments it was built from
   const TrainOptions opts;
   Mesh& mesh;
+  // Rank 0's locks on train.run_dir and checkpoint.dir, held for the run's life (run_lock.h).
+  std::vector<std::unique_ptr<RunLock>> locks;
   const bool rank0;
   const int64_t dp, dp_rank;
-  const int pp, pp_rank, threads;
+  const int pp, pp_rank;
+  const ThreadChoice thread_choice;  // train.threads, or what 0 means for this rank
+  const int threads;
   std::unique_ptr<DeviceBackend> backend;
   Allocator alloc;
   const ModelSpec spec;
@@ -247,6 +257,11 @@ struct Trainer::State {
   std::unique_ptr<Communicator> embedding_group;
   LossScaler scaler;
   int64_t start_step = 0, updates = 0, consumed = 0;
+  int64_t skipped_in_a_row = 0;
+  const std::chrono::steady_clock::time_point created;  // train.time_limit counts from here
+  // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
+  std::string failure;
+  std::string last_checkpoint;
   DataSources data;
   std::unique_ptr<DataLoader> loader;
   // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
@@ -279,7 +294,9 @@ struct Trainer::State {
   double evaluate(int64_t step);
   void report_save(const ckpt::SaveResult& r);
   void poll_checkpoint(bool wait);
-  void start_checkpoint(int64_t step);
+  // Starts the save of `step` (a synchronous one writes every rank file here, and commits at
+  // the next poll_checkpoint); false when the state is not finite (`failure` says why).
+  bool start_checkpoint(int64_t step);
   double forward_backward(int64_t step, float dloss);
   void train_step(int64_t step, StepMetrics& m);
   TrainResult run();
@@ -294,6 +311,32 @@ struct Trainer::State {
 
 void Trainer::State::init() {
   State& s = *this;
+  if (s.rank0 && !s.opts.quiet) {
+    const Device dev = s.backend->device();
+    std::printf("launch: %s, %d rank%s (%d per node), %d thread%s per rank (%s), device %s%s\n",
+                launcher_name(), s.mesh.world().size(), s.mesh.world().size() > 1 ? "s" : "",
+                local_size_from_env(), s.threads, s.threads > 1 ? "s" : "",
+                s.thread_choice.source.c_str(), std::string(device_name(dev.kind)).c_str(),
+                dev.kind == DeviceKind::cuda ? detail::concat(" ", dev.index).c_str() : "");
+  }
+  // Before anything reads or writes the directories (the leftover removal below included).
+  std::string lock_error;
+  if (s.rank0) {
+    try {
+      s.locks.push_back(std::make_unique<RunLock>(cfg.train.run_dir, "train.run_dir"));
+      std::error_code ec;
+      if (!cfg.checkpoint.dir.empty() && !fs::equivalent(cfg.checkpoint.dir, cfg.train.run_dir, ec))
+        s.locks.push_back(std::make_unique<RunLock>(cfg.checkpoint.dir, "checkpoint.dir"));
+    } catch (const ConfigError& e) {
+      lock_error = e.what();
+    }
+  }
+  int32_t locked_out = lock_error.empty() ? 0 : 1;
+  if (s.mesh.world().size() > 1)
+    s.mesh.world().all_reduce(Tensor(&locked_out, {1}, DType::i32), ReduceOp::max).wait();
+  if (locked_out)
+    throw ConfigError(s.rank0 ? lock_error
+                              : "the run's directories are locked (rank 0 says by whom)");
   // The checkpoint to resume from, checked against the model before anything is allocated.
   if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
     s.resume.emplace(*path);
@@ -344,11 +387,10 @@ void Trainer::State::build_model() {
   const ModelSpec stage_spec =
       s.pp > 1 ? s.spec.shard_pp(s.pp, virtual_stages, cfg.parallel.pp_layers, s.pp_rank) : s.spec;
   const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
-  s.model = std::make_unique<Transformer>(stage_spec, s.alloc, s.mbs,
-                                          compute_dtype(cfg.train.precision),
-                                          model_storage(cfg.parallel.zero_stage), tp,
-                                          RecomputeOptions{cfg.train.recompute,
-                                                           cfg.train.recompute_layers});
+  s.model = std::make_unique<Transformer>(
+      stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
+      model_storage(cfg.parallel.zero_stage), tp,
+      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers});
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
@@ -406,8 +448,9 @@ void Trainer::State::build_data() {
   s.pipe_mbs.resize(static_cast<size_t>(slots));
   if (s.rank0) fs::create_directories(cfg.train.run_dir);
   s.metrics = std::make_unique<MetricsWriter>(
-      cfg.log.metrics.empty() || !s.rank0 ? ""
-                                          : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
+      cfg.log.metrics.empty() || !s.rank0
+          ? ""
+          : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
       s.start_step);
   if (!s.opts.dump_dir.empty()) {
     gather_params();
@@ -483,14 +526,29 @@ void Trainer::State::poll_checkpoint(bool wait) {
   State& s = *this;
   if (s.pending && s.pending->poll(wait)) {
     report_save(s.pending->result());
+    s.last_checkpoint = s.pending->result().path;
     s.pending.reset();
   }
 }
 
-void Trainer::State::start_checkpoint(int64_t step) {
+bool Trainer::State::start_checkpoint(int64_t step) {
   State& s = *this;
   const Config& cfg = s.cfg;
   poll_checkpoint(true);
+  // Never a checkpoint with inf/nan in it: it would verify, resume and replace a good one.
+  std::vector<Tensor> held;
+  for (const StateTensor& t : s.data_parallel->state_tensors()) held.push_back(t.local);
+  int32_t bad = ops::has_nonfinite(held) ? 1 : 0;
+  if (s.mesh.world().size() > 1)
+    s.mesh.world().all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  if (bad) {
+    s.failure = detail::concat(
+        "step ", step,
+        ": not saving a checkpoint: the parameters or the optimizer state hold "
+        "inf/nan (the loss and gradient norm of the step were finite; the update made them so). "
+        "Lower optimizer.lr or raise optimizer.warmup_steps, and resume from the last checkpoint");
+    return false;
+  }
   const LossScaler::State sc = s.scaler.state();
   ckpt::RunState rs;
   rs.step = step;
@@ -508,7 +566,7 @@ void Trainer::State::start_checkpoint(int64_t step) {
   s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
                                                   *s.data_parallel, s.mesh, *s.backend,
                                                   cfg.checkpoint.async, &s.ckpt_staging);
-  if (!cfg.checkpoint.async) poll_checkpoint(true);
+  return true;
 }
 
 // The step's forward and backward over this rank's micro-batches (or the pipeline schedule);
@@ -534,9 +592,9 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
     s.pipe_mbs[static_cast<size_t>(micro)] = {s.inputs_of(micro), s.targets_of(micro),
                                               StepContext{seed, step, mb.first_sample}};
   }
-  return static_cast<double>(s.accum) *
-         s.pipeline->run(s.pipe_mbs, dloss,
-                         [&](bool last) { s.data_parallel->start_micro_batch(last); });
+  return static_cast<double>(s.accum) * s.pipeline->run(s.pipe_mbs, dloss, [&](bool last) {
+    s.data_parallel->start_micro_batch(last);
+  });
 }
 
 // One optimizer step: forward/backward, gradient sync, overflow check, norm, clip, AdamW;
@@ -575,8 +633,28 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
     grad_norm = std::sqrt(v[0]);
     overflow = v[1] > 0;
   }
-  m.skipped = s.scaler.update(overflow);
   m.grad_norm = grad_norm / scale;
+  // fp16 overflow is the loss scaler's to skip; any other inf/nan loss or norm stops the run
+  // before the update (the parameters stay those of the previous step), or skips the update.
+  const bool nonfinite = !overflow && (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm));
+  m.skipped = nonfinite || s.scaler.update(overflow);
+  if (nonfinite && cfg.train.on_nonfinite == OnNonfinite::stop)
+    s.failure = detail::concat(
+        "step ", step, ": loss = ", m.loss, ", grad_norm = ", m.grad_norm,
+        ": not finite; stopped before the update, so the parameters (and the last checkpoint) are "
+        "those of step ",
+        step - 1,
+        ". Lower optimizer.lr, raise optimizer.warmup_steps or "
+        "optimizer.grad_clip, or set train.on_nonfinite = \"skip\" to skip such steps");
+  s.skipped_in_a_row = m.skipped ? s.skipped_in_a_row + 1 : 0;
+  if (s.failure.empty() && cfg.train.max_skipped_steps > 0 &&
+      s.skipped_in_a_row >= cfg.train.max_skipped_steps)
+    s.failure = detail::concat(
+        "step ", step, ": ", s.skipped_in_a_row,
+        " steps skipped in a row (train.max_skipped_steps=", cfg.train.max_skipped_steps, "; ",
+        nonfinite ? "non-finite loss or gradient norm"
+                  : detail::concat("fp16 overflow at loss scale ", scale),
+        "): the run is not training. Lower optimizer.lr, or use train.precision = \"bf16\"");
   if (!m.skipped) {
     const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
     s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
@@ -589,12 +667,14 @@ TrainResult Trainer::State::run() {
   const Config& cfg = s.cfg;
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
+  const StopRequests stop_requests;
   TrainResult result;
   if (s.rank0 && !s.opts.quiet && s.start_step >= cfg.train.steps)
     std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
                 static_cast<long long>(s.start_step), static_cast<long long>(cfg.train.steps));
   const int64_t last_step =
       s.opts.stop_after > 0 ? std::min(s.opts.stop_after, cfg.train.steps) : cfg.train.steps;
+  double max_step_s = 0, last_save_s = 0;
   for (int64_t step = s.start_step + 1; step <= last_step; ++step) {
     const auto t0 = clock::now();
     StepMetrics m;
@@ -616,22 +696,46 @@ TrainResult Trainer::State::run() {
       m.pp_bubble_predicted = s.predicted_bubble;
     }
     m.data_wait_s = s.loader->take_wait_seconds();
-    if (cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
+    if (s.failure.empty() && cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
       m.val_loss = evaluate(step);
+    // A stop request (a signal on any rank, or the time limit before the next step would end
+    // past it): every rank learns it here, with one all-reduce.
+    std::string stop;
+    if (s.failure.empty() && step < last_step) {
+      max_step_s = std::max(max_step_s, m.step_time_s);
+      const double elapsed = std::chrono::duration<double>(clock::now() - s.created).count();
+      const bool time_up =
+          cfg.train.time_limit > 0 && elapsed + max_step_s + last_save_s >= cfg.train.time_limit;
+      int32_t req[2] = {stop_requests.signal(), time_up ? 1 : 0};
+      if (s.mesh.world().size() > 1)
+        s.mesh.world().all_reduce(Tensor(req, {2}, DType::i32), ReduceOp::max).wait();
+      if (req[0])
+        stop = signal_name(req[0]);
+      else if (req[1])
+        stop = "train.time_limit";
+    }
     const CheckpointConfig& ck = cfg.checkpoint;
     const bool save_due =
-        !ck.dir.empty() && ((ck.interval > 0 && step % ck.interval == 0) || step == last_step);
+        s.failure.empty() && !ck.dir.empty() &&
+        ((ck.interval > 0 && step % ck.interval == 0) || step == last_step || !stop.empty());
+    bool started = false;
     if (save_due || s.pending) {
       const auto tc = clock::now();
       if (save_due)
-        start_checkpoint(step);
+        started = start_checkpoint(step);
       else
         poll_checkpoint(false);
       m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
+      if (save_due) last_save_s = *m.checkpoint_s;
     }
+    // The step's metrics line is on disk before its checkpoint commits (a synchronous save
+    // commits just below, an async one at a later step's poll): `latest` never runs ahead of
+    // metrics.jsonl.
     s.metrics->write(m);
+    if (started && !ck.async) poll_checkpoint(true);
     if (s.rank0 && !s.opts.quiet && cfg.log.progress &&
-        (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss)) {
+        (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss ||
+         m.skipped)) {
       const double elapsed = std::chrono::duration<double>(t1 - t_start).count();
       const double eta =
           elapsed / static_cast<double>(step) * static_cast<double>(cfg.train.steps - step);
@@ -640,9 +744,15 @@ TrainResult Trainer::State::run() {
     }
     result.steps = step;
     result.final_loss = m.loss;
+    if (!s.failure.empty() || !stop.empty()) {
+      result.stopped = stop;
+      break;
+    }
   }
-  poll_checkpoint(true);  // an async save of the last step completes before the run ends
-  if (!s.opts.dump_final.empty()) {
+  poll_checkpoint(true);  // an async save completes before the run ends, whatever ended it
+  result.error = s.failure;
+  result.last_checkpoint = s.last_checkpoint;
+  if (!s.opts.dump_final.empty() && s.failure.empty()) {
     gather_params();
     if (s.rank0) dump_params(s.opts.dump_final, s.spec, s.host_params);
   }

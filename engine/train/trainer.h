@@ -20,8 +20,16 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  int64_t steps = 0;
+  int64_t steps = 0;  // the last step trained
   double final_loss = 0;
+  // Set when the run stopped early on request ("SIGTERM", "train.time_limit"): it saved a
+  // checkpoint (when [checkpoint] dir is set) and wrote its metrics; the app exits 75.
+  std::string stopped;
+  // Set when the run stopped on a failure every rank saw alike (a non-finite loss or gradient
+  // norm, too many skipped steps, non-finite values at a save): the message; the app exits 1.
+  // The checkpoints written before it are complete.
+  std::string error;
+  std::string last_checkpoint;  // the newest checkpoint this run completed, "" if none
 };
 
 // One rank's run on `mesh` (validate_layout must have passed for its world size); rank 0 prints

@@ -476,7 +476,7 @@ TEST(ConfigToToml, RandomFloatsRoundTripBitExactly) {
     auto draw = [&] { return static_cast<float>(std::pow(10.0, exponent(gen))); };
     c.model.norm_eps = draw();
     c.model.rope_theta = draw();
-    c.model.init_std = draw();
+    c.model.init_std = std::min(1.0f, draw());  // at most 1.0 (check_model_config)
     c.optimizer.lr = draw();
     c.optimizer.min_lr = c.optimizer.lr * std::uniform_real_distribution<float>(0, 1)(gen);
     c.optimizer.eps = draw();

@@ -1,0 +1,334 @@
+#!/usr/bin/python3
+"""Runs that end early or go wrong, as an operator meets them (docs/slurm.md), on gpt-tiny.
+
+  nonfinite  lr=1e6 (fp32): exit 1 naming the step and the values, before the update; keep_last=1
+             keeps the last good checkpoint, which verifies and holds only finite values;
+             on_nonfinite="skip" skips instead, and max_skipped_steps stops a run that only
+             skips (fp32 skips, and fp16 overflows at loss scale 1); init_std=1e30 is refused
+             (exit 2)
+  signals    np=2: SIGTERM to rank 0 and SIGUSR1 to rank 1 mid-run: exit 75 with a checkpoint of
+             the step it stopped at and a metrics line per step; `load = "auto"` resumes, and the
+             losses and grad norms of the two parts are bitwise those of an uninterrupted run
+  interrupt  one SIGINT stops as SIGTERM does; a second SIGINT ends the process at once
+  timelimit  train.time_limit=3 stops (exit 75, checkpoint saved) before 3 s of run time
+  kill       SIGKILL at random moments of a run saving every step: metrics.jsonl always reaches
+             the step `latest` names (the line is written before the save commits)
+  auto       load = "auto" with step_* directories but no `latest`: exit 2 naming them, nothing
+             overwritten
+  launch     threads = 0 under `mpirun --bind-to none` (np=2) takes half the node's CPUs per rank,
+             and OMP_NUM_THREADS or SLURM_CPUS_PER_TASK when set; the start-up line names the
+             launcher, ranks, threads and device; a config error is printed once, not per rank
+  lock       while a run (np=2) trains, a second one on its run_dir, and one on its
+             checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+import harness
+
+FAILURES = []
+
+
+def check(ok, msg):
+    if not ok:
+        FAILURES.append(msg)
+
+
+def cmd_of(args, run_dir, sets, ranks=1):
+    cmd = [args.llmtrain, "--config", args.config, "-q", "--set", f"train.run_dir={run_dir}"]
+    for s in sets:
+        cmd += ["--set", s]
+    if ranks > 1:
+        cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
+    return cmd
+
+
+def start(args, run_dir, sets, ranks=1, fresh=True):
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return subprocess.Popen(cmd_of(args, run_dir, sets, ranks), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def train(args, run_dir, sets, ranks=1, fresh=True):
+    p = start(args, run_dir, sets, ranks, fresh)
+    out, _ = p.communicate()
+    return p.returncode, out
+
+
+def metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def latest_step(ck):
+    try:
+        with open(os.path.join(ck, "latest")) as f:
+            return int(f.read().strip()[5:])
+    except FileNotFoundError:
+        return 0
+
+
+def rank_pids(args, proc):
+    """The llmtrain rank processes started by `proc` (mpirun), in rank order (pid order: mpirun
+    starts them in rank order). Only its descendants: other tests run llmtrain at the same time."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, []):
+            todo.append(c)
+            try:
+                with open(f"/proc/{c}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[0].decode() == args.llmtrain:
+                        out.append(c)
+            except OSError:
+                pass
+    return sorted(out)
+
+
+def wait_for_steps(run_dir, n, proc, timeout=120):
+    t0 = time.time()
+    while len(metrics(run_dir)) < n:
+        if proc.poll() is not None or time.time() - t0 > timeout:
+            sys.exit(f"FAIL: the run ended or stalled before step {n}:\n{proc.communicate()[0]}")
+        time.sleep(0.02)
+
+
+def all_finite(ck_step):
+    with h5py.File(os.path.join(ck_step, "index.h5"), "r") as f:
+        bad = []
+        f.visititems(lambda n, o: bad.append(n) if isinstance(o, h5py.Dataset) and
+                     not np.all(np.isfinite(o[()])) else None)
+    return bad
+
+
+def test_nonfinite(args, w):
+    run_dir, ck = os.path.join(w, "lr"), os.path.join(w, "lr", "ck")
+    rc, out = train(args, run_dir, ["optimizer.lr=1e6", "optimizer.warmup_steps=0",
+                                    "optimizer.grad_clip=0", "train.steps=30",
+                                    f"checkpoint.dir={ck}", "checkpoint.interval=1",
+                                    "checkpoint.keep_last=1"])
+    m = re.search(r"error: step (\d+): loss = \S+, grad_norm = \S+: not finite; stopped before "
+                  r"the update, so the parameters \(and the last checkpoint\) are those of step "
+                  r"(\d+)", out)
+    check(rc == 1 and m is not None, f"lr=1e6: exit {rc}:\n{out}")
+    if m:
+        bad_step, good = int(m.group(1)), int(m.group(2))
+        check(good == bad_step - 1, f"lr=1e6: steps {bad_step} / {good}")
+        steps = sorted(d for d in os.listdir(ck) if d.startswith("step_"))
+        check(latest_step(ck) <= good and len(steps) == 1,
+              f"lr=1e6: latest {latest_step(ck)}, kept {steps}")
+        ckstep = os.path.join(ck, steps[0]) if steps else ck
+        v = subprocess.run([args.llmtrain, "checkpoint", "verify", ckstep],
+                           stdout=subprocess.PIPE, text=True)
+        check(v.returncode == 0, f"verify of the kept checkpoint:\n{v.stdout}")
+        bad = all_finite(ckstep)
+        check(not bad, f"kept checkpoint {steps} holds inf/nan in {bad[:3]}")
+        check(metrics(run_dir)[-1]["step"] == bad_step, "the failing step's metrics line")
+        print(f"nonfinite: stopped at step {bad_step} (exit 1), kept {steps[0]} finite")
+    rc, out = train(args, os.path.join(w, "skip"), [
+        "optimizer.lr=1e6", "optimizer.warmup_steps=0", "optimizer.grad_clip=0",
+        "train.steps=40", "train.on_nonfinite=skip", "train.max_skipped_steps=4"])
+    check(rc == 1 and re.search(r"4 steps skipped in a row \(train.max_skipped_steps=4; "
+                                r"non-finite loss or gradient norm\)", out),
+          f"on_nonfinite=skip, max 4: exit {rc}:\n{out}")
+    sk = [r["skipped"] for r in metrics(os.path.join(w, "skip"))]
+    check(sk[-4:] == [True] * 4, f"skip: skipped flags {sk}")
+    rc, out = train(args, os.path.join(w, "fp16"), [
+        "optimizer.lr=1e6", "optimizer.warmup_steps=0", "train.steps=200",
+        "train.precision=fp16", "optimizer.initial_loss_scale=1", "train.max_skipped_steps=5"])
+    check(rc == 1 and "steps skipped in a row (train.max_skipped_steps=5; fp16 overflow at loss "
+          "scale 1)" in out, f"fp16 skipping at scale 1: exit {rc}:\n{out}")
+    rc, out = train(args, os.path.join(w, "std"), ["model.init_std=1e30"])
+    check(rc == 2 and "model.init_std=1e+30 must be <= 1.0" in out, f"init_std: {rc}\n{out}")
+    print("nonfinite: skip + max_skipped_steps, fp16 at scale 1, init_std checked")
+
+
+def test_signals(args, w):
+    sets = ["train.steps=1500", "optimizer.warmup_steps=10"]
+    ref_dir = os.path.join(w, "ref")
+    rc, out = train(args, ref_dir, sets, ranks=2)
+    check(rc == 0, f"reference run: exit {rc}\n{out}")
+    ref = metrics(ref_dir)
+    for sig, rank in [(signal.SIGTERM, 0), (signal.SIGUSR1, 1)]:
+        name = signal.Signals(sig).name
+        run_dir = os.path.join(w, name)
+        ck = os.path.join(run_dir, "ck")
+        run_sets = sets + [f"checkpoint.dir={ck}", "checkpoint.load=auto"]
+        p = start(args, run_dir, run_sets, ranks=2)
+        wait_for_steps(run_dir, 200, p)
+        pids = rank_pids(args, p)
+        check(len(pids) == 2, f"{name}: rank pids {pids}")
+        os.kill(pids[rank], sig)
+        out = p.communicate()[0]
+        stopped = latest_step(ck)
+        n = len(metrics(run_dir))
+        check(p.returncode == 75 and f"stopped: {name} after step {stopped}" in out,
+              f"{name}: exit {p.returncode}:\n{out}")
+        check(0 < stopped < 1500 and n == stopped,
+              f"{name}: latest step {stopped}, {n} metrics lines")
+        rc, out = train(args, run_dir, run_sets, ranks=2, fresh=False)
+        got = metrics(run_dir)
+        check(rc == 0 and len(got) == 1500, f"{name} resume: exit {rc}, {len(got)} lines\n{out}")
+        diff = [r["step"] for r, g in zip(ref, got)
+                if (r["loss"], r["grad_norm"]) != (g["loss"], g["grad_norm"])]
+        check(not diff, f"{name}: steps {diff[:5]} differ from the uninterrupted run")
+        print(f"signals: {name} to rank {rank} stopped at step {stopped} (exit 75); resumed run "
+              "bitwise equal to the uninterrupted one over 1500 steps")
+
+
+def test_interrupt(args, w):
+    run_dir, ck = os.path.join(w, "int"), os.path.join(w, "int", "ck")
+    sets = ["train.steps=100000", f"checkpoint.dir={ck}"]
+    p = start(args, run_dir, sets)
+    wait_for_steps(run_dir, 50, p)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate()[0]
+    check(p.returncode == 75 and latest_step(ck) == len(metrics(run_dir)),
+          f"one SIGINT: exit {p.returncode}, latest {latest_step(ck)}:\n{out}")
+    # Steps of about a second, so that the second SIGINT comes before the first one's step ends.
+    p = start(args, run_dir + "2", ["train.steps=100000", "model.n_layers=8", "model.d_model=256",
+                                    "model.seq_len=256", f"checkpoint.dir={ck}2"])
+    wait_for_steps(run_dir + "2", 1, p)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two signals sent at once may arrive as one
+    p.send_signal(signal.SIGINT)
+    p.communicate()
+    check(p.returncode == -signal.SIGINT and latest_step(ck + "2") == 0,
+          f"two SIGINTs: exit {p.returncode}, latest {latest_step(ck + '2')}")
+    print("interrupt: one SIGINT saves and exits 75, a second ends the process")
+
+
+def test_timelimit(args, w):
+    run_dir, ck = os.path.join(w, "time"), os.path.join(w, "time", "ck")
+    t0 = time.time()
+    rc, out = train(args, run_dir, ["train.steps=1000000", "train.time_limit=3",
+                                    f"checkpoint.dir={ck}"])
+    took = time.time() - t0
+    check(rc == 75 and "stopped: train.time_limit after step" in out and latest_step(ck) > 0,
+          f"time_limit: exit {rc}:\n{out}")
+    check(took < 3 + 2.5, f"time_limit=3: the process took {took:.1f} s")
+    print(f"timelimit: stopped after step {latest_step(ck)}, process {took:.1f} s for a 3 s limit")
+
+
+def test_kill(args, w):
+    run_dir, ck = os.path.join(w, "kill"), os.path.join(w, "kill", "ck")
+    sets = ["train.steps=400", f"checkpoint.dir={ck}", "checkpoint.interval=1",
+            "checkpoint.keep_last=2", "checkpoint.load=auto"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    rng = random.Random(7)
+    kills = 0
+    while kills < 12:
+        p = start(args, run_dir, sets, fresh=False)
+        time.sleep(rng.uniform(0.3, 1.2))
+        if p.poll() is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            continue
+        p.kill()
+        p.wait()
+        kills += 1
+        lines, latest = metrics(run_dir), latest_step(ck)
+        check(latest == 0 or (lines and lines[-1]["step"] >= latest),
+              f"kill {kills}: latest step {latest}, metrics end at "
+              f"{lines[-1]['step'] if lines else None}")
+    print(f"kill: {kills} SIGKILLs, metrics.jsonl always reached the step `latest` named")
+
+
+def test_auto(args, w):
+    run_dir, ck = os.path.join(w, "auto"), os.path.join(w, "auto", "ck")
+    rc, out = train(args, run_dir, ["train.steps=4", f"checkpoint.dir={ck}",
+                                    "checkpoint.interval=2"])
+    check(rc == 0, f"auto setup: {rc}\n{out}")
+    os.remove(os.path.join(ck, "latest"))
+    before = {d: os.path.getmtime(os.path.join(ck, d)) for d in os.listdir(ck) if d[:5] == "step_"}
+    rc, out = train(args, run_dir, ["train.steps=4", f"checkpoint.dir={ck}",
+                                    "checkpoint.load=auto"], fresh=False)
+    check(rc == 2 and "has 2 checkpoint directories (step_00000002 ... step_00000004) but no "
+          "latest file" in out, f"load=auto without latest: exit {rc}:\n{out}")
+    after = {d: os.path.getmtime(os.path.join(ck, d)) for d in os.listdir(ck) if d[:5] == "step_"}
+    check(before == after, f"checkpoints touched: {before} -> {after}")
+    print("auto: refused (exit 2) with checkpoints but no latest")
+
+
+def test_lock(args, w):
+    run_dir, ck = os.path.join(w, "first"), os.path.join(w, "ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    p = start(args, run_dir, ["train.steps=100000", f"checkpoint.dir={ck}"], ranks=2)
+    wait_for_steps(run_dir, 20, p)
+    holder = rank_pids(args, p)[0]
+    for other, sets in [(run_dir, []), (os.path.join(w, "second"), [f"checkpoint.dir={ck}"])]:
+        rc, out = train(args, other, ["train.steps=5"] + sets, fresh=False)
+        key = "train.run_dir" if other == run_dir else "checkpoint.dir"
+        check(rc == 2 and re.search(key + r'="[^"]+" is in use by another llmtrain run \(host '
+                                    r'\S+, pid ' + str(holder) + r"\)", out),
+              f"second run on the {key}: exit {rc}:\n{out}")
+    n = len(metrics(run_dir))
+    wait_for_steps(run_dir, n + 20, p)  # the first run goes on
+    os.kill(rank_pids(args, p)[0], signal.SIGTERM)
+    out = p.communicate()[0]
+    check(p.returncode == 75, f"first run: exit {p.returncode}\n{out}")
+    print(f"lock: second runs on run_dir and checkpoint.dir refused naming pid {holder}")
+
+
+def test_launch(args, w):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    per_rank = max(1, os.cpu_count() // 2)
+
+    def launch_line(extra_env, bind="none"):
+        cmd = cmd_of(args, os.path.join(w, "t"), ["train.steps=2", "train.threads=0"], 2)
+        cmd = [c for c in cmd if c != "-q"]  # the start-up line is not quiet
+        cmd[1:1] = ["--bind-to", bind]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**env, **extra_env})
+        m = re.search(r"^launch: .*$", r.stdout, re.M)
+        return m.group(0) if m else r.stdout
+
+    got = launch_line({})
+    want = (f"launch: mpirun, 2 ranks (2 per node), {per_rank} thread"
+            f"{'s' if per_rank > 1 else ''} per rank ({os.cpu_count()} CPUs of the node / 2 "
+            "unbound ranks), device cpu")
+    check(got == want, f"unbound: {got!r}, expected {want!r}")
+    got = launch_line({"OMP_NUM_THREADS": "1"})
+    check("1 thread per rank (OMP_NUM_THREADS)" in got, f"OMP_NUM_THREADS=1: {got!r}")
+    got = launch_line({"SLURM_CPUS_PER_TASK": "1"})
+    check("1 thread per rank (SLURM_CPUS_PER_TASK)" in got, f"SLURM_CPUS_PER_TASK=1: {got!r}")
+    r = subprocess.run(cmd_of(args, os.path.join(w, "bad"), ["train.steps=x"], 2),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    n = r.stdout.count("train.steps at --set: expected an integer")
+    check(n == 1, f"a config error at np=2 printed {n} times:\n{r.stdout}")
+    print(f"launch: threads = 0 gives {per_rank} per unbound rank; env settings honoured; one "
+          "config error line at np=2")
+
+
+def main():
+    args = harness.parse_args(lambda ap: ap.add_argument(
+        "check", choices=["nonfinite", "signals", "interrupt", "timelimit", "kill", "auto",
+                          "lock", "launch"]))
+    os.makedirs(args.workdir, exist_ok=True)
+    globals()["test_" + args.check](args, args.workdir)
+    harness.finish(FAILURES)
+
+
+if __name__ == "__main__":
+    main()
