@@ -40,6 +40,7 @@ Run add_train_command(CLI::App& app) {
     // size before anything is allocated.
     CommRuntime runtime;
     std::unique_ptr<Communicator> world = make_world_communicator();
+    world->set_timeout(cfg.comm.timeout_s);  // every group split from it inherits the watchdog
     const int world_size = world->size();
     const bool rank0 = world->rank() == 0;
     try {

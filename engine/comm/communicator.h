@@ -111,6 +111,11 @@ class Communicator {
   virtual double wait_seconds() const { return wait_s_; }
   virtual void reset_wait_seconds() { wait_s_ = 0; }
   void add_wait_seconds(double s) { wait_s_ += s; }
+  // The watchdog (comm.timeout_s): seconds a Handle::wait may block before the job is aborted,
+  // naming this rank, the operation and the group; 0 = wait forever. Groups split from this one
+  // inherit it. The MPI backend enforces it; the local one never blocks; NCCL does not yet.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
 
  protected:
   // Ring volume per kind (docs/parallelism.md): all-reduce of n bytes 2(p-1)/p n, reduce-scatter
@@ -125,6 +130,7 @@ class Communicator {
  private:
   CommCounters counters_;
   double wait_s_ = 0;
+  double timeout_s_ = 0;
 };
 
 std::string_view comm_kind_name(CommKind k);

@@ -205,6 +205,9 @@ const std::vector<Section>& sections() {
                     .add("load", &C::load)
                     .add("async", &C::async)
                     .build());
+    s.push_back(SectionBuilder<CommConfig>("comm", &Config::comm)
+                    .add("timeout_s", &CommConfig::timeout_s)
+                    .build());
     s.push_back(SectionBuilder<L>("log", &Config::log)
                     .add("interval", &L::interval)
                     .add("progress", &L::progress)
@@ -299,6 +302,7 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   check_data_config(c.data, t.eval_interval, r);
 
   check_checkpoint_config(c.checkpoint, r);
+  check_comm_config(c.comm, r);
   r.at_least<int64_t>("log.interval", c.log.interval, 1);
   r.at_least("log.peak_flops", c.log.peak_flops, 0.0);
 }

@@ -11,6 +11,7 @@
 
 #include "checkpoints/checkpoint_config.h"
 #include "data/data_config.h"
+#include "engine/comm/comm_config.h"
 #include "engine/core/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/optim/optimizer_config.h"
@@ -64,6 +65,7 @@ struct Config {
   DataConfig data;
   CheckpointConfig checkpoint;
   LogConfig log;
+  CommConfig comm;
   std::string source_path;  // the top-level TOML file
 };
 

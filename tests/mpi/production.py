@@ -18,6 +18,8 @@
   launch     threads = 0 under `mpirun --bind-to none` (np=2) takes half the node's CPUs per rank,
              and OMP_NUM_THREADS or SLURM_CPUS_PER_TASK when set; the start-up line names the
              launcher, ranks, threads and device; a config error is printed once, not per rank
+  watchdog   np=2 with comm.timeout_s=3: SIGSTOP one rank; the other aborts the job naming itself,
+             the operation and the group, within the timeout plus a few seconds
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
 import json
@@ -321,10 +323,34 @@ def test_launch(args, w):
           "config error line at np=2")
 
 
+def test_watchdog(args, w):
+    run_dir = os.path.join(w, "wd")
+    p = start(args, run_dir, ["train.steps=1000000", "comm.timeout_s=3"], ranks=2)
+    wait_for_steps(run_dir, 50, p)
+    stopped = rank_pids(args, p)[1]
+    os.kill(stopped, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        out = p.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out = p.communicate()[0]
+    took = time.time() - t0
+    try:
+        os.kill(stopped, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    check(p.returncode not in (0, None) and re.search(
+        r"error: rank 0: \w+ on group \S+ \(\d+ ranks\) did not complete within 3 s "
+        r"\(comm.timeout_s\)", out), f"watchdog: exit {p.returncode}:\n{out}")
+    check(took < 3 + 10, f"watchdog: the job ended {took:.1f} s after the rank stopped")
+    print(f"watchdog: job aborted {took:.1f} s after SIGSTOP of rank 1 (timeout 3 s)")
+
+
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
         "check", choices=["nonfinite", "signals", "interrupt", "timelimit", "kill", "auto",
-                          "lock", "launch"]))
+                          "lock", "launch", "watchdog"]))
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](args, args.workdir)
     harness.finish(FAILURES)

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "engine/core/check.h"
@@ -45,18 +46,44 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
+// The watchdog's verdict: a collective that has not completed after comm.timeout_s. Another rank
+// stopped, died or waits in a different collective; nothing this rank does can finish it.
+[[noreturn]] void watchdog_abort(const Communicator& group, const char* op) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr,
+               "error: rank %d: %s on group %s (%d ranks) did not complete within %g s "
+               "(comm.timeout_s): another rank stopped, died or is in a different collective; "
+               "aborting the job\n",
+               world_rank, op, group.name().c_str(), group.size(), group.timeout());
+  std::fflush(stderr);
+  abort_world(1);
+}
+
 class MpiHandle final : public Handle::Impl {
  public:
-  MpiHandle(Communicator& owner, MPI_Request req) : owner_(owner), req_(req) {}
+  MpiHandle(Communicator& owner, MPI_Request req, const char* op)
+      : owner_(owner), req_(req), op_(op) {}
   ~MpiHandle() override {
     // A dropped handle must still complete: MPI owns the buffers until then.
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
   void wait() override {
     const auto t0 = std::chrono::steady_clock::now();
-    LLMT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
-    owner_.add_wait_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    if (owner_.timeout() <= 0) {
+      LLMT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    } else {
+      // MPI_Wait spins too; testing instead lets the clock be read between turns.
+      for (int flag = 0;;) {
+        LLMT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+        if (flag) break;
+        if (elapsed() > owner_.timeout()) watchdog_abort(owner_, op_);
+      }
+    }
+    owner_.add_wait_seconds(elapsed());
   }
   bool test() override {
     int flag = 0;
@@ -67,6 +94,7 @@ class MpiHandle final : public Handle::Impl {
  private:
   Communicator& owner_;
   MPI_Request req_;
+  const char* op_;  // "all_reduce", ... for the watchdog's message
 };
 
 class MpiCommunicator final : public Communicator {
@@ -92,7 +120,7 @@ class MpiCommunicator final : public Communicator {
     LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op), comm_,
                             &req));
     count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
-    return handle(req);
+    return handle(req, "all_reduce");
   }
   Handle reduce_scatter(Tensor out, Tensor in) override {
     check_host(out, "reduce_scatter");
@@ -101,7 +129,7 @@ class MpiCommunicator final : public Communicator {
     LLMT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
                                        MPI_SUM, comm_, &req));
     count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
-    return handle(req);
+    return handle(req, "reduce_scatter");
   }
   Handle all_gather(Tensor out, Tensor in) override {
     check_host(out, "all_gather");
@@ -110,7 +138,7 @@ class MpiCommunicator final : public Communicator {
     LLMT_MPI(MPI_Iallgather(in.data, count_of(in), mpi_type(in.dtype), out.data, count_of(in),
                             mpi_type(in.dtype), comm_, &req));
     count_collective(CommKind::all_gather, static_cast<int64_t>(out.nbytes()));
-    return handle(req);
+    return handle(req, "all_gather");
   }
   Handle broadcast(Tensor x, int root) override {
     check_host(x, "broadcast");
@@ -118,7 +146,7 @@ class MpiCommunicator final : public Communicator {
     LLMT_MPI(MPI_Ibcast(x.data, count_of(x), mpi_type(x.dtype), root, comm_, &req));
     count_collective(CommKind::broadcast,
                      rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
-    return handle(req);
+    return handle(req, "broadcast");
   }
   Handle all_to_all(Tensor out, Tensor in) override {
     check_host(out, "all_to_all");
@@ -130,31 +158,39 @@ class MpiCommunicator final : public Communicator {
     LLMT_MPI(MPI_Ialltoall(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_,
                            &req));
     count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
-    return handle(req);
+    return handle(req, "all_to_all");
   }
   Handle send(Tensor x, int peer, int tag) override {
     check_host(x, "send");
     MPI_Request req;
     LLMT_MPI(MPI_Isend(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
-    return handle(req);
+    return handle(req, "send");
   }
   Handle recv(Tensor x, int peer, int tag) override {
     check_host(x, "recv");
     MPI_Request req;
     LLMT_MPI(MPI_Irecv(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
-    return handle(req);
+    return handle(req, "recv");
   }
-  void barrier() override { LLMT_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    MPI_Request req;
+    LLMT_MPI(MPI_Ibarrier(comm_, &req));
+    handle(req, "barrier").wait();
+  }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     MPI_Comm sub;
     LLMT_MPI(MPI_Comm_split(comm_, color, key, &sub));
-    return std::make_unique<MpiCommunicator>(sub, name);
+    auto out = std::make_unique<MpiCommunicator>(sub, name);
+    out->set_timeout(timeout());
+    return out;
   }
 
  private:
-  Handle handle(MPI_Request req) { return Handle(std::make_unique<MpiHandle>(*this, req)); }
+  Handle handle(MPI_Request req, const char* op) {
+    return Handle(std::make_unique<MpiHandle>(*this, req, op));
+  }
   void check_host(const Tensor& x, const char* what) const {
     LLMT_CHECK(x.device.kind == DeviceKind::cpu, name_, " ", what, " on ", describe(x),
                ": the MPI backend moves host buffers (GPU tensors go through NCCL)");
