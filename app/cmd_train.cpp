@@ -6,6 +6,7 @@
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
+#include "engine/train/memory_estimate.h"
 #include "engine/train/stop.h"
 #include "engine/train/trainer.h"
 
@@ -18,6 +19,7 @@ Run add_train_command(CLI::App& app) {
     std::string dump_dir;
     std::string dump_final;
     bool quiet = false;
+    bool force = false;
     int64_t stop_after = 0;
   };
   auto args = std::make_shared<Args>();
@@ -34,6 +36,8 @@ Run add_train_command(CLI::App& app) {
                   "as a job that runs out of time; the LR schedule still spans train.steps")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
+  cmd->add_flag("--force", args->force,
+                "Start even when the ranks of a node need more memory than it has available");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
     // MPI starts here when launched by mpirun/srun; the layout is checked against the world
@@ -49,6 +53,41 @@ Run add_train_command(CLI::App& app) {
       // Every rank fails alike: rank 0 alone reports it, and all leave together (a rank that
       // exits first would make mpirun kill rank 0 before it has printed).
       if (rank0) std::fprintf(stderr, "error: %s\n", e.what());
+      world->barrier();
+      return 2;
+    }
+    // Memory before allocation: the ranks of a node must fit in what the node has left (host
+    // memory; a GPU run's state lives on the GPUs, which this does not check yet).
+    const MemoryEstimate need = estimate_rank_memory(cfg, mesh_shape(cfg.parallel, world_size));
+    const int local_ranks = local_size_from_env();
+    const bool on_host =
+        select_device(cfg.train.device, local_rank_from_env()).kind == DeviceKind::cpu;
+    const AvailableMemory have = host_memory_available();
+    const double node_need = need.total() * local_ranks;
+    if (!args->quiet && rank0)
+      std::printf(
+          "memory: at least %s per rank (params %s, grads %s, optimizer %s, activations "
+          ">= %s); %d rank%s on this node; %s available (%s)\n",
+          gib(need.total()).c_str(), gib(need.params).c_str(), gib(need.grads).c_str(),
+          gib(need.optimizer).c_str(), gib(need.activations).c_str(), local_ranks,
+          local_ranks > 1 ? "s" : "", gib(have.bytes).c_str(), have.source.c_str());
+    // The first rank whose node is short, or world_size: every rank learns it.
+    int32_t short_rank =
+        on_host && !args->force && node_need > have.bytes ? -world->rank() : -world_size;
+    if (world_size > 1)
+      world->all_reduce(Tensor(&short_rank, {1}, DType::i32), ReduceOp::max).wait();
+    if (-short_rank < world_size) {
+      if (world->rank() == -short_rank)
+        std::fprintf(
+            stderr,
+            "error: this run needs at least %s on the node of rank %d (%d rank%s x %s: params "
+            "%s, grads %s, optimizer %s, activations >= %s), which has %s available (%s). Use "
+            "more ranks or nodes (parallel.zero_stage, tp, pp shard the state), a smaller model "
+            "or micro-batch, or --force to start anyway\n",
+            gib(node_need).c_str(), world->rank(), local_ranks, local_ranks > 1 ? "s" : "",
+            gib(need.total()).c_str(), gib(need.params).c_str(), gib(need.grads).c_str(),
+            gib(need.optimizer).c_str(), gib(need.activations).c_str(), gib(have.bytes).c_str(),
+            have.source.c_str());
       world->barrier();
       return 2;
     }

@@ -20,6 +20,9 @@
              launcher, ranks, threads and device; a config error is printed once, not per rank
   watchdog   np=2 with comm.timeout_s=3: SIGSTOP one rank; the other aborts the job naming itself,
              the operation and the group, within the timeout plus a few seconds
+  memory     the bytes estimated before allocation (params, grads, optimizer) equal what the
+             allocator reports (4 significant digits), activations a lower bound; n_layers=1e9
+             exits 2 at once naming the numbers, as a 64 x 8192 model at dp=2 does
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
 import json
@@ -347,10 +350,38 @@ def test_watchdog(args, w):
     print(f"watchdog: job aborted {took:.1f} s after SIGSTOP of rank 1 (timeout 3 s)")
 
 
+def test_memory(args, w):
+    unit = {"MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    run_dir = os.path.join(w, "tiny")
+    r = subprocess.run([c for c in cmd_of(args, run_dir, ["train.steps=2"]) if c != "-q"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"params ([\d.e+]+) (\wiB), grads ([\d.e+]+) (\wiB), optimizer ([\d.e+]+) "
+                  r"(\wiB), activations >= ([\d.e+]+) (\wiB)", r.stdout)
+    check(r.returncode == 0 and m, f"memory line:\n{r.stdout}")
+    if m:
+        est = [float(m.group(i)) * unit[m.group(i + 1)] for i in (1, 3, 5, 7)]
+        peak = metrics(run_dir)[-1]["peak_bytes"]
+        for name, e in zip(["params", "grads", "optimizer"], est):
+            check(abs(e - peak[name]) <= 5e-4 * peak[name],
+                  f"{name}: estimated {e:.0f} B, allocated {peak[name]} B")
+        check(est[3] <= peak["activations"],
+              f"activations: estimated >= {est[3]:.0f} B, allocated {peak['activations']} B")
+    t0 = time.time()
+    rc, out = train(args, os.path.join(w, "huge"), ["model.n_layers=1000000000"])
+    check(rc == 2 and time.time() - t0 < 10 and re.search(
+        r"error: this run needs at least [\d.]+ TiB on the node of rank 0 \(1 rank x ", out),
+        f"n_layers=1e9: exit {rc}:\n{out}")
+    rc, out = train(args, os.path.join(w, "big"), ["model.n_layers=64", "model.d_model=8192",
+                                                   "model.n_heads=64"], ranks=2)
+    check(rc == 2 and out.count("error: this run needs at least") == 1,
+          f"64 x 8192 at dp=2: exit {rc}:\n{out}")
+    print("memory: estimate equals the allocator's params/grads/optimizer; oversized runs exit 2")
+
+
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
         "check", choices=["nonfinite", "signals", "interrupt", "timelimit", "kill", "auto",
-                          "lock", "launch", "watchdog"]))
+                          "lock", "launch", "watchdog", "memory"]))
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](args, args.workdir)
     harness.finish(FAILURES)

@@ -1,0 +1,91 @@
+#include "engine/train/memory_estimate.h"
+
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "engine/model/model_spec.h"
+
+namespace llmt {
+
+namespace {
+
+// Parameters of the whole model, without building a spec of n_layers layers: the count is
+// affine in the layer count.
+double total_params(const ModelConfig& m) {
+  ModelConfig one = m, two = m;
+  one.n_layers = 1;
+  two.n_layers = 2;
+  const double p1 = static_cast<double>(ModelSpec::from_config(one).num_params());
+  const double p2 = static_cast<double>(ModelSpec::from_config(two).num_params());
+  return p1 + static_cast<double>(m.n_layers - 1) * (p2 - p1);
+}
+
+// The first number in `path`, or nullopt ("max" and missing files: no limit).
+bool read_number(const std::string& path, double& out) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return false;
+  try {
+    out = std::stod(word);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
+  const double tp = mesh.size(Axis::tp), pp = mesh.size(Axis::pp);
+  const double dp = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+  const int64_t zero = c.parallel.zero_stage;
+  const double P = total_params(c.model) / (tp * pp);
+  MemoryEstimate e;
+  e.params =
+      4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);
+  e.grads = 4 * P / (zero >= 2 ? dp : 1);
+  e.optimizer = 8 * P / (zero >= 1 ? dp : 1);
+  const double s = static_cast<double>(c.model.seq_len), b = c.train.micro_batch_size,
+               h = static_cast<double>(c.model.d_model);
+  e.activations = 4 * s * b * h * static_cast<double>(c.model.n_layers) / pp /
+                  (c.parallel.sequence_parallel ? tp : 1);
+  return e;
+}
+
+AvailableMemory host_memory_available() {
+  AvailableMemory out{std::numeric_limits<double>::infinity(), "unknown"};
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    double kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lf kB", &kb) == 1) {
+      out = {kb * 1024, "MemAvailable"};
+      break;
+    }
+  }
+  double limit = 0, usage = 0;
+  if (read_number("/sys/fs/cgroup/memory.max", limit) &&
+      read_number("/sys/fs/cgroup/memory.current", usage)) {
+    if (limit - usage < out.bytes) out = {limit - usage, "cgroup memory.max - memory.current"};
+  } else if (read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes", limit) &&
+             read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes", usage) && limit < 1e18) {
+    if (limit - usage < out.bytes)
+      out = {limit - usage, "cgroup memory.limit_in_bytes - memory.usage_in_bytes"};
+  }
+  return out;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  const double g = bytes / (1024.0 * 1024 * 1024);
+  if (g >= 1024)
+    std::snprintf(buf, sizeof buf, "%.4g TiB", g / 1024);
+  else if (g >= 1)
+    std::snprintf(buf, sizeof buf, "%.4g GiB", g);
+  else
+    std::snprintf(buf, sizeof buf, "%.4g MiB", g * 1024);
+  return buf;
+}
+
+}  // namespace llmt
