@@ -1,9 +1,14 @@
 #include "checkpoints/store.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "checkpoints/h5.h"
 
@@ -70,6 +75,7 @@ void ShardFileWriter::write(const std::string& dataset, const Box& box, const fl
   h5::check(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
             "cannot write " + where);
   h5::write_attr(d, "offset", box.start);
+  h5::write_attr(d, kChecksumAttr, box_checksum(data, box.numel()));
   bytes_ += box.numel() * 4;
 }
 
@@ -130,7 +136,16 @@ void write_index(const std::string& dir, const RunState& s,
 
 struct Checkpoint::Files {
   std::map<std::string, h5::Id> open;
+  std::set<std::string> checked;  // "file/dataset" whose checksum matched
 };
+
+int64_t box_checksum(const float* data, int64_t numel) {
+  static_assert(sizeof(float) == 4);
+  const XXH64_hash_t h = XXH64(data, static_cast<size_t>(numel) * 4, 0);
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
 
 namespace {
 
@@ -259,6 +274,26 @@ hid_t open_rank_file(std::map<std::string, h5::Id>& open, const std::string& dir
 }
 }  // namespace
 
+void Checkpoint::check_box(int64_t d, const Mapping& m, const std::string& where,
+                           const std::string& tensor) const {
+  if (!h5::has_attr(d, kChecksumAttr)) return;  // written before boxes carried checksums
+  if (!files_->checked.insert(m.file + "/" + m.dataset).second) return;
+  std::vector<float> all(static_cast<size_t>(m.dest.numel()));
+  h5::check(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()),
+            "cannot read " + where);
+  const int64_t want = h5::read_attr_int(d, kChecksumAttr, where);
+  const int64_t got = box_checksum(all.data(), m.dest.numel());
+  if (got != want) {
+    files_->checked.erase(m.file + "/" + m.dataset);
+    char text[96];
+    std::snprintf(text, sizeof text, "(xxh64 %016llx stored, %016llx read)",
+                  static_cast<unsigned long long>(want), static_cast<unsigned long long>(got));
+    throw Error(where + ": the values read do not match the box's checksum " + text + ": " +
+                m.file + " is corrupt (its data or the chunk index that locates it), so " + tensor +
+                " " + m.dest.str() + " cannot be trusted");
+  }
+}
+
 void Checkpoint::read(const std::string& path, const Box& box, float* out) const {
   const IndexTensor* t = find(path);
   if (!t) throw Error("checkpoint " + dir_ + " has no tensor " + path);
@@ -273,6 +308,7 @@ void Checkpoint::read(const std::string& path, const Box& box, float* out) const
     if (h5::dataset_dims(d) != m.dest.count)
       throw Error(where + " does not have the shape " + Box{m.dest.start, m.dest.count}.str() +
                   " the index maps");
+    check_box(d, m, where, path);
     h5::Id fspace = h5::checked(H5Dget_space(d), H5Sclose, where);
     std::vector<int64_t> fstart, mstart;
     for (size_t k = 0; k < part.start.size(); ++k) {

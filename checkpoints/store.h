@@ -17,6 +17,12 @@ namespace llmt::ckpt {
 constexpr const char* kFormat = "llmtrain-checkpoint";
 constexpr int64_t kVersion = 1;
 constexpr const char* kIndexFile = "index.h5";
+// Attribute of every rank-file dataset: XXH64 (seed 0) of the box's float32 values as
+// little-endian bytes, row-major, as an int64 (the hash's bits). Fletcher32 covers each chunk's
+// stored bytes; this covers what a reader gets, so a chunk the index no longer locates (read
+// back as the fill value, without an error) is caught too.
+constexpr const char* kChecksumAttr = "xxh64";
+int64_t box_checksum(const float* data, int64_t numel);
 
 // Everything besides tensors that resuming needs, and the layout the checkpoint was written in.
 struct RunState {
@@ -88,6 +94,9 @@ class Checkpoint {
   std::vector<std::string> verify() const;
 
  private:
+  // Reads dataset `d` (mapping m) whole once and compares it with its checksum attribute.
+  void check_box(int64_t d, const Mapping& m, const std::string& where,
+                 const std::string& tensor) const;
   std::string dir_;
   RunState state_;
   std::vector<IndexTensor> tensors_;

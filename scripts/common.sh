@@ -6,7 +6,7 @@ LLMT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
   libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece
-  libopenblas-openmp-dev libgtest-dev
+  libopenblas-openmp-dev libgtest-dev libxxhash-dev
   python3-torch python3-numpy python3-h5py python3-sentencepiece fortunes
 )
 

@@ -14,6 +14,9 @@
              `verify` and by load, naming the file and the dataset
   errors     load = "latest" with nothing saved, and a checkpoint of another model shape (which
              lists each tensor with both shapes) fail with exit code 2 before training
+  chunkindex a bit flipped in a rank file's chunk index (a v1 B-tree key, not the data), which
+             h5py reads back as the fill value without an error: `verify` and a resume stop
+             naming the file, the dataset and the tensor (each box's xxh64 checksum)
   states     the optimizer states are whatever the index lists: a checkpoint whose index keeps
              one optimizer state under another name ("momentum", mapped to exp_avg_sq's boxes)
              verifies, inspects and reshards to dp=2 with that state (h5py reads it back equal),
@@ -233,6 +236,66 @@ def test_errors(r, w):
     print("errors: load=latest without a checkpoint and another model shape exit 2")
 
 
+def datasets_of(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset)
+                     else None)
+    return out
+
+
+def test_chunkindex(r, w):
+    run_dir = os.path.join(w, "chunkindex")
+    ck = os.path.join(run_dir, "ckpt")
+    r.train(run_dir, f"checkpoint.dir={ck}", "train.steps=2")
+    step = os.path.join(ck, "step_00000002")
+    rank_file = os.path.join(step, "rank_00000.h5")
+    with h5py.File(rank_file, "r") as f:
+        check(all("xxh64" in o.attrs for o in [f[n] for n in _names(f)]),
+              "a rank-file dataset without its xxh64 attribute")
+    good = datasets_of(rank_file)
+    data = bytearray(open(rank_file, "rb").read())
+    hit = None
+    # v1 B-tree nodes: "TREE", type, level, entries (2), siblings (2 x 8), then per entry a key
+    # (chunk size 4, filter mask 4, one 8-byte offset per dim + 1) and a child address (8).
+    for at in [m.start() for m in re.finditer(b"TREE", data)]:
+        if data[at + 4] != 1 or data[at + 5] != 0:
+            continue  # not a leaf of a chunked dataset's index
+        bad = bytearray(data)
+        bad[at + 24 + 8 + 7] ^= 0x40  # the first key's dim-0 offset: a chunk nobody asks for
+        trial = os.path.join(run_dir, "trial.h5")
+        open(trial, "wb").write(bad)
+        try:
+            got = datasets_of(trial)
+        except Exception:  # noqa: BLE001 - HDF5 noticed: not the silent case
+            continue
+        changed = [n for n in good if not np.array_equal(got[n], good[n])]
+        if changed:
+            hit = (bad, changed[0])
+            break
+    check(hit is not None, "no chunk-index flip found that h5py reads back silently")
+    if not hit:
+        return
+    bad, name = hit
+    corrupt = os.path.join(run_dir, "corrupt")
+    shutil.rmtree(corrupt, ignore_errors=True)
+    shutil.copytree(step, corrupt)
+    open(os.path.join(corrupt, "rank_00000.h5"), "wb").write(bad)
+    v = run([r.args.llmtrain, "checkpoint", "verify", corrupt], expect=1).stdout
+    want = f"rank_00000.h5: dataset {name}: the values read do not match the box's checksum"
+    check(want in v, f"verify after the flip:\n{v}")
+    t = r.train(os.path.join(w, "chunkindex_b"), f"checkpoint.load={corrupt}", expect=1).stdout
+    check(want in t and "cannot be trusted" in t, f"resume after the flip:\n{t}")
+    print(f"chunkindex: a flipped chunk-index key silently changed {name} for h5py; verify and "
+          "load report its checksum mismatch")
+
+
+def _names(f):
+    out = []
+    f.visititems(lambda n, o: out.append(n) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
 def test_states(r, w):
     run_dir = os.path.join(w, "states")
     ck = os.path.join(run_dir, "ckpt")
@@ -275,7 +338,8 @@ def main():
     ap.add_argument("--llmtrain", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors", "states"])
+    ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors", "states",
+                                          "chunkindex"])
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](Runner(args), args.workdir)
