@@ -6,6 +6,15 @@
 namespace llmt::ckpt::h5 {
 
 void quiet() {
+  // No exit-time cleanup: after a failed H5Fclose (a full disk) the file stays in the library's
+  // open list, and its cleanup at exit flushed it again and crashed (exit 139) after the error
+  // had been reported. Every file is closed explicitly (h5::Id) on the paths that succeed.
+  // Effective only before the library's first use, which this is on every path.
+  static const bool once = [] {
+    H5dont_atexit();
+    return true;
+  }();
+  (void)once;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
@@ -22,6 +31,16 @@ std::string error_stack() {
   std::vector<std::string> msgs;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect, &msgs);
   H5Eclear2(H5E_DEFAULT);
+  // A failed system call buried in the stack ("... errno = 28, error message = 'No space left on
+  // device' ...") is the cause a user needs: say that alone.
+  for (const std::string& m : msgs) {
+    const size_t e = m.find("error message = '");
+    if (e == std::string::npos) continue;
+    const size_t from = e + 17, to = m.find('\'', from);
+    const size_t no = m.find("errno = ");
+    return m.substr(from, to == std::string::npos ? std::string::npos : to - from) +
+           (no == std::string::npos ? "" : " (" + m.substr(no, m.find(',', no) - no) + ")");
+  }
   std::string s;
   for (const std::string& m : msgs) {
     if (s.find(m) != std::string::npos) continue;

@@ -106,15 +106,26 @@ class MappedFile {
     if (size_ > 0) {
       void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
       int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED) throw Error(detail::concat(path, ": cannot mmap: ", std::strerror(err)));
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        throw Error(detail::concat(path, ": cannot mmap: ", std::strerror(err)));
+      }
       data_ = static_cast<const uint8_t*>(p);
-    } else {
-      ::close(fd);
     }
+    fd_ = fd;  // kept to notice the file shrinking under the map (check_intact)
   }
   ~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Throws when the file is now shorter than when it was mapped: reading the lost pages would
+  // end the process with SIGBUS. (A truncation between this check and the read still can.)
+  void check_intact() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && st.st_size < size_)
+      throw Error(detail::concat(path_, ": the file shrank from ", size_, " to ", st.st_size,
+                                 " bytes while training (truncated or rewritten in place?); "
+                                 "restore it and resume from the last checkpoint"));
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -125,6 +136,7 @@ class MappedFile {
 
  private:
   std::string path_;
+  int fd_ = -1;
   const uint8_t* data_ = nullptr;
   int64_t size_ = 0;
 };
@@ -188,6 +200,7 @@ class MappedDataset final : public IndexedDataset {
     const int64_t len = sequence_length(i);
     LLMT_CHECK(offset >= 0 && n >= 0 && offset + n <= len, prefix_, ": tokens [", offset, ", ",
                offset + n, ") of sequence ", i, " (", len, " tokens)");
+    bin_.check_intact();
     const uint8_t* p = bin_.data() + pointer(i) + offset * item_;
     with_typed(dtype_, p, [&](const auto* src) {
       for (int64_t k = 0; k < n; ++k) out[k] = static_cast<int32_t>(src[k]);

@@ -23,6 +23,11 @@
   memory     the bytes estimated before allocation (params, grads, optimizer) equal what the
              allocator reports (4 significant digits), activations a lower bound; n_layers=1e9
              exits 2 at once naming the numbers, as a 64 x 8192 model at dp=2 does
+  diskfull   a save that cannot write its rank file (RLIMIT_FSIZE, as a full disk): exit 1 with
+             the cause ("File too large"), no crash at exit, the previous checkpoint still latest
+             and intact
+  truncate   a dataset's .bin truncated while training (np=2): exit 1 naming the file and both
+             sizes, instead of "Bus error"
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
 import json
@@ -378,10 +383,57 @@ def test_memory(args, w):
     print("memory: estimate equals the allocator's params/grads/optimizer; oversized runs exit 2")
 
 
+def test_diskfull(args, w):
+    import resource
+    run_dir, ck = os.path.join(w, "df"), os.path.join(w, "df", "ck")
+    sets = ["train.steps=4", f"checkpoint.dir={ck}", "checkpoint.interval=2",
+            "checkpoint.load=auto"]
+    rc, out = train(args, run_dir, ["train.steps=2", f"checkpoint.dir={ck}"])
+    check(rc == 0 and latest_step(ck) == 2, f"the first run: exit {rc}\n{out}")
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    r = subprocess.run(cmd_of(args, run_dir, sets), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, preexec_fn=limited)
+    check(r.returncode == 1 and "failed: File too large" in r.stdout,
+          f"save on a full disk: exit {r.returncode}:\n{r.stdout}")
+    check(latest_step(ck) == 2, f"latest after the failed save: {latest_step(ck)}")
+    v = subprocess.run([args.llmtrain, "checkpoint", "verify", ck], stdout=subprocess.PIPE,
+                       text=True)
+    check(v.returncode == 0, f"verify of the previous checkpoint:\n{v.stdout}")
+    print("diskfull: exit 1 naming the cause, step 2 still latest and verified")
+
+
+def test_truncate(args, w):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+    from check_megatron_format import write_dataset  # noqa: E402 - the e2e tests' writer
+    rng = np.random.default_rng(3)
+    prefix = os.path.join(w, "corpus")
+    write_dataset(prefix, np.uint16, [[rng.integers(0, 256, 120).tolist()] for _ in range(3000)])
+    run_dir = os.path.join(w, "tr")
+    p = start(args, run_dir, ["train.steps=100000", "data.source=indexed", f"data.path={prefix}",
+                              "data.split=100,0,0"], ranks=2)
+    wait_for_steps(run_dir, 20, p)
+    size = os.path.getsize(prefix + ".bin")
+    os.truncate(prefix + ".bin", size // 10)
+    try:
+        out = p.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out = p.communicate()[0]
+    check(p.returncode == 1 and f"corpus.bin: the file shrank from {size} to {size // 10} bytes "
+          "while training" in out and "Bus error" not in out,
+          f"truncated .bin: exit {p.returncode}:\n{out}")
+    print(f"truncate: exit 1 naming the file ({size} -> {size // 10} bytes)")
+
+
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
         "check", choices=["nonfinite", "signals", "interrupt", "timelimit", "kill", "auto",
-                          "lock", "launch", "watchdog", "memory"]))
+                          "lock", "launch", "watchdog", "memory", "diskfull",
+                          "truncate"]))
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](args, args.workdir)
     harness.finish(FAILURES)
