@@ -2,22 +2,30 @@
 # Sourced, not run. Debian packages only (docs/references.md).
 
 LLMT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# What building llmtrain and training the quickstart need (scripts/quickstart.sh).
 LLMT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-  libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece
-  libopenblas-openmp-dev libgtest-dev libxxhash-dev
-  python3-torch python3-numpy python3-h5py python3-sentencepiece fortunes
+  libopenmpi-dev openmpi-bin libhdf5-dev
+  libtomlplusplus-dev libcli11-dev libsentencepiece-dev
+  libopenblas-openmp-dev libxxhash-dev fortunes
+)
+# What the tests add (scripts/test.sh): GoogleTest, h5dump, the spm_train CLI, and the Python
+# readers and the independent PyTorch model the tests compare against.
+LLMT_TEST_PACKAGES=(
+  libgtest-dev hdf5-tools sentencepiece
+  python3-torch python3-numpy python3-h5py python3-sentencepiece
 )
 
 llmt_sudo() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Installs the Debian packages (skipped when all are present).
+# Installs the Debian packages (skipped when all are present): LLMT_PACKAGES, plus
+# LLMT_TEST_PACKAGES with the argument "test".
 llmt_install_deps() {
-  local missing=()
-  for p in "${LLMT_PACKAGES[@]}"; do
+  local missing=() wanted=("${LLMT_PACKAGES[@]}")
+  if [ "${1:-}" = test ]; then wanted+=("${LLMT_TEST_PACKAGES[@]}"); fi
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then

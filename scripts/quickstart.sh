@@ -5,7 +5,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 llmt_install_deps
-LLMT_TARGETS=llmtrain llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF
+LLMT_TARGETS=llmtrain llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=OFF
 cd "$LLMT_ROOT"
 # corpus.sh prints vocab_size=, data_prefix= and tokenizer=. The config points at the default
 # cache; passing what was built keeps LLMT_CORPUS_DIR / LLMT_CORPUS_VOCAB overrides working.

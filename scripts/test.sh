@@ -6,7 +6,7 @@
 # .ci/run calls exactly this.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-llmt_install_deps
+llmt_install_deps test
 cd "$LLMT_ROOT"
 
 llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_WERROR=ON
