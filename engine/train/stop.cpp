@@ -11,7 +11,7 @@ namespace {
 
 // What a signal handler may touch: a lock-free flag (the process's, like the handlers).
 volatile std::sig_atomic_t g_received = 0;
-bool g_installed = false;
+int g_users = 0;  // StopRequests alive (handlers installed by the first, restored by the last)
 constexpr int kSignals[] = {SIGTERM, SIGUSR1, SIGINT};
 struct sigaction g_previous[3];
 
@@ -28,8 +28,7 @@ void on_signal(int sig) {
 }  // namespace
 
 StopRequests::StopRequests() {
-  LLMT_CHECK(!g_installed, "one StopRequests at a time");
-  g_installed = true;
+  if (g_users++ > 0) return;
   g_received = 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -39,8 +38,8 @@ StopRequests::StopRequests() {
 }
 
 StopRequests::~StopRequests() {
+  if (--g_users > 0) return;
   for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
-  g_installed = false;
 }
 
 int StopRequests::signal() const {

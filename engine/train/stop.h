@@ -10,7 +10,8 @@ namespace llmt {
 constexpr int kExitStopped = 75;
 
 // Installs the handlers for its lifetime (the previous ones are restored by the destructor).
-// Signal dispositions belong to the process: one StopRequests at a time.
+// Signal dispositions and the flag belong to the process: StopRequests alive at once (trainers
+// of one process) share them; the first installs, the last restores.
 class StopRequests {
  public:
   StopRequests();

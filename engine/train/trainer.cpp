@@ -21,6 +21,7 @@
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/pipeline/executor.h"
+#include "engine/train/fault.h"
 #include "engine/train/metrics.h"
 #include "engine/train/run_lock.h"
 #include "engine/train/stop.h"
@@ -229,8 +230,11 @@ struct Trainer::State {
         mbs(c.train.micro_batch_size),
         accum(grad_accum_steps(c) / dp),
         scaler(c.optimizer, c.train.precision == Precision::fp16),
-        created(std::chrono::steady_clock::now()) {}
+        created(std::chrono::steady_clock::now()),
+        fault(m.rank()) {}
 
+  // From construction on, so that a signal while loading a checkpoint stops the run too.
+  const StopRequests stop_requests;
   const Config cfg;  // copies: a Trainer outlives the arguments it was built from
   const TrainOptions opts;
   Mesh& mesh;
@@ -259,6 +263,7 @@ struct Trainer::State {
   int64_t start_step = 0, updates = 0, consumed = 0;
   int64_t skipped_in_a_row = 0;
   const std::chrono::steady_clock::time_point created;  // train.time_limit counts from here
+  const FaultInjector fault;                            // LLMTRAIN_FAULT (tests)
   // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
   std::string failure;
   std::string last_checkpoint;
@@ -415,6 +420,7 @@ void Trainer::State::restore() {
   const ckpt::RunState& rs = s.resume->state();
   const auto t_load = std::chrono::steady_clock::now();
   const int64_t bytes = ckpt::load(*s.resume, s.model->spec(), *s.data_parallel, *s.backend);
+  s.fault.at("load", 0);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
@@ -612,7 +618,9 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
   }
   // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
   const float dloss = scale / static_cast<float>(s.accum * s.dp);
+  s.fault.at("forward", step);
   const double loss_sum = forward_backward(step, dloss);
+  s.fault.at("backward", step);
   s.data_parallel->finish_backward();
   if (s.embedding_group) {
     // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows on
@@ -656,6 +664,7 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
                   : detail::concat("fp16 overflow at loss scale ", scale),
         "): the run is not training. Lower optimizer.lr, or use train.precision = \"bf16\"");
   if (!m.skipped) {
+    s.fault.at("optimizer", step);
     const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
     s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
   }
@@ -667,7 +676,6 @@ TrainResult Trainer::State::run() {
   const Config& cfg = s.cfg;
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
-  const StopRequests stop_requests;
   TrainResult result;
   if (s.rank0 && !s.opts.quiet && s.start_step >= cfg.train.steps)
     std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
@@ -732,6 +740,7 @@ TrainResult Trainer::State::run() {
     // commits just below, an async one at a later step's poll): `latest` never runs ahead of
     // metrics.jsonl.
     s.metrics->write(m);
+    if (started) s.fault.at("save", step);
     if (started && !ck.async) poll_checkpoint(true);
     if (s.rank0 && !s.opts.quiet && cfg.log.progress &&
         (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss ||

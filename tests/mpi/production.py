@@ -28,6 +28,11 @@
              and intact
   truncate   a dataset's .bin truncated while training (np=2): exit 1 naming the file and both
              sizes, instead of "Bus error"
+  faults     the fault matrix for one signal (argument --signal: TERM, USR1 or KILL): the signal at
+             {forward, backward, optimizer, save, load} x {rank 0, rank 1} of a np=2 run (the
+             LLMTRAIN_FAULT test aid raises it at that exact point); after each cell `latest`
+             verifies, TERM/USR1 exit 75 having lost no step, and resuming with load = "auto"
+             gives bitwise the losses and grad norms of the uninterrupted run
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
 import json
@@ -429,11 +434,64 @@ def test_truncate(args, w):
     print(f"truncate: exit 1 naming the file ({size} -> {size // 10} bytes)")
 
 
+def test_faults(args, w):
+    sig = args.signal
+    base = ["train.steps=12", "checkpoint.interval=4", "checkpoint.load=auto"]
+    ref_dir = os.path.join(w, "ref")
+    rc, out = train(args, ref_dir, base + [f"checkpoint.dir={os.path.join(ref_dir, 'ck')}"],
+                    ranks=2)
+    check(rc == 0, f"reference: exit {rc}\n{out}")
+    ref = [(m["loss"], m["grad_norm"]) for m in metrics(ref_dir)]
+    cells = 0
+    for phase in ["forward", "backward", "optimizer", "save", "load"]:
+        for rank in [0, 1]:
+            cell = f"{phase}-rank{rank}"
+            run_dir = os.path.join(w, cell)
+            ck = os.path.join(run_dir, "ck")
+            sets = base + [f"checkpoint.dir={ck}"]
+            shutil.rmtree(run_dir, ignore_errors=True)
+            step = 8 if phase == "save" else 6  # saves happen at 4, 8, 12
+            if phase == "load":  # a checkpoint to load first
+                rc, out = train(args, run_dir, sets + ["train.steps=12"], ranks=2)
+                shutil.rmtree(os.path.join(ck, "step_00000008"))
+                shutil.rmtree(os.path.join(ck, "step_00000012"))
+                with open(os.path.join(ck, "latest"), "w") as f:
+                    f.write("step_00000004\n")
+            env = {**os.environ, "LLMTRAIN_FAULT": f"{phase}:{step}:{rank}:{sig}"}
+            r = subprocess.run(cmd_of(args, run_dir, sets, 2), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+            latest = latest_step(ck)
+            v = subprocess.run([args.llmtrain, "checkpoint", "verify", ck],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            check(v.returncode == 0, f"{sig} {cell}: latest (step {latest}) does not verify:\n"
+                  f"{v.stdout}")
+            if sig == "KILL":
+                check(r.returncode != 0, f"{sig} {cell}: exit {r.returncode}")
+            else:
+                # The stop is agreed at a step's end before its save: a signal during the save
+                # of step 8 stops the run after step 9 (with a checkpoint of 9); one during load,
+                # after the first step.
+                stopped = {"load": 5, "save": step + 1}.get(phase, step)
+                check(r.returncode == 75 and latest == stopped,
+                      f"{sig} {cell}: exit {r.returncode}, latest {latest} (want 75 and step "
+                      f"{stopped}):\n{r.stdout}")
+            rc, out = train(args, run_dir, sets, ranks=2, fresh=False)
+            got = [(m["loss"], m["grad_norm"]) for m in metrics(run_dir)]
+            check(rc == 0 and got == ref, f"{sig} {cell}: resumed run exit {rc}, "
+                  f"{len(got)} lines; differs from the reference at "
+                  f"{[i + 1 for i, (a, b) in enumerate(zip(got, ref)) if a != b][:5]}")
+            cells += 1
+    print(f"faults: SIG{sig} in {cells} cells; every latest verified, every resume bitwise equal")
+
+
 def main():
-    args = harness.parse_args(lambda ap: ap.add_argument(
-        "check", choices=["nonfinite", "signals", "interrupt", "timelimit", "kill", "auto",
-                          "lock", "launch", "watchdog", "memory", "diskfull",
-                          "truncate"]))
+    def extra(ap):
+        ap.add_argument("check", choices=[
+            "nonfinite", "signals", "interrupt", "timelimit", "kill", "auto", "lock", "launch",
+            "watchdog", "memory", "diskfull", "truncate", "faults"])
+        ap.add_argument("--signal", choices=["TERM", "USR1", "KILL"], default="TERM")
+
+    args = harness.parse_args(extra)
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](args, args.workdir)
     harness.finish(FAILURES)
