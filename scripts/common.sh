@@ -9,11 +9,12 @@ LLMT_PACKAGES=(
   libtomlplusplus-dev libcli11-dev libsentencepiece-dev
   libopenblas-openmp-dev libxxhash-dev fortunes
 )
-# What the tests add (scripts/test.sh): GoogleTest, h5dump, the spm_train CLI, and the Python
-# readers and the independent PyTorch model the tests compare against.
+# What the tests add (scripts/test.sh): GoogleTest, h5dump, the spm_train CLI, the Python
+# readers and the independent PyTorch model the tests compare against, and a one-node Slurm.
 LLMT_TEST_PACKAGES=(
   libgtest-dev hdf5-tools sentencepiece
   python3-torch python3-numpy python3-h5py python3-sentencepiece
+  slurm-wlm munge
 )
 
 llmt_sudo() {
