@@ -1,6 +1,12 @@
 #include "engine/core/peak_flops.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string_view>
+
+#include "engine/core/check.h"
 
 #ifdef LLMTRAIN_HAVE_CUDA
 #include "engine/core/cuda/cuda_backend.h"
@@ -42,16 +48,93 @@ double gpu_peak_flops(const GpuInfo& gpu, DType compute) {
   return per_sm * gpu.sms * gpu.clock_hz;
 }
 
-double cpu_peak_flops(int threads) {
-  const double flop_per_cycle = __builtin_cpu_supports("avx512f") ? 64.0 : 32.0;
-  return threads * 4.1e9 * flop_per_cycle;
+CpuInfo parse_cpuinfo(const std::string& text) {
+  CpuInfo c;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) break;  // the first processor only
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "vendor_id") c.vendor = value;
+    if (key == "model name") c.model_name = value;
+    if (key == "cpu family") c.family = std::atoi(value.c_str());
+    if (key == "model") c.model = std::atoi(value.c_str());
+    if (key == "cpu MHz") c.mhz = std::atof(value.c_str());
+    if (key == "flags") {
+      std::istringstream flags(value);
+      for (std::string f; flags >> f;) {
+        c.avx512f = c.avx512f || f == "avx512f";
+        c.avx2 = c.avx2 || f == "avx2";
+        c.fma = c.fma || f == "fma";
+      }
+    }
+  }
+  return c;
 }
 
-double default_peak_flops(Device device, DType compute, int threads) {
-  if (device.kind == DeviceKind::cpu) return cpu_peak_flops(threads);
+CpuInfo read_cpuinfo() {
+  std::ifstream in("/proc/cpuinfo");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_cpuinfo(text.str());
+}
+
+CpuFmaWidth cpu_fma_width(const CpuInfo& c) {
+  const std::string id = detail::concat(c.vendor == "AuthenticAMD" ? "AMD" : c.vendor, " family ",
+                                        c.family, " model ", c.model);
+  if (c.vendor == "AuthenticAMD") {
+    if (c.family == 26 && c.avx512f) return {64, id + " (Zen 5): AVX-512 on 512-bit FMA units"};
+    if (c.family == 25)
+      return {32, id + " (Zen 3/4): two 256-bit FMA units" +
+                      std::string(c.avx512f ? ", AVX-512 split in two" : "")};
+    if (c.family == 23 && c.model >= 0x30) return {32, id + " (Zen 2): two 256-bit FMA units"};
+    if (c.family == 23) return {16, id + " (Zen 1): two 128-bit FMA units"};
+  }
+  if (c.avx512f) return {64, id + ": AVX-512, two 512-bit FMA units assumed"};
+  if (c.avx2 && c.fma) return {32, id + ": AVX2, two 256-bit FMA units"};
+  return {16, id + ": no AVX2/FMA, 16 assumed"};
+}
+
+double cpufreq_max_hz() {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+  double khz = 0;
+  return in >> khz ? khz * 1e3 : 0.0;
+}
+
+CpuPeak cpu_peak(const CpuInfo& cpu, int threads, double measured_per_thread, double cpufreq_max) {
+  CpuPeak p;
+  p.width = cpu_fma_width(cpu);
+  p.threads = threads;
+  if (cpufreq_max > 0) {
+    p.clock_hz = cpufreq_max;
+    p.clock_source = "cpufreq maximum";
+  } else if (measured_per_thread > 0) {
+    p.clock_hz = measured_per_thread / p.width.flop_per_cycle;
+    p.clock_source = "implied by a measured FMA loop";
+  } else {
+    p.clock_hz = cpu.mhz * 1e6;
+    p.clock_source = "/proc/cpuinfo cpu MHz";
+  }
+  p.flops = threads * p.clock_hz * p.width.flop_per_cycle;
+  return p;
+}
+
+std::string CpuPeak::text() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%d thread%s x %.3g GHz (%s) x %g fp32 FLOP/cycle = %.4g GFLOP/s",
+                threads, threads == 1 ? "" : "s", clock_hz / 1e9, clock_source.c_str(),
+                width.flop_per_cycle, flops / 1e9);
+  return std::string(buf) + " [" + width.why + "]";
+}
+
+double default_gpu_peak_flops(Device device, DType compute) {
 #ifdef LLMTRAIN_HAVE_CUDA
   return gpu_peak_flops(cuda_gpu_info(device.index), compute);
 #else
+  (void)device;
   (void)compute;
   return 0.0;  // unreachable: a CPU-only build refuses CUDA devices before training starts
 #endif

@@ -23,12 +23,44 @@ struct GpuInfo {
 // reported as 0 and the trainer says to set log.peak_flops).
 double gpu_peak_flops(const GpuInfo& gpu, DType compute);
 
-// threads x 4.1 GHz x FLOP/cycle of the CPU's FMA units (AVX-512: 64, else 32), fp32: the figure
-// docs/references.md gives for the project's machines.
-double cpu_peak_flops(int threads);
+// What /proc/cpuinfo says about the first processor.
+struct CpuInfo {
+  std::string vendor;  // "AuthenticAMD", "GenuineIntel"
+  std::string model_name;
+  int family = 0, model = 0;
+  bool avx512f = false, avx2 = false, fma = false;
+  double mhz = 0;  // "cpu MHz": the current or nominal clock (VMs: nominal)
+};
+CpuInfo parse_cpuinfo(const std::string& text);
+CpuInfo read_cpuinfo();
 
-// The default for a rank on `device` computing in `compute` with `threads` CPU threads: the CPU's
-// figure, or the GPU's (its GpuInfo read from the driver; 0 when unknown).
-double default_peak_flops(Device device, DType compute, int threads);
+// fp32 FLOP per cycle per core of the CPU's FMA units, and why: the ISA alone does not say it
+// (AMD Zen 4 runs AVX-512 on 256-bit units: 32, as AVX2; Zen 5 on 512-bit units: 64; Intel
+// server cores with AVX-512: 64, assuming two FMA units; AVX2 + FMA: 32; else 16).
+struct CpuFmaWidth {
+  double flop_per_cycle = 0;
+  std::string why;  // "AMD family 25 (Zen 3/4): two 256-bit FMA units, AVX-512 split in two"
+};
+CpuFmaWidth cpu_fma_width(const CpuInfo& cpu);
+
+// A CPU rank's peak: threads x clock x FLOP/cycle. The clock is cpufreq's maximum when the
+// kernel exposes it, else the one a measured FMA loop implies (measured per-thread FLOP/s /
+// FLOP/cycle: in a VM the nominal "cpu MHz" understates a boosting core), else "cpu MHz".
+struct CpuPeak {
+  double flops = 0, clock_hz = 0;
+  std::string clock_source;
+  CpuFmaWidth width;
+  int threads = 0;
+  std::string text() const;  // for the start-up line
+};
+// measured_per_thread: FLOP/s of one thread's FMA loop while all `threads` run it (0: none).
+CpuPeak cpu_peak(const CpuInfo& cpu, int threads, double measured_per_thread,
+                 double cpufreq_max_hz);
+// cpufreq's cpuinfo_max_freq of cpu0 in Hz, 0 when the kernel does not expose it.
+double cpufreq_max_hz();
+
+// The peak of a GPU rank (its GpuInfo read from the driver; 0 when unknown). CPU ranks use
+// cpu_peak.
+double default_gpu_peak_flops(Device device, DType compute);
 
 }  // namespace llmt

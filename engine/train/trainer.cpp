@@ -295,6 +295,7 @@ struct Trainer::State {
   // One micro-batch's windows (mbs, T+1) -> the device tokens and targets of slot `slot`.
   void stage(const MicroBatch& mb, int64_t slot);
   void gather_params();
+  double device_peak();
   double world_mean(double v);
   double evaluate(int64_t step);
   void report_save(const ckpt::SaveResult& r);
@@ -354,10 +355,7 @@ void Trainer::State::init() {
   build_model();
   restore();
   build_data();
-  const double rank_peak =
-      cfg.log.peak_flops > 0
-          ? cfg.log.peak_flops
-          : default_peak_flops(s.backend->device(), compute_dtype(cfg.train.precision), s.threads);
+  const double rank_peak = cfg.log.peak_flops > 0 ? cfg.log.peak_flops : s.device_peak();
   // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
   // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
   if (rank_peak <= 0 && s.rank0 && !opts.quiet)
@@ -366,6 +364,21 @@ void Trainer::State::init() {
         "is set\n");
   s.peak = rank_peak * static_cast<double>(mesh.shape().world());
   s.flops_per_step = s.spec.flops_per_token() * static_cast<double>(s.gbs * s.T);
+}
+
+// The peak FLOP/s of this rank's device: a GPU's from its model (0 when unknown); a CPU's from
+// its FMA width (vendor, family, model) x the clock x the threads, the clock measured when the
+// kernel does not expose it (cpu_peak). Rank 0 prints how it was found.
+double Trainer::State::device_peak() {
+  const Device dev = backend->device();
+  if (dev.kind != DeviceKind::cpu)
+    return default_gpu_peak_flops(dev, compute_dtype(cfg.train.precision));
+  const double max_hz = cpufreq_max_hz();
+  const CpuPeak p = cpu_peak(read_cpuinfo(), threads,
+                             max_hz > 0 ? 0.0 : measure_fma_flops_per_thread(threads), max_hz);
+  if (rank0 && !opts.quiet)
+    std::printf("peak: %s per rank, for MFU (log.peak_flops overrides)\n", p.text().c_str());
+  return p.flops;
 }
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Mesh& mesh)
