@@ -1,6 +1,8 @@
 // Parameter names, shapes and counts against published model sizes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/model/model_spec.h"
 
 namespace llmt {
@@ -33,6 +35,53 @@ TEST(ModelSpec, Llama2_7bHas6738415616Parameters) {
   ModelSpec s = ModelSpec::from_config(c);
   EXPECT_EQ(s.num_params(), 6738415616);  // Meta's Llama-2-7B
   EXPECT_EQ(s.params[s.index_of("layers.0.mlp.fc1.weight")].shape, Shape({2 * 11008, 4096}));
+}
+
+// Hugging Face's exact counts of the Llama 2 and Llama 3 releases (grouped-query attention at
+// 70B and in Llama 3, untied embeddings, vocabularies 32000 and 128256).
+TEST(ModelSpec, LlamaReleasesHaveTheirPublishedCounts) {
+  struct Row {
+    const char* name;
+    int64_t layers, d_model, heads, kv_heads, d_ff, vocab, params;
+  };
+  for (const Row& r : {Row{"Llama 2 13B", 40, 5120, 40, 40, 13824, 32000, 13015864320},
+                       Row{"Llama 2 70B", 80, 8192, 64, 8, 28672, 32000, 68976648192},
+                       Row{"Llama 3 8B", 32, 4096, 32, 8, 14336, 128256, 8030261248},
+                       Row{"Llama 3 70B", 80, 8192, 64, 8, 28672, 128256, 70553706496},
+                       Row{"Llama 3.1 405B", 126, 16384, 128, 8, 53248, 128256, 405853388800}}) {
+    ModelConfig c = model_preset(Arch::llama);
+    c.n_layers = r.layers;
+    c.d_model = r.d_model;
+    c.n_heads = r.heads;
+    c.n_kv_heads = r.kv_heads;
+    c.d_ff = r.d_ff;
+    c.vocab_size = r.vocab;
+    EXPECT_EQ(ModelSpec::from_config(c).num_params(), r.params) << r.name;
+  }
+}
+
+// GPT-3 Table 2.1 (Brown et al. 2020): GPT-2's architecture at context 2048 and vocabulary
+// 50257, counts as the paper rounds them (to the digits it prints). Medium is the exception: the
+// paper's "350M" is 355.9M counted (1.7% off; it is 356M by every count since).
+TEST(ModelSpec, Gpt3TableCountsToThePapersRounding) {
+  struct Row {
+    const char* name;
+    int64_t layers, d_model;
+    double params, unit;  // the paper's figure and the unit it rounds to
+  };
+  for (const Row& r : {Row{"Small", 12, 768, 125e6, 1e6}, Row{"Large", 24, 1536, 760e6, 1e6},
+                       Row{"XL", 24, 2048, 1.3e9, 1e8}, Row{"2.7B", 32, 2560, 2.7e9, 1e8},
+                       Row{"6.7B", 32, 4096, 6.7e9, 1e8}, Row{"13B", 40, 5140, 13e9, 1e9},
+                       Row{"175B", 96, 12288, 175e9, 1e9}, Row{"Medium", 24, 1024, 356e6, 1e6}}) {
+    ModelConfig c;
+    c.n_layers = r.layers;
+    c.d_model = r.d_model;
+    c.n_heads = 4;  // the count does not depend on it (13B's 5140 is not a multiple of 40)
+    c.d_ff = 4 * r.d_model;
+    c.seq_len = 2048;
+    const double n = static_cast<double>(ModelSpec::from_config(c).num_params());
+    EXPECT_EQ(std::round(n / r.unit) * r.unit, r.params) << r.name << ": " << n;
+  }
 }
 
 TEST(ModelSpec, GroupedQueryShapesAndInitRules) {
