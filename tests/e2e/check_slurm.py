@@ -6,7 +6,6 @@ resumes from `latest` and finishes; the losses and grad norms of its metrics equ
 of an uninterrupted `srun -n 2 --mpi=pmix` run. Exits 77 (skipped) when not root or Slurm is not
 installed."""
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -14,6 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi"))
+from harness import metrics  # noqa: E402 - the mpi tests' reader of metrics.jsonl
 
 CONF = """ClusterName=llmt
 SlurmctldHost={host}
@@ -50,14 +52,6 @@ def sh(cmd, env, check=True, **kw):
     if check and r.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)}: exit {r.returncode}\n{r.stdout}")
     return r.stdout
-
-
-def metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def wait(cond, timeout, what):

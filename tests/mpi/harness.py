@@ -51,8 +51,16 @@ def train(args, out, ranks, sets, dump_final=False):
     if ranks > 1:
         cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
     run(cmd)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return metrics(out)
+
+
+def metrics(run_dir):
+    """The complete lines of run_dir/metrics.jsonl ([] before the first): a run may be writing."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def finish(failures):

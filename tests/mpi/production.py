@@ -35,7 +35,6 @@
              gives bitwise the losses and grad norms of the uninterrupted run
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
-import json
 import os
 import random
 import re
@@ -49,6 +48,7 @@ import h5py
 import numpy as np
 
 import harness
+from harness import metrics
 
 FAILURES = []
 
@@ -78,14 +78,6 @@ def train(args, run_dir, sets, ranks=1, fresh=True):
     p = start(args, run_dir, sets, ranks, fresh)
     out, _ = p.communicate()
     return p.returncode, out
-
-
-def metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def latest_step(ck):
