@@ -235,7 +235,9 @@ def test_timelimit(args, w):
     took = time.time() - t0
     check(rc == 75 and "stopped: train.time_limit after step" in out and latest_step(ck) > 0,
           f"time_limit: exit {rc}:\n{out}")
-    check(took < 3 + 2.5, f"time_limit=3: the process took {took:.1f} s")
+    # The limit counts from the trainer's start; MPI-free start-up adds a little, a loaded CI
+    # machine more.
+    check(took < 3 + 6, f"time_limit=3: the process took {took:.1f} s")
     print(f"timelimit: stopped after step {latest_step(ck)}, process {took:.1f} s for a 3 s limit")
 
 
@@ -300,7 +302,12 @@ def test_lock(args, w):
 
 def test_launch(args, w):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    per_rank = max(1, os.cpu_count() // 2)
+    # What threads = 0 gives a rank here (kernels/threads.h): its affinity mask, or the node's
+    # CPUs over the 2 ranks when the mask is the whole node.
+    mask, node = len(os.sched_getaffinity(0)), os.cpu_count()
+    per_rank = max(1, mask // 2) if mask >= node else mask
+    why = (f"{mask} CPUs of the node / 2 unbound ranks" if mask >= node else
+           f"affinity mask: {mask} CPU{'s' if mask > 1 else ''}")
 
     def launch_line(extra_env, bind="none"):
         cmd = cmd_of(args, os.path.join(w, "t"), ["train.steps=2", "train.threads=0"], 2)
@@ -313,8 +320,7 @@ def test_launch(args, w):
 
     got = launch_line({})
     want = (f"launch: mpirun, 2 ranks (2 per node), {per_rank} thread"
-            f"{'s' if per_rank > 1 else ''} per rank ({os.cpu_count()} CPUs of the node / 2 "
-            "unbound ranks), device cpu")
+            f"{'s' if per_rank > 1 else ''} per rank ({why}), device cpu")
     check(got == want, f"unbound: {got!r}, expected {want!r}")
     got = launch_line({"OMP_NUM_THREADS": "1"})
     check("1 thread per rank (OMP_NUM_THREADS)" in got, f"OMP_NUM_THREADS=1: {got!r}")
