@@ -1,14 +1,17 @@
 // `llmtrain plan --config F [--set k=v]... [--world N] [--schedule [--svg OUT.svg] [--p2p]]`: the
-// pipeline layout of a config and, with --schedule, each pp rank's actions, the simulated bubble
-// and peak in-flight micro-batches against the formulas, and the timeline as SVG. Works from the
-// config alone: nothing model-sized is allocated and MPI is not started.
+// pipeline layout of a config, its parameter count, FLOPs per step and the training state each
+// rank allocates (exact, by category), and, with --schedule, each pp rank's actions, the simulated
+// bubble and peak in-flight micro-batches against the formulas, and the timeline as SVG. Works from
+// the config alone: nothing model-sized is allocated and MPI is not started.
 #include <cstdio>
 #include <fstream>
 
 #include "app/commands.h"
+#include "checkpoints/layout.h"
 #include "engine/core/check.h"
 #include "engine/schedule/schedule.h"
 #include "engine/train/config.h"
+#include "engine/train/memory_estimate.h"
 
 namespace llmt::app {
 
@@ -113,6 +116,25 @@ Run add_plan_command(CLI::App& app) {
         if (s == p * v - 1) line += " + head and loss";
       }
       std::printf("%s\n", line.c_str());
+    }
+    // The training state each rank allocates, exactly (rank_state_bytes): the ranks of dp and
+    // cp coordinate 0, one per (tp, pp) coordinate; the others of a group hold the same or less.
+    const ModelSpec spec = ModelSpec::from_config(cfg.model);
+    std::printf("parameters: %lld; training FLOPs per step %.4g\n",
+                static_cast<long long>(spec.num_params()),
+                spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
+    std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld):\n",
+                static_cast<long long>(par.zero_stage));
+    const ckpt::WriteLayout layout{mesh, v, par.pp_layers};
+    const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+    for (int r = 0; r < world; ++r) {
+      const auto c = mesh.coords(r);
+      if (c[static_cast<int>(Axis::dp)] != 0 || c[static_cast<int>(Axis::cp)] != 0) continue;
+      const MemoryEstimate e = rank_state_bytes(ckpt::rank_spec(spec, layout, r), par.zero_stage,
+                                                group, 0, cfg.train.precision != Precision::fp32);
+      std::printf("  rank %d (tp %d, pp %d): params %.0f, grads %.0f, optimizer %.0f (%s)\n", r,
+                  c[static_cast<int>(Axis::tp)], c[static_cast<int>(Axis::pp)], e.params, e.grads,
+                  e.optimizer, gib(e.total()).c_str());
     }
     if (!args->schedule) return 0;
 

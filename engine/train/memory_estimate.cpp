@@ -1,5 +1,6 @@
 #include "engine/train/memory_estimate.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -51,6 +52,24 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
                h = static_cast<double>(c.model.d_model);
   e.activations = 4 * s * b * h * static_cast<double>(c.model.n_layers) / pp /
                   (c.parallel.sequence_parallel ? tp : 1);
+  return e;
+}
+
+MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
+                                int group_rank, bool sixteen_bit) {
+  double whole = 0, padded = 0, owned = 0;
+  for (const ParamSpec& p : spec.params) {
+    const int64_t rows = p.shape[0], row_numel = p.shape.numel() / rows;
+    const int64_t s = (rows + group - 1) / group;
+    const int64_t own = std::clamp<int64_t>(rows - group_rank * s, 0, s);
+    whole += static_cast<double>(p.shape.numel());
+    padded += static_cast<double>(s * row_numel);
+    owned += static_cast<double>(own * row_numel);
+  }
+  MemoryEstimate e;
+  e.params = zero_stage == 3 ? 4 * padded : 4 * whole * (sixteen_bit ? 2 : 1);
+  e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
+  e.optimizer = 8 * (zero_stage >= 1 ? owned : whole);
   return e;
 }
 
