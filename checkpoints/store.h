@@ -94,9 +94,11 @@ class Checkpoint {
   std::vector<std::string> verify() const;
 
  private:
-  // Reads dataset `d` (mapping m) whole once and compares it with its checksum attribute.
-  void check_box(int64_t d, const Mapping& m, const std::string& where,
-                 const std::string& tensor) const;
+  // The first time dataset `d` (mapping m) is read: reads it whole, compares it with its checksum
+  // attribute and returns it (the caller copies its part from it). Empty once checked, or when
+  // the box has no checksum: the caller reads its part from the file.
+  std::vector<float> check_box(int64_t d, const Mapping& m, const std::string& where,
+                               const std::string& tensor) const;
   std::string dir_;
   RunState state_;
   std::vector<IndexTensor> tensors_;
