@@ -134,9 +134,15 @@ def main():
         wait(started, 300, "the job's first 150 steps")
         sh(["scancel", "--signal=USR1", job], env)  # preemption: every task of the job step
         # Slurm holds a requeued job for a while (its BeginTime); the test does not wait for that.
-        wait(lambda: sh(["squeue", "-h", "-j", job, "-o", "%t"], env, check=False).strip() == "PD",
-             120, "the job to be requeued")
-        sh(["scontrol", "update", f"JobId={job}", "StartTime=now"], env)
+        # It may also have restarted already, or the run may have ended first (checked below).
+        def requeued_or_done():
+            state = sh(["squeue", "-h", "-j", job, "-o", "%t"], env, check=False).strip()
+            if state == "PD":
+                sh(["scontrol", "update", f"JobId={job}", "StartTime=now"], env, check=False)
+                return True
+            return state == "" or "restart count 1" in open(os.path.join(run, "job.out")).read()
+
+        wait(requeued_or_done, 300, "the job to be requeued")
         wait(lambda: sh(["squeue", "-h", "-j", job], env, check=False).strip() == "" and
              len(metrics(run)) >= 1200, 600, "the requeued job to finish")
         log = open(os.path.join(run, "job.out")).read()
