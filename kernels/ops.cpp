@@ -75,6 +75,14 @@ class Op {
                ", expected i32");
     return static_cast<const int32_t*>(t.data);
   }
+  // An optional position array (T) i32 (context parallelism's global positions): nullptr when
+  // absent, the kernels then use pos_offset + t.
+  const int32_t* positions_opt(const char* arg, const Tensor& t, int64_t T) const {
+    if (!t.defined()) return nullptr;
+    LLMT_CHECK(t.ndim() == 1 && t.size(0) == T, "op ", name_, ": ", arg, " is ", describe(t),
+               ", expected (", T, ") positions");
+    return i32(arg, t);
+  }
 
   void shape(const char* arg, const Tensor& t, const Shape& s) const {
     LLMT_CHECK(t.shape == s, "op ", name_, ": ", arg, " is ", describe(t), ", expected shape ",
@@ -165,31 +173,31 @@ int64_t check_vocab_range(const Op& op, int64_t Vl, int64_t vocab_start, int64_t
 }  // namespace
 
 void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset,
-                       int64_t vocab_start, int64_t vocab_size) {
-  Op op("embedding_forward", {out, tokens, wte, wpe});
+                       int64_t vocab_start, int64_t vocab_size, Tensor positions) {
+  Op op("embedding_forward", {out, tokens, wte, wpe, positions});
   op.ndim("tokens", tokens, 2);
   op.ndim("wte", wte, 2);
   const int64_t B = tokens.size(0), T = tokens.size(1), Vl = wte.size(0), C = wte.size(1);
   const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("out", out, {B, T, C});
-  if (wpe.defined()) op.positions("wpe", wpe, C, pos_offset, T);
+  if (wpe.defined() && !positions.defined()) op.positions("wpe", wpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_forward)
   (op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte), op.f32_opt("wpe", wpe), B, T,
-   C, V, pos_offset, vocab_start, Vl);
+   C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
-                        int64_t vocab_start, int64_t vocab_size) {
-  Op op("embedding_backward", {dwte, dwpe, dout, tokens});
+                        int64_t vocab_start, int64_t vocab_size, Tensor positions) {
+  Op op("embedding_backward", {dwte, dwpe, dout, tokens, positions});
   op.ndim("tokens", tokens, 2);
   op.ndim("dwte", dwte, 2);
   const int64_t B = tokens.size(0), T = tokens.size(1), Vl = dwte.size(0), C = dwte.size(1);
   const int64_t V = check_vocab_range(op, Vl, vocab_start, vocab_size);
   op.shape("dout", dout, {B, T, C});
-  if (dwpe.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
+  if (dwpe.defined() && !positions.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_backward)
   (op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout), op.i32("tokens", tokens),
-   B, T, C, V, pos_offset, vocab_start, Vl);
+   B, T, C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
 }
 
 // ---- normalisation ----------------------------------------------------------------------------
@@ -362,16 +370,22 @@ std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, 
 
 }  // namespace
 
-void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta) {
-  Op op("rope_forward", {x});
+void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta,
+                  Tensor positions) {
+  Op op("rope_forward", {x, positions});
   const auto [B, T, HT, D] = check_rope(op, x, n_rot_heads, pos_offset, theta);
-  LLMT_KERNEL(op, rope_forward)(op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset, theta);
+  LLMT_KERNEL(op, rope_forward)
+  (op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset,
+   op.positions_opt("positions", positions, T), theta);
 }
 
-void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta) {
-  Op op("rope_backward", {dx});
+void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
+                   Tensor positions) {
+  Op op("rope_backward", {dx, positions});
   const auto [B, T, HT, D] = check_rope(op, dx, n_rot_heads, pos_offset, theta);
-  LLMT_KERNEL(op, rope_backward)(op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset, theta);
+  LLMT_KERNEL(op, rope_backward)
+  (op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset,
+   op.positions_opt("positions", positions, T), theta);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -394,6 +408,90 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   LLMT_KERNEL(op, attention_backward)
   (op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv), op.f32("out", out),
    op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3), operands);
+}
+
+// ---- attention blocks (context parallelism) -----------------------------------------------------
+namespace {
+
+// q_src (B,Tq,Wq,D) with H query heads, kv_src (B,Tk,Wk,D) with 2KV heads from kv0, out
+// (B,Tq,H,D), lse (B,H,Tq), positions (Tq) and (Tk).
+struct BlockDims {
+  int64_t B, Tq, Tk, Wq, Wk, D;
+};
+BlockDims check_block(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& q_src,
+                      const Tensor& kv_src, int64_t kv0, const Tensor& q_pos, const Tensor& k_pos,
+                      int64_t H, int64_t KV) {
+  op.require(H > 0 && KV > 0 && H % KV == 0, "n_head=", H, " must be a positive multiple of ",
+             "n_kv_head=", KV);
+  op.ndim("q_src", q_src, 4);
+  op.ndim("kv_src", kv_src, 4);
+  const BlockDims d{q_src.size(0), q_src.size(1), kv_src.size(1), q_src.size(2), kv_src.size(2),
+                    q_src.size(3)};
+  op.require(d.Wq >= H, "q_src ", describe(q_src), " holds fewer than n_head=", H, " heads");
+  op.require(kv0 >= 0 && kv0 + 2 * KV <= d.Wk, "kv_src ", describe(kv_src), " has no heads [",
+             kv0, ", ", kv0 + 2 * KV, ") for n_kv_head=", KV);
+  op.shape("kv_src", kv_src, {d.B, d.Tk, d.Wk, d.D});
+  op.shape("out", out, {d.B, d.Tq, H, d.D});
+  op.shape("lse", lse, {d.B, H, d.Tq});
+  op.require(q_pos.defined() && k_pos.defined(), "q_pos and k_pos are required");
+  return d;
+}
+
+}  // namespace
+
+void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src, int64_t kv0,
+                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head) {
+  Op op("attention_block_forward", {out, lse, q_src, kv_src, q_pos, k_pos});
+  const BlockDims d =
+      check_block(op, out, lse, q_src, kv_src, kv0, q_pos, k_pos, n_head, n_kv_head);
+  LLMT_KERNEL(op, attention_block_forward)
+  (op.f32("out", out), op.f32("lse", lse), op.f32("q_src", q_src), d.Wq, op.f32("kv_src", kv_src),
+   d.Wk, kv0, op.positions_opt("q_pos", q_pos, d.Tq), op.positions_opt("k_pos", k_pos, d.Tk), d.B,
+   d.Tq, d.Tk, n_head, n_kv_head, d.D);
+}
+
+void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor q_src,
+                              Tensor kv_src, int64_t kv0, Tensor out, Tensor lse, Tensor q_pos,
+                              Tensor k_pos, int64_t n_head, int64_t n_kv_head) {
+  Op op("attention_block_backward", {dq_src, dkv_src, dout, q_src, kv_src, out, lse, q_pos, k_pos});
+  const BlockDims d =
+      check_block(op, out, lse, q_src, kv_src, kv0, q_pos, k_pos, n_head, n_kv_head);
+  op.same_shape("dq_src", dq_src, "q_src", q_src);
+  op.same_shape("dkv_src", dkv_src, "kv_src", kv_src);
+  op.same_shape("dout", dout, "out", out);
+  LLMT_KERNEL(op, attention_block_backward)
+  (op.f32("dq_src", dq_src), op.f32("dkv_src", dkv_src), op.f32("dout", dout),
+   op.f32("q_src", q_src), d.Wq, op.f32("kv_src", kv_src), d.Wk, kv0, op.f32("out", out),
+   op.f32("lse", lse), op.positions_opt("q_pos", q_pos, d.Tq),
+   op.positions_opt("k_pos", k_pos, d.Tk), d.B, d.Tq, d.Tk, n_head, n_kv_head, d.D);
+}
+
+void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse) {
+  Op op("attention_merge", {out, lse, part_out, part_lse});
+  op.ndim("out", out, 4);
+  const int64_t B = out.size(0), T = out.size(1), H = out.size(2), D = out.size(3);
+  op.shape("lse", lse, {B, H, T});
+  op.same_shape("part_out", part_out, "out", out);
+  op.same_shape("part_lse", part_lse, "lse", lse);
+  LLMT_KERNEL(op, attention_merge)
+  (op.f32("out", out), op.f32("lse", lse), op.f32("part_out", part_out),
+   op.f32("part_lse", part_lse), B, T, H, D);
+}
+
+void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int64_t n_heads) {
+  Op op("copy_heads", {dst, src});
+  op.ndim("dst", dst, 4);
+  op.ndim("src", src, 4);
+  const int64_t N = dst.size(0) * dst.size(1), D = dst.size(3);
+  op.require(src.size(0) * src.size(1) == N && src.size(3) == D, "src ", describe(src),
+             " and dst ", describe(dst), " differ in rows or head dim");
+  op.require(n_heads >= 0 && dst_head >= 0 && src_head >= 0 && dst_head + n_heads <= dst.size(2) &&
+                 src_head + n_heads <= src.size(2),
+             "heads [", src_head, ", +", n_heads, ") of src ", describe(src), " -> [", dst_head,
+             ", +", n_heads, ") of dst ", describe(dst));
+  LLMT_KERNEL(op, copy_heads)
+  (op.f32("dst", dst), dst.size(2), dst_head, op.f32("src", src), src.size(2), src_head, n_heads, N,
+   D);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------

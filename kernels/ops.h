@@ -18,15 +18,18 @@ namespace llmt::ops {
 
 // ---- embeddings -------------------------------------------------------------------------------
 // out (B,T,C) = wte[tokens] (+ wpe[pos_offset + t] when wpe is given).
-// tokens (B,T) i32, wte (V,C), wpe (P,C) optional with P >= pos_offset + T.
+// tokens (B,T) i32, wte (V,C), wpe (P,C) optional with P >= pos_offset + T. With `positions` (T)
+// i32 (context parallelism: the global positions of a rank's rows, each < P) row t reads
+// wpe[positions[t]] instead.
 // Vocab-parallel: with vocab_size > 0, wte (Vl,C) holds rows [vocab_start, vocab_start + Vl) of a
 // vocabulary of vocab_size; tokens outside them read zeros (so the tp shards' outputs sum to the
 // full lookup). Token ids must lie in [0, vocab_size) (vocab_size = 0: wte's rows).
 void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t pos_offset = 0,
-                       int64_t vocab_start = 0, int64_t vocab_size = 0);
+                       int64_t vocab_start = 0, int64_t vocab_size = 0, Tensor positions = {});
 // dwte (Vl,C) += the rows of the shard's tokens, dwpe (P,C) += every row (optional); dout (B,T,C).
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
-                        int64_t pos_offset = 0, int64_t vocab_start = 0, int64_t vocab_size = 0);
+                        int64_t pos_offset = 0, int64_t vocab_start = 0, int64_t vocab_size = 0,
+                        Tensor positions = {});
 
 // ---- normalisation ----------------------------------------------------------------------------
 // out (N,C), mean (N), rstd (N) saved for backward; inp (N,C), weight (C), bias (C) optional.
@@ -64,10 +67,13 @@ void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);  // dinp (N,2F) assi
 
 // ---- rotary position embedding ----------------------------------------------------------------
 // In place on x (B,T,HT,D): rotates heads [0, n_rot_heads) at positions pos_offset + t, with the
-// "rotate half" pairing (i, i + D/2) and frequencies theta^(-2i/D). D even.
-void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta);
+// "rotate half" pairing (i, i + D/2) and frequencies theta^(-2i/D). D even. With `positions` (T)
+// i32, row t is at positions[t] instead (context parallelism's global positions).
+void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta,
+                  Tensor positions = {});
 // In place on dx (B,T,HT,D): the transpose (inverse rotation) of rope_forward.
-void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta);
+void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
+                   Tensor positions = {});
 
 // ---- attention --------------------------------------------------------------------------------
 // Causal self-attention with grouped-query heads, computed in tiles with an online softmax:
@@ -84,6 +90,29 @@ void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64
 // dqkv (B,T,H+2KV,D) assigned; dout (B,T,H,D); recomputes scores tile by tile from qkv and lse.
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                         int64_t n_head, int64_t n_kv_head, DType operands = DType::f32);
+
+// ---- attention blocks (context parallelism) -----------------------------------------------------
+// One block of a sequence's attention, for a rank that holds some of its positions: queries are
+// heads [0,H) of q_src (B,Tq,Wq,D) (a qkv tensor: Wq = H+2KV), keys heads [kv0, kv0+KV) and
+// values heads [kv0+KV, kv0+2KV) of kv_src (B,Tk,Wk,D) (the same qkv with kv0 = H, or a (B,Tk,2KV,D)
+// K/V buffer received from another rank with kv0 = 0). q_pos (Tq), k_pos (Tk) i32: the global
+// positions of the rows; key j is visible to query i when k_pos[j] <= q_pos[i] (causal by global
+// position). out (B,Tq,H,D) and lse (B,H,Tq) are assigned; a query that sees no key of the block
+// gets out 0 and lse -inf. fp32 operands (the CUDA flash kernel, not cuDNN).
+void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src, int64_t kv0,
+                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head);
+// The block's backward against the final output `out` and `lse` (merged over every block) and
+// their gradient dout (B,Tq,H,D): dq_src (q_src's shape) += the queries' gradient in heads [0,H),
+// dkv_src (kv_src's shape) += the keys' and values' in heads [kv0, kv0+2KV).
+void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor q_src,
+                              Tensor kv_src, int64_t kv0, Tensor out, Tensor lse, Tensor q_pos,
+                              Tensor k_pos, int64_t n_head, int64_t n_kv_head);
+// Merges a block's result into the running one by their log-sum-exp: out (B,T,H,D), lse (B,H,T)
+// become the softmax over both key sets (part_out, part_lse: the block's). -inf lse adds nothing.
+void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse);
+// Heads [dst_head, dst_head+n) of dst (B,T,Wd,D) := heads [src_head, src_head+n) of src
+// (B',T',Ws,D) with B*T == B'*T' (packing K/V out of a qkv tensor and back).
+void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int64_t n_heads);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)

@@ -128,4 +128,36 @@ std::unique_ptr<Communicator> make_world_communicator() {
   return make_local_communicator("world");
 }
 
+namespace {
+
+// Both of two operations: complete when both are.
+class BothHandles final : public Handle::Impl {
+ public:
+  BothHandles(Handle a, Handle b) : a_(std::move(a)), b_(std::move(b)) {}
+  void wait() override {
+    a_.wait();
+    b_.wait();
+  }
+  bool test() override {
+    const bool a = a_.poll();
+    const bool b = b_.poll();
+    return a && b;
+  }
+  void device_wait() override {
+    a_.device_wait();
+    b_.device_wait();
+  }
+
+ private:
+  Handle a_, b_;
+};
+
+}  // namespace
+
+Handle Communicator::send_recv(Tensor out, int to, Tensor in, int from, int tag) {
+  Handle s = send(out, to, tag);
+  Handle r = recv(in, from, tag);
+  return Handle(std::make_unique<BothHandles>(std::move(s), std::move(r)));
+}
+
 }  // namespace llmt

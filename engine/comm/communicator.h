@@ -95,6 +95,11 @@ class Communicator {
   // on both sides (the pipeline executor: p2p_tag in engine/schedule/schedule.h).
   virtual Handle send(Tensor x, int peer, int tag = 0) = 0;
   virtual Handle recv(Tensor x, int peer, int tag = 0) = 0;
+  // The ring exchange: sends `out` to rank `to` and receives `in` from rank `from` as one
+  // operation that cannot deadlock against the same call on the other ranks (context
+  // parallelism's K/V ring). Default: send + recv with the tag (MPI matches them); NCCL groups the
+  // two on the group's own stream, apart from the p2p channels.
+  virtual Handle send_recv(Tensor out, int to, Tensor in, int from, int tag = 0);
   // (Optional) Collective over the group: sets up `n` p2p channels (NCCL: one communicator and
   // stream each). Backends that match by tag (MPI, local) need none.
   virtual void open_p2p_channels(int n) { (void)n; }

@@ -32,6 +32,9 @@ class DeviceRouted final : public Communicator {
   Handle all_to_all(Tensor out, Tensor in) override { return of(out, in).all_to_all(out, in); }
   Handle send(Tensor x, int peer, int tag) override { return of(x).send(x, peer, tag); }
   Handle recv(Tensor x, int peer, int tag) override { return of(x).recv(x, peer, tag); }
+  Handle send_recv(Tensor out, int to, Tensor in, int from, int tag) override {
+    return of(out, in).send_recv(out, to, in, from, tag);
+  }
   void open_p2p_channels(int n) override {
     host_->open_p2p_channels(n);
     gpu_->open_p2p_channels(n);

@@ -157,12 +157,19 @@ std::vector<TensorSpec> Attention::stash() const {
   return {{"d_proj_out", {N, d.C}, true}, {"d_qkv_out", {N, d.Q}, true}};
 }
 
+void Attention::attend(Tensor att, Tensor lse, Tensor qkv) const {
+  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
+  if (env_.cp)
+    env_.cp->forward(att, lse, qkv);
+  else
+    ops::attention_forward(att, lse, qkv, d.H, d.KV, env_.tp.compute);  // qkv holds 16-bit values
+}
+
 std::pair<Tensor, Tensor> Attention::core(std::span<const Tensor> s) {
   if (!recompute_core_) return {s[1], s[2]};
   BlockScratch& sc = env_.scratch;
   if (sc.core_of != s[0].data) {
-    const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
-    ops::attention_forward(sc.core_att, sc.core_lse, s[0], d.H, d.KV, env_.tp.compute);
+    attend(sc.core_att, sc.core_lse, s[0]);
     env_.round(sc.core_att);
     sc.core_of = s[0].data;
   }
@@ -175,12 +182,13 @@ Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
   const int64_t N = env_.tp.N;
   Tensor qkv = s[0];  // (B,T,H+2KV,D)
   qkv_.forward(qkv.view({N, d.Q}), qkv_.input(x), env_.w(qkv_w_), env_.w(qkv_b_));
-  if (cfg.position == PositionKind::rope) ops::rope_forward(qkv, d.H + d.KV, 0, cfg.rope_theta);
+  if (cfg.position == PositionKind::rope)
+    ops::rope_forward(qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
   env_.round(qkv);
   if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
   const auto [att, lse] = core(s);
   if (!recompute_core_) {
-    ops::attention_forward(att, lse, qkv, d.H, d.KV, env_.tp.compute);  // qkv holds 16-bit values
+    attend(att, lse, qkv);
     env_.round(att);
   }
   Tensor y = proj_.forward(att.view({N, d.H * d.D}), env_.w(proj_w_), env_.w(proj_b_));
@@ -196,8 +204,12 @@ Tensor Attention::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy
   const auto [att, lse] = core(s);
   st.keep(0, proj_.backward_input(sc.d_att.view({N, d.H * d.D}), dy, env_.w(proj_w_)));
   env_.round(sc.d_att);
-  ops::attention_backward(sc.d_qkv, sc.d_att, s[0], att, lse, d.H, d.KV, env_.tp.compute);
-  if (cfg.position == PositionKind::rope) ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta);
+  if (env_.cp)
+    env_.cp->backward(sc.d_qkv, sc.d_att, s[0], att, lse);
+  else
+    ops::attention_backward(sc.d_qkv, sc.d_att, s[0], att, lse, d.H, d.KV, env_.tp.compute);
+  if (cfg.position == PositionKind::rope)
+    ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
   env_.round(sc.d_qkv);
   Tensor dqkv = st.keep(1, sc.d_qkv.view({N, d.Q}));
   return qkv_.backward_input(sc.d_c, dqkv, env_.w(qkv_w_));
@@ -333,14 +345,20 @@ uint64_t Layer::dropout_stream(int site, int64_t step) const {
                     rng::mix64(static_cast<uint64_t>(step) + 0x51ed27ULL));
 }
 
-// out = res + dropout(branch); the mask is keyed by the global element index (under sequence
-// parallelism this rank's rows start at global row row0).
+// out = res + dropout(branch); the mask is keyed by the global element index: (sample, global
+// position, channel), whatever rows this rank holds (its rows start at row0 under sequence
+// parallelism, and are two chunks of each sequence under context parallelism).
 void Layer::residual(Tensor out, Tensor res, Tensor branch, int site, const StepContext& ctx) {
   const float p = dropout(ctx);
   if (p > 0.0f) {
-    const int64_t offset = (ctx.first_sample * env_.T + env_.tp.row0) * env_.spec.cfg.d_model;
-    ops::dropout_forward(env_.scratch.d_tmp, branch, p, ctx.seed, dropout_stream(site, ctx.step),
-                         offset);
+    const int64_t C = env_.spec.cfg.d_model;
+    const Tensor d_tmp = env_.scratch.d_tmp.view({env_.tp.R, C}), in = branch.view({env_.tp.R, C});
+    env_.seq.for_each_run(ctx.first_sample, env_.tp.row0, env_.tp.R,
+                          [&](int64_t row, int64_t global_row, int64_t n) {
+                            ops::dropout_forward(d_tmp.rows(row, row + n), in.rows(row, row + n),
+                                                 p, ctx.seed, dropout_stream(site, ctx.step),
+                                                 global_row * C);
+                          });
     branch = env_.scratch.d_tmp;
   }
   ops::add(out, res, branch);
@@ -353,8 +371,14 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
   const BlockScratch& sc = env_.scratch;
   const float p = dropout(ctx);
   if (p == 0.0f) return sc.d_res;
-  const int64_t offset = (ctx.first_sample * env_.T + env_.tp.row0) * env_.spec.cfg.d_model;
-  ops::dropout_backward(sc.d_tmp, sc.d_res, p, ctx.seed, dropout_stream(site, ctx.step), offset);
+  const int64_t C = env_.spec.cfg.d_model;
+  const Tensor d_tmp = sc.d_tmp.view({env_.tp.R, C}), d_res = sc.d_res.view({env_.tp.R, C});
+  env_.seq.for_each_run(ctx.first_sample, env_.tp.row0, env_.tp.R,
+                        [&](int64_t row, int64_t global_row, int64_t n) {
+                          ops::dropout_backward(d_tmp.rows(row, row + n), d_res.rows(row, row + n),
+                                                p, ctx.seed, dropout_stream(site, ctx.step),
+                                                global_row * C);
+                        });
   env_.round(sc.d_tmp);
   return sc.d_tmp;
 }
@@ -439,7 +463,7 @@ std::vector<TensorSpec> Embedding::stash() const {
 }
 
 void Embedding::forward(Tensor x, Tensor tokens) const {
-  emb_.forward(x, tokens, env_.w(wte_), env_.w(wpe_));
+  emb_.forward(x, tokens, env_.w(wte_), env_.w(wpe_), env_.positions());
   env_.round(x);
 }
 
@@ -448,7 +472,7 @@ void Embedding::backward_input(Stash& st, Tensor dx) const {
 }
 
 void Embedding::backward_weight(const Stash& st, Tensor tokens) const {
-  emb_.backward_weight(env_.g(wte_), env_.g(wpe_), st[0], tokens);
+  emb_.backward_weight(env_.g(wte_), env_.g(wpe_), st[0], tokens, env_.positions());
 }
 
 // ---- Head ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 // buffers (TensorSpec::view) and the model's small shared scratch for the rest; run apart (ZB-H1)
 // it holds copies in the micro-batch's own memory (Stash).
 //
-// Dims: B micro-batch, T seq_len, C d_model, H/KV query/kv heads and F ffn hidden as this tp rank
+// Dims: B micro-batch, T the positions of a sequence this rank holds (seq_len, or seq_len/cp under
+// context parallelism, at the global positions env.seq says), C d_model, H/KV query/kv heads and F ffn hidden as this tp rank
 // holds them, D head dim, Q = (H+2KV)*D, F1 = F (gelu) or 2F (swiglu), N = B*T, R rows of the
 // residual stream this rank holds (N, or N/tp under sequence parallelism), V/tp vocabulary rows.
 #pragma once
@@ -22,6 +23,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/parallel_layers.h"
 
 namespace llmt {
@@ -107,12 +109,16 @@ struct BlockEnv {
   const TpLayers& tp;  // compute type, rows, regions
   ParamViews& params;
   BlockScratch& scratch;
+  const SequenceShard& seq;                // the global positions of this rank's T
+  ContextParallelAttention* cp = nullptr;  // the attention core over the cp group (cp > 1)
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
   Tensor w(int64_t i) const { return i < 0 ? Tensor() : params.w[static_cast<size_t>(i)]; }
   Tensor g(int64_t i) const { return i < 0 ? Tensor() : params.g[static_cast<size_t>(i)]; }
   void round(Tensor x) const { tp.round(x); }
+  // (T) i32 global positions under context parallelism; undefined (positions 0..T-1) without.
+  Tensor positions() const { return cp ? cp->positions() : Tensor(); }
 };
 
 // LayerNorm or RMSNorm over the rows this rank holds.
@@ -165,6 +171,8 @@ class Attention final : public Branch {
   // The core's output and LSE of the saved set s: saved, or recomputed into the scratch unless
   // it holds them already (scratch.core_of).
   std::pair<Tensor, Tensor> core(std::span<const Tensor> s);
+  // att (B,T,H,D), lse (B,H,T) of qkv: on this rank, or over the cp group.
+  void attend(Tensor att, Tensor lse, Tensor qkv) const;
   const BlockEnv& env_;
   bool recompute_core_;
   int64_t qkv_w_, qkv_b_, proj_w_, proj_b_;

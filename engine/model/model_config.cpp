@@ -47,9 +47,35 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
 }
 
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r) {
-  if (p.tp < 1) return;  // reported by check_parallel_config
+  if (p.tp < 1 || p.cp < 1) return;  // reported by check_parallel_config
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
     r.require(false, e.keys, e.message);
+  if (p.cp == 1 || m.seq_len < 1) return;
+  // Context parallelism (engine/parallel/context_parallel.h): the zigzag split gives each cp rank
+  // chunks r and 2cp-1-r of 2cp; Ulysses also splits every tp rank's heads over cp.
+  const int64_t cp = p.cp, chunks = 2 * cp;
+  r.require(m.seq_len % chunks == 0, {"model.seq_len", "parallel.cp"},
+            concat("model.seq_len=", m.seq_len, " is not divisible by 2*parallel.cp=", chunks,
+                   ": each cp rank holds 2 of 2*cp equal chunks of every sequence (chunks r and "
+                   "2cp-1-r, so that causal attention costs every rank the same)"));
+  if (p.sequence_parallel && p.tp > 1 && m.seq_len % chunks == 0)
+    r.require((m.seq_len / cp) % p.tp == 0,
+              {"model.seq_len", "parallel.cp", "parallel.tp", "parallel.sequence_parallel"},
+              concat("model.seq_len/parallel.cp=", m.seq_len / cp,
+                     " positions per cp rank are not divisible by parallel.tp=", p.tp,
+                     " with parallel.sequence_parallel=true"));
+  if (p.cp_impl == CpImpl::ulysses) {
+    const int64_t kv = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
+    for (const auto& [key, n] : {std::pair<const char*, int64_t>{"model.n_heads", m.n_heads},
+                                 std::pair<const char*, int64_t>{"model.n_kv_heads", kv}}) {
+      if (n < 1 || n % p.tp != 0) continue;  // the tp rule above reports it
+      r.require((n / p.tp) % cp == 0, {key, "parallel.cp", "parallel.cp_impl"},
+                concat(key, "=", n, " over parallel.tp=", p.tp, " is ", n / p.tp,
+                       " heads per tp rank, not divisible by parallel.cp=", cp,
+                       ": parallel.cp_impl=\"ulysses\" gives each cp rank n_heads/(tp*cp) query "
+                       "and n_kv_heads/(tp*cp) kv heads of every position; use cp_impl=\"ring\""));
+    }
+  }
 }
 
 }  // namespace llmt

@@ -12,14 +12,20 @@ namespace llmt {
 
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp,
-                         RecomputeOptions recompute)
+                         RecomputeOptions recompute, ContextParallel cp)
     : spec_(tp.size() > 1 && spec.tp_size == 1 ? spec.shard_tp(tp.size(), tp.rank()) : spec),
       alloc_(alloc),
       B_(micro_batch),
-      T_(spec.cfg.seq_len),
+      T_(spec.cfg.seq_len / cp.size()),
       compute_(compute),
       storage_(storage),
-      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_} {
+      seq_(zigzag_shard(spec.cfg.seq_len, cp.size(), cp.rank())),
+      cp_attn_(cp.size() > 1 ? std::make_unique<ContextParallelAttention>(
+                                   cp, alloc, micro_batch, spec.cfg.seq_len,
+                                   spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
+                                   spec_.head_dim)
+                             : nullptr),
+      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, cp_attn_.get()} {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
   LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(),

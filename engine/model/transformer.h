@@ -64,8 +64,11 @@ class Transformer {
   // that type at op boundaries; gradients and master weights stay f32).
   // tp: the tensor-parallel group (none: the whole model on this rank). `spec` is the global
   // spec (sharded here for tp) or one already sharded for this tp rank.
+  // cp: the context-parallel group (none: whole sequences); with it the model runs this rank's
+  // T = seq_len/cp positions of each sequence (context_parallel.h's zigzag split).
   Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute,
-              ModelStorage storage = {}, TensorParallel tp = {}, RecomputeOptions recompute = {});
+              ModelStorage storage = {}, TensorParallel tp = {}, RecomputeOptions recompute = {},
+              ContextParallel cp = {});
   Transformer(const Transformer&) = delete;  // the blocks hold references into the model
   Transformer& operator=(const Transformer&) = delete;
 
@@ -94,6 +97,8 @@ class Transformer {
   // ModelStorage says the model does not own.
   void bind_block(int block, Tensor weights, Tensor grads);
 
+  // The global positions of the T positions of a sequence this rank holds.
+  const SequenceShard& sequence_shard() const { return seq_; }
   // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
   // loss, e.g. loss_scale / accumulation_steps). Returns the micro-batch's mean loss.
@@ -178,7 +183,7 @@ class Transformer {
   std::vector<size_t> block_first_;   // block b owns params [block_first_[b], block_first_[b+1])
   std::vector<int64_t> layers_;       // global index of each local layer
   std::vector<int64_t> chunk_first_;  // chunk k holds local layers [chunk_first_[k], [k+1])
-  int64_t B_, T_;
+  int64_t B_, T_;  // T_: the positions this rank holds (seq_len/cp)
   DType compute_;
   ModelStorage storage_;
 
@@ -188,6 +193,8 @@ class Transformer {
   ParamViews views_;            // compute weights and gradients, what the blocks read
   TpLayers tp_;
   BlockScratch scratch_;
+  SequenceShard seq_;
+  std::unique_ptr<ContextParallelAttention> cp_attn_;
   BlockEnv env_;
   std::vector<Tensor> replay_set_;  // full recompute: one layer's full saved set
   size_t recompute_scratch_bytes_ = 0;

@@ -14,9 +14,6 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
   r.at_least<int64_t>("parallel.pp", p.pp, 1);
   r.require(p.dp == -1 || p.dp >= 1, {"parallel.dp"},
             concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
-  r.require(
-      p.cp == 1 || p.cp < 1, {"parallel.cp"},
-      concat("parallel.cp=", p.cp, ": context parallelism is not implemented yet; use cp = 1"));
   if (p.pp > 1) {
     // What the pipeline executor (engine/pipeline/executor.h) does not run yet.
     r.require(p.pp_schedule != PipeSchedule::zb_h1 || p.zero_stage <= 2,

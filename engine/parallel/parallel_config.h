@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/schedule/schedule.h"  // PipeSchedule
+#include "engine/parallel/context_parallel.h"  // CpImpl
+#include "engine/schedule/schedule.h"           // PipeSchedule
 
 namespace llmt {
 
@@ -14,7 +15,8 @@ class Rules;
 
 struct ParallelConfig {
   int64_t tp = 1;   // tensor parallel degree
-  int64_t cp = 1;   // context parallel degree (not implemented yet: must be 1)
+  int64_t cp = 1;   // context parallel degree (engine/parallel/context_parallel.h)
+  CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring or ulysses
   int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
   int64_t pp = 1;   // pipeline parallel degree (engine/pipeline/executor.h)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;

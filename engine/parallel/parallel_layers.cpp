@@ -70,26 +70,27 @@ void RowParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy_full, Te
   ops::linear_backward(Tensor(), dw, db, dy_full, x, Tensor(), t_.compute);
 }
 
-void VocabParallelEmbedding::forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe) const {
+void VocabParallelEmbedding::forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe,
+                                     Tensor positions) const {
   const int64_t B = tokens.shape[0], T = tokens.shape[1], C = x.shape[x.ndim() - 1];
   if (!t_.parallel()) {
-    ops::embedding_forward(x.view({B, T, C}), tokens, wte, wpe);
+    ops::embedding_forward(x.view({B, T, C}), tokens, wte, wpe, 0, 0, 0, positions);
     return;
   }
   Tensor full = t_.sp() ? t_.full : x;
   ops::embedding_forward(full.view({B, T, C}), tokens, wte, t_.tp.rank() == 0 ? wpe : Tensor(), 0,
-                         vocab_start(), vocab_size_);
+                         vocab_start(), vocab_size_, positions);
   if (t_.sp())
     tp::reduce_scatter_to_sequence_forward(*t_.tp.comm, x, full);
   else
     tp::reduce_from_region_forward(*t_.tp.comm, x);
 }
 
-void VocabParallelEmbedding::backward_weight(Tensor dwte, Tensor dwpe, Tensor dx,
-                                             Tensor tokens) const {
+void VocabParallelEmbedding::backward_weight(Tensor dwte, Tensor dwpe, Tensor dx, Tensor tokens,
+                                             Tensor positions) const {
   const int64_t B = tokens.shape[0], T = tokens.shape[1], C = dx.shape[dx.ndim() - 1];
   if (!t_.parallel()) {
-    ops::embedding_backward(dwte, dwpe, dx.view({B, T, C}), tokens);
+    ops::embedding_backward(dwte, dwpe, dx.view({B, T, C}), tokens, 0, 0, 0, positions);
     return;
   }
   // Every rank has the whole (gathered, under SP) embedding gradient: its vocabulary rows go to
@@ -99,7 +100,8 @@ void VocabParallelEmbedding::backward_weight(Tensor dwte, Tensor dwpe, Tensor dx
     tp::reduce_scatter_to_sequence_backward(*t_.tp.comm, t_.full, dx);
     d = t_.full;
   }
-  ops::embedding_backward(dwte, dwpe, d.view({B, T, C}), tokens, 0, vocab_start(), vocab_size_);
+  ops::embedding_backward(dwte, dwpe, d.view({B, T, C}), tokens, 0, vocab_start(), vocab_size_,
+                          positions);
 }
 
 void VocabParallelCrossEntropy::forward_backward(Tensor losses, Tensor logits, Tensor targets,

@@ -87,11 +87,13 @@ class RowParallelLinear {
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding(const TpLayers& t, int64_t vocab_size) : t_(t), vocab_size_(vocab_size) {}
-  // x (R,C) = embedding of tokens (B,T); wte (V/tp, C), wpe (T,C) optional.
-  void forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe) const;
+  // x (R,C) = embedding of tokens (B,T); wte (V/tp, C), wpe (P,C) optional, read at row t's
+  // position: positions[t] (context parallelism: (T) i32 global positions) or t.
+  void forward(Tensor x, Tensor tokens, Tensor wte, Tensor wpe, Tensor positions = {}) const;
   // dwte += its vocabulary rows' gradients, dwpe += every row's (the same on every tp rank);
   // dx (R,C) the gradient of forward's x.
-  void backward_weight(Tensor dwte, Tensor dwpe, Tensor dx, Tensor tokens) const;
+  void backward_weight(Tensor dwte, Tensor dwpe, Tensor dx, Tensor tokens,
+                       Tensor positions = {}) const;
 
  private:
   int64_t vocab_start() const { return t_.tp.rank() * (vocab_size_ / t_.tp.size()); }

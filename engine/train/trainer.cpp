@@ -213,6 +213,7 @@ struct Trainer::State {
         rank0(m.rank() == 0),
         dp(m.size(Axis::dp)),
         dp_rank(m.coord(Axis::dp)),
+        cp(m.size(Axis::cp)),
         pp(m.size(Axis::pp)),
         pp_rank(m.coord(Axis::pp)),
         thread_choice(c.train.threads > 0
@@ -226,6 +227,8 @@ struct Trainer::State {
         alloc(*backend),
         spec(ModelSpec::from_config(c.model)),
         T(c.model.seq_len),
+        positions(zigzag_shard(c.model.seq_len, m.size(Axis::cp), m.coord(Axis::cp)).positions()),
+        Tl(static_cast<int64_t>(positions.size())),
         gbs(c.train.global_batch_size),
         mbs(c.train.micro_batch_size),
         accum(grad_accum_steps(c) / dp),
@@ -242,6 +245,7 @@ struct Trainer::State {
   std::vector<std::unique_ptr<RunLock>> locks;
   const bool rank0;
   const int64_t dp, dp_rank;
+  const int64_t cp;  // context parallel: each rank of a cp group holds Tl of a sequence's T
   const int pp, pp_rank;
   const ThreadChoice thread_choice;  // train.threads, or what 0 means for this rank
   const int threads;
@@ -249,8 +253,11 @@ struct Trainer::State {
   Allocator alloc;
   const ModelSpec spec;
   // T seq_len, gbs global batch; each dp rank runs `accum` micro-batches of mbs sequences of its
-  // slice of the global batch.
-  const int64_t T, gbs, mbs, accum;
+  // slice of the global batch; of each sequence this rank holds the Tl = T/cp `positions`
+  // (context_parallel.h's zigzag chunks; all of them without cp).
+  const int64_t T;
+  const std::vector<int32_t> positions;
+  const int64_t Tl, gbs, mbs, accum;
   std::optional<ckpt::Checkpoint> resume;
   std::unique_ptr<Transformer> model;
   std::unique_ptr<DataParallel> data_parallel;
@@ -269,8 +276,8 @@ struct Trainer::State {
   std::string last_checkpoint;
   DataSources data;
   std::unique_ptr<DataLoader> loader;
-  // Token staging: the device inputs/targets (mbs, T), cut from a micro-batch's windows
-  // (mbs, T+1) on the host; under pp one pair per micro-batch of the step (every pp rank of a
+  // Token staging: the device inputs/targets (mbs, Tl), cut from a micro-batch's windows
+  // (mbs, T+1) on the host at this rank's positions; under pp one pair per micro-batch of the step (every pp rank of a
   // dp group reads the same ones; the first and last stage use them).
   Buffer tok_buf;
   std::vector<int32_t> host_in, host_tg;
@@ -308,10 +315,11 @@ struct Trainer::State {
   TrainResult run();
 
   Tensor inputs_of(int64_t slot) const {
-    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>(2 * slot * mbs * T) * 4);
+    return tok_buf.tensor({mbs, Tl}, DType::i32, static_cast<size_t>(2 * slot * mbs * Tl) * 4);
   }
   Tensor targets_of(int64_t slot) const {
-    return tok_buf.tensor({mbs, T}, DType::i32, static_cast<size_t>((2 * slot + 1) * mbs * T) * 4);
+    return tok_buf.tensor({mbs, Tl}, DType::i32,
+                          static_cast<size_t>((2 * slot + 1) * mbs * Tl) * 4);
   }
 };
 
@@ -408,7 +416,8 @@ void Trainer::State::build_model() {
   s.model = std::make_unique<Transformer>(
       stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
       model_storage(cfg.parallel.zero_stage), tp,
-      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers});
+      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
+      ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl});
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
@@ -461,8 +470,8 @@ void Trainer::State::build_data() {
                                           std::min(s.consumed, cfg.train.steps * s.gbs),
                                           std::max(s.consumed, cfg.train.steps * s.gbs));
   const int64_t slots = s.pp > 1 ? s.accum : 1;
-  s.tok_buf = s.alloc.allocate_tensor({slots, 2, s.mbs, s.T}, DType::i32, MemCategory::other);
-  s.host_in.resize(static_cast<size_t>(s.mbs * s.T));
+  s.tok_buf = s.alloc.allocate_tensor({slots, 2, s.mbs, s.Tl}, DType::i32, MemCategory::other);
+  s.host_in.resize(static_cast<size_t>(s.mbs * s.Tl));
   s.host_tg.resize(s.host_in.size());
   s.pipe_mbs.resize(static_cast<size_t>(slots));
   if (s.rank0) fs::create_directories(cfg.train.run_dir);
@@ -483,9 +492,10 @@ void Trainer::State::build_data() {
 void Trainer::State::stage(const MicroBatch& mb, int64_t slot) {
   State& s = *this;
   for (int64_t b = 0; b < s.mbs; ++b)
-    for (int64_t t = 0; t < s.T; ++t) {
-      s.host_in[b * s.T + t] = mb.tokens[b * (s.T + 1) + t];
-      s.host_tg[b * s.T + t] = mb.tokens[b * (s.T + 1) + t + 1];
+    for (int64_t t = 0; t < s.Tl; ++t) {
+      const int64_t at = b * (s.T + 1) + s.positions[static_cast<size_t>(t)];
+      s.host_in[b * s.Tl + t] = mb.tokens[at];
+      s.host_tg[b * s.Tl + t] = mb.tokens[at + 1];
     }
   const size_t bytes = s.host_in.size() * 4;
   s.backend->copy_from_host(s.inputs_of(slot).data, s.host_in.data(), bytes);
@@ -629,8 +639,9 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
     s.dump_tokens.write(reinterpret_cast<const char*>(s.global_window.data()),
                         static_cast<std::streamsize>(s.global_window.size() * 4));
   }
-  // Pre-scaled by 1/dp as well: the dp sum of the gradients is the global-batch mean.
-  const float dloss = scale / static_cast<float>(s.accum * s.dp);
+  // Pre-scaled by 1/(dp*cp) as well: the sum over dp x cp of the gradients is the global-batch
+  // mean (each cp rank's loss is the mean over its Tl of every sequence).
+  const float dloss = scale / static_cast<float>(s.accum * s.dp * s.cp);
   s.fault.at("forward", step);
   const double loss_sum = forward_backward(step, dloss);
   s.fault.at("backward", step);

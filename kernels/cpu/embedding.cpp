@@ -22,7 +22,7 @@ void check_tokens(const int32_t* tokens, int64_t N, int64_t V) {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
-                       int64_t vocab_start, int64_t Vl) {
+                       const int32_t* pos, int64_t vocab_start, int64_t Vl) {
   check_tokens(tokens, B * T, V);
   parallel_for(B * T, grain_rows(C), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -30,14 +30,14 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
       const int64_t row = tokens[n] - vocab_start;
       if (row < 0 || row >= Vl) {
         if (wpe)
-          std::copy(wpe + (pos_offset + n % T) * C, wpe + (pos_offset + n % T + 1) * C, o);
+          std::copy_n(wpe + position(pos, pos_offset, n % T) * C, C, o);
         else
           std::fill(o, o + C, 0.0f);
         continue;
       }
       const float* e = wte + row * C;
       if (wpe) {
-        const float* p = wpe + (pos_offset + n % T) * C;
+        const float* p = wpe + position(pos, pos_offset, n % T) * C;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
       } else {
@@ -49,7 +49,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
-                        int64_t vocab_start, int64_t Vl) {
+                        const int32_t* pos, int64_t vocab_start, int64_t Vl) {
   check_tokens(tokens, B * T, V);
   // Column slices of 16 floats (one cache line) keep threads off each other's lines.
   constexpr int64_t kLine = 16;
@@ -60,7 +60,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
       const float* d = dout + n * C;
       const int64_t row = tokens[n] - vocab_start;
       if (row >= 0 && row < Vl) accumulate(dwte + row * C + c0, d + c0, c1 - c0);
-      if (dwpe) accumulate(dwpe + (pos_offset + n % T) * C + c0, d + c0, c1 - c0);
+      if (dwpe) accumulate(dwpe + position(pos, pos_offset, n % T) * C + c0, d + c0, c1 - c0);
     }
   });
 }

@@ -25,6 +25,12 @@ inline int threads_for(int64_t n, int64_t grain) {
       std::clamp<int64_t>(n / std::max<int64_t>(1, grain), 1, omp_get_max_threads()));
 }
 
+// The position of sequence index t: pos[t] when a position array is given (context parallelism's
+// global positions), else pos_offset + t.
+inline int64_t position(const int32_t* pos, int64_t pos_offset, int64_t t) {
+  return pos ? pos[t] : pos_offset + t;
+}
+
 // dst (n) += src (n).
 inline void accumulate(float* dst, const float* src, int64_t n) {
 #pragma omp simd

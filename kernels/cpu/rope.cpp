@@ -10,9 +10,9 @@
 namespace llmt::cpu {
 namespace {
 
-// x (B,T,HT,D): heads [0, n_rot) at position pos_offset + t rotated by sign * pos * f_i.
+// x (B,T,HT,D): heads [0, n_rot) at position(pos, pos_offset, t) rotated by sign * pos * f_i.
 void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                 int64_t pos_offset, float theta, float sign) {
+                 int64_t pos_offset, const int32_t* pos, float theta, float sign) {
   const int64_t half = D / 2;
   std::vector<double> freq(half);
   for (int64_t i = 0; i < half; ++i)
@@ -22,7 +22,7 @@ void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t 
   parallel_for(T, grain_rows(half * kTrigCost), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(pos_offset + t) * freq[i];
+        const double angle = static_cast<double>(position(pos, pos_offset, t)) * freq[i];
         cos_t[t * half + i] = static_cast<float>(std::cos(angle));
         sin_t[t * half + i] = sign * static_cast<float>(std::sin(angle));
       }
@@ -48,13 +48,13 @@ void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t 
 }  // namespace
 
 void rope_forward(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                  int64_t pos_offset, float theta) {
-  rope_rotate(x, B, T, HT, D, n_rot, pos_offset, theta, 1.0f);
+                  int64_t pos_offset, const int32_t* pos, float theta) {
+  rope_rotate(x, B, T, HT, D, n_rot, pos_offset, pos, theta, 1.0f);
 }
 
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                   int64_t pos_offset, float theta) {
-  rope_rotate(dx, B, T, HT, D, n_rot, pos_offset, theta, -1.0f);
+                   int64_t pos_offset, const int32_t* pos, float theta) {
+  rope_rotate(dx, B, T, HT, D, n_rot, pos_offset, pos, theta, -1.0f);
 }
 
 }  // namespace llmt::cpu

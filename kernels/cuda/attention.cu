@@ -26,21 +26,33 @@ constexpr int kRows = 64;  // query (or key) rows per block, one per thread
 template <int kD>
 constexpr int kTile = 4096 / kD;
 
-struct Dims {
-  int64_t B, T, H, KV, D;
+// One call in general form (kernels/cpu/attention.h's AttnArgs): query (b, t, h) at
+// q[b*q_bs + t*q_ld + h*D], key/value of kv head g at k/v[b*kv_bs + t*kv_ld + g*D]; key j is
+// visible to query i when k_pos[j] <= q_pos[i], or (positions null) j <= i.
+struct Args {
+  const float *q, *k, *v;
+  int64_t q_bs, q_ld, kv_bs, kv_ld;
+  int64_t B, Tq, Tk, H, KV, D;
   float scale;
-  __host__ __device__ int64_t ld() const {
-    return (H + 2 * KV) * D;
-  }  // floats between qkv rows t and t + 1
+  const int32_t *q_pos, *k_pos;
+  float *out, *lse;                          // forward: (B,Tq,H,D), (B,H,Tq)
+  const float *dout, *out_c, *lse_c, *delta;  // backward: the final output's, delta (B,H,Tq)
+  float *dq, *dk, *dv;                        // backward: in the q and kv layouts
+  int64_t dq_bs, dq_ld, dkv_bs, dkv_ld;
+  bool accumulate;                            // add into dq/dk/dv instead of assigning
+  __device__ bool visible(int64_t i, int64_t j) const {
+    return q_pos ? k_pos[j] <= q_pos[i] : j <= i;
+  }
 };
 
-// Loads rows [r0, r0 + kTile<kD>) of a (T, .., D) source whose rows are ld floats apart into
-// shared memory, zeros past T and in the columns [D, kD) (so full-width loops add only zeros).
+// Loads rows [r0, r0 + kTile<kD>) of a source whose rows are ld floats apart into shared memory,
+// zeros at rows >= T and in the columns [D, kD) (so full-width loops add only zeros).
 template <int kD>
-__device__ void stage(float (*dst)[kD], const float* src, int64_t ld, int64_t r0, const Dims& d) {
+__device__ void stage(float (*dst)[kD], const float* src, int64_t ld, int64_t r0, int64_t T,
+                      int64_t D) {
   for (int e = threadIdx.x; e < kTile<kD> * kD; e += blockDim.x) {
     const int r = e / kD, c = e % kD;
-    dst[r][c] = r0 + r < d.T && c < d.D ? src[(r0 + r) * ld + c] : 0.0f;
+    dst[r][c] = r0 + r < T && c < D ? src[(r0 + r) * ld + c] : 0.0f;
   }
 }
 
@@ -53,28 +65,33 @@ __device__ float dot(const float* x, const float* y, int64_t D) {
   return s;
 }
 
-// grid (ceil(T/kRows), H, B): thread = query t of head h.
+// grid (ceil(Tq/kRows), H, B): thread = query t of head h. Without positions the block stops at
+// its last query's key; with them it visits every key tile and masks.
 template <int kD>
-__global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d) {
+__global__ void forward_kernel(Args a) {
   __shared__ float ks[kTile<kD>][kD], vs[kTile<kD>][kD];
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (d.H / d.KV);
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
   const int64_t q0 = blockIdx.x * int64_t{kRows}, t = q0 + threadIdx.x;
-  const float* base = qkv + b * d.T * d.ld();
+  const bool valid = t < a.Tq;
+  const float* kb = a.k + b * a.kv_bs + g * a.D;
+  const float* vb = a.v + b * a.kv_bs + g * a.D;
   float q[kD], acc[kD];
 #pragma unroll
   for (int c = 0; c < kD; ++c) {
-    q[c] = c < d.D && t < d.T ? base[t * d.ld() + h * d.D + c] * d.scale : 0.0f;
+    q[c] = c < a.D && valid ? a.q[b * a.q_bs + t * a.q_ld + h * a.D + c] * a.scale : 0.0f;
     acc[c] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  const int64_t last = d.T < q0 + kRows ? d.T : q0 + kRows;  // keys this block needs: [0, last)
+  const int64_t causal_end = a.Tk < q0 + kRows ? a.Tk : q0 + kRows;
+  const int64_t last = a.q_pos ? a.Tk : causal_end;  // keys this block visits: [0, last)
   for (int64_t k0 = 0; k0 < last; k0 += kTile<kD>) {
     __syncthreads();
-    stage<kD>(ks, base + (d.H + g) * d.D, d.ld(), k0, d);
-    stage<kD>(vs, base + (d.H + d.KV + g) * d.D, d.ld(), k0, d);
+    stage<kD>(ks, kb, a.kv_ld, k0, a.Tk, a.D);
+    stage<kD>(vs, vb, a.kv_ld, k0, a.Tk, a.D);
     __syncthreads();
-    for (int j = 0; j < kTile<kD> && k0 + j <= t && t < d.T; ++j) {
-      const float s = dot<kD>(q, ks[j], d.D);
+    for (int j = 0; j < kTile<kD> && k0 + j < a.Tk && valid; ++j) {
+      if (!a.visible(t, k0 + j)) continue;
+      const float s = dot<kD>(q, ks[j], a.D);
       if (s > m) {  // rescale what is summed so far to the new max
         const float corr = expf(m - s);
         l *= corr;
@@ -88,101 +105,104 @@ __global__ void forward_kernel(float* out, float* lse, const float* qkv, Dims d)
       for (int c = 0; c < kD; ++c) acc[c] += p * vs[j][c];
     }
   }
-  if (t >= d.T) return;
-  float* o = out + ((b * d.T + t) * d.H + h) * d.D;
+  if (!valid) return;
+  // A query that sees no key: output 0, lse -inf.
+  float* o = a.out + ((b * a.Tq + t) * a.H + h) * a.D;
 #pragma unroll
   for (int c = 0; c < kD; ++c)
-    if (c < d.D) o[c] = acc[c] / l;
-  lse[(b * d.H + h) * d.T + t] = m + logf(l);
+    if (c < a.D) o[c] = l > 0.0f ? acc[c] / l : 0.0f;
+  a.lse[(b * a.H + h) * a.Tq + t] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-// delta (B,H,T) = rowsum(dout * out): the softmax backward's per-row term.
-__global__ void delta_kernel(float* delta, const float* dout, const float* out, Dims d) {
+// delta (B,H,Tq) = rowsum(dout * out): the softmax backward's per-row term.
+__global__ void delta_kernel(Args a) {
   const int64_t row = blockIdx.x;  // (b, t, h)
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < d.D; c += blockDim.x)
-    s += dout[row * d.D + c] * out[row * d.D + c];
+  for (int64_t c = threadIdx.x; c < a.D; c += blockDim.x)
+    s += a.dout[row * a.D + c] * a.out_c[row * a.D + c];
   s = block_sum(s);
   if (threadIdx.x == 0) {
-    const int64_t h = row % d.H, bt = row / d.H, b = bt / d.T, t = bt % d.T;
-    delta[(b * d.H + h) * d.T + t] = s;
+    const int64_t h = row % a.H, bt = row / a.H, b = bt / a.Tq, t = bt % a.Tq;
+    const_cast<float*>(a.delta)[(b * a.H + h) * a.Tq + t] = s;
   }
 }
 
-// grid (ceil(T/kRows), H, B): thread = query t of head h; dq = scale * sum_j ds_j k_j with
+// grid (ceil(Tq/kRows), H, B): thread = query t of head h; dq = scale * sum_j ds_j k_j with
 // p = exp(q.k scale - lse), ds = p (dout.v - delta).
 template <int kD>
-__global__ void dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                          const float* delta, Dims d) {
+__global__ void dq_kernel(Args a) {
   __shared__ float ks[kTile<kD>][kD], vs[kTile<kD>][kD];
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (d.H / d.KV);
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
   const int64_t q0 = blockIdx.x * int64_t{kRows}, t = q0 + threadIdx.x;
-  const float* base = qkv + b * d.T * d.ld();
-  const bool valid = t < d.T;
+  const bool valid = t < a.Tq;
+  const float* kb = a.k + b * a.kv_bs + g * a.D;
+  const float* vb = a.v + b * a.kv_bs + g * a.D;
   float q[kD], dq[kD], go[kD];
 #pragma unroll
   for (int c = 0; c < kD; ++c) {
-    const bool in = c < d.D && valid;
-    q[c] = in ? base[t * d.ld() + h * d.D + c] * d.scale : 0.0f;
-    go[c] = in ? dout[((b * d.T + t) * d.H + h) * d.D + c] : 0.0f;
+    const bool in = c < a.D && valid;
+    q[c] = in ? a.q[b * a.q_bs + t * a.q_ld + h * a.D + c] * a.scale : 0.0f;
+    go[c] = in ? a.dout[((b * a.Tq + t) * a.H + h) * a.D + c] : 0.0f;
     dq[c] = 0.0f;
   }
-  const float lse_t = valid ? lse[(b * d.H + h) * d.T + t] : 0.0f;
-  const float delta_t = valid ? delta[(b * d.H + h) * d.T + t] : 0.0f;
-  const int64_t last = d.T < q0 + kRows ? d.T : q0 + kRows;
+  const float lse_t = valid ? a.lse_c[(b * a.H + h) * a.Tq + t] : 0.0f;
+  const float delta_t = valid ? a.delta[(b * a.H + h) * a.Tq + t] : 0.0f;
+  const int64_t causal_end = a.Tk < q0 + kRows ? a.Tk : q0 + kRows;
+  const int64_t last = a.q_pos ? a.Tk : causal_end;
   for (int64_t k0 = 0; k0 < last; k0 += kTile<kD>) {
     __syncthreads();
-    stage<kD>(ks, base + (d.H + g) * d.D, d.ld(), k0, d);
-    stage<kD>(vs, base + (d.H + d.KV + g) * d.D, d.ld(), k0, d);
+    stage<kD>(ks, kb, a.kv_ld, k0, a.Tk, a.D);
+    stage<kD>(vs, vb, a.kv_ld, k0, a.Tk, a.D);
     __syncthreads();
-    for (int j = 0; j < kTile<kD> && k0 + j <= t && valid; ++j) {
-      const float p = expf(dot<kD>(q, ks[j], d.D) - lse_t);
-      const float ds = p * (dot<kD>(go, vs[j], d.D) - delta_t);
+    for (int j = 0; j < kTile<kD> && k0 + j < a.Tk && valid; ++j) {
+      if (!a.visible(t, k0 + j)) continue;
+      const float p = expf(dot<kD>(q, ks[j], a.D) - lse_t);
+      const float ds = p * (dot<kD>(go, vs[j], a.D) - delta_t);
 #pragma unroll
       for (int c = 0; c < kD; ++c) dq[c] += ds * ks[j][c];
     }
   }
   if (!valid) return;
-  float* o = dqkv + b * d.T * d.ld() + t * d.ld() + h * d.D;
+  float* o = a.dq + b * a.dq_bs + t * a.dq_ld + h * a.D;
 #pragma unroll
   for (int c = 0; c < kD; ++c)
-    if (c < d.D) o[c] = dq[c] * d.scale;
+    if (c < a.D) o[c] = (a.accumulate ? o[c] : 0.0f) + dq[c] * a.scale;
 }
 
-// grid (ceil(T/kRows), KV, B): thread = key t of kv head g, summing over the group's query heads
-// and the queries at or after t: dv = sum p dout, dk = scale * sum ds q.
+// grid (ceil(Tk/kRows), KV, B): thread = key t of kv head g, summing over the group's query heads
+// and the queries that see it: dv = sum p dout, dk = scale * sum ds q.
 template <int kD>
-__global__ void dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                           const float* delta, Dims d) {
+__global__ void dkv_kernel(Args a) {
   __shared__ float qs[kTile<kD>][kD], gos[kTile<kD>][kD];
   __shared__ float lse_s[kTile<kD>], delta_s[kTile<kD>];
-  const int64_t b = blockIdx.z, g = blockIdx.y, group = d.H / d.KV;
+  const int64_t b = blockIdx.z, g = blockIdx.y, group = a.H / a.KV;
   const int64_t k0 = blockIdx.x * int64_t{kRows}, t = k0 + threadIdx.x;
-  const float* base = qkv + b * d.T * d.ld();
-  const bool valid = t < d.T;
+  const bool valid = t < a.Tk;
   float k[kD], v[kD], dk[kD], dv[kD];
 #pragma unroll
   for (int c = 0; c < kD; ++c) {
-    const bool in = c < d.D && valid;
-    k[c] = in ? base[t * d.ld() + (d.H + g) * d.D + c] : 0.0f;
-    v[c] = in ? base[t * d.ld() + (d.H + d.KV + g) * d.D + c] : 0.0f;
+    const bool in = c < a.D && valid;
+    k[c] = in ? a.k[b * a.kv_bs + t * a.kv_ld + g * a.D + c] : 0.0f;
+    v[c] = in ? a.v[b * a.kv_bs + t * a.kv_ld + g * a.D + c] : 0.0f;
     dk[c] = dv[c] = 0.0f;
   }
+  // Without positions, queries before k0 see no key here.
+  const int64_t first = a.q_pos ? 0 : k0;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t i0 = k0; i0 < d.T; i0 += kTile<kD>) {  // queries before k0 see no key here
+    for (int64_t i0 = first; i0 < a.Tq; i0 += kTile<kD>) {
       __syncthreads();
-      stage<kD>(qs, base + h * d.D, d.ld(), i0, d);
-      stage<kD>(gos, dout + (b * d.T * d.H + h) * d.D, d.H * d.D, i0, d);
+      stage<kD>(qs, a.q + b * a.q_bs + h * a.D, a.q_ld, i0, a.Tq, a.D);
+      stage<kD>(gos, a.dout + (b * a.Tq * a.H + h) * a.D, a.H * a.D, i0, a.Tq, a.D);
       for (int64_t r = threadIdx.x; r < kTile<kD>; r += blockDim.x) {
-        lse_s[r] = i0 + r < d.T ? lse[(b * d.H + h) * d.T + i0 + r] : 0.0f;
-        delta_s[r] = i0 + r < d.T ? delta[(b * d.H + h) * d.T + i0 + r] : 0.0f;
+        lse_s[r] = i0 + r < a.Tq ? a.lse_c[(b * a.H + h) * a.Tq + i0 + r] : 0.0f;
+        delta_s[r] = i0 + r < a.Tq ? a.delta[(b * a.H + h) * a.Tq + i0 + r] : 0.0f;
       }
       __syncthreads();
       if (!valid) continue;
-      for (int i = 0; i < kTile<kD> && i0 + i < d.T; ++i) {
-        if (i0 + i < t) continue;  // causal: query i0 + i sees key t only when i0 + i >= t
-        const float p = expf(dot<kD>(qs[i], k, d.D) * d.scale - lse_s[i]);
-        const float ds = p * (dot<kD>(gos[i], v, d.D) - delta_s[i]);
+      for (int i = 0; i < kTile<kD> && i0 + i < a.Tq; ++i) {
+        if (!a.visible(i0 + i, t)) continue;
+        const float p = expf(dot<kD>(qs[i], k, a.D) * a.scale - lse_s[i]);
+        const float ds = p * (dot<kD>(gos[i], v, a.D) - delta_s[i]);
 #pragma unroll
         for (int c = 0; c < kD; ++c) {
           dv[c] += p * gos[i][c];
@@ -192,12 +212,13 @@ __global__ void dkv_kernel(float* dqkv, const float* dout, const float* qkv, con
     }
   }
   if (!valid) return;
-  float* o = dqkv + b * d.T * d.ld() + t * d.ld();
+  float* ok = a.dk + b * a.dkv_bs + t * a.dkv_ld + g * a.D;
+  float* ov = a.dv + b * a.dkv_bs + t * a.dkv_ld + g * a.D;
 #pragma unroll
   for (int c = 0; c < kD; ++c)
-    if (c < d.D) {
-      o[(d.H + g) * d.D + c] = dk[c] * d.scale;
-      o[(d.H + d.KV + g) * d.D + c] = dv[c];
+    if (c < a.D) {
+      ok[c] = (a.accumulate ? ok[c] : 0.0f) + dk[c] * a.scale;
+      ov[c] = (a.accumulate ? ov[c] : 0.0f) + dv[c];
     }
 }
 
@@ -211,8 +232,46 @@ void with_head_dim(int64_t D, F&& f) {
   f(std::integral_constant<int, 256>{});
 }
 
-Dims dims(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  return {B, T, H, KV, D, 1.0f / sqrtf(static_cast<float>(D))};
+// The fused-qkv call: q, k and v are heads of one (B,T,H+2KV,D) tensor, plain causal.
+Args qkv_args(const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  Args a{};
+  const int64_t ld = (H + 2 * KV) * D;
+  a.q = qkv;
+  a.k = qkv + H * D;
+  a.v = qkv + (H + KV) * D;
+  a.q_bs = a.kv_bs = T * ld;
+  a.q_ld = a.kv_ld = ld;
+  a.B = B, a.Tq = a.Tk = T, a.H = H, a.KV = KV, a.D = D;
+  a.scale = 1.0f / sqrtf(static_cast<float>(D));
+  return a;
+}
+
+void run_forward(const Args& a) {
+  const dim3 grid(static_cast<unsigned>((a.Tq + kRows - 1) / kRows), static_cast<unsigned>(a.H),
+                  static_cast<unsigned>(a.B));
+  with_head_dim(a.D, [&](auto kd) {
+    forward_kernel<kd.value><<<grid, kRows, 0, stream()>>>(a);
+    LLMT_CUDA_LAUNCHED();
+  });
+}
+
+// a.dq/dk/dv set; computes delta in stream-ordered scratch.
+void run_backward(Args a) {
+  float* delta = nullptr;  // (B,H,Tq)
+  LLMT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&delta),
+                                  a.B * a.H * a.Tq * sizeof(float), stream()));
+  a.delta = delta;
+  delta_kernel<<<static_cast<unsigned>(a.B * a.Tq * a.H), 64, 0, stream()>>>(a);
+  LLMT_CUDA_LAUNCHED();
+  const unsigned q_tiles = static_cast<unsigned>((a.Tq + kRows - 1) / kRows);
+  const unsigned k_tiles = static_cast<unsigned>((a.Tk + kRows - 1) / kRows);
+  with_head_dim(a.D, [&](auto kd) {
+    dq_kernel<kd.value><<<dim3(q_tiles, a.H, a.B), kRows, 0, stream()>>>(a);
+    LLMT_CUDA_LAUNCHED();
+    dkv_kernel<kd.value><<<dim3(k_tiles, a.KV, a.B), kRows, 0, stream()>>>(a);
+    LLMT_CUDA_LAUNCHED();
+  });
+  LLMT_CUDA_CHECK(cudaFreeAsync(delta, stream()));
 }
 
 #ifdef LLMTRAIN_HAVE_CUDNN
@@ -282,13 +341,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
     return;
   }
 #endif
-  const Dims d = dims(B, T, H, KV, D);
-  const dim3 grid(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(H),
-                  static_cast<unsigned>(B));
-  with_head_dim(D, [&](auto kd) {
-    forward_kernel<kd.value><<<grid, kRows, 0, stream()>>>(out, lse, qkv, d);
-    LLMT_CUDA_LAUNCHED();
-  });
+  Args a = qkv_args(qkv, B, T, H, KV, D);
+  a.out = out;
+  a.lse = lse;
+  run_forward(a);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -321,21 +377,94 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     return;
   }
 #endif
-  const Dims d = dims(B, T, H, KV, D);
-  float* delta = nullptr;  // (B,H,T), stream-ordered scratch
-  LLMT_CUDA_CHECK(
-      cudaMallocAsync(reinterpret_cast<void**>(&delta), B * H * T * sizeof(float), stream()));
-  delta_kernel<<<static_cast<unsigned>(B * T * H), 64, 0, stream()>>>(delta, dout, out, d);
-  LLMT_CUDA_LAUNCHED();
-  const unsigned tiles = static_cast<unsigned>((T + kRows - 1) / kRows);
-  with_head_dim(D, [&](auto kd) {
-    dq_kernel<kd.value><<<dim3(tiles, H, B), kRows, 0, stream()>>>(dqkv, dout, qkv, lse, delta, d);
-    LLMT_CUDA_LAUNCHED();
-    dkv_kernel<kd.value>
-        <<<dim3(tiles, KV, B), kRows, 0, stream()>>>(dqkv, dout, qkv, lse, delta, d);
-    LLMT_CUDA_LAUNCHED();
+  Args a = qkv_args(qkv, B, T, H, KV, D);
+  a.dout = dout;
+  a.out_c = out;
+  a.lse_c = lse;
+  const int64_t ld = (H + 2 * KV) * D;
+  a.dq = dqkv;
+  a.dk = dqkv + H * D;
+  a.dv = dqkv + (H + KV) * D;
+  a.dq_bs = a.dkv_bs = T * ld;
+  a.dq_ld = a.dkv_ld = ld;
+  run_backward(a);
+}
+
+// ---- the block entry points (context parallelism): always the flash kernel ---------------------
+
+namespace {
+Args block_args(const float* q_src, int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
+                const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
+                int64_t H, int64_t KV, int64_t D) {
+  Args a{};
+  a.q = q_src;
+  a.k = kv_src + kv0 * D;
+  a.v = kv_src + (kv0 + KV) * D;
+  a.q_ld = Wq * D;
+  a.q_bs = Tq * a.q_ld;
+  a.kv_ld = Wk * D;
+  a.kv_bs = Tk * a.kv_ld;
+  a.B = B, a.Tq = Tq, a.Tk = Tk, a.H = H, a.KV = KV, a.D = D;
+  a.scale = 1.0f / sqrtf(static_cast<float>(D));
+  a.q_pos = q_pos;
+  a.k_pos = k_pos;
+  return a;
+}
+}  // namespace
+
+void attention_block_forward(float* out, float* lse, const float* q_src, int64_t Wq,
+                             const float* kv_src, int64_t Wk, int64_t kv0, const int32_t* q_pos,
+                             const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                             int64_t KV, int64_t D) {
+  if (B * Tq == 0) return;
+  Args a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  a.out = out;
+  a.lse = lse;
+  run_forward(a);
+}
+
+void attention_block_backward(float* dq_src, float* dkv_src, const float* dout, const float* q_src,
+                              int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
+                              const float* out, const float* lse, const int32_t* q_pos,
+                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                              int64_t KV, int64_t D) {
+  if (B * Tq == 0) return;
+  Args a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  a.dout = dout;
+  a.out_c = out;
+  a.lse_c = lse;
+  a.dq = dq_src;
+  a.dk = dkv_src + kv0 * D;
+  a.dv = dkv_src + (kv0 + KV) * D;
+  a.dq_bs = a.q_bs, a.dq_ld = a.q_ld, a.dkv_bs = a.kv_bs, a.dkv_ld = a.kv_ld;
+  a.accumulate = true;
+  run_backward(a);
+}
+
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse,
+                     int64_t B, int64_t T, int64_t H, int64_t D) {
+  // One thread per (b, h, t) row; the row's D outputs in a loop.
+  for_each(B * H * T, [=] __device__(int64_t r) {
+    const float a = lse[r], p = part_lse[r];
+    const float mx = fmaxf(a, p);
+    if (mx == -INFINITY) return;
+    const float wa = expf(a - mx), wp = expf(p - mx), sum = wa + wp;
+    lse[r] = mx + logf(sum);
+    const float ca = wa / sum, cp = wp / sum;
+    const int64_t b = r / (H * T), h = r / T % H, t = r % T;
+    float* o = out + ((b * T + t) * H + h) * D;
+    const float* po = part_out + ((b * T + t) * H + h) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = ca * o[d] + cp * po[d];
   });
-  LLMT_CUDA_CHECK(cudaFreeAsync(delta, stream()));
+}
+
+void copy_heads(float* dst, int64_t Wd, int64_t dst_head, const float* src, int64_t Ws,
+                int64_t src_head, int64_t n, int64_t N, int64_t D) {
+  const int64_t w = n * D;
+  for_each(N * w, [=] __device__(int64_t i) {
+    const int64_t r = i / w, e = i % w;
+    dst[(r * Wd + dst_head) * D + e] = src[(r * Ws + src_head) * D + e];
+  });
 }
 
 }  // namespace llmt::cuda

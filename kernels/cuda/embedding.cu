@@ -18,19 +18,19 @@ void check_tokens(const int32_t* tokens, int64_t N, int64_t V) {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
-                       int64_t vocab_start, int64_t Vl) {
+                       const int32_t* pos, int64_t vocab_start, int64_t Vl) {
   check_tokens(tokens, B * T, V);
   for_each(B * T * C, [=] __device__(int64_t i) {
     const int64_t n = i / C, c = i % C, row = tokens[n] - vocab_start;
     float v = row >= 0 && row < Vl ? wte[row * C + c] : 0.0f;
-    if (wpe) v += wpe[(pos_offset + n % T) * C + c];
+    if (wpe) v += wpe[(pos ? pos[n % T] : pos_offset + n % T) * C + c];
     out[i] = v;
   });
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset,
-                        int64_t vocab_start, int64_t Vl) {
+                        const int32_t* pos, int64_t vocab_start, int64_t Vl) {
   check_tokens(tokens, B * T, V);
   for_each(B * T * C, [=] __device__(int64_t i) {
     const int64_t n = i / C, c = i % C, row = tokens[n] - vocab_start;
@@ -41,7 +41,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
       const int64_t t = i / C, c = i % C;
       float s = 0.0f;
       for (int64_t b = 0; b < B; ++b) s += dout[(b * T + t) * C + c];
-      dwpe[(pos_offset + t) * C + c] += s;
+      dwpe[(pos ? pos[t] : pos_offset + t) * C + c] += s;
     });
   }
 }

@@ -6,7 +6,9 @@ and the parameters after the last step (--dump-final, gathered at global shape o
 Layouts: dpN (DDP over N ranks), zeroS-dpN (ZeRO stage S; dp3 with global batch 6, so that
 shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation steps per rank on
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
-(tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2. Prints one line: layout, max relative differences."""
+(tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2,
+cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp, dropout and
+selective recompute. Prints one line: layout, max relative differences."""
 import os
 
 import numpy as np
@@ -58,6 +60,17 @@ LAYOUTS = {
     "pp2-dp2-zero3": (4, ["parallel.pp=2", "parallel.zero_stage=3"], []),
     "pp2-interleaved-dp2-zero3": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
                                       "parallel.virtual_stages=2", "parallel.zero_stage=3"], L4),
+    # Context parallel (seq_len 32: chunks of 8 at cp 2, of 4 at cp 4). Ulysses at cp 4 splits
+    # each rank's heads over 4, so the Llama config's 2 kv heads become 4 (also in its reference).
+    "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"], []),
+    "cp4-ring": (4, ["parallel.cp=4", "parallel.cp_impl=ring"], []),
+    "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
+    "cp4-ulysses": (4, ["parallel.cp=4", "parallel.cp_impl=ulysses"], ["model.n_kv_heads=4"]),
+    "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"], []),
+    "cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3"], []),
+    "cp2-pp2-1f1b": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=1f1b"], []),
+    "cp2-ring-dropout": (2, ["parallel.cp=2"], ["model.dropout=0.1"]),
+    "cp2-ring-recompute": (2, ["parallel.cp=2", "train.recompute=selective"], []),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]

@@ -167,6 +167,23 @@ class NcclCommunicator final : public Communicator {
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
     return record(ch.stream);
   }
+  // Grouped on the group's stream: every rank posts its send and receive together, so the ring
+  // cannot deadlock whatever order the peers reach it.
+  Handle send_recv(Tensor out, int to, Tensor in, int from, int tag) override {
+    (void)tag;
+    check_device(out, "send_recv");
+    check_device(in, "send_recv");
+    after_compute();
+    LLMT_NCCL(ncclGroupStart());
+    LLMT_NCCL(ncclSend(out.data, static_cast<size_t>(out.numel()), nccl_type(out.dtype), to, comm_,
+                       stream_));
+    LLMT_NCCL(ncclRecv(in.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype), from, comm_,
+                       stream_));
+    LLMT_NCCL(ncclGroupEnd());
+    count_collective(CommKind::send, static_cast<int64_t>(out.nbytes()));
+    count_collective(CommKind::recv, static_cast<int64_t>(in.nbytes()));
+    return record();
+  }
   // One NCCL communicator and stream per channel, split off this one (a collective).
   void open_p2p_channels(int n) override {
     if (static_cast<int>(channels_.size()) == n) return;
