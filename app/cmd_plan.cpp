@@ -3,6 +3,7 @@
 // rank allocates (exact, by category), and, with --schedule, each pp rank's actions, the simulated
 // bubble and peak in-flight micro-batches against the formulas, and the timeline as SVG. Works from
 // the config alone: nothing model-sized is allocated and MPI is not started.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -135,6 +136,36 @@ Run add_plan_command(CLI::App& app) {
       std::printf("  rank %d (tp %d, pp %d): params %.0f, grads %.0f, optimizer %.0f (%s)\n", r,
                   c[static_cast<int>(Axis::tp)], c[static_cast<int>(Axis::pp)], e.params, e.grads,
                   e.optimizer, gib(e.total()).c_str());
+    }
+    if (mesh.size(Axis::cp) > 1) {
+      // Context parallelism: the groups, each rank's positions, and the cp bytes of a step on a
+      // rank of the stage with the most layers (cp_bytes_per_layer, checked against the
+      // communicator's counters by tests/mpi/cp_volume.py).
+      const int cp = mesh.size(Axis::cp), tp = mesh.size(Axis::tp);
+      const int64_t T = cfg.model.seq_len, c = T / (2 * cp);
+      const int64_t heads = cfg.model.n_heads,
+                    kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : heads;
+      std::printf("context parallel: cp %d, %s; rank r of a cp group holds positions [r*%lld, "
+                  "(r+1)*%lld) and [(2cp-1-r)*%lld, (2cp-r)*%lld) of each sequence\n",
+                  cp, std::string(cp_impl_name(par.cp_impl)).c_str(), static_cast<long long>(c),
+                  static_cast<long long>(c), static_cast<long long>(c), static_cast<long long>(c));
+      std::string groups;
+      for (int r = 0; r < world && groups.size() < 200; ++r) {
+        if (mesh.coords(r)[static_cast<int>(Axis::cp)] != 0) continue;
+        groups += " {";
+        const std::vector<int> g = mesh.group(r, Axis::cp);
+        for (size_t i = 0; i < g.size(); ++i) groups += concat(i ? "," : "", g[i]);
+        groups += "}";
+      }
+      std::printf("  cp groups:%s\n", groups.c_str());
+      const int64_t most = *std::max_element(layers.begin(), layers.end());
+      const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, mbs, T, heads / tp, kv / tp,
+                                           cfg.model.d_model / heads);
+      const double per_step = static_cast<double>(most * m);
+      std::printf("  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "
+                  "recv %.0f, all_to_all %.0f\n",
+                  static_cast<long long>(most), m, b.send * per_step, b.recv * per_step,
+                  b.all_to_all * per_step);
     }
     if (!args->schedule) return 0;
 

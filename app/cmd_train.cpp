@@ -105,10 +105,17 @@ Run add_train_command(CLI::App& app) {
           static_cast<long long>(spec.num_params()), static_cast<long long>(cfg.model.n_layers),
           static_cast<long long>(cfg.model.d_model), static_cast<long long>(cfg.model.seq_len),
           std::string(precision_name(cfg.train.precision)).c_str());
-    if (!args->quiet && rank0 && mesh.shape().world() > 1)
-      std::printf("mesh: tp %d, cp %d, dp %d, pp %d; zero_stage %lld\n", mesh.size(Axis::tp),
-                  mesh.size(Axis::cp), mesh.size(Axis::dp), mesh.size(Axis::pp),
+    if (!args->quiet && rank0 && mesh.shape().world() > 1) {
+      // Context parallelism: each rank's share of a sequence and how attention crosses ranks.
+      const std::string cp_text =
+          mesh.size(Axis::cp) > 1
+              ? detail::concat(" (", cp_impl_name(cfg.parallel.cp_impl), ", ",
+                               cfg.model.seq_len / mesh.size(Axis::cp), " positions per rank)")
+              : "";
+      std::printf("mesh: tp %d, cp %d%s, dp %d, pp %d; zero_stage %lld\n", mesh.size(Axis::tp),
+                  mesh.size(Axis::cp), cp_text.c_str(), mesh.size(Axis::dp), mesh.size(Axis::pp),
                   static_cast<long long>(cfg.parallel.zero_stage));
+    }
     TrainOptions opts;
     opts.dump_dir = args->dump_dir;
     opts.dump_final = args->dump_final;

@@ -23,7 +23,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       cp_attn_(cp.size() > 1 ? std::make_unique<ContextParallelAttention>(
                                    cp, alloc, micro_batch, spec.cfg.seq_len,
                                    spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
-                                   spec_.head_dim)
+                                   spec_.head_dim, compute)
                              : nullptr),
       env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, cp_attn_.get()} {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,

@@ -37,6 +37,22 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank) {
   return s;
 }
 
+CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D) {
+  CpBytes b;
+  if (cp <= 1) return b;
+  const double Tl = static_cast<double>(T) / cp;
+  if (impl == CpImpl::ring) {
+    const double E = 4.0 * static_cast<double>(B) * Tl * 2.0 * static_cast<double>(KV * D);
+    b.send = b.recv = (3.0 * cp - 2.0) * E;
+  } else {
+    const double Q = 4.0 * static_cast<double>(B) * Tl * static_cast<double>((H + 2 * KV) * D);
+    const double O = 4.0 * static_cast<double>(B) * Tl * static_cast<double>(H * D);
+    b.all_to_all = (cp - 1.0) / cp * (3.0 * Q + 2.0 * O);
+  }
+  return b;
+}
+
 namespace {
 
 // Message tags of the ring: K/V and the dK/dV accumulators travel at once in backward.
@@ -45,8 +61,16 @@ constexpr int kTagKv = 11, kTagDkv = 12;
 }  // namespace
 
 ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator& alloc, int64_t B,
-                                                   int64_t T, int64_t H, int64_t KV, int64_t D)
-    : cp_(cp), B_(B), T_(T), H_(H), KV_(KV), D_(D), shard_(zigzag_shard(T, cp.size(), cp.rank())) {
+                                                   int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                   DType compute)
+    : cp_(cp),
+      B_(B),
+      T_(T),
+      H_(H),
+      KV_(KV),
+      D_(D),
+      compute_(compute),
+      shard_(zigzag_shard(T, cp.size(), cp.rank())) {
   const int p = cp_.size();
   Tl_ = shard_.local;
   const int64_t W = H + 2 * KV;
@@ -249,9 +273,11 @@ void ContextParallelAttention::ulysses_backward(Tensor dqkv, Tensor dout, Tensor
   const int64_t Hp = H_ / p, KVp = KV_ / p;
   const Tensor all = all_pos_.view({T_});
   // The head-sharded output and lse are recomputed from the gathered q/k/v (one more attention
-  // forward, as selective recompute does) instead of sending out and lse through all-to-alls.
+  // forward, as selective recompute does) instead of sending out and lse through all-to-alls;
+  // the output rounded as the forward's was.
   seq_to_heads(g_qkv_, qkv);
   ops::attention_block_forward(g_out_, g_lse_, g_qkv_, g_qkv_, Hp, all, all, Hp, KVp);
+  if (compute_ != DType::f32) ops::round_to(g_out_, compute_);
   seq_to_heads(g_dout_, dout);
   ops::fill_zero(g_dqkv_);
   ops::attention_block_backward(g_dqkv_, g_dqkv_, g_dout_, g_qkv_, g_qkv_, Hp, g_out_, g_lse_, all,

@@ -52,6 +52,16 @@ struct SequenceShard {
 // Chunks r and 2cp-1-r of 2cp (cp = 1: the whole sequence). T must be divisible by 2cp (cp > 1).
 SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 
+// Bytes one rank moves over the cp group for one layer of one micro-batch, forward and backward
+// (what the communicator counts; docs/parallelism.md derives them): the ring sends and receives
+// (3cp-2) times its K/V, E = 4 B Tl 2KV D; Ulysses all-to-alls (cp-1)/cp (3Q + 2O) with
+// Q = 4 B Tl (H+2KV) D and O = 4 B Tl H D. H/KV: this tp rank's heads.
+struct CpBytes {
+  double send = 0, recv = 0, all_to_all = 0;
+};
+CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D);
+
 // The cp group of one model (none: no context parallelism).
 struct ContextParallel {
   Communicator* comm = nullptr;
@@ -65,8 +75,10 @@ struct ContextParallel {
 // (B,Tl,H,D) and lse (B,H,Tl) as ops::attention_forward's, but over global positions.
 class ContextParallelAttention {
  public:
+  // compute: the model's compute type (what Ulysses' recomputed output is rounded to, as the
+  // forward's output was).
   ContextParallelAttention(ContextParallel cp, Allocator& alloc, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D);
+                           int64_t KV, int64_t D, DType compute = DType::f32);
   const SequenceShard& shard() const { return shard_; }
   Tensor positions() const { return pos_of(cp_.rank()); }  // (Tl) i32 on the model's device
   // Ulysses leaves lse zero: its backward recomputes the head-sharded output and lse.
@@ -89,6 +101,7 @@ class ContextParallelAttention {
 
   ContextParallel cp_;
   int64_t B_, T_, Tl_, H_, KV_, D_;
+  DType compute_;
   SequenceShard shard_;
   Buffer buf_;
   Tensor all_pos_;             // (cp, Tl) i32: every rank's positions; ulysses: (T) gathered order

@@ -48,7 +48,9 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
       4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);
   e.grads = 4 * P / (zero >= 2 ? dp : 1);
   e.optimizer = 8 * P / (zero >= 1 ? dp : 1);
-  const double s = static_cast<double>(c.model.seq_len), b = c.train.micro_batch_size,
+  // Context parallelism: each rank holds seq_len/cp positions of every sequence.
+  const double s = static_cast<double>(c.model.seq_len) / mesh.size(Axis::cp),
+               b = c.train.micro_batch_size,
                h = static_cast<double>(c.model.d_model);
   e.activations = 4 * s * b * h * static_cast<double>(c.model.n_layers) / pp /
                   (c.parallel.sequence_parallel ? tp : 1);

@@ -23,6 +23,10 @@ LAYOUTS = {
     "tp2": (2, ["parallel.tp=2"], []),
     "tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], []),
     "tp4": (4, ["parallel.tp=4"], ["model.n_kv_heads=4"]),
+    # Context parallel: the ring merges fp32 block results and rounds the output once, where the
+    # single rank rounds it once; Ulysses attends whole sequences of fewer heads.
+    "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"], []),
+    "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
 }
 COMMON = ["train.threads=1", "log.progress=false", "train.steps=16", "optimizer.lr=1e-30",
           "optimizer.min_lr=0"]

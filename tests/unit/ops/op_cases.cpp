@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "kernels/ops.h"
@@ -41,6 +43,25 @@ void add_embedding(std::vector<OpCase>& cases) {
                     uniform({50, 48}, 4)},
                    op([](const Views& v) { ops::embedding_forward(v[0], v[1], v[2], v[3], 5); }),
                    kExact});
+  // Rows at explicit positions (context parallelism), out of order.
+  HostTensor pos({37}, DType::i32);
+  for (int32_t i = 0; i < 37; ++i) pos.i32()[i] = (i * 7) % 50;
+  cases.push_back({"embedding_forward",
+                   "embedding_forward_positions",
+                   {uniform({2, 37, 48}, 1), tokens({2, 37}, 100, 2), uniform({100, 48}, 3),
+                    uniform({50, 48}, 4), pos},
+                   op([](const Views& v) {
+                     ops::embedding_forward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]);
+                   }),
+                   kExact});
+  cases.push_back({"embedding_backward",
+                   "embedding_backward_positions",
+                   {uniform({20, 48}, 5), uniform({50, 48}, 6), uniform({2, 37, 48}, 7),
+                    tokens({2, 37}, 20, 8), pos},
+                   op([](const Views& v) {
+                     ops::embedding_backward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]);
+                   }),
+                   kTight});
   cases.push_back(
       {"embedding_forward",
        "embedding_forward_vocab_shard",
@@ -221,6 +242,19 @@ void add_rope(std::vector<OpCase>& cases) {
                    {uniform({2, 9, 5, 16}, 1)},
                    op([](const Views& v) { ops::rope_backward(v[0], 3, 11, 10000.0f); }),
                    kTight});
+  // At context parallelism's global positions: rank 1 of cp 2 over T 36 (9 local rows).
+  HostTensor pos({9}, DType::i32);
+  for (int32_t i = 0; i < 9; ++i) pos.i32()[i] = i < 4 ? 9 + i : 18 + i;
+  cases.push_back({"rope_forward",
+                   "rope_forward_positions",
+                   {uniform({2, 9, 5, 16}, 1), pos},
+                   op([](const Views& v) { ops::rope_forward(v[0], 3, 0, 10000.0f, v[1]); }),
+                   kTight});
+  cases.push_back({"rope_backward",
+                   "rope_backward_positions",
+                   {uniform({2, 9, 5, 16}, 1), pos},
+                   op([](const Views& v) { ops::rope_backward(v[0], 3, 0, 10000.0f, v[1]); }),
+                   kTight});
 }
 
 // Unit roundoff of a 16-bit operands type: bf16 keeps 8 significant bits, f16 11.
@@ -343,6 +377,68 @@ void add_attention(std::vector<OpCase>& cases) {
                      }),
                      tol.backward});
   }
+}
+
+// Context parallelism's blocks at zigzag positions (cp 2, T 140: chunks of 35, so tiles straddle
+// chunks): the local block (rank 0's queries and keys), a block of another rank's keys, the merge,
+// and the K/V packing.
+HostTensor zigzag_positions(int64_t T, int cp, int rank) {
+  const int64_t c = T / (2 * cp);
+  HostTensor p({2 * c}, DType::i32);
+  for (int64_t i = 0; i < c; ++i) {
+    p.i32()[i] = static_cast<int32_t>(rank * c + i);
+    p.i32()[c + i] = static_cast<int32_t>((2 * cp - 1 - rank) * c + i);
+  }
+  return p;
+}
+
+void add_attention_blocks(std::vector<OpCase>& cases) {
+  const int64_t B = 2, Tl = 70, H = 4, KV = 2, D = 24, W = H + 2 * KV;
+  const AttnBounds tol{Tol{2e-4, 2e-5}, Tol{2e-4, 1e-4}};
+  const HostTensor q0 = zigzag_positions(2 * Tl, 2, 0), q1 = zigzag_positions(2 * Tl, 2, 1);
+  HostTensor qkv = uniform({B, Tl, W, D}, 21, -2.0f, 2.0f);
+  HostTensor kv = uniform({B, Tl, 2 * KV, D}, 22, -2.0f, 2.0f);
+  for (const auto& [name, kv_src, kv0, k_pos] :
+       {std::tuple<const char*, HostTensor, int64_t, HostTensor>{"_local", qkv, H, q0},
+        std::tuple<const char*, HostTensor, int64_t, HostTensor>{"_remote", kv, 0, q1}}) {
+    HostTensor out({B, Tl, H, D}), lse({B, H, Tl});
+    {
+      HostTensor qk = qkv, kvs = kv_src, qp = q0, kp = k_pos;
+      ops::attention_block_forward(out.t(), lse.t(), qk.t(), kvs.t(), kv0, qp.t(), kp.t(), H, KV);
+    }
+    const int64_t k0 = kv0;
+    cases.push_back({"attention_block_forward",
+                     std::string("attention_block_forward") + name,
+                     {uniform({B, Tl, H, D}, 23), uniform({B, H, Tl}, 24), qkv, kv_src, q0, k_pos},
+                     op([k0](const Views& v) {
+                       ops::attention_block_forward(v[0], v[1], v[2], v[3], k0, v[4], v[5], H, KV);
+                     }),
+                     tol.forward});
+    cases.push_back({"attention_block_backward",
+                     std::string("attention_block_backward") + name,
+                     {uniform({B, Tl, W, D}, 25), uniform(kv_src.shape(), 26),
+                      uniform({B, Tl, H, D}, 27), qkv, kv_src, out, lse, q0, k_pos},
+                     op([k0](const Views& v) {
+                       ops::attention_block_backward(v[0], v[1], v[2], v[3], v[4], k0, v[5], v[6],
+                                                     v[7], v[8], H, KV);
+                     }),
+                     tol.backward});
+  }
+  // Merge: some rows -inf on one side (a block no query of them sees).
+  HostTensor part_lse = uniform({B, H, Tl}, 29, -1.0f, 3.0f);
+  for (int64_t i = 0; i < part_lse.numel(); i += 3)
+    part_lse[i] = -std::numeric_limits<float>::infinity();
+  cases.push_back({"attention_merge",
+                   "attention_merge",
+                   {uniform({B, Tl, H, D}, 30), uniform({B, H, Tl}, 31, -1.0f, 3.0f),
+                    uniform({B, Tl, H, D}, 32), part_lse},
+                   op([](const Views& v) { ops::attention_merge(v[0], v[1], v[2], v[3]); }),
+                   kTight});
+  cases.push_back({"copy_heads",
+                   "copy_heads_kv_of_qkv",
+                   {uniform({B, Tl, 2 * KV, D}, 33), qkv},
+                   op([](const Views& v) { ops::copy_heads(v[0], 0, v[1], H, 2 * KV); }),
+                   kExact});
 }
 
 void add_elementwise(std::vector<OpCase>& cases) {
@@ -590,6 +686,7 @@ std::vector<OpCase> op_cases() {
   add_activations(cases);
   add_rope(cases);
   add_attention(cases);
+  add_attention_blocks(cases);
   add_elementwise(cases);
   add_loss(cases);
   add_optim_and_reductions(cases);

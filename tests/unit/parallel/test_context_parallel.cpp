@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/parallel/context_parallel.h"
@@ -238,6 +239,34 @@ TEST(CpBlocks, RopeAndEmbeddingAtPositions) {
   for (int64_t t = 0; t < T; ++t) {
     const bool held = std::find(pos.begin(), pos.end(), t) != pos.end();
     EXPECT_EQ(dwpe[t * C], held ? static_cast<float>(B) : 0.0f) << "position " << t;
+  }
+}
+
+// Causal attention work per rank: the (query, key) pairs a rank's queries see over every rank's
+// keys (what the kernels compute, up to their tile granularity). Under the zigzag split they are
+// equal on every rank; a contiguous split gives the last rank about 2cp-1 times the first's.
+int64_t visible_pairs(const std::vector<int32_t>& q, int64_t T) {
+  int64_t n = 0;
+  for (int32_t i : q) n += std::min<int64_t>(i + 1, T);
+  return n;
+}
+
+TEST(CpBlocks, ZigzagSplitBalancesCausalWork) {
+  const int64_t T = 4096;
+  for (int cp : {2, 4, 8}) {
+    std::vector<int64_t> zig, contiguous;
+    for (int r = 0; r < cp; ++r) {
+      zig.push_back(visible_pairs(zigzag_shard(T, cp, r).positions(), T));
+      std::vector<int32_t> block(T / cp);
+      for (int64_t t = 0; t < T / cp; ++t) block[t] = static_cast<int32_t>(r * (T / cp) + t);
+      contiguous.push_back(visible_pairs(block, T));
+    }
+    EXPECT_EQ(*std::min_element(zig.begin(), zig.end()), *std::max_element(zig.begin(), zig.end()))
+        << "cp " << cp;
+    // Contiguous: rank r's pairs grow with r; the last over the first is (2cp-1) + O(cp/T).
+    const double ratio = static_cast<double>(contiguous.back()) / static_cast<double>(contiguous[0]);
+    EXPECT_NEAR(ratio, 2 * cp - 1, 0.01 * (2 * cp - 1)) << "cp " << cp;
+    RecordProperty("contiguous_imbalance_cp" + std::to_string(cp), std::to_string(ratio));
   }
 }
 
