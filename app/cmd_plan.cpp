@@ -145,6 +145,10 @@ Run add_plan_command(CLI::App& app) {
       const int64_t T = cfg.model.seq_len, c = T / (2 * cp);
       const int64_t heads = cfg.model.n_heads,
                     kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : heads;
+      const int u = ulysses_degree(par.cp_impl, cp, static_cast<int>(par.cp_ulysses));
+      if (par.cp_impl == CpImpl::hybrid)
+        std::printf("context parallel: all-to-all over %d consecutive cp ranks, ring over %d\n",
+                    u, cp / u);
       std::printf("context parallel: cp %d, %s; rank r of a cp group holds positions [r*%lld, "
                   "(r+1)*%lld) and [(2cp-1-r)*%lld, (2cp-r)*%lld) of each sequence\n",
                   cp, std::string(cp_impl_name(par.cp_impl)).c_str(), static_cast<long long>(c),
@@ -159,8 +163,9 @@ Run add_plan_command(CLI::App& app) {
       }
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t most = *std::max_element(layers.begin(), layers.end());
-      const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, mbs, T, heads / tp, kv / tp,
-                                           cfg.model.d_model / heads);
+      const CpBytes b =
+          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, T,
+                             heads / tp, kv / tp, cfg.model.d_model / heads);
       const double per_step = static_cast<double>(most * m);
       std::printf("  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "
                   "recv %.0f, all_to_all %.0f\n",

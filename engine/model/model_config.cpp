@@ -64,16 +64,23 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
               concat("model.seq_len/parallel.cp=", m.seq_len / cp,
                      " positions per cp rank are not divisible by parallel.tp=", p.tp,
                      " with parallel.sequence_parallel=true"));
-  if (p.cp_impl == CpImpl::ulysses) {
+  const int64_t u = p.cp_impl == CpImpl::ulysses  ? cp
+                    : p.cp_impl == CpImpl::hybrid ? p.cp_ulysses
+                                                  : 1;
+  if (u > 1) {
     const int64_t kv = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
     for (const auto& [key, n] : {std::pair<const char*, int64_t>{"model.n_heads", m.n_heads},
                                  std::pair<const char*, int64_t>{"model.n_kv_heads", kv}}) {
       if (n < 1 || n % p.tp != 0) continue;  // the tp rule above reports it
-      r.require((n / p.tp) % cp == 0, {key, "parallel.cp", "parallel.cp_impl"},
+      const bool hybrid = p.cp_impl == CpImpl::hybrid;
+      r.require((n / p.tp) % u == 0,
+                {key, hybrid ? "parallel.cp_ulysses" : "parallel.cp", "parallel.cp_impl"},
                 concat(key, "=", n, " over parallel.tp=", p.tp, " is ", n / p.tp,
-                       " heads per tp rank, not divisible by parallel.cp=", cp,
-                       ": parallel.cp_impl=\"ulysses\" gives each cp rank n_heads/(tp*cp) query "
-                       "and n_kv_heads/(tp*cp) kv heads of every position; use cp_impl=\"ring\""));
+                       " heads per tp rank, not divisible by ",
+                       hybrid ? "parallel.cp_ulysses=" : "parallel.cp=", u,
+                       ": the all-to-all of parallel.cp_impl=\"", cp_impl_name(p.cp_impl),
+                       "\" gives each of its ranks 1/", u,
+                       " of every tp rank's query and kv heads; use cp_impl=\"ring\""));
     }
   }
 }

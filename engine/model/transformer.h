@@ -99,6 +99,10 @@ class Transformer {
 
   // The global positions of the T positions of a sequence this rank holds.
   const SequenceShard& sequence_shard() const { return seq_; }
+  // Communicators the model made itself (context parallelism's hybrid groups), for metrics.
+  std::vector<Communicator*> own_communicators() const {
+    return cp_attn_ ? cp_attn_->own_communicators() : std::vector<Communicator*>();
+  }
   // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
   // loss, e.g. loss_scale / accumulation_steps). Returns the micro-batch's mean loss.

@@ -11,7 +11,27 @@
 namespace llmt {
 
 std::string_view cp_impl_name(CpImpl i) {
-  return i == CpImpl::ring ? "ring" : "ulysses";
+  switch (i) {
+    case CpImpl::ring:
+      return "ring";
+    case CpImpl::ulysses:
+      return "ulysses";
+    case CpImpl::hybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+int ulysses_degree(CpImpl impl, int cp, int cp_ulysses) {
+  switch (impl) {
+    case CpImpl::ring:
+      return 1;
+    case CpImpl::ulysses:
+      return cp;
+    case CpImpl::hybrid:
+      return cp_ulysses;
+  }
+  return 1;
 }
 
 std::vector<int32_t> SequenceShard::positions() const {
@@ -37,18 +57,21 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank) {
   return s;
 }
 
-CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D) {
+CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
+                           int64_t KV, int64_t D) {
   CpBytes b;
   if (cp <= 1) return b;
-  const double Tl = static_cast<double>(T) / cp;
-  if (impl == CpImpl::ring) {
-    const double E = 4.0 * static_cast<double>(B) * Tl * 2.0 * static_cast<double>(KV * D);
-    b.send = b.recv = (3.0 * cp - 2.0) * E;
-  } else {
-    const double Q = 4.0 * static_cast<double>(B) * Tl * static_cast<double>((H + 2 * KV) * D);
-    const double O = 4.0 * static_cast<double>(B) * Tl * static_cast<double>(H * D);
-    b.all_to_all = (cp - 1.0) / cp * (3.0 * Q + 2.0 * O);
+  const int u = ulysses_degree(impl, cp, ulysses), r = cp / u;
+  const double Tl = static_cast<double>(T) / cp, Bd = static_cast<double>(B);
+  if (u > 1) {
+    const double Q = 4.0 * Bd * Tl * static_cast<double>((H + 2 * KV) * D);
+    const double O = 4.0 * Bd * Tl * static_cast<double>(H * D);
+    b.all_to_all = (u - 1.0) / u * (3.0 * Q + 2.0 * O);
+  }
+  if (r > 1) {
+    // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E.
+    const double E = 4.0 * Bd * Tl * 2.0 * static_cast<double>(KV * D);
+    b.send = b.recv = (3.0 * r - 2.0 + (u > 1 ? r - 1.0 : 0.0)) * E;
   }
   return b;
 }
@@ -71,26 +94,47 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
       D_(D),
       compute_(compute),
       shard_(zigzag_shard(T, cp.size(), cp.rank())) {
-  const int p = cp_.size();
+  const int p = cp_.size(), rank = cp_.rank();
+  u_ = ulysses_degree(cp_.impl, p, cp_.ulysses);
+  LLMT_CHECK(u_ >= 1 && p % u_ == 0, "context parallelism: the all-to-all group of ", u_,
+             " ranks does not divide cp = ", p);
+  r_ = p / u_;
+  LLMT_CHECK(H % u_ == 0 && KV % u_ == 0, cp_impl_name(cp_.impl), ": this rank's ", H,
+             " query and ", KV, " kv heads are not divisible by the all-to-all group of ", u_,
+             " ranks");
+  // Groups: the all-to-all over u consecutive cp ranks, the ring over the ranks with the same
+  // index in theirs (rank = ring rank * u + all-to-all rank). Pure ring or Ulysses use cp itself.
+  if (u_ == p) {
+    uly_ = cp_.comm;
+  } else if (u_ == 1) {
+    ring_ = cp_.comm;
+  } else {
+    own_uly_ = cp_.comm->split(rank / u_, rank % u_, "cp-a2a");
+    own_ring_ = cp_.comm->split(rank % u_, rank / u_, "cp-ring");
+    uly_ = own_uly_.get();
+    ring_ = own_ring_.get();
+  }
   Tl_ = shard_.local;
+  Tg_ = u_ * Tl_;
+  Hg_ = H / u_;
+  KVg_ = KV / u_;
   const int64_t W = H + 2 * KV;
-  if (cp_.impl == CpImpl::ulysses)
-    LLMT_CHECK(H % p == 0 && KV % p == 0, "ulysses: this rank's ", H, " query and ", KV,
-               " kv heads are not divisible by cp = ", p);
   // One buffer, carved in 64-byte aligned pieces.
   std::vector<std::pair<Tensor*, std::pair<Shape, DType>>> pieces;
-  pieces.push_back({&all_pos_, {Shape({p, Tl_}), DType::i32}});
-  if (cp_.impl == CpImpl::ring) {
-    for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1]})
-      pieces.push_back({t, {Shape({B, Tl_, 2 * KV, D}), DType::f32}});
-    pieces.push_back({&part_out_, {Shape({B, Tl_, H, D}), DType::f32}});
-    pieces.push_back({&part_lse_, {Shape({B, H, Tl_}), DType::f32}});
-  } else {
-    const int64_t Wp = W / p, Hp = H / p;
+  pieces.push_back({&local_pos_, {Shape({Tl_}), DType::i32}});
+  pieces.push_back({&ring_pos_, {Shape({r_, Tg_}), DType::i32}});
+  if (u_ > 1) {
     for (Tensor* t : {&send_, &recv_}) pieces.push_back({t, {Shape({B * Tl_ * W * D}), DType::f32}});
-    for (Tensor* t : {&g_qkv_, &g_dqkv_}) pieces.push_back({t, {Shape({B, T, Wp, D}), DType::f32}});
-    for (Tensor* t : {&g_out_, &g_dout_}) pieces.push_back({t, {Shape({B, T, Hp, D}), DType::f32}});
-    pieces.push_back({&g_lse_, {Shape({B, Hp, T}), DType::f32}});
+    for (Tensor* t : {&g_qkv_, &g_dqkv_})
+      pieces.push_back({t, {Shape({B, Tg_, Hg_ + 2 * KVg_, D}), DType::f32}});
+    for (Tensor* t : {&g_out_, &g_dout_}) pieces.push_back({t, {Shape({B, Tg_, Hg_, D}), DType::f32}});
+    pieces.push_back({&g_lse_, {Shape({B, Hg_, Tg_}), DType::f32}});
+  }
+  if (r_ > 1) {
+    for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1]})
+      pieces.push_back({t, {Shape({B, Tg_, 2 * KVg_, D}), DType::f32}});
+    pieces.push_back({&part_out_, {Shape({B, Tg_, Hg_, D}), DType::f32}});
+    pieces.push_back({&part_lse_, {Shape({B, Hg_, Tg_}), DType::f32}});
   }
   auto bytes_of = [](const std::pair<Shape, DType>& s) {
     return (static_cast<size_t>(s.first.numel()) * dtype_size(s.second) + 63) / 64 * 64;
@@ -103,55 +147,88 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
     *t = buf_.tensor(s.first, s.second, off);
     off += bytes_of(s);
   }
-  std::vector<int32_t> host;
-  for (int r = 0; r < p; ++r) {
-    const std::vector<int32_t> pr = zigzag_shard(T, p, r).positions();
-    host.insert(host.end(), pr.begin(), pr.end());
+  // Ring rank j holds, after the all-to-all, the positions of cp ranks j*u .. j*u+u-1 in order.
+  const std::vector<int32_t> mine = shard_.positions();
+  std::vector<int32_t> table;
+  for (int c = 0; c < p; ++c) {
+    const std::vector<int32_t> pc = zigzag_shard(T, p, c).positions();
+    table.insert(table.end(), pc.begin(), pc.end());
   }
-  alloc.backend().copy_from_host(all_pos_.data, host.data(), host.size() * sizeof(int32_t));
+  DeviceBackend& dev = alloc.backend();
+  dev.copy_from_host(local_pos_.data, mine.data(), mine.size() * sizeof(int32_t));
+  dev.copy_from_host(ring_pos_.data, table.data(), table.size() * sizeof(int32_t));
 }
 
-Tensor ContextParallelAttention::pos_of(int rank) const {
-  return all_pos_.rows(rank, rank + 1).view({Tl_});
+std::vector<Communicator*> ContextParallelAttention::own_communicators() const {
+  std::vector<Communicator*> out;
+  for (const auto* c : {&own_uly_, &own_ring_})
+    if (*c) out.push_back(c->get());
+  return out;
 }
 
+Tensor ContextParallelAttention::pos_of(int ring_rank) const {
+  return ring_pos_.rows(ring_rank, ring_rank + 1).view({Tg_});
+}
+
+// Forward: (Ulysses) q/k/v to heads, attention over the ring (or alone), the output back. With
+// an all-to-all group the lse stays head-sharded (backward recomputes it), so the sequence-
+// sharded `lse` is left at zero.
 void ContextParallelAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
-  if (cp_.impl == CpImpl::ring)
-    ring_forward(out, lse, qkv);
-  else
-    ulysses_forward(out, lse, qkv);
+  if (u_ == 1) {
+    attend(out, lse, qkv);
+    return;
+  }
+  seq_to_heads(g_qkv_, qkv);
+  attend(g_out_, g_lse_, g_qkv_);
+  heads_to_seq(out, g_out_);
+  ops::fill_zero(lse);
 }
 
+// Backward: with an all-to-all group the head-sharded output and lse are recomputed from the
+// gathered q/k/v (one more attention forward, as selective recompute does; under hybrid one more
+// ring pass) instead of sending the output and lse through all-to-alls; the output rounded as the
+// forward's was.
 void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
                                         Tensor lse) {
-  if (cp_.impl == CpImpl::ring)
-    ring_backward(dqkv, dout, qkv, out, lse);
-  else
-    ulysses_backward(dqkv, dout, qkv, out, lse);
+  if (u_ == 1) {
+    attend_backward(dqkv, dout, qkv, out, lse);
+    return;
+  }
+  seq_to_heads(g_qkv_, qkv);
+  attend(g_out_, g_lse_, g_qkv_);
+  if (compute_ != DType::f32) ops::round_to(g_out_, compute_);
+  seq_to_heads(g_dout_, dout);
+  attend_backward(g_dqkv_, g_dout_, g_qkv_, g_out_, g_lse_);
+  heads_to_seq(dqkv, g_dqkv_);
 }
 
 // ---- ring ---------------------------------------------------------------------------------------
-// Step i (0..cp-1) holds the K/V of rank src = r - i: while the block (local queries x src's keys)
-// is computed, the K/V move one rank on (to r+1, from r-1). Step 0 is the local block, written to
-// out/lse directly; later ones merge in. With the zigzag split, rank src < r gives both local
-// chunks src's first chunk, src > r gives the second local chunk both of src's: half a block
-// each, the same on every rank.
+// Step i (0..r-1) holds the K/V of ring rank src = j - i: while the block (local queries x src's
+// keys) is computed, the K/V move one rank on (to j+1, from j-1). Step 0 is the local block,
+// written to out/lse directly; later ones merge in. With the zigzag split, a rank src < j gives
+// both local chunks src's first chunk, src > j gives the second local chunk both of src's: half
+// a block each, the same on every rank.
 
-void ContextParallelAttention::ring_forward(Tensor out, Tensor lse, Tensor qkv) {
-  Communicator& comm = *cp_.comm;
-  const int p = comm.size(), r = comm.rank();
-  const int next = (r + 1) % p, prev = (r + p - 1) % p;
-  ops::copy_heads(kv_[0], 0, qkv, H_, 2 * KV_);
+void ContextParallelAttention::attend(Tensor out, Tensor lse, Tensor qkv) {
+  if (r_ == 1) {
+    const Tensor all = pos_of(0);
+    ops::attention_block_forward(out, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_);
+    return;
+  }
+  Communicator& comm = *ring_;
+  const int p = comm.size(), j = comm.rank();
+  const int next = (j + 1) % p, prev = (j + p - 1) % p;
+  ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2];
-    const int src = (r - i + p) % p;
+    const int src = (j - i + p) % p;
     Handle moving;
     if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
     if (i == 0) {
-      ops::attention_block_forward(out, lse, qkv, cur, 0, pos_of(r), pos_of(src), H_, KV_);
+      ops::attention_block_forward(out, lse, qkv, cur, 0, pos_of(j), pos_of(src), Hg_, KVg_);
     } else {
-      ops::attention_block_forward(part_out_, part_lse_, qkv, cur, 0, pos_of(r), pos_of(src), H_,
-                                   KV_);
+      ops::attention_block_forward(part_out_, part_lse_, qkv, cur, 0, pos_of(j), pos_of(src), Hg_,
+                                   KVg_);
       ops::attention_merge(out, lse, part_out_, part_lse_);
     }
     moving.device_wait();
@@ -159,34 +236,39 @@ void ContextParallelAttention::ring_forward(Tensor out, Tensor lse, Tensor qkv) 
 }
 
 // Backward: K/V go around again, and with them the dK/dV accumulator of their owner: step i adds
-// this rank's queries' part to src's accumulator and passes it on; after cp steps each
-// accumulator has visited every rank and arrives home complete (one more hop than the K/V).
-void ContextParallelAttention::ring_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                                             Tensor lse) {
-  Communicator& comm = *cp_.comm;
-  const int p = comm.size(), r = comm.rank();
-  const int next = (r + 1) % p, prev = (r + p - 1) % p;
-  ops::fill_zero(dqkv);  // the queries' gradient accumulates block by block
-  ops::copy_heads(kv_[0], 0, qkv, H_, 2 * KV_);
+// this rank's queries' part to src's accumulator and passes it on; after r steps each accumulator
+// has visited every rank and arrives home complete (one more hop than the K/V).
+void ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                                               Tensor lse) {
+  ops::fill_zero(dqkv);  // the gradient accumulates block by block
+  if (r_ == 1) {
+    const Tensor all = pos_of(0);
+    ops::attention_block_backward(dqkv, dqkv, dout, qkv, qkv, Hg_, out, lse, all, all, Hg_, KVg_);
+    return;
+  }
+  Communicator& comm = *ring_;
+  const int p = comm.size(), j = comm.rank();
+  const int next = (j + 1) % p, prev = (j + p - 1) % p;
+  ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   ops::fill_zero(dkv_[0]);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2], dcur = dkv_[i % 2];
-    const int src = (r - i + p) % p;
+    const int src = (j - i + p) % p;
     Handle moving;
     if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
-    ops::attention_block_backward(dqkv, dcur, dout, qkv, cur, 0, out, lse, pos_of(r), pos_of(src),
-                                  H_, KV_);
+    ops::attention_block_backward(dqkv, dcur, dout, qkv, cur, 0, out, lse, pos_of(j), pos_of(src),
+                                  Hg_, KVg_);
     Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
     moving.device_wait();
     acc.device_wait();
   }
-  ops::copy_heads(dqkv, H_, dkv_[p % 2], 0, 2 * KV_);
+  ops::copy_heads(dqkv, Hg_, dkv_[p % 2], 0, 2 * KVg_);
 }
 
 // ---- Ulysses ------------------------------------------------------------------------------------
-// The all-to-all's block for rank j (in send_/recv_): (B,Tl,w,D), w = the heads of j's share.
-// Head-sharded layout: (B,T,w,D) over positions in rank order (rank 0's Tl, rank 1's, ...), whose
-// global positions are all_pos_ read as (T).
+// The all-to-all's block for group rank k (in send_/recv_): (B,Tl,w,D), w = the heads of k's
+// share. Head-sharded layout: (B,Tg,w,D) over the group's positions in rank order (group rank
+// 0's Tl, then 1's, ...): this ring rank's row of the positions table.
 
 namespace {
 
@@ -205,23 +287,23 @@ HeadGroups groups_of(int64_t W, int64_t H, int64_t KV) {
 }  // namespace
 
 void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
-  Communicator& comm = *cp_.comm;
+  Communicator& comm = *uly_;
   const int p = comm.size();
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_;
-  for (int j = 0; j < p; ++j) {
-    Tensor dst = send_.rows(j * block, (j + 1) * block).view({B_, Tl_, w, D_});
+  for (int k = 0; k < p; ++k) {
+    Tensor dst = send_.rows(k * block, (k + 1) * block).view({B_, Tl_, w, D_});
     int64_t off = 0;
-    for (int k = 0; k < g.count; ++k) {
-      const int64_t share = g.n[k] / p;
-      ops::copy_heads(dst, off, seq, g.first[k] + j * share, share);
+    for (int e = 0; e < g.count; ++e) {
+      const int64_t share = g.n[e] / p;
+      ops::copy_heads(dst, off, seq, g.first[e] + k * share, share);
       off += share;
     }
   }
   Tensor in = send_.rows(0, p * block), got = recv_.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
-  // recv block i is (B, Tl, w, D) of rank i's positions: row b of it goes to positions
+  // recv block i is (B, Tl, w, D) of group rank i's positions: row b of it goes to positions
   // [i*Tl, (i+1)*Tl) of batch row b.
   const int64_t chunk = Tl_ * w * D_;
   Tensor src_rows = got.view({p * B_, chunk}), dst_rows = heads.view({B_ * p, chunk});
@@ -231,58 +313,27 @@ void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
 }
 
 void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
-  Communicator& comm = *cp_.comm;
+  Communicator& comm = *uly_;
   const int p = comm.size();
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_, chunk = Tl_ * w * D_;
-  Tensor src_rows = heads.view({B_ * p, chunk}), dst_rows = send_.rows(0, p * block).view({p * B_, chunk});
+  Tensor src_rows = heads.view({B_ * p, chunk});
+  Tensor dst_rows = send_.rows(0, p * block).view({p * B_, chunk});
   for (int i = 0; i < p; ++i)
     for (int64_t b = 0; b < B_; ++b)
       ops::copy(dst_rows.rows(i * B_ + b, i * B_ + b + 1), src_rows.rows(b * p + i, b * p + i + 1));
   Tensor in = send_.rows(0, p * block), got = recv_.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
-  for (int j = 0; j < p; ++j) {
-    Tensor part = got.rows(j * block, (j + 1) * block).view({B_, Tl_, w, D_});
+  for (int k = 0; k < p; ++k) {
+    Tensor part = got.rows(k * block, (k + 1) * block).view({B_, Tl_, w, D_});
     int64_t off = 0;
-    for (int k = 0; k < g.count; ++k) {
-      const int64_t share = g.n[k] / p;
-      ops::copy_heads(seq, g.first[k] + j * share, part, off, share);
+    for (int e = 0; e < g.count; ++e) {
+      const int64_t share = g.n[e] / p;
+      ops::copy_heads(seq, g.first[e] + k * share, part, off, share);
       off += share;
     }
   }
-}
-
-// Forward: q/k/v to heads, attention over whole sequences, the output back. The lse stays
-// head-sharded (backward recomputes it), so the sequence-sharded `lse` is left at zero.
-void ContextParallelAttention::ulysses_forward(Tensor out, Tensor lse, Tensor qkv) {
-  const int p = cp_.size();
-  const int64_t Hp = H_ / p, KVp = KV_ / p;
-  const Tensor all = all_pos_.view({T_});
-  seq_to_heads(g_qkv_, qkv);
-  ops::attention_block_forward(g_out_, g_lse_, g_qkv_, g_qkv_, Hp, all, all, Hp, KVp);
-  heads_to_seq(out, g_out_);
-  ops::fill_zero(lse);
-}
-
-void ContextParallelAttention::ulysses_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                                                Tensor lse) {
-  (void)out;
-  (void)lse;
-  const int p = cp_.size();
-  const int64_t Hp = H_ / p, KVp = KV_ / p;
-  const Tensor all = all_pos_.view({T_});
-  // The head-sharded output and lse are recomputed from the gathered q/k/v (one more attention
-  // forward, as selective recompute does) instead of sending out and lse through all-to-alls;
-  // the output rounded as the forward's was.
-  seq_to_heads(g_qkv_, qkv);
-  ops::attention_block_forward(g_out_, g_lse_, g_qkv_, g_qkv_, Hp, all, all, Hp, KVp);
-  if (compute_ != DType::f32) ops::round_to(g_out_, compute_);
-  seq_to_heads(g_dout_, dout);
-  ops::fill_zero(g_dqkv_);
-  ops::attention_block_backward(g_dqkv_, g_dqkv_, g_dout_, g_qkv_, g_qkv_, Hp, g_out_, g_lse_, all,
-                                all, Hp, KVp);
-  heads_to_seq(dqkv, g_dqkv_);
 }
 
 }  // namespace llmt

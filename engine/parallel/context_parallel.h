@@ -10,6 +10,8 @@
 //   ulysses  an all-to-all turns the sequence-sharded q/k/v into head-sharded ones (every
 //            position of H/cp query and KV/cp kv heads), attention runs on whole sequences, and
 //            an all-to-all turns the output back. Needs the head counts divisible by cp.
+//   hybrid   both (USP, Megatron's a2a+p2p): all-to-all over groups of u consecutive cp ranks
+//            (H/u heads of those u ranks' positions), then the ring over the cp/u such groups.
 // Parameters are replicated over cp; their gradients are summed over dp x cp with the data-
 // parallel ones (engine/data_parallel), and the loss is averaged over the global tokens.
 //
@@ -18,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,7 @@
 
 namespace llmt {
 
-enum class CpImpl : uint8_t { ring, ulysses };
+enum class CpImpl : uint8_t { ring, ulysses, hybrid };
 std::string_view cp_impl_name(CpImpl i);
 
 // The global positions a cp rank holds of a sequence of T: runs of consecutive positions.
@@ -53,19 +56,25 @@ struct SequenceShard {
 SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 
 // Bytes one rank moves over the cp group for one layer of one micro-batch, forward and backward
-// (what the communicator counts; docs/parallelism.md derives them): the ring sends and receives
-// (3cp-2) times its K/V, E = 4 B Tl 2KV D; Ulysses all-to-alls (cp-1)/cp (3Q + 2O) with
-// Q = 4 B Tl (H+2KV) D and O = 4 B Tl H D. H/KV: this tp rank's heads.
+// (what the communicator counts; docs/parallelism.md derives them), with E = 4 B Tl 2KV D (its
+// K/V), Q = 4 B Tl (H+2KV) D (its qkv), O = 4 B Tl H D (its output); H/KV: this tp rank's heads;
+// u Ulysses ranks (1 ring, cp ulysses), r = cp/u ring ranks:
+//   Ulysses part: all-to-all (u-1)/u (3Q + 2O)  (qkv and output forward; qkv, dout, dqkv back)
+//   ring part:    send = recv = (3r-2) E, and (r-1) E more under hybrid, whose backward replays
+//                 the ring forward for the head-sharded output and lse
 struct CpBytes {
   double send = 0, recv = 0, all_to_all = 0;
 };
-CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D);
+CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
+                           int64_t KV, int64_t D);
+// The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
+int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
 
 // The cp group of one model (none: no context parallelism).
 struct ContextParallel {
   Communicator* comm = nullptr;
   CpImpl impl = CpImpl::ring;
+  int ulysses = 0;  // hybrid: the all-to-all group size u (1 < u < cp, dividing cp)
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };
@@ -80,35 +89,45 @@ class ContextParallelAttention {
   ContextParallelAttention(ContextParallel cp, Allocator& alloc, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D, DType compute = DType::f32);
   const SequenceShard& shard() const { return shard_; }
-  Tensor positions() const { return pos_of(cp_.rank()); }  // (Tl) i32 on the model's device
+  Tensor positions() const { return local_pos_; }  // (Tl) i32 on the model's device
   // Ulysses leaves lse zero: its backward recomputes the head-sharded output and lse.
   void forward(Tensor out, Tensor lse, Tensor qkv);
   // dqkv (B,Tl,W,D) assigned; out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
+  // The groups this split off the cp group (hybrid: "cp-a2a" and "cp-ring"), whose traffic the
+  // metrics report beside the mesh axes'.
+  std::vector<Communicator*> own_communicators() const;
   // Bytes of the buffers this holds (docs/parallelism.md derives them).
   size_t buffer_bytes() const { return buf_.bytes(); }
 
  private:
-  Tensor pos_of(int rank) const;  // (Tl) rank's positions
-  void ring_forward(Tensor out, Tensor lse, Tensor qkv);
-  void ring_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
-  void ulysses_forward(Tensor out, Tensor lse, Tensor qkv);
-  void ulysses_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
-  // Ulysses: a sequence-sharded qkv (B,Tl,W,D) or output (B,Tl,H,D) -> its head-sharded share
-  // (B,T,W/cp,D) or (B,T,H/cp,D) over every position, through one all-to-all; and back.
+  // Row j of the ring's positions table: ring rank j's (Tg) positions.
+  Tensor pos_of(int ring_rank) const;
+  // Attention of qkv (B,Tg,Wg,D) over the ring group (alone when it has one rank): out
+  // (B,Tg,Hg,D), lse (B,Hg,Tg); the backward assigns dqkv.
+  void attend(Tensor out, Tensor lse, Tensor qkv);
+  void attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
+  // Ulysses: a sequence-sharded qkv (B,Tl,W,D) or output (B,Tl,H,D) -> its head-sharded share of
+  // the u ranks' positions, (B,Tg,W/u,D) or (B,Tg,H/u,D), through one all-to-all; and back.
   void seq_to_heads(Tensor heads, Tensor seq);
   void heads_to_seq(Tensor seq, Tensor heads);
 
   ContextParallel cp_;
+  std::unique_ptr<Communicator> own_ring_, own_uly_;  // hybrid: split off the cp group
+  Communicator* ring_ = nullptr;  // the ring: r = cp/u ranks (null when r = 1)
+  Communicator* uly_ = nullptr;   // the all-to-all group: u ranks (null when u = 1)
   int64_t B_, T_, Tl_, H_, KV_, D_;
+  int u_ = 1, r_ = 1;      // Ulysses and ring degrees, u * r = cp
+  int64_t Tg_, Hg_, KVg_;  // what the ring attends: u*Tl positions of H/u and KV/u heads
   DType compute_;
   SequenceShard shard_;
   Buffer buf_;
-  Tensor all_pos_;             // (cp, Tl) i32: every rank's positions; ulysses: (T) gathered order
-  Tensor kv_[2], dkv_[2];      // ring: (B,Tl,2KV,D) in flight
-  Tensor part_out_, part_lse_;  // ring: (B,Tl,H,D), (B,H,Tl) one block's result
-  Tensor send_, recv_;          // ulysses: all-to-all staging (cp * B*Tl*W/cp*D)
-  Tensor g_qkv_, g_out_, g_lse_, g_dqkv_, g_dout_;  // ulysses: head-sharded whole sequences
+  Tensor local_pos_;            // (Tl) i32: this rank's positions
+  Tensor ring_pos_;             // (r, Tg) i32: each ring rank's positions after the all-to-all
+  Tensor kv_[2], dkv_[2];       // ring: (B,Tg,2KVg,D) in flight
+  Tensor part_out_, part_lse_;  // ring: (B,Tg,Hg,D), (B,Hg,Tg) one block's result
+  Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D each)
+  Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;  // ulysses: head-sharded (B,Tg,.,D), lse
 };
 
 template <typename F>

@@ -12,6 +12,18 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
   r.at_least<int64_t>("parallel.tp", p.tp, 1);
   r.at_least<int64_t>("parallel.cp", p.cp, 1);
   r.at_least<int64_t>("parallel.pp", p.pp, 1);
+  if (p.cp_impl == CpImpl::hybrid) {
+    r.require(p.cp_ulysses > 1 && p.cp_ulysses < p.cp && p.cp % p.cp_ulysses == 0,
+              {"parallel.cp_ulysses", "parallel.cp", "parallel.cp_impl"},
+              concat("parallel.cp_impl=\"hybrid\" needs parallel.cp_ulysses = u with 1 < u < "
+                     "parallel.cp=",
+                     p.cp, " and u dividing cp (all-to-all over u ranks, ring over cp/u), found ",
+                     p.cp_ulysses));
+  } else {
+    r.require(p.cp_ulysses == 0, {"parallel.cp_ulysses", "parallel.cp_impl"},
+              concat("parallel.cp_ulysses=", p.cp_ulysses, " applies to parallel.cp_impl=",
+                     "\"hybrid\" only; parallel.cp_impl is \"", cp_impl_name(p.cp_impl), "\""));
+  }
   r.require(p.dp == -1 || p.dp >= 1, {"parallel.dp"},
             concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
   if (p.pp > 1) {

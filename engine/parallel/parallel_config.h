@@ -16,7 +16,8 @@ class Rules;
 struct ParallelConfig {
   int64_t tp = 1;   // tensor parallel degree
   int64_t cp = 1;   // context parallel degree (engine/parallel/context_parallel.h)
-  CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring or ulysses
+  CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring, ulysses, hybrid
+  int64_t cp_ulysses = 0;         // hybrid: all-to-all over this many ranks, ring over cp/it
   int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
   int64_t pp = 1;   // pipeline parallel degree (engine/pipeline/executor.h)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;

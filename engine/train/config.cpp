@@ -36,7 +36,7 @@ constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
-constexpr std::array<std::string_view, 2> kCpImplNames{"ring", "ulysses"};
+constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
 
 // ---- the key table ----
 
@@ -183,6 +183,7 @@ const std::vector<Section>& sections() {
                     .add("tp", &P::tp)
                     .add("cp", &P::cp)
                     .add("cp_impl", &P::cp_impl, kCpImplNames)
+                    .add("cp_ulysses", &P::cp_ulysses)
                     .add("dp", &P::dp)
                     .add("pp", &P::pp)
                     .add("pp_schedule", &P::pp_schedule, kScheduleNames)

@@ -189,11 +189,14 @@ void gather_pp_params(Communicator& pp, const ModelSpec& spec, const ParallelCon
   }
 }
 
-// This step's traffic per mesh axis and axis group (groups of one rank move nothing and are left
-// out).
-std::vector<std::pair<std::string, CommCounters>> take_comm_counters(Mesh& mesh) {
+// This step's traffic per mesh axis and axis group, then per group the model split off (groups of
+// one rank move nothing and are left out).
+std::vector<std::pair<std::string, CommCounters>> take_comm_counters(
+    Mesh& mesh, const std::vector<Communicator*>& more) {
   std::vector<std::pair<std::string, CommCounters>> out;
-  for (Communicator* c : mesh.communicators()) {
+  std::vector<Communicator*> all = mesh.communicators();
+  all.insert(all.end(), more.begin(), more.end());
+  for (Communicator* c : all) {
     if (c->size() > 1) out.emplace_back(c->name(), c->counters());
     c->reset_counters();
   }
@@ -417,7 +420,8 @@ void Trainer::State::build_model() {
       stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
       model_storage(cfg.parallel.zero_stage), tp,
       RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
-      ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl});
+      ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl,
+                      static_cast<int>(cfg.parallel.cp_ulysses)});
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
@@ -718,7 +722,7 @@ TrainResult Trainer::State::run() {
     m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
     m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
     m.mem = s.alloc.stats();
-    m.comm = take_comm_counters(s.mesh);
+    m.comm = take_comm_counters(s.mesh, s.model->own_communicators());
     m.comm_wait_s = s.data_parallel->take_wait_seconds();
     if (s.pipeline) {
       float idle = static_cast<float>((s.pipeline->total_seconds() - s.pipeline->busy_seconds()) /

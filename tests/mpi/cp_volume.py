@@ -4,20 +4,23 @@
 allocator's peaks in metrics.jsonl.
 
 Per micro-batch and layer, with B = micro_batch_size, p = cp, Tl = seq_len/p positions per rank,
-H/KV query/kv heads, D head dim, 4-byte floats, f = (p-1)/p:
-  ring     E = 4 B Tl 2KV D (one rank's K and V). Forward: p-1 exchanges of E; backward: p-1 of
-           the K/V and p of the dK/dV accumulators. send = recv = (3p - 2) E.
-  ulysses  all-to-all of qkv (Q = 4 B Tl (H+2KV) D) and the output (O = 4 B Tl H D) forward; of
-           qkv and dout to heads and dqkv back in backward: f (3Q + 2O).
+H/KV query/kv heads, D head dim, 4-byte floats, u the all-to-all group (1 ring, p ulysses,
+cp_ulysses hybrid) and r = p/u the ring:
+  all-to-all  of qkv (Q = 4 B Tl (H+2KV) D) and the output (O = 4 B Tl H D) forward; of qkv and
+              dout to heads and dqkv back in backward: (u-1)/u (3Q + 2O).
+  ring        E = 4 B Tl 2KV D (one rank's K and V; after the all-to-all u*Tl positions of KV/u
+              heads, as many bytes). Forward: r-1 exchanges of E; backward: r-1 of the K/V and r
+              of the dK/dV accumulators, and under hybrid r-1 more to replay the ring forward.
+              send = recv = (3r - 2) E, + (r-1) E under hybrid.
 times L layers and gbs/mbs micro-batches; the gradient all-reduce over dp x cp (here the cp
-group) adds 2f * 4P for P parameters. Checked within 1% (the counts are exact).
+group) adds 2 (p-1)/p * 4P for P parameters. Checked within 1% (the counts are exact).
 
 Memory: every activation is per position, so the peak `activations` at cp = p is the cp = 1 peak
 over p (within 1%: 64-byte alignment of each tensor), and the cp buffers (`comm`) are
-  ring     4E + 4 B Tl H D + 4 B H Tl + 4 p Tl  (two K/V and two dK/dV buffers, one block's
-           output and lse, every rank's positions)
-  ulysses  2Q + 2Q + 2O + 4 B (H/p) seq_len + 4 p Tl  (all-to-all send and receive staging;
-           head-sharded qkv and dqkv, Q each; output and dout, O each; lse; positions)
+  positions   4 Tl + 4 p Tl  (this rank's, and the ring's table)
+  u > 1       2Q + 2Q + 2O + 4 B H Tl  (all-to-all send and receive staging; head-sharded qkv and
+              dqkv, Q each; output and dout, O each; lse)
+  r > 1       4E + O + 4 B H Tl  (two K/V and two dK/dV buffers, one block's output and lse)
 each rounded up to 64 bytes, exactly.
 
 `llmtrain plan` prints the same send/recv/all-to-all bytes per step (its C++ formula,
@@ -32,8 +35,9 @@ import shutil
 
 from harness import finish, parse_args, resolved_config, run
 
-LAYOUTS = {"cp2-ring": (2, "ring"), "cp4-ring": (4, "ring"), "cp2-ulysses": (2, "ulysses"),
-           "cp4-ulysses": (4, "ulysses")}
+LAYOUTS = {"cp2-ring": (2, "ring", 1), "cp4-ring": (4, "ring", 1),
+           "cp2-ulysses": (2, "ulysses", 2), "cp4-ulysses": (4, "ulysses", 4),
+           "cp4-hybrid": (4, "hybrid", 2)}
 SETS = ["train.steps=2", "train.threads=1", "log.progress=false", "model.n_kv_heads=4"]
 
 
@@ -41,19 +45,20 @@ def up64(n):
     return (n + 63) // 64 * 64
 
 
-def analytic(cfg, p, impl, params):
+def analytic(cfg, p, u, params):
     L, C, T = int(cfg["n_layers"]), int(cfg["d_model"]), int(cfg["seq_len"])
     H, KV = int(cfg["n_heads"]), int(cfg["n_kv_heads"]) or int(cfg["n_heads"])
     B, gbs = int(cfg["micro_batch_size"]), int(cfg["global_batch_size"])
-    D, Tl, f, micro = C // H, T // p, (p - 1) / p, gbs // B
+    D, Tl, micro, r = C // H, T // p, gbs // B, p // u
     E, Q, O = 4 * B * Tl * 2 * KV * D, 4 * B * Tl * (H + 2 * KV) * D, 4 * B * Tl * H * D
-    comm = {"all_reduce": 2 * f * 4 * params}
-    if impl == "ring":
-        comm["send"] = comm["recv"] = micro * L * (3 * p - 2) * E
-        buffers = 4 * up64(E) + up64(O) + up64(4 * B * H * Tl) + up64(4 * p * Tl)
-    else:
-        comm["all_to_all"] = micro * L * f * (3 * Q + 2 * O)
-        buffers = (4 * up64(Q) + 2 * up64(O) + up64(4 * B * (H // p) * T) + up64(4 * p * Tl))
+    comm = {"all_reduce": 2 * (p - 1) / p * 4 * params}
+    buffers = up64(4 * Tl) + up64(4 * p * Tl)
+    if u > 1:
+        comm["all_to_all"] = micro * L * (u - 1) / u * (3 * Q + 2 * O)
+        buffers += 4 * up64(Q) + 2 * up64(O) + up64(4 * B * H * Tl)
+    if r > 1:
+        comm["send"] = comm["recv"] = micro * L * (3 * r - 2 + (r - 1 if u > 1 else 0)) * E
+        buffers += 4 * up64(E) + up64(O) + up64(4 * B * H * Tl)
     return comm, buffers
 
 
@@ -81,16 +86,22 @@ def main():
         if abs(d) > bound:
             failures.append(f"{what}: {got} vs analytic {want:.0f}")
 
-    for layout, (p, impl) in LAYOUTS.items():
-        last = train(args, os.path.join(args.workdir, layout), p,
-                     [f"parallel.cp={p}", f"parallel.cp_impl={impl}"])
-        want, buffers = analytic(cfg, p, impl, params)
-        got = last["comm_bytes"].get("cp", {})
+    for layout, (p, impl, u) in LAYOUTS.items():
+        sets = [f"parallel.cp={p}", f"parallel.cp_impl={impl}"]
+        if impl == "hybrid":
+            sets.append(f"parallel.cp_ulysses={u}")
+        last = train(args, os.path.join(args.workdir, layout), p, sets)
+        want, buffers = analytic(cfg, p, u, params)
+        # The cp axis, and under hybrid the groups split off it ("cp-a2a", "cp-ring").
+        got = {}
+        for group, kinds in last["comm_bytes"].items():
+            if group == "cp" or group.startswith("cp-"):
+                for kind, n in kinds.items():
+                    got[kind] = got.get(kind, 0) + n
         for kind in sorted(set(got) | set(want)):
             check(f"{layout} {kind} bytes/step", got.get(kind, 0), want.get(kind, 0), 0.01)
-        plan = run([args.llmtrain, "plan", "--config", args.config, "--world", str(p), "--set",
-                    f"parallel.cp={p}", "--set", f"parallel.cp_impl={impl}"] +
-                   [a for s in SETS for a in ("--set", s)])
+        plan = run([args.llmtrain, "plan", "--config", args.config, "--world", str(p)] +
+                   [a for s in SETS + sets for a in ("--set", s)])
         planned = re.search(r"cp bytes per step per rank .*: send (\d+), recv (\d+), "
                             r"all_to_all (\d+)", plan)
         if not planned:

@@ -66,6 +66,8 @@ LAYOUTS = {
     "cp4-ring": (4, ["parallel.cp=4", "parallel.cp_impl=ring"], []),
     "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
     "cp4-ulysses": (4, ["parallel.cp=4", "parallel.cp_impl=ulysses"], ["model.n_kv_heads=4"]),
+    # Hybrid: all-to-all over pairs of cp ranks, ring over the two pairs.
+    "cp4-hybrid": (4, ["parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"], []),
     "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"], []),
     "cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3"], []),
     "cp2-pp2-1f1b": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=1f1b"], []),
