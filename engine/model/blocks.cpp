@@ -157,19 +157,11 @@ std::vector<TensorSpec> Attention::stash() const {
   return {{"d_proj_out", {N, d.C}, true}, {"d_qkv_out", {N, d.Q}, true}};
 }
 
-void Attention::attend(Tensor att, Tensor lse, Tensor qkv) const {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
-  if (env_.cp)
-    env_.cp->forward(att, lse, qkv);
-  else
-    ops::attention_forward(att, lse, qkv, d.H, d.KV, env_.tp.compute);  // qkv holds 16-bit values
-}
-
 std::pair<Tensor, Tensor> Attention::core(std::span<const Tensor> s) {
   if (!recompute_core_) return {s[1], s[2]};
   BlockScratch& sc = env_.scratch;
   if (sc.core_of != s[0].data) {
-    attend(sc.core_att, sc.core_lse, s[0]);
+    env_.attention.forward(sc.core_att, sc.core_lse, s[0]);
     env_.round(sc.core_att);
     sc.core_of = s[0].data;
   }
@@ -188,7 +180,7 @@ Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
   if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
   const auto [att, lse] = core(s);
   if (!recompute_core_) {
-    attend(att, lse, qkv);
+    env_.attention.forward(att, lse, qkv);  // qkv holds 16-bit values
     env_.round(att);
   }
   Tensor y = proj_.forward(att.view({N, d.H * d.D}), env_.w(proj_w_), env_.w(proj_b_));
@@ -204,10 +196,7 @@ Tensor Attention::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy
   const auto [att, lse] = core(s);
   st.keep(0, proj_.backward_input(sc.d_att.view({N, d.H * d.D}), dy, env_.w(proj_w_)));
   env_.round(sc.d_att);
-  if (env_.cp)
-    env_.cp->backward(sc.d_qkv, sc.d_att, s[0], att, lse);
-  else
-    ops::attention_backward(sc.d_qkv, sc.d_att, s[0], att, lse, d.H, d.KV, env_.tp.compute);
+  env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
   if (cfg.position == PositionKind::rope)
     ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
   env_.round(sc.d_qkv);

@@ -23,6 +23,7 @@
 
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
+#include "engine/parallel/attention_core.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/parallel/parallel_layers.h"
 
@@ -109,8 +110,8 @@ struct BlockEnv {
   const TpLayers& tp;  // compute type, rows, regions
   ParamViews& params;
   BlockScratch& scratch;
-  const SequenceShard& seq;                // the global positions of this rank's T
-  ContextParallelAttention* cp = nullptr;  // the attention core over the cp group (cp > 1)
+  const SequenceShard& seq;  // the global positions of this rank's T
+  AttentionCore& attention;  // this rank's, or context parallelism's over the cp group
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
@@ -118,7 +119,7 @@ struct BlockEnv {
   Tensor g(int64_t i) const { return i < 0 ? Tensor() : params.g[static_cast<size_t>(i)]; }
   void round(Tensor x) const { tp.round(x); }
   // (T) i32 global positions under context parallelism; undefined (positions 0..T-1) without.
-  Tensor positions() const { return cp ? cp->positions() : Tensor(); }
+  Tensor positions() const { return attention.positions(); }
 };
 
 // LayerNorm or RMSNorm over the rows this rank holds.
@@ -171,8 +172,7 @@ class Attention final : public Branch {
   // The core's output and LSE of the saved set s: saved, or recomputed into the scratch unless
   // it holds them already (scratch.core_of).
   std::pair<Tensor, Tensor> core(std::span<const Tensor> s);
-  // att (B,T,H,D), lse (B,H,T) of qkv: on this rank, or over the cp group.
-  void attend(Tensor att, Tensor lse, Tensor qkv) const;
+
   const BlockEnv& env_;
   bool recompute_core_;
   int64_t qkv_w_, qkv_b_, proj_w_, proj_b_;

@@ -20,12 +20,10 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       compute_(compute),
       storage_(storage),
       seq_(zigzag_shard(spec.cfg.seq_len, cp.size(), cp.rank())),
-      cp_attn_(cp.size() > 1 ? std::make_unique<ContextParallelAttention>(
-                                   cp, alloc, micro_batch, spec.cfg.seq_len,
-                                   spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
-                                   spec_.head_dim, compute)
-                             : nullptr),
-      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, cp_attn_.get()} {
+      attention_(make_attention_core(cp, alloc, micro_batch, spec.cfg.seq_len,
+                                     spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
+                                     spec_.head_dim, compute)),
+      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_} {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
   LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(),

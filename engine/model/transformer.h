@@ -100,9 +100,7 @@ class Transformer {
   // The global positions of the T positions of a sequence this rank holds.
   const SequenceShard& sequence_shard() const { return seq_; }
   // Communicators the model made itself (context parallelism's hybrid groups), for metrics.
-  std::vector<Communicator*> own_communicators() const {
-    return cp_attn_ ? cp_attn_->own_communicators() : std::vector<Communicator*>();
-  }
+  std::vector<Communicator*> own_communicators() const { return attention_->own_communicators(); }
   // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
   // loss, e.g. loss_scale / accumulation_steps). Returns the micro-batch's mean loss.
@@ -198,7 +196,7 @@ class Transformer {
   TpLayers tp_;
   BlockScratch scratch_;
   SequenceShard seq_;
-  std::unique_ptr<ContextParallelAttention> cp_attn_;
+  std::unique_ptr<AttentionCore> attention_;  // LocalAttention, or ContextParallelAttention
   BlockEnv env_;
   std::vector<Tensor> replay_set_;  // full recompute: one layer's full saved set
   size_t recompute_scratch_bytes_ = 0;

@@ -159,6 +159,13 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   dev.copy_from_host(ring_pos_.data, table.data(), table.size() * sizeof(int32_t));
 }
 
+std::unique_ptr<AttentionCore> make_attention_core(ContextParallel cp, Allocator& alloc, int64_t B,
+                                                   int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                   DType compute) {
+  if (cp.size() == 1) return std::make_unique<LocalAttention>(H, KV, compute);
+  return std::make_unique<ContextParallelAttention>(cp, alloc, B, T, H, KV, D, compute);
+}
+
 std::vector<Communicator*> ContextParallelAttention::own_communicators() const {
   std::vector<Communicator*> out;
   for (const auto* c : {&own_uly_, &own_ring_})

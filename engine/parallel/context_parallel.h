@@ -27,6 +27,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/core/allocator.h"
 #include "engine/core/tensor.h"
+#include "engine/parallel/attention_core.h"
 
 namespace llmt {
 
@@ -82,21 +83,21 @@ struct ContextParallel {
 // Causal attention of this rank's positions against the whole sequence, for every layer of a
 // model (one instance, its buffers reused layer after layer). qkv (B,Tl,W,D) after RoPE, out
 // (B,Tl,H,D) and lse (B,H,Tl) as ops::attention_forward's, but over global positions.
-class ContextParallelAttention {
+class ContextParallelAttention final : public AttentionCore {
  public:
   // compute: the model's compute type (what Ulysses' recomputed output is rounded to, as the
   // forward's output was).
   ContextParallelAttention(ContextParallel cp, Allocator& alloc, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D, DType compute = DType::f32);
   const SequenceShard& shard() const { return shard_; }
-  Tensor positions() const { return local_pos_; }  // (Tl) i32 on the model's device
-  // Ulysses leaves lse zero: its backward recomputes the head-sharded output and lse.
-  void forward(Tensor out, Tensor lse, Tensor qkv);
+  Tensor positions() const override { return local_pos_; }  // (Tl) i32 on the model's device
+  // With an all-to-all group lse is left zero: the backward recomputes the head-sharded output
+  // and lse.
+  void forward(Tensor out, Tensor lse, Tensor qkv) override;
   // dqkv (B,Tl,W,D) assigned; out and lse are forward's.
-  void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
-  // The groups this split off the cp group (hybrid: "cp-a2a" and "cp-ring"), whose traffic the
-  // metrics report beside the mesh axes'.
-  std::vector<Communicator*> own_communicators() const;
+  void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
+  // Hybrid: "cp-a2a" and "cp-ring", split off the cp group.
+  std::vector<Communicator*> own_communicators() const override;
   // Bytes of the buffers this holds (docs/parallelism.md derives them).
   size_t buffer_bytes() const { return buf_.bytes(); }
 
@@ -129,6 +130,11 @@ class ContextParallelAttention {
   Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D each)
   Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;  // ulysses: head-sharded (B,Tg,.,D), lse
 };
+
+// LocalAttention without context parallelism (cp.size() == 1), else ContextParallelAttention.
+std::unique_ptr<AttentionCore> make_attention_core(ContextParallel cp, Allocator& alloc, int64_t B,
+                                                   int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                   DType compute);
 
 template <typename F>
 void SequenceShard::for_each_run(int64_t first_sample, int64_t row0, int64_t R, F&& f) const {

@@ -4,7 +4,10 @@
 // from q, k and the saved log-sum-exp, so no (T,T) matrix ever exists. The head dim is a template
 // bound (64, 128, 256); D <= 256. Straightforward CUDA cores, no tensor cores: this is the
 // always-available path (docs/gpu.md), not a tuned one.
-// Layouts (kernels/ops.h): qkv (B,T,H+2KV,D), out and dout (B,T,H,D), lse (B,H,T).
+// Layouts (kernels/ops.h): qkv (B,T,H+2KV,D), out and dout (B,T,H,D), lse (B,H,T). The kernels
+// take q, k and v as strided views (Args), so context parallelism's blocks (attention_block_*:
+// queries of one tensor against K/V of another, masked by global position, accumulating their
+// gradients) are the same kernels; attention_merge and copy_heads are elementwise.
 // With 16-bit operands and a shape cuDNN supports, the entry points below hand the call to cuDNN's
 // fused attention instead (attention_cudnn.h): qkv (and out, dout) converted to the 16-bit type in
 // a reused device scratch buffer, cuDNN's results converted back to fp32.

@@ -169,7 +169,19 @@ TEST(Layout, ParseTimeRules) {
                 .find("model.seq_len=33 is not divisible by parallel.tp=2 with "
                       "parallel.sequence_parallel=true"),
             std::string::npos);
-  EXPECT_NE(parse_error({"parallel.cp=2"}).find("context parallelism is not implemented yet"),
+  // Context parallelism: seq_len 32 splits into 2cp chunks at cp 2 and 4, not at cp 3; Ulysses
+  // needs the heads divisible by cp; hybrid needs cp_ulysses.
+  EXPECT_EQ(parse_error({"parallel.cp=2"}), "");
+  EXPECT_EQ(parse_error({"parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"}),
+            "");
+  EXPECT_NE(parse_error({"parallel.cp=3"}).find("model.seq_len=32 is not divisible by "
+                                                "2*parallel.cp=6"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.cp=8", "parallel.cp_impl=ulysses", "model.seq_len=64"})
+                .find("heads per tp rank, not divisible by parallel.cp=8"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"parallel.cp=4", "parallel.cp_impl=hybrid"})
+                .find("needs parallel.cp_ulysses = u with 1 < u < parallel.cp=4"),
             std::string::npos);
   // pp > 1 trains (engine/pipeline/executor.h); zb-h1's split backward does not run with ZeRO-3.
   EXPECT_EQ(parse_error({"parallel.pp=2"}), "");

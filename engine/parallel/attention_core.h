@@ -1,0 +1,47 @@
+// The attention core of a layer: causal attention of a rank's positions, q/k/v in, output and
+// log-sum-exp out. The Attention block (engine/model/blocks.h) calls one through this interface,
+// so context parallelism is a swap of the core, not a branch in the block: LocalAttention (the
+// whole sequence on this rank, ops::attention_*) or ContextParallelAttention (context_parallel.h).
+//
+// Dims: B micro-batch, T the positions of a sequence this rank holds, H/KV this tp rank's query
+// and kv heads, D head dim; qkv (B,T,H+2KV,D) after RoPE, out (B,T,H,D), lse (B,H,T).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/core/tensor.h"
+
+namespace llmt {
+
+class Communicator;
+
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  // (T) i32 global positions of this rank's rows, or undefined for positions 0..T-1.
+  virtual Tensor positions() const = 0;
+  virtual void forward(Tensor out, Tensor lse, Tensor qkv) = 0;
+  // dqkv assigned; out and lse are forward's.
+  virtual void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) = 0;
+  // Communicators the core split off its group (context parallelism's hybrid groups), whose
+  // traffic the metrics report beside the mesh axes'.
+  virtual std::vector<Communicator*> own_communicators() const { return {}; }
+};
+
+// The whole sequence on this rank. compute: the type qkv's values are representable in (ops.h
+// `operands`).
+class LocalAttention final : public AttentionCore {
+ public:
+  LocalAttention(int64_t H, int64_t KV, DType compute) : H_(H), KV_(KV), compute_(compute) {}
+  Tensor positions() const override { return {}; }
+  void forward(Tensor out, Tensor lse, Tensor qkv) override;
+  void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
+
+ private:
+  int64_t H_, KV_;
+  DType compute_;
+};
+
+}  // namespace llmt
