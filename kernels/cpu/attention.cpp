@@ -259,7 +259,7 @@ void flash_forward(const AttnArgs& a) {
 //   dK += dS^T Q, dQ += dS K.
 // Assigned: the first query head of the group assigns dK/dV, the others add, dQ is copied out.
 // Accumulated: everything is added.
-void flash_backward(const AttnArgs& a, const AttnGrads& gr) {
+void flash_backward(const AttnArgs& a, const AttnGradViews& gr) {
   LLMT_CHECK(a.KV > 0 && a.H % a.KV == 0, "n_head=", a.H, " is not a multiple of n_kv_head=", a.KV);
   const int64_t B = a.B, Tq = a.Tq, Tk = a.Tk, H = a.H, D = a.D;
   const int64_t Dp = round_up(D, kVec), ldo = H * D, group = H / a.KV;
@@ -376,23 +376,9 @@ void flash_backward(const AttnArgs& a, const AttnGrads& gr) {
 
 // ---- the fused-qkv entry points of kernels/ops.h ------------------------------------------------
 
-namespace {
-AttnArgs qkv_args(const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  const int64_t ld = (H + 2 * KV) * D;
-  AttnArgs a;
-  a.q = qkv;
-  a.k = qkv + H * D;
-  a.v = qkv + (H + KV) * D;
-  a.q_bs = a.kv_bs = T * ld;
-  a.q_ld = a.kv_ld = ld;
-  a.B = B, a.Tq = a.Tk = T, a.H = H, a.KV = KV, a.D = D;
-  return a;
-}
-}  // namespace
-
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
                        int64_t KV, int64_t D, DType /*operands: fp32 regardless*/) {
-  AttnArgs a = qkv_args(qkv, B, T, H, KV, D);
+  AttnArgs a{qkv_operands(qkv, B, T, H, KV, D)};
   a.out = out;
   a.lse = lse;
   flash_forward(a);
@@ -401,41 +387,20 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                         DType /*operands: fp32 regardless*/) {
-  AttnArgs a = qkv_args(qkv, B, T, H, KV, D);
+  AttnArgs a{qkv_operands(qkv, B, T, H, KV, D)};
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
-  const int64_t ld = (H + 2 * KV) * D;
-  AttnGrads g{dqkv, dqkv + H * D, dqkv + (H + KV) * D, T * ld, ld, T * ld, ld, false};
-  flash_backward(a, g);
+  flash_backward(a, qkv_grads(dqkv, T, H, KV, D));
 }
 
 // ---- the block entry points (context parallelism) -----------------------------------------------
-
-namespace {
-AttnArgs block_args(const float* q_src, int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
-                    const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
-                    int64_t H, int64_t KV, int64_t D) {
-  AttnArgs a;
-  a.q = q_src;
-  a.k = kv_src + kv0 * D;
-  a.v = kv_src + (kv0 + KV) * D;
-  a.q_ld = Wq * D;
-  a.q_bs = Tq * a.q_ld;
-  a.kv_ld = Wk * D;
-  a.kv_bs = Tk * a.kv_ld;
-  a.B = B, a.Tq = Tq, a.Tk = Tk, a.H = H, a.KV = KV, a.D = D;
-  a.q_pos = q_pos;
-  a.k_pos = k_pos;
-  return a;
-}
-}  // namespace
 
 void attention_block_forward(float* out, float* lse, const float* q_src, int64_t Wq,
                              const float* kv_src, int64_t Wk, int64_t kv0, const int32_t* q_pos,
                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                              int64_t KV, int64_t D) {
-  AttnArgs a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  AttnArgs a{block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D)};
   a.out = out;
   a.lse = lse;
   flash_forward(a);
@@ -446,13 +411,11 @@ void attention_block_backward(float* dq_src, float* dkv_src, const float* dout, 
                               const float* out, const float* lse, const int32_t* q_pos,
                               const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                               int64_t KV, int64_t D) {
-  AttnArgs a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  AttnArgs a{block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D)};
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
-  const AttnGrads g{dq_src,  dkv_src + kv0 * D, dkv_src + (kv0 + KV) * D, a.q_bs, a.q_ld,
-                    a.kv_bs, a.kv_ld,           true};
-  flash_backward(a, g);
+  flash_backward(a, block_grads(dq_src, dkv_src, kv0, a));
 }
 
 // Rows (b, h, t): weights e^(lse - lse') and e^(part_lse - lse'), where lse' = max + log(sum);

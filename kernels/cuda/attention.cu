@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/attention_args.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #ifdef LLMTRAIN_HAVE_CUDNN
@@ -29,24 +30,24 @@ constexpr int kRows = 64;  // query (or key) rows per block, one per thread
 template <int kD>
 constexpr int kTile = 4096 / kD;
 
-// One call in general form (kernels/cpu/attention.h's AttnArgs): query (b, t, h) at
-// q[b*q_bs + t*q_ld + h*D], key/value of kv head g at k/v[b*kv_bs + t*kv_ld + g*D]; key j is
-// visible to query i when k_pos[j] <= q_pos[i], or (positions null) j <= i.
-struct Args {
-  const float *q, *k, *v;
-  int64_t q_bs, q_ld, kv_bs, kv_ld;
-  int64_t B, Tq, Tk, H, KV, D;
-  float scale;
-  const int32_t *q_pos, *k_pos;
-  float *out, *lse;                          // forward: (B,Tq,H,D), (B,H,Tq)
-  const float *dout, *out_c, *lse_c, *delta;  // backward: the final output's, delta (B,H,Tq)
-  float *dq, *dk, *dv;                        // backward: in the q and kv layouts
-  int64_t dq_bs, dq_ld, dkv_bs, dkv_ld;
-  bool accumulate;                            // add into dq/dk/dv instead of assigning
+// One call: the operands (kernels/attention_args.h), the scale, the outputs or gradients.
+struct Args : AttnOperands, AttnGradViews {
+  float scale = 0;
+  float *out = nullptr, *lse = nullptr;                             // forward: (B,Tq,H,D), (B,H,Tq)
+  const float *dout = nullptr, *out_c = nullptr, *lse_c = nullptr;  // backward: the final output's
+  const float* delta = nullptr;                                     // backward: (B,H,Tq)
   __device__ bool visible(int64_t i, int64_t j) const {
     return q_pos ? k_pos[j] <= q_pos[i] : j <= i;
   }
 };
+
+Args make_args(const AttnOperands& in, const AttnGradViews& grads = {}) {
+  Args a;
+  static_cast<AttnOperands&>(a) = in;
+  static_cast<AttnGradViews&>(a) = grads;
+  a.scale = 1.0f / sqrtf(static_cast<float>(in.D));
+  return a;
+}
 
 // Loads rows [r0, r0 + kTile<kD>) of a source whose rows are ld floats apart into shared memory,
 // zeros at rows >= T and in the columns [D, kD) (so full-width loops add only zeros).
@@ -235,20 +236,6 @@ void with_head_dim(int64_t D, F&& f) {
   f(std::integral_constant<int, 256>{});
 }
 
-// The fused-qkv call: q, k and v are heads of one (B,T,H+2KV,D) tensor, plain causal.
-Args qkv_args(const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  Args a{};
-  const int64_t ld = (H + 2 * KV) * D;
-  a.q = qkv;
-  a.k = qkv + H * D;
-  a.v = qkv + (H + KV) * D;
-  a.q_bs = a.kv_bs = T * ld;
-  a.q_ld = a.kv_ld = ld;
-  a.B = B, a.Tq = a.Tk = T, a.H = H, a.KV = KV, a.D = D;
-  a.scale = 1.0f / sqrtf(static_cast<float>(D));
-  return a;
-}
-
 void run_forward(const Args& a) {
   const dim3 grid(static_cast<unsigned>((a.Tq + kRows - 1) / kRows), static_cast<unsigned>(a.H),
                   static_cast<unsigned>(a.B));
@@ -344,7 +331,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
     return;
   }
 #endif
-  Args a = qkv_args(qkv, B, T, H, KV, D);
+  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D));
   a.out = out;
   a.lse = lse;
   run_forward(a);
@@ -380,47 +367,22 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     return;
   }
 #endif
-  Args a = qkv_args(qkv, B, T, H, KV, D);
+  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D), qkv_grads(dqkv, T, H, KV, D));
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
-  const int64_t ld = (H + 2 * KV) * D;
-  a.dq = dqkv;
-  a.dk = dqkv + H * D;
-  a.dv = dqkv + (H + KV) * D;
-  a.dq_bs = a.dkv_bs = T * ld;
-  a.dq_ld = a.dkv_ld = ld;
   run_backward(a);
 }
 
 // ---- the block entry points (context parallelism): always the flash kernel ---------------------
-
-namespace {
-Args block_args(const float* q_src, int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
-                const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
-                int64_t H, int64_t KV, int64_t D) {
-  Args a{};
-  a.q = q_src;
-  a.k = kv_src + kv0 * D;
-  a.v = kv_src + (kv0 + KV) * D;
-  a.q_ld = Wq * D;
-  a.q_bs = Tq * a.q_ld;
-  a.kv_ld = Wk * D;
-  a.kv_bs = Tk * a.kv_ld;
-  a.B = B, a.Tq = Tq, a.Tk = Tk, a.H = H, a.KV = KV, a.D = D;
-  a.scale = 1.0f / sqrtf(static_cast<float>(D));
-  a.q_pos = q_pos;
-  a.k_pos = k_pos;
-  return a;
-}
-}  // namespace
 
 void attention_block_forward(float* out, float* lse, const float* q_src, int64_t Wq,
                              const float* kv_src, int64_t Wk, int64_t kv0, const int32_t* q_pos,
                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                              int64_t KV, int64_t D) {
   if (B * Tq == 0) return;
-  Args a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  Args a = make_args(
+      block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D));
   a.out = out;
   a.lse = lse;
   run_forward(a);
@@ -432,15 +394,12 @@ void attention_block_backward(float* dq_src, float* dkv_src, const float* dout, 
                               const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                               int64_t KV, int64_t D) {
   if (B * Tq == 0) return;
-  Args a = block_args(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  const AttnOperands in =
+      block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
+  Args a = make_args(in, block_grads(dq_src, dkv_src, kv0, in));
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
-  a.dq = dq_src;
-  a.dk = dkv_src + kv0 * D;
-  a.dv = dkv_src + (kv0 + KV) * D;
-  a.dq_bs = a.q_bs, a.dq_ld = a.q_ld, a.dkv_bs = a.kv_bs, a.dkv_ld = a.kv_ld;
-  a.accumulate = true;
   run_backward(a);
 }
 
