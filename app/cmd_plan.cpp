@@ -128,15 +128,33 @@ Run add_plan_command(CLI::App& app) {
                 static_cast<long long>(par.zero_stage));
     const ckpt::WriteLayout layout{mesh, v, par.pp_layers};
     const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+    // Ranks whose figures equal the line above are counted, not printed (a 3072-rank mesh has
+    // 512 (tp, pp) coordinates but a handful of distinct stages).
+    MemoryEstimate shown;
+    int same = 0, same_first = 0, same_last = 0;
+    auto flush = [&] {
+      if (same > 0)
+        std::printf("  ranks %d-%d: %d more with the figures above\n", same_first, same_last, same);
+      same = 0;
+    };
     for (int r = 0; r < world; ++r) {
       const auto c = mesh.coords(r);
       if (c[static_cast<int>(Axis::dp)] != 0 || c[static_cast<int>(Axis::cp)] != 0) continue;
       const MemoryEstimate e = rank_state_bytes(ckpt::rank_spec(spec, layout, r), par.zero_stage,
                                                 group, 0, cfg.train.precision != Precision::fp32);
+      if (r > 0 && e.params == shown.params && e.grads == shown.grads &&
+          e.optimizer == shown.optimizer) {
+        if (same++ == 0) same_first = r;
+        same_last = r;
+        continue;
+      }
+      flush();
+      shown = e;
       std::printf("  rank %d (tp %d, pp %d): params %.0f, grads %.0f, optimizer %.0f (%s)\n", r,
                   c[static_cast<int>(Axis::tp)], c[static_cast<int>(Axis::pp)], e.params, e.grads,
                   e.optimizer, gib(e.total()).c_str());
     }
+    flush();
     if (mesh.size(Axis::cp) > 1) {
       // Context parallelism: the groups, each rank's positions, and the cp bytes of a step on a
       // rank of the stage with the most layers (cp_bytes_per_layer, checked against the
@@ -154,13 +172,17 @@ Run add_plan_command(CLI::App& app) {
                   cp, std::string(cp_impl_name(par.cp_impl)).c_str(), static_cast<long long>(c),
                   static_cast<long long>(c), static_cast<long long>(c), static_cast<long long>(c));
       std::string groups;
+      int listed = 0;
       for (int r = 0; r < world && groups.size() < 200; ++r) {
         if (mesh.coords(r)[static_cast<int>(Axis::cp)] != 0) continue;
         groups += " {";
         const std::vector<int> g = mesh.group(r, Axis::cp);
         for (size_t i = 0; i < g.size(); ++i) groups += concat(i ? "," : "", g[i]);
         groups += "}";
+        ++listed;
       }
+      const int n_groups = world / cp;
+      if (listed < n_groups) groups += concat(" ... (", n_groups, " groups)");
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t most = *std::max_element(layers.begin(), layers.end());
       const CpBytes b =

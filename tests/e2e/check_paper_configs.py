@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""The shipped paper setups (configs/papers/*.toml) stay valid: each passes `config validate` at
+the world size its header names ("# world: N"), `llmtrain plan` runs on it without MPI, and the
+parameter count plan prints matches the published one to the publication's rounding (exact
+Hugging Face counts for GPT-2 and Llama, the papers' tables for the Megatron models).
+Usage: check_paper_configs.py --llmtrain BIN --dir configs/papers"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+
+# file: (published parameter count as printed, the source). A count with a decimal point is
+# compared after rounding ours to the same digits, in billions.
+PUBLISHED = {
+    "gpt2-124m.toml": ("124439808", "Hugging Face gpt2"),
+    "gpt2-350m.toml": ("354823168", "Hugging Face gpt2-medium"),
+    "gpt2-774m.toml": ("774030080", "Hugging Face gpt2-large"),
+    "gpt2-1558m.toml": ("1557611200", "Hugging Face gpt2-xl"),
+    "megatron-8.3b.toml": ("8.3", "Shoeybi et al. 2019, Table 1"),
+    "ptdp-gpt3-175b.toml": ("175", "Brown et al. 2020, Table 2.1"),
+    "ptdp-1t.toml": ("1008.0", "Narayanan et al. 2021, Table 1"),
+    "mt-nlg-530b.toml": ("529.6", "Narayanan et al. 2021, Table 1 (the 530B row)"),
+    "llama2-7b.toml": ("6738415616", "Hugging Face Llama-2-7b"),
+    "llama2-70b.toml": ("68976648192", "Hugging Face Llama-2-70b"),
+    "llama3-8b.toml": ("8030261248", "Hugging Face Meta-Llama-3-8B"),
+    "llama3-70b.toml": ("70553706496", "Hugging Face Meta-Llama-3-70B"),
+    "llama3-405b.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
+    "llama3-405b-128k.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
+}
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return r.returncode, r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llmtrain", required=True)
+    ap.add_argument("--dir", required=True)
+    args = ap.parse_args()
+    failures = []
+    files = sorted(glob.glob(os.path.join(args.dir, "*.toml")))
+    names = {os.path.basename(f) for f in files}
+    for missing in sorted(set(PUBLISHED) - names):
+        failures.append(f"{missing}: listed here but not in {args.dir}")
+    for f in files:
+        name = os.path.basename(f)
+        with open(f) as fh:
+            m = re.search(r"^# world: (\d+)", fh.read(), re.M)
+        if not m:
+            failures.append(f"{name}: no '# world: N' line in its header")
+            continue
+        world = m.group(1)
+        rc, out = run([args.llmtrain, "config", "validate", "--config", f, "--world", world])
+        if rc != 0:
+            failures.append(f"{name}: config validate --world {world} exits {rc}:\n{out}")
+            continue
+        rc, out = run([args.llmtrain, "plan", "--config", f, "--world", world])
+        p = re.search(r"^parameters: (\d+)", out, re.M)
+        if rc != 0 or not p:
+            failures.append(f"{name}: plan --world {world} exits {rc}:\n{out}")
+            continue
+        count = int(p.group(1))
+        if name not in PUBLISHED:
+            failures.append(f"{name}: no published parameter count listed in this script")
+            continue
+        want, source = PUBLISHED[name]
+        if len(want) < 7:  # billions, to the published digits
+            digits = len(want.split(".")[1]) if "." in want else 0
+            ours = f"{count / 1e9:.{digits}f}"
+        else:
+            ours = str(count)
+        status = "OK" if ours == want else "MISMATCH"
+        print(f"{name}: world {world} valid; {count} parameters -> {ours}, published {want} "
+              f"({source}) {status}")
+        if ours != want:
+            failures.append(f"{name}: {count} parameters ({ours}), published {want} ({source})")
+    if failures:
+        print("FAIL:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
