@@ -5,6 +5,7 @@
 #include "app/commands.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
+#include "engine/train/shrink.h"
 
 namespace llmt::app {
 
@@ -14,6 +15,7 @@ Run add_config_command(CLI::App& app) {
     std::vector<std::string> overrides;
     int world = 0;
     bool show = false;
+    bool shrink = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("config", "Show or validate a config without training");
@@ -28,11 +30,27 @@ Run add_config_command(CLI::App& app) {
                     "Check the [parallel] layout against this many ranks (show: print the rank "
                     "map); MPI is not started")
         ->check(CLI::PositiveNumber);
+    sub->add_flag("--shrink", args->shrink,
+                  "Shrink to one machine keeping the parallel structure (docs/papers.md); "
+                  "--world defaults to the shrunk world");
   }
   return [args, cmd]() {
     Config cfg = parse_config(args->config, args->overrides);
+    Shrunk shrunk;
+    if (args->shrink) {
+      shrunk = shrink_overrides(cfg);
+      std::vector<std::string> sets = args->overrides;
+      sets.insert(sets.end(), shrunk.overrides.begin(), shrunk.overrides.end());
+      cfg = parse_config(args->config, sets);
+      if (args->world == 0) args->world = shrunk.world;
+    }
     if (args->world > 0) validate_layout(cfg, args->world);
     if (cmd->got_subcommand("show")) {
+      if (args->shrink) {
+        std::printf("# shrunk (--shrink) to world %d:", shrunk.world);
+        for (const std::string& o : shrunk.overrides) std::printf(" %s", o.c_str());
+        std::printf("\n");
+      }
       std::printf("%s", to_toml(cfg).c_str());
       ModelSpec spec = ModelSpec::from_config(cfg.model);
       std::printf("# parameters: %lld, gradient accumulation steps: %lld\n",

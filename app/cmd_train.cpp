@@ -7,6 +7,7 @@
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
 #include "engine/train/memory_estimate.h"
+#include "engine/train/shrink.h"
 #include "engine/train/stop.h"
 #include "engine/train/trainer.h"
 
@@ -20,6 +21,7 @@ Run add_train_command(CLI::App& app) {
     std::string dump_final;
     bool quiet = false;
     bool force = false;
+    bool shrink = false;
     int64_t stop_after = 0;
   };
   auto args = std::make_shared<Args>();
@@ -36,10 +38,19 @@ Run add_train_command(CLI::App& app) {
                   "as a job that runs out of time; the LR schedule still spans train.steps")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
+  cmd->add_flag("--shrink", args->shrink,
+                "Train the config shrunk to one machine with its parallel structure (docs/papers.md; "
+                "`config show --shrink` prints it and its world size)");
   cmd->add_flag("--force", args->force,
                 "Start even when the ranks of a node need more memory than it has available");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
+    if (args->shrink) {
+      std::vector<std::string> sets = args->overrides;
+      const Shrunk shrunk = shrink_overrides(cfg);
+      sets.insert(sets.end(), shrunk.overrides.begin(), shrunk.overrides.end());
+      cfg = parse_config(args->config, sets);
+    }
     // MPI starts here when launched by mpirun/srun; the layout is checked against the world
     // size before anything is allocated.
     CommRuntime runtime;
