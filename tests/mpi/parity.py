@@ -72,6 +72,11 @@ LAYOUTS = {
     "cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3"], []),
     "cp2-pp2-1f1b": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=1f1b"], []),
     "cp2-ring-dropout": (2, ["parallel.cp=2"], ["model.dropout=0.1"]),
+    "cp2-dp2": (4, ["parallel.cp=2"], []),
+    "cp2-accum4": (2, ["parallel.cp=2", "train.micro_batch_size=1"], []),
+    "cp2-pp2-interleaved": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                "parallel.virtual_stages=2"], L4),
+    "cp2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     "cp2-ring-recompute": (2, ["parallel.cp=2", "train.recompute=selective"], []),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
