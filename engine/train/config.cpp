@@ -215,6 +215,7 @@ const std::vector<Section>& sections() {
                     .add("interval", &L::interval)
                     .add("progress", &L::progress)
                     .add("metrics", &L::metrics)
+                    .add("tensorboard", &L::tensorboard)
                     .add("peak_flops", &L::peak_flops)
                     .build());
     return s;

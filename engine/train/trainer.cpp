@@ -25,6 +25,7 @@
 #include "engine/train/metrics.h"
 #include "engine/train/run_lock.h"
 #include "engine/train/stop.h"
+#include "engine/train/tensorboard.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -286,6 +287,7 @@ struct Trainer::State {
   std::vector<int32_t> host_in, host_tg;
   std::vector<PipelineMicroBatch> pipe_mbs;
   std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // log.tensorboard, rank 0
   std::ofstream dump_tokens;
   std::vector<float> host_params;
   std::vector<int32_t> global_window;
@@ -483,6 +485,11 @@ void Trainer::State::build_data() {
       cfg.log.metrics.empty() || !s.rank0
           ? ""
           : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
+      s.start_step);
+  s.tensorboard = std::make_unique<TensorBoardWriter>(
+      cfg.log.tensorboard.empty() || !s.rank0
+          ? ""
+          : (fs::path(cfg.train.run_dir) / cfg.log.tensorboard).string(),
       s.start_step);
   if (!s.opts.dump_dir.empty()) {
     gather_params();
@@ -768,6 +775,7 @@ TrainResult Trainer::State::run() {
     // commits just below, an async one at a later step's poll): `latest` never runs ahead of
     // metrics.jsonl.
     s.metrics->write(m);
+    s.tensorboard->write(m);
     if (started) s.fault.at("save", step);
     if (started && !ck.async) poll_checkpoint(true);
     if (s.rank0 && !s.opts.quiet && cfg.log.progress &&
