@@ -54,7 +54,7 @@ struct LogConfig {
   int64_t interval = 1;                   // progress line every `interval` steps
   bool progress = true;                   // print the progress line
   std::string metrics = "metrics.jsonl";  // relative to train.run_dir; "" disables
-  std::string tensorboard;                // event-file folder relative to train.run_dir; "" none
+  bool tensorboard = false;  // TensorBoard event files in <train.run_dir>/tensorboard
   double peak_flops = 0;  // FLOP/s of one rank for MFU; 0 = this CPU's fp32 FMA peak estimate
 };
 

@@ -140,6 +140,11 @@ void TensorBoardWriter::write(const StepMetrics& m) {
                                                 {"train/mfu", m.mfu},
                                                 {"train/loss_scale", m.loss_scale},
                                                 {"train/step_time_s", m.step_time_s}};
+  for (int c = 0; c < kNumMemCategories; ++c)
+    v.emplace_back(detail::concat("memory/peak_", category_name(static_cast<MemCategory>(c)),
+                                  "_bytes"),
+                   static_cast<double>(m.mem.peak[c]));
+  v.emplace_back("memory/peak_total_bytes", static_cast<double>(m.mem.peak_total));
   if (m.val_loss) v.emplace_back("val/loss", *m.val_loss);
   scalars(m.step, v);
 }

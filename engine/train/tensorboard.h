@@ -1,6 +1,6 @@
-// TensorBoard event files: the per-step scalars of metrics.jsonl (loss, lr, grad norm, tokens/s,
-// MFU, loss scale, step time, validation loss) as
-// <run_dir>/<log.tensorboard>/events.out.tfevents.<unix time>.<host>, which `tensorboard --logdir`
+// TensorBoard event files ([log] tensorboard = true): the per-step scalars of metrics.jsonl
+// (loss, lr, grad norm, tokens/s, MFU, loss scale, step time, validation loss, peak memory) as
+// <run_dir>/tensorboard/events.out.tfevents.<unix time>.<host>, which `tensorboard --logdir`
 // reads. The format is TensorFlow's record file of serialized `Event` protocol buffers
 // (tensorflow/core/util/event.proto, summary.proto): each record is
 //   uint64 length | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
@@ -35,7 +35,8 @@ class TensorBoardWriter {
   // One event at `step` with these (tag, value) scalars.
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   // The step's metrics: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/mfu,
-  // train/loss_scale, train/step_time_s, and val/loss on evaluation steps.
+  // train/loss_scale, train/step_time_s, memory/peak_<category>_bytes (params, grads, optimizer,
+  // activations, comm, total), and val/loss on evaluation steps.
   void write(const StepMetrics& m);
 
  private:

@@ -487,9 +487,7 @@ void Trainer::State::build_data() {
           : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
       s.start_step);
   s.tensorboard = std::make_unique<TensorBoardWriter>(
-      cfg.log.tensorboard.empty() || !s.rank0
-          ? ""
-          : (fs::path(cfg.train.run_dir) / cfg.log.tensorboard).string(),
+      cfg.log.tensorboard && s.rank0 ? (fs::path(cfg.train.run_dir) / "tensorboard").string() : "",
       s.start_step);
   if (!s.opts.dump_dir.empty()) {
     gather_params();

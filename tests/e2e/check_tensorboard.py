@@ -6,8 +6,8 @@ a venv made with --system-site-packages in the work folder, reused between runs.
 (skipped) when pip cannot install it here.
 
 1. A 10-step run with validation every 5 steps: TensorBoard's EventAccumulator (which checks each
-   record's CRC-32C) lists train/loss, lr, grad_norm, tokens_per_s, mfu, loss_scale, step_time_s
-   and val/loss, at steps 1..10 (val at 5 and 10), each equal to metrics.jsonl's value as a
+   record's CRC-32C) lists train/loss, lr, grad_norm, tokens_per_s, mfu, loss_scale, step_time_s,
+   memory/peak_<category>_bytes and val/loss, at steps 1..10 (val at 5 and 10), each equal to metrics.jsonl's value as a
    float32 (relative 1e-6; 1e-5 for tokens_per_s, mfu and step_time_s, which metrics.jsonl
    prints to 6 digits).
 2. A run killed (SIGKILL) during step 8 with checkpoints every 3 steps, resumed from step 6: the
@@ -52,7 +52,7 @@ def venv_python(work):
 
 def train(args, run_dir, sets, env=None, expect_rc=0):
     cmd = [args.llmtrain, "train", "--config", args.config, "-q", "--set",
-           f"train.run_dir={run_dir}", "--set", "log.tensorboard=tb"]
+           f"train.run_dir={run_dir}", "--set", "log.tensorboard=true"]
     for s in sets:
         cmd += ["--set", s]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -88,7 +88,7 @@ def main():
     run1 = os.path.join(args.workdir, "run")
     shutil.rmtree(run1, ignore_errors=True)
     metrics = train(args, run1, ["train.steps=10", "train.eval_interval=5", "train.eval_iters=1"])
-    got = read(py, os.path.join(run1, "tb"))
+    got = read(py, os.path.join(run1, "tensorboard"))
     for tag, key in TAGS.items():
         series = got.get(tag, [])
         if [s for s, _ in series] != list(range(1, 11)):
@@ -99,6 +99,12 @@ def main():
                if not f32_equal(v, m[key], rel)]
         if bad:
             failures.append(f"{tag}: differs from metrics.jsonl at {bad[:3]}")
+    for cat in ("params", "grads", "optimizer", "activations", "comm", "total"):
+        series = got.get(f"memory/peak_{cat}_bytes", [])
+        want = [m["peak_bytes"][cat] for m in metrics]
+        if [v for _, v in series] != [float(w) for w in want] and not all(
+                f32_equal(v, w) for (_, v), w in zip(series, want)):
+            failures.append(f"memory/peak_{cat}_bytes {series[:2]}..., metrics.jsonl {want[:2]}...")
     val = got.get("val/loss", [])
     want_val = [[m["step"], m["val_loss"]] for m in metrics if "val_loss" in m]
     if [s for s, _ in val] != [5, 10] or not all(
@@ -114,8 +120,8 @@ def main():
     env = {**os.environ, "LLMTRAIN_FAULT": "forward:8:0:KILL"}
     train(args, run2, sets, env=env, expect_rc=-9)
     resumed = train(args, run2, sets + ["checkpoint.load=latest"])
-    files = sorted(os.listdir(os.path.join(run2, "tb")))
-    loss = read(py, os.path.join(run2, "tb")).get("train/loss", [])
+    files = sorted(os.listdir(os.path.join(run2, "tensorboard")))
+    loss = read(py, os.path.join(run2, "tensorboard")).get("train/loss", [])
     steps = [s for s, _ in loss]
     by_step = {m["step"]: m["loss"] for m in resumed}
     if steps != list(range(1, 11)):
