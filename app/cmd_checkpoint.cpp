@@ -2,11 +2,13 @@
 // (docs/checkpoint-format.md). DIR is a checkpoint directory, or a directory of checkpoints with a
 // `latest` file. Nothing here starts MPI.
 #include <cstdio>
+#include <filesystem>
 
 #include "app/commands.h"
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/export.h"
 #include "checkpoints/tools.h"
+#include "data/tokenizer.h"
 #include "engine/model/model_spec.h"
 #include "engine/train/config.h"
 
@@ -30,7 +32,7 @@ Config stored_config(const ckpt::Checkpoint& ck, std::vector<std::string> overri
 
 Run add_checkpoint_command(CLI::App& app) {
   struct Args {
-    std::string dir, out, format = "safetensors";
+    std::string dir, out, format = "safetensors", tokenizer;
     std::vector<std::string> overrides;
     int world = 0;
     bool config = false;
@@ -70,18 +72,47 @@ Run add_checkpoint_command(CLI::App& app) {
                    "safetensors: GPT2LMHeadModel (arch gpt2) or LlamaForCausalLM (arch llama)")
       ->check(CLI::IsMember({"safetensors"}))
       ->capture_default_str();
+  exporter->add_option("--tokenizer", args->tokenizer,
+                       "SentencePiece model written beside the weights so that AutoTokenizer "
+                       "loads it (default: the run's data.tokenizer; \"none\": weights only)");
 
   return [args, cmd]() {
     const ckpt::Checkpoint ck = open_checkpoint(args->dir);
     if (cmd->got_subcommand("export")) {
       const Config cfg = stored_config(ck, {});
-      const ckpt::ExportResult r = ckpt::export_safetensors(ck, cfg.model, args->out);
+      // The tokenizer: --tokenizer, else the run's own when its file is still there.
+      std::string tok_path = args->tokenizer.empty() ? cfg.data.tokenizer : args->tokenizer;
+      if (tok_path == "none") tok_path.clear();
+      if (!tok_path.empty() && !std::filesystem::exists(tok_path)) {
+        if (!args->tokenizer.empty())
+          throw ConfigError("--tokenizer " + tok_path + ": file not found");
+        std::fprintf(stderr,
+                     "warning: the run's tokenizer %s is not on this machine: exporting the "
+                     "weights only (give --tokenizer PATH to add it)\n",
+                     tok_path.c_str());
+        tok_path.clear();
+      }
+      ckpt::HfTokenizer tok_files;
+      if (!tok_path.empty()) {
+        const Tokenizer tok(tok_path);
+        const std::string mismatch = hf_tokenizer_mismatch(tok);
+        if (!mismatch.empty())
+          throw ConfigError(mismatch + "; or export the weights alone with --tokenizer none");
+        if (tok.vocab_size() > cfg.model.vocab_size)
+          throw ConfigError("tokenizer " + tok_path + " has " + std::to_string(tok.vocab_size()) +
+                            " pieces, more than the model's vocab_size " +
+                            std::to_string(cfg.model.vocab_size));
+        tok_files = {tok.bos_id(), tok.eos_id(), hf_tokenizer_files(tok)};
+      }
+      const ckpt::ExportResult r = ckpt::export_safetensors(ck, cfg.model, args->out, tok_files);
       std::printf(
           "exported checkpoint %s (step %lld) as %s to %s: model.safetensors (%lld tensors, %lld "
-          "parameters, %lld bytes) + config.json\n",
+          "parameters, %lld bytes) + config.json%s%s\n",
           ck.dir().c_str(), static_cast<long long>(ck.state().step), ckpt::hf_class(cfg.model),
           r.dir.c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.param_count),
-          static_cast<long long>(r.file_bytes));
+          static_cast<long long>(r.file_bytes),
+          tok_path.empty() ? "" : " + the tokenizer (tokenizer.model, tokenizer_config.json) of ",
+          tok_path.c_str());
       return 0;
     }
     if (cmd->got_subcommand("inspect")) {

@@ -186,7 +186,7 @@ void run_inspect(const std::string& prefix, const std::string& tokenizer, bool v
 Run add_data_command(CLI::App& app) {
   struct Args {
     std::vector<std::string> inputs;
-    std::string output, tokenizer, prefix, model_type = "bpe";
+    std::string output, tokenizer, prefix, model_type = "bpe", byte_fallback = "auto";
     TokenizerTrainOptions train;
     PrepareOptions prepare;
     bool progress = false, verify = false;
@@ -222,6 +222,12 @@ Run add_data_command(CLI::App& app) {
   train->add_option("--threads", a->train.threads, "Threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   train->add_flag("-v,--verbose", a->train.verbose, "Show SentencePiece's training log");
+  train
+      ->add_option("--byte-fallback", a->byte_fallback,
+                   "<0xNN> byte pieces for characters outside the vocabulary (exact round trip); "
+                   "auto: on at --vocab-size >= 512")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 
   CLI::App* prep =
       cmd->add_subcommand("prepare", "Tokenize text/JSONL into PREFIX.bin + PREFIX.idx");
@@ -258,6 +264,7 @@ Run add_data_command(CLI::App& app) {
   return [a, train, prep]() {
     if (train->parsed()) {
       a->train.model = a->model_type == "bpe" ? TokenizerModel::bpe : TokenizerModel::unigram;
+      a->train.byte_fallback = a->byte_fallback == "auto" ? -1 : a->byte_fallback == "on" ? 1 : 0;
       run_tokenizer_train(a->inputs, a->output, a->train);
     } else if (prep->parsed()) {
       run_prepare(a->inputs, a->tokenizer, a->output, a->prepare, a->progress);

@@ -236,7 +236,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg) {
   return m.take();
 }
 
-std::string hf_config_json(const ModelConfig& cfg) {
+std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer) {
   require_representable(cfg);
   const ModelSpec spec = ModelSpec::from_config(cfg);
   const ModelConfig& c = spec.cfg;
@@ -284,9 +284,10 @@ std::string hf_config_json(const ModelConfig& cfg) {
   }
   field("initializer_range", json_number(c.init_std));
   field("tie_word_embeddings", json_bool(c.tie_embeddings));
-  // The checkpoint does not know the tokenizer's special tokens.
-  field("bos_token_id", "null");
-  field("eos_token_id", "null");
+  // The tokenizer's special tokens, when the export was given the tokenizer.
+  auto id = [&](int32_t v) { return v >= 0 ? num(v) : std::string("null"); };
+  field("bos_token_id", id(tokenizer.bos_id));
+  field("eos_token_id", id(tokenizer.eos_id));
   field("use_cache", "true");
   field("torch_dtype", "\"float32\"");
   return s + "\n}\n";
@@ -316,14 +317,14 @@ std::string safetensors_header(const std::vector<HfTensor>& tensors) {
 }
 
 ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
-                                const std::string& out_arg) {
+                                const std::string& out_arg, const HfTokenizer& tokenizer) {
   fs::path out = fs::path(out_arg).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "OUT/"
   if (fs::exists(out))
     throw ConfigError("export output " + out.string() +
                       " already exists: remove it or give a new directory");
   const std::vector<HfTensor> tensors = hf_tensors(cfg);
-  const std::string config_json = hf_config_json(cfg);
+  const std::string config_json = hf_config_json(cfg, tokenizer);
   const ModelSpec spec = ModelSpec::from_config(cfg);
   check_sources(ckpt, spec, tensors);
 
@@ -339,6 +340,12 @@ ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
       const fs::path path = tmp / "config.json";
       File f = create(path);
       write_all(f.get(), config_json.data(), config_json.size(), path);
+      finish(std::move(f), path);
+    }
+    for (const auto& [name, contents] : tokenizer.files) {
+      const fs::path path = tmp / name;
+      File f = create(path);
+      write_all(f.get(), contents.data(), contents.size(), path);
       finish(std::move(f), path);
     }
     const fs::path path = tmp / "model.safetensors";

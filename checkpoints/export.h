@@ -34,8 +34,16 @@ const char* hf_class(const ModelConfig& cfg);
 // (e.g. model.activation="swiglu" with arch gpt2: GPT-2's MLP has no gate).
 std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 
+// What the export knows of a tokenizer, from the data layer (the app passes it): the special ids
+// config.json names (-1: none, written as null) and the files written beside the weights (the
+// tokenizer, e.g. tokenizer.model and tokenizer_config.json), as (name, contents).
+struct HfTokenizer {
+  int32_t bos_id = -1, eos_id = -1;
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
 // OUT/config.json's text for `cfg` (the same checks as hf_tensors).
-std::string hf_config_json(const ModelConfig& cfg);
+std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer = {});
 
 // The safetensors header: u64 little-endian N, then N bytes of JSON ({"__metadata__":
 // {"format":"pt"}, name: {"dtype":"F32","shape":[...],"data_offsets":[begin,end]}, ...}, offsets
@@ -51,11 +59,11 @@ struct ExportResult {
 };
 
 // Writes OUT/model.safetensors and OUT/config.json from the master weights ("model/...") of
-// `ckpt`, whose resolved [model] is `cfg`. Works in OUT's sibling ".tmp.<name>" and renames it to
+// `ckpt`, whose resolved [model] is `cfg`, and the tokenizer's files when given. Works in OUT's sibling ".tmp.<name>" and renames it to
 // OUT at the end, so OUT appears complete or not at all. Throws ConfigError when OUT exists or the
 // model cannot be represented, Error when the checkpoint's tensors do not fit `cfg` or a read or
 // write fails (naming the tensor or file).
 ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
-                                const std::string& out);
+                                const std::string& out, const HfTokenizer& tokenizer = {});
 
 }  // namespace llmt::ckpt

@@ -9,6 +9,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -60,6 +61,67 @@ int32_t Tokenizer::bos_id() const {
 }
 int32_t Tokenizer::eos_id() const {
   return sp_->eos_id();
+}
+int32_t Tokenizer::unk_id() const {
+  return sp_->unk_id();
+}
+std::string Tokenizer::piece(int32_t id) const {
+  return sp_->IdToPiece(id);
+}
+
+namespace {
+
+// A JSON string literal of s (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string hf_tokenizer_mismatch(const Tokenizer& tok) {
+  // Two spaces, a newline, a tab, U+FB01 (NFKC: "fi") and U+4E2D (outside a small vocabulary).
+  const std::string probe = "a  b\nc\td \xef\xac\x81 \xe4\xb8\xad";
+  const std::string back = tok.decode(tok.encode(probe));
+  if (back == probe) return "";
+  const bool bytes = tok.encode("\n").size() == 1 && tok.piece(tok.encode("\n")[0]) == "<0x0A>";
+  return detail::concat(tok.path(), " does not encode text as it is (\"", probe, "\" decodes to \"",
+                        back, "\"): it normalizes text", bytes ? "" : " or has no byte pieces",
+                        ", which Hugging Face's LlamaTokenizer does not; retrain it with this "
+                        "llmtrain's `data tokenizer-train` (identity normalization, byte "
+                        "fallback at vocab_size >= ", kByteFallbackMinVocab, ")");
+}
+
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const Tokenizer& tok) {
+  std::ifstream in(tok.path(), std::ios::binary);
+  const std::string model((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LLMT_CHECK(in.good() || in.eof(), tok.path(), ": cannot read the tokenizer model");
+  auto special = [&](const char* key, int32_t id) {
+    return detail::concat("  \"", key, "\": ", id >= 0 ? json_string(tok.piece(id)) : "null");
+  };
+  const std::string specials = detail::concat(special("bos_token", tok.bos_id()), ",\n",
+                                              special("eos_token", tok.eos_id()), ",\n",
+                                              special("unk_token", tok.unk_id()));
+  const std::string config = detail::concat(
+      "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": false,\n",
+      "  \"add_eos_token\": false,\n  \"legacy\": true,\n",
+      "  \"clean_up_tokenization_spaces\": false,\n  \"pad_token\": null,\n",
+      "  \"sp_model_kwargs\": {},\n", specials, "\n}\n");
+  return {{"tokenizer.model", model},
+          {"tokenizer_config.json", config},
+          {"special_tokens_map.json", "{\n" + specials + "\n}\n"}};
 }
 
 namespace {
@@ -141,6 +203,16 @@ void train_tokenizer(const std::vector<std::string>& inputs, const std::string& 
       {"eos_id", "2"},
       {"pad_id", "-1"},
       {"minloglevel", opts.verbose ? "0" : "1"},  // 0 info, 1 warnings and errors only
+      // Llama's text handling: no normalization, whitespace kept, digits split, bytes for what
+      // the vocabulary lacks (docs/data.md).
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"split_digits", "true"},
+      {"allow_whitespace_only_pieces", "true"},
+      {"byte_fallback", (opts.byte_fallback < 0 ? opts.vocab_size >= kByteFallbackMinVocab
+                                                : opts.byte_fallback != 0)
+                            ? "true"
+                            : "false"},
   };
   LineIterator lines(inputs, opts.input);
   std::string model;
