@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "app/commands.h"
 #include "checkpoints/layout.h"
 #include "engine/core/check.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/search.h"
 #include "engine/schedule/schedule.h"
 #include "engine/train/config.h"
 #include "engine/train/memory_estimate.h"
@@ -40,6 +43,139 @@ std::string formula_text(PipeSchedule kind) {
   return "";
 }
 
+const char* const kAxisNames[] = {"tp", "cp", "dp", "pp"};
+
+std::string bytes_text(const AxisBytes& b) {
+  std::string s;
+  auto add = [&](const char* name, double v) {
+    if (v > 0) s += concat(s.empty() ? "" : ", ", name, " ", static_cast<long long>(v + 0.5));
+  };
+  add("all_reduce", b.all_reduce);
+  add("reduce_scatter", b.reduce_scatter);
+  add("all_gather", b.all_gather);
+  add("send", b.send);
+  add("recv", b.recv);
+  add("all_to_all", b.all_to_all);
+  return s;
+}
+
+std::string pct(double f) {
+  return concat(static_cast<double>(static_cast<long long>(f * 1000 + 0.5)) / 10, "%");
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, s >= 1 ? "%.3g s" : s >= 1e-3 ? "%.3g ms" : "%.3g us",
+                s >= 1 ? s : s >= 1e-3 ? s * 1e3 : s * 1e6);
+  return buf;
+}
+
+std::string hardware_line(const HardwareProfile& hw) {
+  std::string s = concat(hw.name, " (", hw.description, "; ", hw.source, ")");
+  for (const std::string& d : hw.detected) s += concat("\n  detected: ", d);
+  return s;
+}
+
+// The cost model's figures per pipeline rank, and the predicted step.
+void print_cost(const StepCost& c, const HardwareProfile& hw) {
+  std::printf("memory per rank (state exact as above; activations at the peak in-flight "
+              "micro-batches and comm buffers estimated), of %s usable on %s:\n",
+              gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), hw.name.c_str());
+  // Pipeline ranks whose line equals the one above are counted, not printed.
+  auto print_lines = [&](auto line_of) {
+    std::string shown;
+    int same = 0, first = 0, last = 0;
+    auto flush = [&] {
+      if (same > 0) std::printf("  pp %d-%d: %d more with the figures above\n", first, last, same);
+      same = 0;
+    };
+    for (const StageCost& s : c.stages) {
+      const std::string line = line_of(s);
+      if (s.pp_rank > 0 && line == shown) {
+        if (same++ == 0) first = s.pp_rank;
+        last = s.pp_rank;
+        continue;
+      }
+      flush();
+      shown = line;
+      std::printf("  rank %d (pp %d): %s\n", s.rank, s.pp_rank, line.c_str());
+    }
+    flush();
+  };
+  print_lines([](const StageCost& s) {
+    return concat("activations ", static_cast<long long>(s.memory.activations), " (", s.in_flight,
+                  " in flight), comm ", static_cast<long long>(s.memory.comm), "; total ",
+                  gib(s.memory.total()));
+  });
+  std::printf("bytes per step per rank, as the communicators count them:\n");
+  print_lines([](const StageCost& s) {
+    std::string line;
+    for (int a = 0; a < kNumAxes; ++a) {
+      const std::string b = bytes_text(s.bytes[a]);
+      if (!b.empty()) line += concat(line.empty() ? "" : "; ", kAxisNames[a], ": ", b);
+    }
+    return line.empty() ? std::string("none") : line;
+  });
+  const StageCost& w = c.stages[static_cast<size_t>(c.slowest)];
+  std::printf("predicted on %s:\n", hardware_line(hw).c_str());
+  std::printf("  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), exposed "
+              "tp %s, cp %s, pp %s; bubble %.4f; dp %s, optimizer %s\n",
+              w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(),
+              c.peak, seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(),
+              seconds(w.comm_s[3]).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
+              seconds(w.optimizer_s).c_str());
+  std::printf("  step %s, %.4g tokens/s, MFU %s (HFU %s with recompute)%s\n",
+              seconds(c.step_s).c_str(), c.tokens_per_s, pct(c.mfu).c_str(), pct(c.hfu).c_str(),
+              c.fits ? "" : "; DOES NOT FIT the device memory");
+}
+
+void print_json(const StepCost& c, const HardwareProfile& hw) {
+  std::string s = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", c.world,
+                         ", \"micro_batches\": ", c.micro_batches);
+  auto num = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  s += concat(", \"model_flops\": ", num(c.model_flops), ", \"hardware_flops\": ",
+              num(c.hardware_flops), ", \"bubble\": ", num(c.bubble), ", \"step_s\": ",
+              num(c.step_s), ", \"tokens_per_s\": ", num(c.tokens_per_s), ", \"mfu\": ",
+              num(c.mfu), ", \"hfu\": ", num(c.hfu), ", \"peak\": ", num(c.peak),
+              ", \"fits\": ", c.fits ? "true" : "false", ", \"stages\": [");
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    const StageCost& st = c.stages[i];
+    s += concat(i ? ", " : "", "{\"rank\": ", st.rank, ", \"pp_rank\": ", st.pp_rank,
+                ", \"layers\": ", st.layers, ", \"flops\": ", num(st.flops),
+                ", \"in_flight\": ", st.in_flight, ", \"memory\": {\"params\": ",
+                num(st.memory.params), ", \"grads\": ", num(st.memory.grads),
+                ", \"optimizer\": ", num(st.memory.optimizer), ", \"activations\": ",
+                num(st.memory.activations), ", \"comm\": ", num(st.memory.comm),
+                "}, \"bytes\": {");
+    for (int a = 0; a < kNumAxes; ++a) {
+      const AxisBytes& b = st.bytes[a];
+      s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": {\"all_reduce\": ", num(b.all_reduce),
+                  ", \"reduce_scatter\": ", num(b.reduce_scatter), ", \"all_gather\": ",
+                  num(b.all_gather), ", \"send\": ", num(b.send), ", \"recv\": ", num(b.recv),
+                  ", \"all_to_all\": ", num(b.all_to_all), "}");
+    }
+    s += concat("}, \"compute_s\": ", num(st.compute_s), ", \"comm_s\": {");
+    for (int a = 0; a < kNumAxes; ++a)
+      s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": ", num(st.comm_s[a]));
+    s += concat("}, \"optimizer_s\": ", num(st.optimizer_s), ", \"step_s\": ",
+                num(st.step_s), "}");
+  }
+  s += "]}";
+  std::printf("%s\n", s.c_str());
+}
+
+// Threads one rank computes with, for the cpu profile's detected peak: train.threads, else the
+// machine's cores shared by the ranks.
+int plan_threads(const Config& cfg, int world) {
+  if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::max(1, static_cast<int>(cores) / std::max(1, world));
+}
+
 }  // namespace
 
 Run add_plan_command(CLI::App& app) {
@@ -50,6 +186,11 @@ Run add_plan_command(CLI::App& app) {
     bool schedule = false;
     bool p2p = false;
     std::string svg;
+    std::string hardware = "cpu";
+    bool json = false;
+    bool search = false;
+    int top = 10;
+    std::string write;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -68,8 +209,65 @@ Run add_plan_command(CLI::App& app) {
       ->needs(schedule);
   cmd->add_option("--svg", args->svg, "With --schedule: write the timeline here as SVG")
       ->needs(schedule);
+  cmd->add_option("--hardware", args->hardware,
+                  concat("Hardware profile for the predicted step time and MFU: a built-in name (",
+                         [] {
+                           std::string n;
+                           for (const std::string& h : hardware_names())
+                             n += (n.empty() ? "" : ", ") + h;
+                           return n;
+                         }(),
+                         ") or a profile file (configs/hardware/*.toml shows the keys)"))
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json,
+                "Print the cost model's figures (memory, bytes per axis, times, MFU per pipeline "
+                "rank) as one JSON object instead of the text report");
+  CLI::Option* search =
+      cmd->add_flag("--search", args->search,
+                    "Cost every layout of the model at --world N (tp within a node, sp, cp, pp "
+                    "schedules, ZeRO stage, recompute, micro-batch size), drop those that do not "
+                    "fit the device memory, print the fastest by predicted step time");
+  cmd->add_option("--top", args->top, "With --search: how many layouts to print")
+      ->needs(search)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--write", args->write,
+                  "With --search: write the best layout as a TOML fragment to `include`")
+      ->needs(search);
   return [args]() {
     const Config cfg = parse_config(args->config, args->overrides);
+    if (args->search) {
+      if (args->world <= 0) throw ConfigError("plan --search needs --world N");
+      const HardwareProfile hw =
+          load_hardware(args->hardware, plan_threads(cfg, args->world));
+      const SearchResult r = search_layouts(args->config, args->overrides, cfg, args->world, hw,
+                                            static_cast<size_t>(args->top));
+      std::printf("search: %s at world %d on %s\n", args->config.c_str(), args->world,
+                  hardware_line(hw).c_str());
+      std::printf("%lld valid layouts, %lld fit %s per device; the fastest %zu by predicted "
+                  "step time:\n",
+                  static_cast<long long>(r.valid), static_cast<long long>(r.fitting),
+                  gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), r.ranked.size());
+      for (size_t i = 0; i < r.ranked.size(); ++i) {
+        const Candidate& c = r.ranked[i];
+        const StageCost& m = c.cost.stages[static_cast<size_t>(c.cost.most_memory)];
+        std::printf("  %2zu. step %s, MFU %s, memory %s: %s\n", i + 1,
+                    seconds(c.cost.step_s).c_str(), pct(c.cost.mfu).c_str(),
+                    gib(m.memory.total()).c_str(), layout_text(c.cfg, args->world).c_str());
+      }
+      if (r.ranked.empty())
+        throw ConfigError(concat("no layout of ", args->config, " fits ", hw.name, " at world ",
+                                 args->world, ": more ranks, or a device with more memory"));
+      if (!args->write.empty()) {
+        std::ofstream out(args->write);
+        out << layout_fragment(r.ranked[0], args->world, hw);
+        out.close();
+        if (!out) throw Error(concat("cannot write the layout to ", args->write));
+        std::printf("best layout written to %s (include = [\"%s\"] in a config)\n",
+                    args->write.c_str(), args->write.c_str());
+      }
+      return 0;
+    }
     const ParallelConfig& par = cfg.parallel;
     int world = args->world;
     if (world > 0) {
@@ -94,6 +292,11 @@ Run add_plan_command(CLI::App& app) {
           gbs, ") / (train.micro_batch_size(", mbs, ")*dp(", dp, ")) = ", m,
           ", to be a multiple of parallel.pp=", p, "; change the batch sizes or the schedule"));
 
+    if (args->json) {
+      const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
+      print_json(predict_step(cfg, world, hw), hw);
+      return 0;
+    }
     std::printf("plan: %s\n", args->config.c_str());
     std::printf("mesh: world %d = tp %d * cp %d * dp %d * pp %d%s\n", world, mesh.size(Axis::tp),
                 mesh.size(Axis::cp), dp, p,
@@ -193,6 +396,11 @@ Run add_plan_command(CLI::App& app) {
                   "recv %.0f, all_to_all %.0f\n",
                   static_cast<long long>(most), m, b.send * per_step, b.recv * per_step,
                   b.all_to_all * per_step);
+    }
+    {
+      const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
+      const StepCost cost = predict_step(cfg, world, hw);
+      print_cost(cost, hw);
     }
     if (!args->schedule) return 0;
 

@@ -18,8 +18,8 @@ namespace llmt {
 // activations at least one micro-batch's layer inputs (4 s b h per layer of the rank; / tp with
 // sequence parallelism): what full recompute keeps, the least any mode keeps.
 struct MemoryEstimate {
-  double params = 0, grads = 0, optimizer = 0, activations = 0;
-  double total() const { return params + grads + optimizer + activations; }
+  double params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0;
+  double total() const { return params + grads + optimizer + activations + comm; }
 };
 MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
 

@@ -727,7 +727,11 @@ TrainResult Trainer::State::run() {
     m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
     m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
     m.mem = s.alloc.stats();
-    m.comm = take_comm_counters(s.mesh, s.model->own_communicators());
+    // The groups the model and the trainer split off count too: context parallelism's hybrid
+    // groups, the tied embeddings' first-and-last-stage group.
+    std::vector<Communicator*> more = s.model->own_communicators();
+    if (s.embedding_group) more.push_back(s.embedding_group.get());
+    m.comm = take_comm_counters(s.mesh, more);
     m.comm_wait_s = s.data_parallel->take_wait_seconds();
     if (s.pipeline) {
       float idle = static_cast<float>((s.pipeline->total_seconds() - s.pipeline->busy_seconds()) /

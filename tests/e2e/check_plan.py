@@ -3,6 +3,7 @@ printed action lists, bubble fractions and peak in-flight micro-batches of each 
 timeline (parsed as XML, one box per compute action), that a 1.5B-parameter config is planned
 without allocating it, and the exit-2 errors of impossible shapes. Run by ctest; see --help."""
 import argparse
+import json
 import pathlib
 import resource
 import subprocess
@@ -114,6 +115,30 @@ def main():
                            "parallel.pp=2"], capture_output=True, text=True)
     check(proc.returncode == 2 and "world size 1 is not divisible by tp(1)*cp(1)*pp(2)=2"
           in proc.stderr, "train with pp=2 on one process: exit 2 naming the factors")
+
+    # The cost model: --json, --hardware, --search and its fragment.
+    cost = json.loads(plan(args, *base, schedule=False,
+                           extra=["--json", "--hardware", "h100-80gb-sxm"]))
+    check(cost["hardware"] == "h100-80gb-sxm" and len(cost["stages"]) == 4 and
+          0 < cost["mfu"] < 0.75, f"--json: 4 stages, MFU {cost['mfu']:.3g} below the GEMM "
+          "efficiency 0.75")
+    check(abs(cost["bubble"] - 3 / 8) < 1e-12, "--json: the 1f1b bubble 3/8")
+    out = plan(args, schedule=False, extra=["--hardware", "h100"], expect_rc=2)
+    check("--hardware h100: no such profile" in out and "h100-80gb-sxm" in out,
+          "--hardware h100: exit 2 naming the built-in profiles")
+    papers = pathlib.Path(args.config).resolve().parent / "papers"
+    frag = pathlib.Path(args.workdir).resolve() / "best.toml"
+    proc = subprocess.run([args.llmtrain, "plan", "--config", str(papers / "gpt2-1558m.toml"),
+                           "--search", "--world", "16", "--hardware", "a100-80gb", "--top", "3",
+                           "--write", str(frag)], capture_output=True, text=True)
+    check(proc.returncode == 0 and " 1. step " in proc.stdout and " 3. step " in proc.stdout,
+          "plan --search prints the top 3")
+    cfg = pathlib.Path(args.workdir) / "searched.toml"
+    cfg.write_text(f'include = ["{papers / "gpt2-1558m.toml"}", "{frag}"]\n')
+    proc = subprocess.run([args.llmtrain, "config", "validate", "--config", str(cfg),
+                           "--world", "16"], capture_output=True, text=True)
+    check(proc.returncode == 0, f"the written layout validates at world 16\n{proc.stdout}"
+          f"{proc.stderr}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,18 @@
 #!/usr/bin/python3
-"""`llmtrain plan` against what a run allocates: for each layout, the params, grads and optimizer
-bytes plan prints for rank 0 equal (within 2%; in practice to the byte) the peaks rank 0's
-allocator reports in metrics.jsonl after two steps."""
+"""`llmtrain plan` against what a run allocates and sends, over a layout matrix (dp/ZeRO stages,
+tp, tp+sp, pp schedules, cp ring and Ulysses, recompute, 16-bit), rank 0 after two steps:
+- state: the params, grads and optimizer bytes plan prints for rank 0 equal (within 2%; in
+  practice to the byte) the peaks rank 0's allocator reports in metrics.jsonl;
+- communication: the bytes per step of each mesh axis and collective in `plan --json` equal
+  rank 0's counters (the dp x cp group's under dp, the tied-embedding group's under pp),
+  within 0.5% or 64 bytes: the counters also hold control messages (the gradient norm and the
+  non-finite flag, a few floats a step), which the plan leaves out;
+- activations: plan's figure (the blocks' saved tensors at the schedule's peak in-flight
+  micro-batches, plus the model's scratch) within 2% of the allocator's peak;
+- comm buffers: plan's estimate is printed next to the allocator's peak with their ratio, not
+  checked (ZeRO's, the pipeline's and the ring's staging depend on how many collectives are in
+  flight at once; docs/papers.md gives the measured ratios)."""
+import json
 import re
 
 import harness
@@ -11,14 +22,41 @@ LAYOUTS = {  # name: (ranks, sets)
     "bf16": (1, ["train.precision=bf16"]),
     "dp2": (2, ["parallel.dp=2"]),
     "zero1-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=1"]),
-    "zero2-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=2"]),
+    "zero2-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=2",
+                             "train.global_batch_size=8"]),
     "zero3-dp3": (3, ["parallel.dp=3", "parallel.zero_stage=3", "train.global_batch_size=6"]),
+    "zero3-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=3",
+                             "train.global_batch_size=8"]),
     "tp2": (2, ["parallel.tp=2", "parallel.dp=1"]),
+    "tp2-sp": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true"]),
+    "tp2-sp-full": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
+                        "train.recompute=\"full\""]),
+    "tp2-full": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"full\""]),
+    "tp2-selective": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"selective\""]),
     "pp2": (2, ["parallel.pp=2", "parallel.dp=1"]),
+    "pp2-interleaved": (2, ["parallel.pp=2", "parallel.dp=1", "model.n_layers=4",
+                            "parallel.pp_schedule=\"interleaved\"", "parallel.virtual_stages=2"]),
+    "cp2-ring": (2, ["parallel.cp=2", "parallel.dp=1"]),
+    "cp2-ulysses-dp2-zero1": (4, ["parallel.cp=2", "parallel.cp_impl=\"ulysses\"",
+                                  "parallel.dp=2", "parallel.zero_stage=1"]),
     "tp2-dp2-zero3": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=3"]),
     "pp2-dp2-zero1-bf16": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=1",
                                "train.precision=bf16"]),
 }
+KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]
+
+
+def counted(comm, axis):
+    """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group under dp
+    and the tied-embedding group under pp."""
+    total = {k: 0 for k in KINDS}
+    for group, kinds in comm.items():
+        mine = (group == axis or (axis == "dp" and set(group.split("x")) == {"dp", "cp"}) or
+                (axis == "pp" and group == "embedding"))
+        if mine:
+            for k, v in kinds.items():
+                total[k] = total.get(k, 0) + v
+    return total
 
 
 def main():
@@ -35,12 +73,40 @@ def main():
             failures.append(f"{name}: no rank 0 line in plan:\n{out}")
             continue
         planned = dict(zip(["params", "grads", "optimizer"], map(int, m.groups())))
-        peak = harness.train(args, f"{args.workdir}/{name}", ranks, sets)[-1]["peak_bytes"]
+        cost = json.loads(harness.run(cmd + ["--json"]))
+        last = harness.train(args, f"{args.workdir}/{name}", ranks, sets)[-1]
+        peak = last["peak_bytes"]
         for k, v in planned.items():
             if abs(v - peak[k]) > 0.02 * peak[k]:
                 failures.append(f"{name}: {k} planned {v} B, allocated {peak[k]} B")
-        print(f"{name}: planned {planned}, allocated "
+        print(f"{name}: state planned {planned}, allocated "
               f"{ {k: peak[k] for k in planned} }")
+        stage = cost["stages"][0]
+        for k, bound in (("activations", 0.02), ("comm", None)):
+            est, got = stage["memory"][k], peak[k]
+            ratio = est / got if got else (1.0 if est == 0 else float("inf"))
+            print(f"{name}: {k} estimated {est:.0f} B, allocated {got} B (x{ratio:.3f})")
+            if bound is not None and abs(ratio - 1) > bound:
+                failures.append(f"{name}: {k} estimated {est:.0f} B, allocated {got} B")
+        comm = last.get("comm_bytes", {})
+        planned_bytes = stage["bytes"]
+        if "dp" not in comm and "cp" in comm:
+            # dp = 1: the dp x cp group is the cp axis's own communicator.
+            planned_bytes["cp"] = {k: planned_bytes["cp"].get(k, 0) + planned_bytes["dp"].get(k, 0)
+                                   for k in KINDS}
+            planned_bytes["dp"] = {}
+        for axis in ("tp", "cp", "dp", "pp"):
+            want = planned_bytes[axis]
+            got = counted(comm, axis)
+            for k in KINDS:
+                w, g = want.get(k, 0), got.get(k, 0)
+                if w == 0 and g == 0:
+                    continue
+                ok = abs(g - w) <= max(64, 0.005 * w)
+                print(f"{name}: {axis} {k} planned {w:.0f}, counted {g}"
+                      f"{'' if ok else '  <-- MISMATCH'}")
+                if not ok:
+                    failures.append(f"{name}: {axis} {k} planned {w:.0f} B, counted {g} B")
     harness.finish(failures)
 
 

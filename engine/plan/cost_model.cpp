@@ -1,0 +1,334 @@
+#include "engine/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "checkpoints/layout.h"
+#include "engine/model/model_spec.h"
+#include "engine/parallel/context_parallel.h"
+#include "engine/schedule/schedule.h"
+#include "engine/train/trainer.h"
+
+namespace llmt {
+
+namespace {
+
+using detail::concat;
+
+// Bytes of one f32 tensor of n elements in a TensorLayout (64-byte boundaries).
+double f32_bytes(double n) {
+  return std::ceil(n * 4 / 64) * 64;
+}
+
+double sum_bytes(std::initializer_list<double> numels) {
+  double b = 0;
+  for (double n : numels) b += f32_bytes(n);
+  return b;
+}
+
+// The shapes of one rank's blocks (blocks.h): N positions of a micro-batch on this rank (B x T/cp),
+// R of them in the residual stream (N/tp with sequence parallelism), local head and width counts.
+struct Dims {
+  double B, T, N, R, C, H, KV, D, F, F1, V;
+  int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
+};
+
+// What a layer saves for backward (Layer::saved): the residual-stream tensors and norm
+// statistics, qkv, the attention output and LSE, the MLP's u and g; under full recompute only
+// its input; under selective recompute no attention output or LSE.
+double layer_saved_bytes(const Dims& d, Recompute r) {
+  if (r == Recompute::full) return f32_bytes(d.R * d.C);
+  double b = 4 * f32_bytes(d.R * d.C) + 2 * d.norm_stats * f32_bytes(d.R) +
+             f32_bytes(d.N * (d.H + 2 * d.KV) * d.D) + f32_bytes(d.N * d.F1) + f32_bytes(d.N * d.F);
+  if (r != Recompute::selective) b += f32_bytes(d.N * d.H * d.D) + f32_bytes(d.B * d.H * d.T);
+  return b;
+}
+
+// Head::saved: the gathered final-norm output, its statistics, the logits, the losses.
+double head_saved_bytes(const Dims& d) {
+  return f32_bytes(d.N * d.C) + d.norm_stats * f32_bytes(d.R) + f32_bytes(d.N * d.V) +
+         f32_bytes(d.N);
+}
+
+// The model's scratch shared by every micro-batch (Transformer's constructor): gradient buffers
+// of one layer, the tp staging buffers, the cross-entropy statistics, and the recompute buffers.
+double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r) {
+  double b = sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D,
+                        d.N * d.H * d.D, d.N * d.F1, d.N * d.F, d.N * d.C, 2 * d.C});
+  if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
+  if (sp) b += sum_bytes({d.N * d.C, d.R * d.C});
+  if (r == Recompute::selective) b += sum_bytes({d.N * d.H * d.D, d.B * d.H * d.T});
+  // Full recompute replays into one layer's full set (its input read in place) + its output.
+  if (r == Recompute::full) b += layer_saved_bytes(d, Recompute::none);
+  return b;
+}
+
+bool within_node(const HardwareProfile& hw, int span) {
+  return hw.devices_per_node == 0 || span <= hw.devices_per_node;
+}
+
+}  // namespace
+
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
+  validate_layout(cfg, world);
+  const ParallelConfig& par = cfg.parallel;
+  const MeshShape mesh = mesh_shape(par, world);
+  const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), dp = mesh.size(Axis::dp),
+            p = mesh.size(Axis::pp), v = static_cast<int>(par.virtual_stages);
+  const int group = dp * cp;  // DDP and ZeRO reduce over dp x cp
+  const int64_t gbs = cfg.train.global_batch_size, mbs = cfg.train.micro_batch_size;
+  const int m = static_cast<int>(gbs / (mbs * dp));
+  const bool sp = par.sequence_parallel && tp > 1;
+  const Recompute rc = cfg.train.recompute;
+  const ModelSpec spec = ModelSpec::from_config(cfg.model);
+  const ModelConfig& mc = spec.cfg;
+
+  StepCost out;
+  out.world = world;
+  out.micro_batches = m;
+  out.peak = hw.peak(compute_dtype(cfg.train.precision));
+  const double eff_peak = out.peak * hw.matmul_efficiency;
+  const double T = static_cast<double>(mc.seq_len), C = static_cast<double>(mc.d_model);
+  const double tokens = static_cast<double>(gbs) * T;
+  out.model_flops = spec.flops_per_token() * tokens;
+
+  Dims d{};
+  d.B = static_cast<double>(mbs);
+  d.T = T / cp;
+  d.N = d.B * d.T;
+  d.R = sp ? d.N / tp : d.N;
+  d.C = C;
+  d.H = static_cast<double>(mc.n_heads) / tp;
+  d.KV = static_cast<double>(spec.n_kv_heads) / tp;
+  d.D = static_cast<double>(spec.head_dim);
+  d.F = static_cast<double>(spec.ffn_dim) / tp;
+  d.F1 = static_cast<double>(spec.fc1_out) / tp;
+  d.V = static_cast<double>(mc.vocab_size) / tp;
+  d.norm_stats = mc.norm == NormKind::layernorm ? 2 : 1;
+
+  // One layer's parameters (global) and FLOPs per token: 6 x params + 6CT of attention, the
+  // forward a third; selective recompute repeats the attention core's forward (2CT), full
+  // recompute the layer's forward.
+  double layer_params = 0;
+  for (const ParamSpec& ps : spec.params)
+    if (ps.name.rfind("layers.0.", 0) == 0) layer_params += static_cast<double>(ps.shape.numel());
+  const double layer_fpt = 6 * layer_params + 6 * C * T;
+  const double recompute_fpt = rc == Recompute::full        ? (layer_fpt / 3)
+                               : rc == Recompute::selective ? 2 * C * T
+                                                            : 0;
+  const double head_fpt = 6 * static_cast<double>(mc.vocab_size) * C;
+  const double attn_fpt = 6 * C * T;  // the attention core, forward and backward
+
+  const ScheduleShape shape{p, v, m};
+  out.bubble = p > 1 ? formula_bubble_fraction(par.pp_schedule, shape) : 0.0;
+  const std::vector<int64_t> stage_layers =
+      par.pp_layers.empty() ? std::vector<int64_t>(p * v, mc.n_layers / (p * v)) : par.pp_layers;
+  const ckpt::WriteLayout layout{mesh, v, par.pp_layers};
+  const bool sixteen = cfg.train.precision != Precision::fp32;
+
+  // Bandwidth of each axis's group (rank 0's: every group of an axis spans as many ranks).
+  std::array<double, kNumAxes> bw{};
+  int stride = 1;
+  for (int a = 0; a < kNumAxes; ++a) {
+    const int span = stride * mesh.degree[a];
+    bw[a] = within_node(hw, span) ? hw.intra_node_bandwidth : hw.inter_node_bandwidth;
+    stride = span;
+  }
+  const double bw_dp = within_node(hw, tp * cp * dp) ? hw.intra_node_bandwidth
+                                                      : hw.inter_node_bandwidth;
+
+  const double per_rank_tokens = tokens / (dp * cp);  // positions of a step on one rank
+  const double E = 4 * d.N * C;                       // one (N, C) f32 activation, bytes
+  const double f_tp = (tp - 1.0) / tp, f_dp = (group - 1.0) / group;
+  for (int pr = 0; pr < p; ++pr) {
+    StageCost s;
+    s.pp_rank = pr;
+    s.rank = mesh.rank_of({0, 0, 0, pr});
+    const ModelSpec rs = ckpt::rank_spec(spec, layout, s.rank);
+    s.embedding = rs.has_embedding;
+    s.head = rs.has_head;
+    // Layers, and those under recompute (the first recompute_layers of each chunk).
+    int64_t recomputed = 0;
+    for (int c = 0; c < v; ++c) {
+      const int64_t n = stage_layers[static_cast<size_t>(stage_of(shape, pr, c))];
+      s.layers += n;
+      recomputed += cfg.train.recompute_layers == 0 ? n : std::min(n, cfg.train.recompute_layers);
+    }
+    if (rc == Recompute::none) recomputed = 0;
+    const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
+    const double e = s.embedding ? 1 : 0, h = s.head ? 1 : 0;
+    const double full_replays = rc == Recompute::full ? Lrc : 0;
+
+    // FLOPs and compute time.
+    s.flops = per_rank_tokens * (L * layer_fpt + Lrc * recompute_fpt + h * head_fpt) / tp;
+    s.recompute_flops = per_rank_tokens * Lrc * recompute_fpt / tp;
+    s.compute_s = s.flops / eff_peak;
+
+    // tp: per micro-batch, the Megatron collectives of each layer (2 forward, 2 backward; with
+    // sp all-gathers before and reduce-scatters after the parallel linears, 6 AG + 4 RS), one
+    // more each for the embedding's output and the head's input gradient, the cross-entropy's
+    // 3 floats per position; a full-recompute replay runs the layer's forward up to the MLP's
+    // saved tensors: the attention's output collective (and with sp the MLP's all-gather).
+    AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
+    if (tp > 1) {
+      if (!sp) {
+        t.all_reduce = m * 2 * f_tp * (E * (4 * L + full_replays + e + h) + h * 4 * 3 * d.N);
+      } else {
+        t.reduce_scatter = m * f_tp * E * (4 * L + full_replays + e + h);
+        t.all_gather = m * f_tp * E * (6 * L + full_replays + e + h);
+        t.all_reduce = m * 2 * f_tp *
+                       (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C *
+                                              (2 * L + h));
+      }
+    }
+    // cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer.
+    AxisBytes& k = s.bytes[static_cast<int>(Axis::cp)];
+    if (cp > 1) {
+      const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses),
+                                           mbs, mc.seq_len, mc.n_heads / tp,
+                                           spec.n_kv_heads / tp, spec.head_dim);
+      k.send = b.send * L * m;
+      k.recv = b.recv * L * m;
+      k.all_to_all = b.all_to_all * L * m;
+    }
+    // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
+    // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
+    // head's copy of wte's gradient between the first and the last stage.
+    AxisBytes& q = s.bytes[static_cast<int>(Axis::pp)];
+    if (p > 1) {
+      int boundaries = 0;
+      for (int c = 0; c < v; ++c) {
+        const int st = stage_of(shape, pr, c);
+        boundaries += (st < p * v - 1) + (st > 0);
+      }
+      q.send = q.recv = m * boundaries * 4 * d.R * C;
+      // (ZeRO reduces the tied gradient after its reduce-scatter: this rank's rows only.)
+      if (mc.tie_embeddings && (s.embedding || s.head)) {
+        const double rows = static_cast<double>(mc.vocab_size / tp);
+        q.all_reduce = 4 * C * (par.zero_stage >= 1 ? std::ceil(rows / group) : rows);
+      }
+    }
+    // dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded
+    // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
+    // after the update; stage 3 before each forward and backward, the root unit once).
+    const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
+    double whole = 0, padded = 0, padded_root = 0, whole_root = 0;
+    for (const ParamSpec& ps : rs.params) {
+      const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
+      const double pad = static_cast<double>((rows + group - 1) / group * row_numel * group);
+      whole += static_cast<double>(ps.shape.numel());
+      padded += pad;
+      if (ps.name.rfind("layers.", 0) != 0) {
+        padded_root += pad;
+        whole_root += static_cast<double>(ps.shape.numel());
+      }
+    }
+    AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
+    if (group > 1) {
+      switch (par.zero_stage) {
+        case 0:
+          g.all_reduce = 2 * f_dp * 4 * whole;
+          break;
+        case 1:
+          g.reduce_scatter = g.all_gather = f_dp * 4 * padded;
+          break;
+        case 2:
+          g.reduce_scatter = m * f_dp * 4 * padded;
+          g.all_gather = f_dp * 4 * padded;
+          break;
+        default:
+          g.reduce_scatter = m * f_dp * 4 * padded;
+          g.all_gather = m * f_dp * 4 * (2 * padded - padded_root);
+      }
+    }
+
+    // Memory: the exact state, the in-flight activations, the buffers.
+    s.memory = state;
+    s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
+    // One micro-batch's saved activations of the rank's average chunk: its layers (the
+    // recomputed ones keep less), the chunk's output, the head's share.
+    const double per_mb = (Lrc * layer_saved_bytes(d, rc) +
+                           (L - Lrc) * layer_saved_bytes(d, Recompute::none) +
+                           h * head_saved_bytes(d)) / v +
+                          f32_bytes(d.R * C);
+    s.memory.activations = s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc);
+    // Comm buffers (an estimate): ZeRO's staging for the largest unit (a layer, or the root),
+    // pipeline send/recv buffers, the cp ring's K/V blocks.
+    // ZeRO: at the end of the backward every unit's reduce-scatter may be in flight (packed
+    // input + output shard); stages 2-3 keep the root's gradient staging, stage 3 the gathered
+    // root and a layer's gathered copy and staging.
+    const double unit = (padded - padded_root) / std::max(1.0, L);
+    double comm = 0;
+    if (group > 1 && par.zero_stage >= 1) {
+      comm += 4 * padded * (1 + 1.0 / group);
+      if (par.zero_stage >= 2) comm += 4 * whole_root;
+      if (par.zero_stage == 3) comm += 4 * (whole_root + 2 * unit);
+    }
+    if (p > 1) comm += 4 * d.R * C;
+    if (cp > 1) comm += 4 * 4 * d.N * 2 * d.KV * d.D;
+    s.memory.comm = comm;
+
+    // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
+    // attention blocks as far as they last; Ulysses' all-to-alls do not hide.
+    const auto axis_s = [&](Axis a) {
+      return s.bytes[static_cast<int>(a)].total() / bw[static_cast<int>(a)];
+    };
+    s.comm_s[static_cast<int>(Axis::tp)] = axis_s(Axis::tp);
+    s.comm_s[static_cast<int>(Axis::pp)] = (q.send + q.all_reduce) / bw[static_cast<int>(Axis::pp)];
+    const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak;
+    s.comm_s[static_cast<int>(Axis::cp)] =
+        std::max(0.0, k.send / bw[static_cast<int>(Axis::cp)] - attn_s) +
+        k.all_to_all / bw[static_cast<int>(Axis::cp)];
+    // dp: DDP's buckets and ZeRO-2/3's per-micro-batch collectives overlap the backward (two
+    // thirds of a micro-batch's compute) or, for ZeRO-3's gathers, the whole micro-batch;
+    // ZeRO-1's reduce-scatter and every stage's final all-gather wait.
+    const double mb_s = s.compute_s / m, bwd_s = mb_s * 2 / 3;
+    const double rs_s = g.reduce_scatter / bw_dp, ag_s = g.all_gather / bw_dp;
+    double dp_s = 0;
+    switch (par.zero_stage) {
+      case 0:
+        dp_s = std::max(0.0, g.all_reduce / bw_dp - bwd_s);
+        break;
+      case 1:
+        dp_s = rs_s + ag_s;
+        break;
+      case 2:
+        dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;
+        break;
+      default:
+        dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
+    }
+    s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
+    // AdamW reads the parameter, gradient and both moments and writes three (4 bytes each) of
+    // what the rank owns, and refreshes the 16-bit copy of what it holds.
+    const double owned = state.optimizer / 8;
+    s.optimizer_s = (28 * owned + (sixteen ? 4 * whole : 0)) / hw.memory_bandwidth;
+    out.stages.push_back(s);
+  }
+
+  // The pipeline runs at its slowest stage's pace, idle for the bubble.
+  double busy = 0;
+  for (const StageCost& s : out.stages)
+    busy = std::max(busy, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
+                              s.comm_s[static_cast<int>(Axis::cp)] +
+                              s.comm_s[static_cast<int>(Axis::pp)]);
+  out.hardware_flops = out.model_flops;
+  for (size_t i = 0; i < out.stages.size(); ++i) {
+    StageCost& s = out.stages[i];
+    s.pipeline_s = busy * (1 + out.bubble);
+    s.step_s = s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s;
+    out.hardware_flops += s.recompute_flops * tp * cp * dp;
+    if (s.step_s > out.stages[static_cast<size_t>(out.slowest)].step_s)
+      out.slowest = static_cast<int>(i);
+    if (s.memory.total() > out.stages[static_cast<size_t>(out.most_memory)].memory.total())
+      out.most_memory = static_cast<int>(i);
+    if (s.memory.total() > kUsableMemoryFraction * hw.memory_bytes) out.fits = false;
+  }
+  out.step_s = out.stages[static_cast<size_t>(out.slowest)].step_s;
+  out.tokens_per_s = tokens / out.step_s;
+  out.mfu = out.model_flops / (out.step_s * world * out.peak);
+  out.hfu = out.hardware_flops / (out.step_s * world * out.peak);
+  return out;
+}
+
+}  // namespace llmt

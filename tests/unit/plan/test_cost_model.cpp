@@ -1,0 +1,178 @@
+// Hardware profiles (the built-in files parse, bad ones are refused naming the key) and the cost
+// model's arithmetic on layouts whose answers follow from the formulas by hand. The bytes per
+// axis and the activation bytes against a real run are tests/mpi/plan_memory.py's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "engine/core/check.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/hardware.h"
+#include "engine/plan/search.h"
+
+namespace llmt {
+namespace {
+
+constexpr const char* kGpu = R"([hardware]
+name = "test-gpu"
+description = "round numbers"
+peak_fp32 = 1e12
+peak_bf16 = 8e12
+peak_fp16 = 8e12
+memory_gib = 16
+memory_bandwidth = 1e12
+intra_node_bandwidth = 100e9
+inter_node_bandwidth = 10e9
+devices_per_node = 4
+matmul_efficiency = 0.5
+)";
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_hardware(text, "bad.toml", 1);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hardware, BuiltInProfilesParse) {
+  const std::vector<std::string> names = hardware_names();
+  for (const char* want : {"a100-80gb", "cpu", "h100-80gb-sxm", "h200"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  const HardwareProfile h100 = load_hardware("h100-80gb-sxm", 1);
+  EXPECT_DOUBLE_EQ(h100.peak(DType::bf16), 989.4e12);
+  EXPECT_DOUBLE_EQ(h100.peak(DType::f32), 66.9e12);
+  EXPECT_EQ(h100.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(h100.memory_bytes, 80.0 * (1 << 30));
+  EXPECT_EQ(h100.source, "built in");
+  const HardwareProfile a100 = load_hardware("a100-80gb", 1);
+  EXPECT_DOUBLE_EQ(a100.peak(DType::f16), 312e12);
+  // The cpu profile's peak and memory come from this machine.
+  const HardwareProfile cpu = load_hardware("cpu", 1);
+  EXPECT_GT(cpu.peak(DType::f32), 1e9);
+  EXPECT_EQ(cpu.peak(DType::bf16), cpu.peak(DType::f32));
+  EXPECT_GT(cpu.memory_bytes, 1e8);
+  EXPECT_EQ(cpu.detected.size(), 2u);
+  // The shipped file and the compiled-in copy are the same profile.
+  const HardwareProfile file = load_hardware(LLMT_CONFIGS_DIR "/hardware/h200.toml", 1);
+  const HardwareProfile built = load_hardware("h200", 1);
+  EXPECT_EQ(file.memory_bytes, built.memory_bytes);
+  EXPECT_EQ(file.peak_bf16, built.peak_bf16);
+}
+
+TEST(Hardware, BadProfilesAreRefusedNamingTheKey) {
+  const std::string ok = kGpu;
+  EXPECT_EQ(error_of(ok), "");
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string t = ok;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  EXPECT_NE(error_of(replace("memory_bandwidth = 1e12\n", "")).find(
+                "hardware.memory_bandwidth is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace("matmul_efficiency = 0.5", "matmul_efficiency = 1.5"))
+                .find("at most 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace("intra_node_bandwidth = 100e9", "intra_node_bandwidth = 0"))
+                .find("hardware.intra_node_bandwidth=0 must be > 0"),
+            std::string::npos);
+  const std::string typo = error_of(replace("peak_bf16", "peak_bf61"));
+  EXPECT_NE(typo.find("peak_bf61"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("peak_bf16"), std::string::npos) << typo;  // did you mean
+  EXPECT_NE(error_of(replace("peak_fp32 = 1e12", "peak_fp32 = \"fast\"")).find("peak_fp32"),
+            std::string::npos);
+  try {
+    load_hardware("h100", 1);
+    FAIL() << "an unknown profile name was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("h100-80gb-sxm"), std::string::npos) << e.what();
+  }
+}
+
+Config tiny(const std::vector<std::string>& sets) {
+  std::vector<std::string> all{"model.arch=\"gpt2\"", "model.n_layers=4", "model.d_model=64",
+                               "model.n_heads=4", "model.vocab_size=256", "model.seq_len=32",
+                               "train.global_batch_size=8"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return parse_config_string("", "tiny", all);
+}
+
+TEST(CostModel, SingleRankIsComputePlusOptimizer) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const StepCost c = predict_step(tiny({}), 1, hw);
+  ASSERT_EQ(c.stages.size(), 1u);
+  const StageCost& s = c.stages[0];
+  EXPECT_DOUBLE_EQ(s.compute_s, s.flops / (1e12 * 0.5));  // fp32 peak x efficiency
+  EXPECT_DOUBLE_EQ(c.step_s, s.compute_s + s.optimizer_s);
+  for (int a = 0; a < kNumAxes; ++a) EXPECT_EQ(s.bytes[a].total(), 0) << a;
+  EXPECT_EQ(c.bubble, 0);
+  EXPECT_DOUBLE_EQ(c.mfu, c.model_flops / (c.step_s * 1e12));
+  EXPECT_LT(c.mfu, 0.5);
+  EXPECT_TRUE(c.fits);
+}
+
+TEST(CostModel, RecomputeAddsFlopsNotModelFlops) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const StepCost none = predict_step(tiny({}), 1, hw);
+  const StepCost full = predict_step(tiny({"train.recompute=\"full\""}), 1, hw);
+  EXPECT_EQ(none.model_flops, full.model_flops);
+  EXPECT_EQ(none.hardware_flops, none.model_flops);
+  EXPECT_GT(full.hardware_flops, full.model_flops);
+  EXPECT_GT(full.step_s, none.step_s);
+  EXPECT_LT(full.stages[0].memory.activations, none.stages[0].memory.activations);
+  EXPECT_NEAR(full.hfu / full.mfu, full.hardware_flops / full.model_flops, 1e-12);
+}
+
+TEST(CostModel, BandwidthFollowsTheNode) {
+  // tp 4 fits the 4-device node; tp 2 x dp 4 puts the dp group across nodes.
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const StepCost tp4 = predict_step(tiny({"parallel.tp=4", "parallel.dp=1"}), 4, hw);
+  const StageCost& s = tp4.stages[0];
+  EXPECT_DOUBLE_EQ(s.comm_s[0], s.bytes[0].total() / 100e9);
+  const StepCost dp8 = predict_step(tiny({"parallel.tp=2", "parallel.dp=4", "train.micro_batch_size=1"}), 8, hw);
+  const StageCost& d = dp8.stages[0];
+  const double ddp_s = d.bytes[static_cast<int>(Axis::dp)].all_reduce / 10e9;
+  EXPECT_DOUBLE_EQ(d.comm_s[static_cast<int>(Axis::dp)],
+                   std::max(0.0, ddp_s - d.compute_s / dp8.micro_batches * 2 / 3));
+}
+
+TEST(CostModel, PipelineBubbleAndStages) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const StepCost c =
+      predict_step(tiny({"parallel.pp=2", "parallel.dp=1", "train.micro_batch_size=1"}), 2, hw);
+  ASSERT_EQ(c.stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.bubble, 1.0 / 8);  // (p-1)/m
+  EXPECT_EQ(c.stages[0].in_flight, 2);  // 1F1B: p - rank
+  EXPECT_EQ(c.stages[1].in_flight, 1);
+  EXPECT_TRUE(c.stages[0].embedding && !c.stages[0].head);
+  EXPECT_TRUE(c.stages[1].head && !c.stages[1].embedding);
+  EXPECT_GT(c.stages[1].flops, c.stages[0].flops);  // the head's matmul
+  // The pipeline runs at the slowest stage's pace, idle for the bubble.
+  for (const StageCost& s : c.stages) EXPECT_GE(s.pipeline_s, s.compute_s * (1 + c.bubble));
+}
+
+TEST(CostModel, SearchRanksFittingLayouts) {
+  // A model whose state needs 3 of the 16 GiB devices at least: nothing fits on one or two,
+  // the search at 8 finds layouts that fit and ranks them by predicted time.
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const std::string path = LLMT_CONFIGS_DIR "/papers/gpt2-1558m.toml";
+  const std::vector<std::string> sets{"train.global_batch_size=64"};
+  const Config base = parse_config(path, sets);
+  const SearchResult r = search_layouts(path, sets, base, 8, hw, 5);
+  EXPECT_GT(r.valid, r.fitting);
+  ASSERT_EQ(r.ranked.size(), 5u);
+  for (size_t i = 1; i < r.ranked.size(); ++i)
+    EXPECT_LE(r.ranked[i - 1].cost.step_s, r.ranked[i].cost.step_s);
+  for (const Candidate& c : r.ranked) {
+    EXPECT_TRUE(c.cost.fits);
+    const StepCost again = predict_step(c.cfg, 8, hw);  // the config as re-parsed
+    EXPECT_DOUBLE_EQ(again.step_s, c.cost.step_s) << layout_text(c.cfg, 8);
+  }
+  EXPECT_EQ(search_layouts(path, sets, base, 1, hw, 5).ranked.size(), 0u);
+}
+
+}  // namespace
+}  // namespace llmt
