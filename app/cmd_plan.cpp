@@ -221,7 +221,8 @@ Run add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "Print the cost model's figures (memory, bytes per axis, times, MFU per pipeline "
-                "rank) as one JSON object instead of the text report");
+                "rank), or with --search the ranked layouts and their --set lists, as one JSON "
+                "object instead of the text report");
   CLI::Option* search =
       cmd->add_flag("--search", args->search,
                     "Cost every layout of the model at --world N (tp within a node, sp, cp, pp "
@@ -242,6 +243,30 @@ Run add_plan_command(CLI::App& app) {
           load_hardware(args->hardware, plan_threads(cfg, args->world));
       const SearchResult r = search_layouts(args->config, args->overrides, cfg, args->world, hw,
                                             static_cast<size_t>(args->top));
+      if (args->json) {
+        // {"valid": V, "fitting": F, "ranked": [{"sets": [...], "step_s": ..., ...}, ...]}
+        std::string j = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", args->world,
+                               ", \"valid\": ", r.valid, ", \"fitting\": ", r.fitting,
+                               ", \"ranked\": [");
+        for (size_t i = 0; i < r.ranked.size(); ++i) {
+          const Candidate& c = r.ranked[i];
+          std::string sets;
+          for (const std::string& x : c.sets) {
+            std::string q;
+            for (char ch : x) q += ch == '"' ? std::string("\\\"") : std::string(1, ch);
+            sets += concat(sets.empty() ? "" : ", ", "\"", q, "\"");
+          }
+          char nums[160];
+          std::snprintf(nums, sizeof nums,
+                        "\"step_s\": %.17g, \"mfu\": %.17g, \"memory\": %.17g",
+                        c.cost.step_s, c.cost.mfu,
+                        c.cost.stages[static_cast<size_t>(c.cost.most_memory)].memory.total());
+          j += concat(i ? ", " : "", "{\"layout\": \"", layout_text(c.cfg, args->world),
+                      "\", \"sets\": [", sets, "], ", nums, "}");
+        }
+        std::printf("%s]}\n", j.c_str());
+        return 0;
+      }
       std::printf("search: %s at world %d on %s\n", args->config.c_str(), args->world,
                   hardware_line(hw).c_str());
       std::printf("%lld valid layouts, %lld fit %s per device; the fastest %zu by predicted "

@@ -4,6 +4,7 @@
 #include "engine/pipeline/executor.h"
 
 #include <chrono>
+#include <iterator>
 
 #include "kernels/ops.h"
 
@@ -112,12 +113,16 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         LLMT_CHECK(it != grad_out_.end(), "send_grad of micro-batch ", a.mb, " chunk ", a.chunk,
                    " on pp rank ", rank_, " before its backward");
         it->second.handle = pp_.send(it->second.buf.tensor(act, DType::f32), msg.peer, msg.tag);
+        it->second.sent = true;
         break;
       }
     }
     // Give the transfers in flight a turn (MPI progresses only inside MPI calls).
     for (auto& [k, h] : send_act_) h.poll();
-    for (auto& [k, o] : grad_out_) o.handle.poll();
+    // A sent gradient's buffer goes as soon as its send completes (kept to the end of the step,
+    // a rank whose chunks all send gradients would hold m of them).
+    for (auto it = grad_out_.begin(); it != grad_out_.end();)
+      it = it->second.sent && it->second.handle.poll() ? grad_out_.erase(it) : std::next(it);
   }
   for (auto& [k, h] : send_act_) h.wait();
   for (auto& [k, o] : grad_out_) o.handle.wait();

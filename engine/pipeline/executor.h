@@ -66,6 +66,7 @@ class PipelineExecutor {
   struct Outgoing {
     Buffer buf;  // input gradient (R,C) being sent
     Handle handle;
+    bool sent = false;  // its send_grad has posted the send: freed once that completes
   };
   std::map<Key, Outgoing> grad_out_;
   double busy_s_ = 0, total_s_ = 0;

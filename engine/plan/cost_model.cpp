@@ -195,11 +195,13 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
     // head's copy of wte's gradient between the first and the last stage.
     AxisBytes& q = s.bytes[static_cast<int>(Axis::pp)];
+    int boundaries_back = 0;  // chunks that send their input gradient back
     if (p > 1) {
       int boundaries = 0;
       for (int c = 0; c < v; ++c) {
         const int st = stage_of(shape, pr, c);
         boundaries += (st < p * v - 1) + (st > 0);
+        boundaries_back += st > 0;
       }
       q.send = q.recv = m * boundaries * 4 * d.R * C;
       // (ZeRO reduces the tied gradient after its reduce-scatter: this rank's rows only.)
@@ -264,7 +266,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       if (par.zero_stage >= 2) comm += 4 * whole_root;
       if (par.zero_stage == 3) comm += 4 * (whole_root + 2 * unit);
     }
-    if (p > 1) comm += 4 * d.R * C;
+    // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
+    // gradients computed and being sent, each (R, C).
+    if (p > 1) comm += 4 * d.R * C * (1 + (boundaries_back > 0 ? 2 : 0));
     if (cp > 1) comm += 4 * 4 * d.N * 2 * d.KV * d.D;
     s.memory.comm = comm;
 

@@ -7,12 +7,15 @@
 #include <string>
 
 #include "engine/core/check.h"
+#include "engine/model/model_spec.h"
 #include "engine/plan/cost_model.h"
 #include "engine/plan/hardware.h"
 #include "engine/plan/search.h"
 
 namespace llmt {
 namespace {
+
+using detail::concat;
 
 constexpr const char* kGpu = R"([hardware]
 name = "test-gpu"
@@ -152,6 +155,36 @@ TEST(CostModel, PipelineBubbleAndStages) {
   EXPECT_GT(c.stages[1].flops, c.stages[0].flops);  // the head's matmul
   // The pipeline runs at the slowest stage's pace, idle for the bubble.
   for (const StageCost& s : c.stages) EXPECT_GE(s.pipeline_s, s.compute_s * (1 + c.bubble));
+}
+
+TEST(CostModel, ZeroStagesAtNd64) {
+  // The ZeRO paper's example (Psi parameters over Nd = 64 data-parallel ranks), in llmtrain's
+  // accounting: fp32 master params 4 Psi (+ a 4 Psi compute copy in 16-bit precision), fp32
+  // grads 4 Psi, AdamW 8 Psi; stage 1 shards the optimizer, 2 the gradients, 3 everything
+  // (docs/papers.md compares with the paper's 16-bit figures). A Llama-shaped 6.7B model.
+  const HardwareProfile hw = load_hardware("a100-80gb", 1);
+  for (const char* precision : {"fp32", "bf16"}) {
+    const bool b16 = std::string(precision) == "bf16";
+    for (int stage = 0; stage <= 3; ++stage) {
+      const Config cfg = parse_config_string(
+          "", "zero",
+          {"model.arch=\"llama\"", "model.n_layers=32", "model.d_model=4096", "model.n_heads=32",
+           "model.vocab_size=32000", "model.seq_len=2048", "train.global_batch_size=64",
+           "train.micro_batch_size=1", concat("train.precision=\"", precision, "\""),
+           concat("parallel.zero_stage=", stage), "parallel.dp=64"});
+      const StepCost c = predict_step(cfg, 64, hw);
+      const double psi = static_cast<double>(ModelSpec::from_config(cfg.model).num_params());
+      const double nd = 64;
+      const MemoryEstimate& m = c.stages[0].memory;
+      const double params = stage == 3 ? 4 * psi / nd : (b16 ? 8 : 4) * psi;
+      const double grads = stage >= 2 ? 4 * psi / nd : 4 * psi;
+      const double opt = stage >= 1 ? 8 * psi / nd : 8 * psi;
+      // Shards are padded to whole rows per rank: at most 64 rows of each tensor.
+      EXPECT_NEAR(m.params / params, 1, 2e-3) << precision << " stage " << stage;
+      EXPECT_NEAR(m.grads / grads, 1, 2e-3) << precision << " stage " << stage;
+      EXPECT_NEAR(m.optimizer / opt, 1, 2e-3) << precision << " stage " << stage;
+    }
+  }
 }
 
 TEST(CostModel, SearchRanksFittingLayouts) {
