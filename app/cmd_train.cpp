@@ -1,10 +1,12 @@
 // `llmtrain train --config F [--set k=v]...`: parse, validate, train.
+#include <algorithm>
 #include <cstdio>
 
 #include "app/commands.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
+#include "engine/plan/cost_model.h"
 #include "engine/train/config.h"
 #include "engine/train/memory_estimate.h"
 #include "engine/train/shrink.h"
@@ -78,7 +80,8 @@ Run add_train_command(CLI::App& app) {
     if (!args->quiet && rank0)
       std::printf(
           "memory: at least %s per rank (params %s, grads %s, optimizer %s, activations "
-          ">= %s); %d rank%s on this node; %s available (%s)\n",
+          ">= %s) by a bound from the config alone; %d rank%s on this node; %s available "
+          "(%s)\n",
           gib(need.total()).c_str(), gib(need.params).c_str(), gib(need.grads).c_str(),
           gib(need.optimizer).c_str(), gib(need.activations).c_str(), local_ranks,
           local_ranks > 1 ? "s" : "", gib(have.bytes).c_str(), have.source.c_str());
@@ -101,6 +104,50 @@ Run add_train_command(CLI::App& app) {
             have.source.c_str());
       world->barrier();
       return 2;
+    }
+    // Then the figures of `llmtrain plan` (the model's spec is affordable now): the state
+    // exactly, the activations at the schedule's peak (tested within 2% of the allocator), for
+    // the ranks of this node (consecutive global ranks, as mpirun and srun place them). The
+    // comm buffers are an estimate, printed but not counted.
+    {
+      const MeshShape shape = mesh_shape(cfg.parallel, world_size);
+      const std::vector<MemoryEstimate> stages = stage_memory(cfg, world_size);
+      auto of = [&](int r) {
+        return stages[static_cast<size_t>(shape.coords(r)[static_cast<int>(Axis::pp)])];
+      };
+      auto counted = [](const MemoryEstimate& m) { return m.total() - m.comm; };
+      const MemoryEstimate mine = of(world->rank());
+      const int first = world->rank() - local_rank_from_env();
+      double node = 0;
+      for (int r = std::max(0, first); r < std::min(world_size, first + local_ranks); ++r)
+        node += counted(of(r));
+      const MemoryEstimate r0 = of(0);
+      if (!args->quiet && rank0)
+        std::printf(
+            "memory: %s per rank (params %s, grads %s, optimizer %s, activations %s; comm "
+            "buffers about %s more), as `llmtrain plan` computes them\n",
+            gib(counted(r0)).c_str(), gib(r0.params).c_str(), gib(r0.grads).c_str(),
+            gib(r0.optimizer).c_str(), gib(r0.activations).c_str(), gib(r0.comm).c_str());
+      int32_t short_rank = on_host && !args->force && node > have.bytes ? -world->rank()
+                                                                        : -world_size;
+      if (world_size > 1)
+        world->all_reduce(Tensor(&short_rank, {1}, DType::i32), ReduceOp::max).wait();
+      if (-short_rank < world_size) {
+        if (world->rank() == -short_rank)
+          std::fprintf(stderr,
+                       "error: this run needs %s on the node of rank %d (%d rank%s; this one: "
+                       "params %s, grads %s, optimizer %s, activations %s), which has %s "
+                       "available (%s). Use more ranks or nodes (parallel.zero_stage, tp, pp "
+                       "shard the state; train.recompute and sequence_parallel the "
+                       "activations), a smaller model or micro-batch, or --force to start "
+                       "anyway\n",
+                       gib(node).c_str(), world->rank(), local_ranks, local_ranks > 1 ? "s" : "",
+                       gib(mine.params).c_str(), gib(mine.grads).c_str(),
+                       gib(mine.optimizer).c_str(), gib(mine.activations).c_str(),
+                       gib(have.bytes).c_str(), have.source.c_str());
+        world->barrier();
+        return 2;
+      }
     }
     // On GPUs every axis group moves device buffers with NCCL and host scalars with MPI
     // (docs/gpu.md); the trainer picks the same device with the same rule.

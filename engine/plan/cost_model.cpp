@@ -335,4 +335,13 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
   return out;
 }
 
+std::vector<MemoryEstimate> stage_memory(const Config& cfg, int world) {
+  HardwareProfile any;  // the times are not read: any positive figures do
+  any.peak_fp32 = any.peak_bf16 = any.peak_fp16 = 1;
+  any.memory_bandwidth = any.intra_node_bandwidth = any.inter_node_bandwidth = 1;
+  std::vector<MemoryEstimate> out;
+  for (const StageCost& s : predict_step(cfg, world, any).stages) out.push_back(s.memory);
+  return out;
+}
+
 }  // namespace llmt

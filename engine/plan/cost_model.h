@@ -70,6 +70,11 @@ struct StepCost {
 // Throws ConfigError for a layout that validate_layout refuses.
 StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw);
 
+// Each pipeline rank's memory as predict_step reports it (the state exactly, activations and comm
+// buffers estimated), indexed by pp coordinate; it does not depend on the hardware. Builds the
+// model's spec: call it once a lower bound (estimate_rank_memory) has shown the model fits.
+std::vector<MemoryEstimate> stage_memory(const Config& cfg, int world);
+
 // The fraction of a device's memory a plan may fill (the rest: the CUDA context, allocator
 // fragmentation, library workspaces).
 constexpr double kUsableMemoryFraction = 0.9;

@@ -35,6 +35,7 @@
              gives bitwise the losses and grad norms of the uninterrupted run
   lock       while a run (np=2) trains, a second one on its run_dir, and one on its
              checkpoint.dir only, exit 2 naming the holder's host and pid; the first goes on"""
+import json
 import os
 import random
 import re
@@ -374,6 +375,17 @@ def test_memory(args, w):
                   f"{name}: estimated {e:.0f} B, allocated {peak[name]} B")
         check(est[3] <= peak["activations"],
               f"activations: estimated >= {est[3]:.0f} B, allocated {peak['activations']} B")
+    # The second line: plan's figures, activations included (within 2% of the allocator).
+    m = re.search(r"memory: [\d.]+ \wiB per rank \(params ([\d.e+]+) (\wiB), grads ([\d.e+]+) "
+                  r"(\wiB), optimizer ([\d.e+]+) (\wiB), activations ([\d.e+]+) (\wiB); comm "
+                  r"buffers about", r.stdout)
+    check(m is not None, f"plan's memory line:\n{r.stdout}")
+    if m:
+        est = [float(m.group(i)) * unit[m.group(i + 1)] for i in (1, 3, 5, 7)]
+        peak = metrics(run_dir)[-1]["peak_bytes"]
+        for name, e in zip(["params", "grads", "optimizer", "activations"], est):
+            check(abs(e - peak[name]) <= 0.02 * peak[name],
+                  f"{name}: plan's {e:.0f} B, allocated {peak[name]} B")
     t0 = time.time()
     rc, out = train(args, os.path.join(w, "huge"), ["model.n_layers=1000000000"])
     check(rc == 2 and time.time() - t0 < 10 and re.search(
@@ -383,7 +395,27 @@ def test_memory(args, w):
                                                    "model.n_heads=64"], ranks=2)
     check(rc == 2 and out.count("error: this run needs at least") == 1,
           f"64 x 8192 at dp=2: exit {rc}:\n{out}")
-    print("memory: estimate equals the allocator's params/grads/optimizer; oversized runs exit 2")
+    # Past the bound but not past plan's figures: a model whose activations are what does not
+    # fit (a long sequence, a large micro-batch) is refused by the second check.
+    avail = re.search(r"on this node; ([\d.]+) (\wiB) available", r.stdout)
+    if avail:
+        have = float(avail.group(1)) * unit[avail.group(2)]
+        # A micro-batch whose activations (plan --json) need twice what is available, with the
+        # state and the bound far below it.
+        seqs = 1
+        while True:
+            sets = [f"train.global_batch_size={seqs}", f"train.micro_batch_size={seqs}"]
+            plan = subprocess.run([args.llmtrain, "plan", "--config", args.config, "--json",
+                                   "--hardware", "h100-80gb-sxm"] +
+                                  [x for v in sets for x in ("--set", v)],
+                                  capture_output=True, text=True, check=True)
+            if json.loads(plan.stdout)["stages"][0]["memory"]["activations"] > 2 * have:
+                break
+            seqs *= 2
+        rc, out = train(args, os.path.join(w, "acts"), sets)
+        check(rc == 2 and "error: this run needs " in out and "activations" in out and
+              "at least" not in out, f"activations past the memory: exit {rc}:\n{out[-2000:]}")
+    print("memory: the bound and plan's figures equal the allocator's; oversized runs exit 2")
 
 
 def test_diskfull(args, w):

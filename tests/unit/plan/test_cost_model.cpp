@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/core/check.h"
+#include "engine/core/peak_flops.h"
 #include "engine/model/model_spec.h"
 #include "engine/plan/cost_model.h"
 #include "engine/plan/hardware.h"
@@ -63,6 +64,22 @@ TEST(Hardware, BuiltInProfilesParse) {
   const HardwareProfile built = load_hardware("h200", 1);
   EXPECT_EQ(file.memory_bytes, built.memory_bytes);
   EXPECT_EQ(file.peak_bf16, built.peak_bf16);
+}
+
+TEST(Hardware, ProfilesAgreeWithTheTrainersPeak) {
+  // The trainer's MFU takes a GPU's peak from the driver's name (peak_flops.h); the profiles
+  // must give the same figure for the same GPU, or plan and train would disagree on MFU.
+  const struct {
+    const char* profile;
+    GpuInfo gpu;
+  } cases[] = {{"a100-80gb", {"NVIDIA A100-SXM4-80GB", 8, 0, 108, 1.41e9}},
+               {"h100-80gb-sxm", {"NVIDIA H100 80GB HBM3", 9, 0, 132, 1.98e9}},
+               {"h200", {"NVIDIA H200", 9, 0, 132, 1.98e9}}};
+  for (const auto& c : cases) {
+    const HardwareProfile h = load_hardware(c.profile, 1);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      EXPECT_DOUBLE_EQ(h.peak(t), gpu_peak_flops(c.gpu, t)) << c.profile;
+  }
 }
 
 TEST(Hardware, BadProfilesAreRefusedNamingTheKey) {
