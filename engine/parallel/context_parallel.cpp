@@ -57,6 +57,48 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank) {
   return s;
 }
 
+namespace {
+
+using Piece = std::pair<Shape, DType>;
+
+// The pieces of ContextParallelAttention's buffer, in the order its constructor carves them:
+// positions; with an all-to-all (u > 1) the send/recv staging of this rank's qkv (B, Tl, W, D)
+// and the head-sharded qkv, its gradient, output, output gradient (B, u Tl, H/u (+2 KV/u), D)
+// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators, and a block's partial
+// output and LSE.
+std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H, int64_t KV,
+                                 int64_t D) {
+  const int64_t Tg = u * Tl, Hg = H / u, KVg = KV / u, W = H + 2 * KV;
+  std::vector<Piece> out{{Shape({Tl}), DType::i32}, {Shape({r, Tg}), DType::i32}};
+  if (u > 1) {
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B * Tl * W * D}), DType::f32});
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), DType::f32});
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
+    out.push_back({Shape({B, Hg, Tg}), DType::f32});
+  }
+  if (r > 1) {
+    for (int i = 0; i < 4; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), DType::f32});
+    out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
+    out.push_back({Shape({B, Hg, Tg}), DType::f32});
+  }
+  return out;
+}
+
+size_t piece_bytes(const Piece& p) {
+  return (static_cast<size_t>(p.first.numel()) * dtype_size(p.second) + 63) / 64 * 64;
+}
+
+}  // namespace
+
+size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t D) {
+  if (cp <= 1) return 0;
+  const int u = ulysses_degree(impl, cp, cp_ulysses);
+  size_t total = 0;
+  for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D)) total += piece_bytes(p);
+  return total;
+}
+
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D) {
   CpBytes b;
@@ -118,34 +160,24 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   Tg_ = u_ * Tl_;
   Hg_ = H / u_;
   KVg_ = KV / u_;
-  const int64_t W = H + 2 * KV;
-  // One buffer, carved in 64-byte aligned pieces.
-  std::vector<std::pair<Tensor*, std::pair<Shape, DType>>> pieces;
-  pieces.push_back({&local_pos_, {Shape({Tl_}), DType::i32}});
-  pieces.push_back({&ring_pos_, {Shape({r_, Tg_}), DType::i32}});
-  if (u_ > 1) {
-    for (Tensor* t : {&send_, &recv_}) pieces.push_back({t, {Shape({B * Tl_ * W * D}), DType::f32}});
-    for (Tensor* t : {&g_qkv_, &g_dqkv_})
-      pieces.push_back({t, {Shape({B, Tg_, Hg_ + 2 * KVg_, D}), DType::f32}});
-    for (Tensor* t : {&g_out_, &g_dout_}) pieces.push_back({t, {Shape({B, Tg_, Hg_, D}), DType::f32}});
-    pieces.push_back({&g_lse_, {Shape({B, Hg_, Tg_}), DType::f32}});
-  }
-  if (r_ > 1) {
-    for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1]})
-      pieces.push_back({t, {Shape({B, Tg_, 2 * KVg_, D}), DType::f32}});
-    pieces.push_back({&part_out_, {Shape({B, Tg_, Hg_, D}), DType::f32}});
-    pieces.push_back({&part_lse_, {Shape({B, Hg_, Tg_}), DType::f32}});
-  }
-  auto bytes_of = [](const std::pair<Shape, DType>& s) {
-    return (static_cast<size_t>(s.first.numel()) * dtype_size(s.second) + 63) / 64 * 64;
-  };
+  // One buffer, carved in 64-byte aligned pieces (buffer_pieces' order).
+  std::vector<Tensor*> targets{&local_pos_, &ring_pos_};
+  if (u_ > 1)
+    for (Tensor* t : {&send_, &recv_, &g_qkv_, &g_dqkv_, &g_out_, &g_dout_, &g_lse_})
+      targets.push_back(t);
+  if (r_ > 1)
+    for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &part_out_, &part_lse_})
+      targets.push_back(t);
+  const std::vector<Piece> pieces = buffer_pieces(u_, r_, B, Tl_, H, KV, D);
+  LLMT_CHECK(pieces.size() == targets.size(), "context parallel buffer: ", pieces.size(),
+             " pieces for ", targets.size(), " tensors");
   size_t total = 0;
-  for (const auto& piece : pieces) total += bytes_of(piece.second);
+  for (const Piece& piece : pieces) total += piece_bytes(piece);
   buf_ = alloc.allocate(total, MemCategory::comm);
   size_t off = 0;
-  for (const auto& [t, s] : pieces) {
-    *t = buf_.tensor(s.first, s.second, off);
-    off += bytes_of(s);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    *targets[i] = buf_.tensor(pieces[i].first, pieces[i].second, off);
+    off += piece_bytes(pieces[i]);
   }
   // Ring rank j holds, after the all-to-all, the positions of cp ranks j*u .. j*u+u-1 in order.
   const std::vector<int32_t> mine = shard_.positions();

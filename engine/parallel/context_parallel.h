@@ -68,6 +68,10 @@ struct CpBytes {
 };
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D);
+// Bytes of the one buffer (MemCategory::comm) a rank's ContextParallelAttention allocates, for
+// micro-batch B, global sequence T and this tp rank's H query and KV kv heads of width D.
+size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t D);
 // The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
 int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
 

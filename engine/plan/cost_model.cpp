@@ -269,7 +269,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
     // gradients computed and being sent, each (R, C).
     if (p > 1) comm += 4 * d.R * C * (1 + (boundaries_back > 0 ? 2 : 0));
-    if (cp > 1) comm += 4 * 4 * d.N * 2 * d.KV * d.D;
+    comm += static_cast<double>(cp_buffer_bytes(par.cp_impl, cp, static_cast<int>(par.cp_ulysses),
+                                                mbs, mc.seq_len, mc.n_heads / tp,
+                                                spec.n_kv_heads / tp, spec.head_dim));
     s.memory.comm = comm;
 
     // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
