@@ -70,12 +70,14 @@ Run add_train_command(CLI::App& app) {
       return 2;
     }
     // Memory before allocation: the ranks of a node must fit in what the node has left (host
-    // memory; a GPU run's state lives on the GPUs, which this does not check yet).
+    // memory; a GPU run's state lives on the GPUs, checked against each GPU's free memory below).
     const MemoryEstimate need = estimate_rank_memory(cfg, mesh_shape(cfg.parallel, world_size));
     const int local_ranks = local_size_from_env();
-    const bool on_host =
-        select_device(cfg.train.device, local_rank_from_env()).kind == DeviceKind::cpu;
+    const Device dev = select_device(cfg.train.device, local_rank_from_env());
+    const bool on_host = dev.kind == DeviceKind::cpu;
     const AvailableMemory have = host_memory_available();
+    // A GPU rank's state and activations live on its GPU: they must fit what it has free.
+    const double gpu_free = on_host ? -1 : gpu_free_bytes(dev);
     const double node_need = need.total() * local_ranks;
     if (!args->quiet && rank0)
       std::printf(
@@ -84,14 +86,29 @@ Run add_train_command(CLI::App& app) {
           "(%s)\n",
           gib(need.total()).c_str(), gib(need.params).c_str(), gib(need.grads).c_str(),
           gib(need.optimizer).c_str(), gib(need.activations).c_str(), local_ranks,
-          local_ranks > 1 ? "s" : "", gib(have.bytes).c_str(), have.source.c_str());
+          local_ranks > 1 ? "s" : "", gib(have.bytes).c_str(),
+          (have.source + (gpu_free >= 0 ? detail::concat("; GPU ", dev.index, ": ", gib(gpu_free), " free")
+                                        : std::string()))
+              .c_str());
     // The first rank whose node is short, or world_size: every rank learns it.
-    int32_t short_rank =
-        on_host && !args->force && node_need > have.bytes ? -world->rank() : -world_size;
+    int32_t short_rank = !args->force && ((on_host && node_need > have.bytes) ||
+                                          (gpu_free >= 0 && need.total() > gpu_free))
+                             ? -world->rank()
+                             : -world_size;
     if (world_size > 1)
       world->all_reduce(Tensor(&short_rank, {1}, DType::i32), ReduceOp::max).wait();
     if (-short_rank < world_size) {
-      if (world->rank() == -short_rank)
+      if (world->rank() == -short_rank && !on_host)
+        std::fprintf(stderr,
+                     "error: rank %d needs at least %s on GPU %d (params %s, grads %s, optimizer "
+                     "%s, activations >= %s), which has %s free. Use more ranks (parallel."
+                     "zero_stage, tp, pp shard the state), a smaller model or micro-batch, or "
+                     "--force to start anyway\n",
+                     world->rank(), gib(need.total()).c_str(), dev.index,
+                     gib(need.params).c_str(), gib(need.grads).c_str(),
+                     gib(need.optimizer).c_str(), gib(need.activations).c_str(),
+                     gib(gpu_free).c_str());
+      else if (world->rank() == -short_rank)
         std::fprintf(
             stderr,
             "error: this run needs at least %s on the node of rank %d (%d rank%s x %s: params "
@@ -128,12 +145,25 @@ Run add_train_command(CLI::App& app) {
             "buffers about %s more), as `llmtrain plan` computes them\n",
             gib(counted(r0)).c_str(), gib(r0.params).c_str(), gib(r0.grads).c_str(),
             gib(r0.optimizer).c_str(), gib(r0.activations).c_str(), gib(r0.comm).c_str());
-      int32_t short_rank = on_host && !args->force && node > have.bytes ? -world->rank()
-                                                                        : -world_size;
+      const bool short_gpu = gpu_free >= 0 && counted(mine) > gpu_free;
+      int32_t short_rank = !args->force && ((on_host && node > have.bytes) || short_gpu)
+                               ? -world->rank()
+                               : -world_size;
       if (world_size > 1)
         world->all_reduce(Tensor(&short_rank, {1}, DType::i32), ReduceOp::max).wait();
       if (-short_rank < world_size) {
-        if (world->rank() == -short_rank)
+        if (world->rank() == -short_rank && short_gpu)
+          std::fprintf(stderr,
+                       "error: rank %d needs %s on GPU %d (params %s, grads %s, optimizer %s, "
+                       "activations %s), which has %s free. Use more ranks (parallel.zero_stage, "
+                       "tp, pp shard the state; train.recompute and sequence_parallel the "
+                       "activations), a smaller model or micro-batch, or --force to start "
+                       "anyway\n",
+                       world->rank(), gib(counted(mine)).c_str(), dev.index,
+                       gib(mine.params).c_str(), gib(mine.grads).c_str(),
+                       gib(mine.optimizer).c_str(), gib(mine.activations).c_str(),
+                       gib(gpu_free).c_str());
+        else if (world->rank() == -short_rank)
           std::fprintf(stderr,
                        "error: this run needs %s on the node of rank %d (%d rank%s; this one: "
                        "params %s, grads %s, optimizer %s, activations %s), which has %s "

@@ -48,6 +48,9 @@ bool cuda_built_in();
 // (GPU local_rank, even where none is usable: make_device_backend then says why); "auto": the
 // GPU when CUDA is built in and GPUs are visible, else the CPU.
 Device select_device(std::string_view setting, int local_rank);
+// Free bytes on GPU `d` (cudaMemGetInfo), for the check before allocation; -1 when unknown (a
+// CPU device, CUDA not built in, no usable GPU).
+double gpu_free_bytes(Device d);
 // The backends this binary has, for --version: "cpu (OpenMP + BLAS), cuda (CUDA runtime ...)".
 std::string built_in_backends();
 

@@ -27,6 +27,15 @@ Device select_device(std::string_view setting, int local_rank) {
   return {DeviceKind::cpu, 0};
 }
 
+double gpu_free_bytes(Device d) {
+  if (d.kind != DeviceKind::cuda) return -1;
+#ifdef LLMTRAIN_HAVE_CUDA
+  return cuda_memory_info(d.index).first;
+#else
+  return -1;
+#endif
+}
+
 std::string built_in_backends() {
   std::string s = "cpu (OpenMP + BLAS)";
 #ifdef LLMTRAIN_HAVE_CUDA

@@ -46,20 +46,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
-// The watchdog's verdict: a collective that has not completed after comm.timeout_s. Another rank
-// stopped, died or waits in a different collective; nothing this rank does can finish it.
-[[noreturn]] void watchdog_abort(const Communicator& group, const char* op) {
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  std::fprintf(stderr,
-               "error: rank %d: %s on group %s (%d ranks) did not complete within %g s "
-               "(comm.timeout_s): another rank stopped, died or is in a different collective; "
-               "aborting the job\n",
-               world_rank, op, group.name().c_str(), group.size(), group.timeout());
-  std::fflush(stderr);
-  abort_world(1);
-}
-
 class MpiHandle final : public Handle::Impl {
  public:
   MpiHandle(Communicator& owner, MPI_Request req, const char* op)
@@ -229,6 +215,20 @@ void finalize() {
 void abort_world(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; should it, this rank still ends
+}
+
+// Another rank stopped, died or waits in a different collective; nothing this rank does can
+// finish it.
+void watchdog_abort(const Communicator& group, const char* op) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr,
+               "error: rank %d: %s on group %s (%d ranks) did not complete within %g s "
+               "(comm.timeout_s): another rank stopped, died or is in a different collective; "
+               "aborting the job\n",
+               world_rank, op, group.name().c_str(), group.size(), group.timeout());
+  std::fflush(stderr);
+  abort_world(1);
 }
 
 std::unique_ptr<Communicator> world() {

@@ -12,8 +12,10 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <thread>
 #include <vector>
 
+#include "engine/comm/mpi/mpi_communicator.h"
 #include "engine/core/check.h"
 #include "engine/core/cuda/cuda_backend.h"
 #include "engine/core/cuda/cuda_check.h"
@@ -45,9 +47,15 @@ ncclDataType_t nccl_type(DType t) {
   return ncclUint8;
 }
 
+// A Handle's wait() blocks on its event; with comm.timeout_s set it polls the event instead
+// (cudaEventSynchronize cannot time out) and past the timeout aborts the NCCL communicator the
+// operation runs on (its kernels would spin forever) and then the job, naming the rank, the
+// operation and the group as the MPI backend does. A compute stream that device_wait()ed on an
+// operation that never completes is not watched (the next host synchronisation hangs).
 class NcclHandle final : public Handle::Impl {
  public:
-  NcclHandle(Communicator& owner, cudaEvent_t ev) : owner_(owner), ev_(ev) {}
+  NcclHandle(Communicator& owner, cudaEvent_t ev, ncclComm_t comm, const char* op)
+      : owner_(owner), ev_(ev), comm_(comm), op_(op) {}
   ~NcclHandle() override {
     // After device_wait() the event may still be pending: CUDA releases it once it completes.
     if (!on_device_) cudaEventSynchronize(ev_);
@@ -55,9 +63,24 @@ class NcclHandle final : public Handle::Impl {
   }
   void wait() override {
     const auto t0 = std::chrono::steady_clock::now();
-    LLMT_CUDA_CHECK(cudaEventSynchronize(ev_));
-    owner_.add_wait_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    if (owner_.timeout() <= 0) {
+      LLMT_CUDA_CHECK(cudaEventSynchronize(ev_));
+    } else {
+      for (;;) {
+        const cudaError_t q = cudaEventQuery(ev_);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) LLMT_CUDA_CHECK(q);
+        if (elapsed() > owner_.timeout()) {
+          ncclCommAbort(comm_);
+          mpi::watchdog_abort(owner_, op_);
+        }
+        std::this_thread::yield();
+      }
+    }
+    owner_.add_wait_seconds(elapsed());
   }
   bool test() override { return cudaEventQuery(ev_) == cudaSuccess; }
   void device_wait() override {
@@ -68,6 +91,8 @@ class NcclHandle final : public Handle::Impl {
  private:
   Communicator& owner_;
   cudaEvent_t ev_;
+  ncclComm_t comm_;  // what the operation runs on: aborted by the watchdog
+  const char* op_;   // "all_reduce", ... for the watchdog's message
   bool on_device_ = false;
 };
 
@@ -83,6 +108,7 @@ class NcclCommunicator final : public Communicator {
     bootstrap.broadcast(id_bytes, 0).wait();
     LLMT_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
     LLMT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    set_timeout(bootstrap.timeout());  // the watchdog of the group it serves
   }
   ~NcclCommunicator() override {
     close_p2p_channels();
@@ -100,7 +126,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype),
                             op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_));
     count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
-    return record();
+    return record("all_reduce");
   }
   Handle reduce_scatter(Tensor out, Tensor in) override {
     check_device(out, "reduce_scatter");
@@ -109,7 +135,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
                                 nccl_type(in.dtype), ncclSum, comm_, stream_));
     count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
-    return record();
+    return record("reduce_scatter");
   }
   Handle all_gather(Tensor out, Tensor in) override {
     check_device(out, "all_gather");
@@ -118,7 +144,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()), nccl_type(in.dtype),
                             comm_, stream_));
     count_collective(CommKind::all_gather, static_cast<int64_t>(out.nbytes()));
-    return record();
+    return record("all_gather");
   }
   Handle broadcast(Tensor x, int root) override {
     check_device(x, "broadcast");
@@ -127,7 +153,7 @@ class NcclCommunicator final : public Communicator {
                             root, comm_, stream_));
     count_collective(CommKind::broadcast,
                      rank_ == size_ - 1 ? 0 : static_cast<int64_t>(x.nbytes()));
-    return record();
+    return record("broadcast");
   }
   Handle all_to_all(Tensor out, Tensor in) override {
     check_device(out, "all_to_all");
@@ -145,7 +171,7 @@ class NcclCommunicator final : public Communicator {
     }
     LLMT_NCCL(ncclGroupEnd());
     count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
-    return record();
+    return record("all_to_all");
   }
   // On the tag's channel (communicator.h): matched in issue order with the peer's calls on the
   // same channel, on that channel's stream.
@@ -156,7 +182,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclSend(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, ch.comm,
                        ch.stream));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
-    return record(ch.stream);
+    return record(ch, "send");
   }
   Handle recv(Tensor x, int peer, int tag) override {
     check_device(x, "recv");
@@ -165,7 +191,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclRecv(x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), peer, ch.comm,
                        ch.stream));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
-    return record(ch.stream);
+    return record(ch, "recv");
   }
   // Grouped on the group's stream: every rank posts its send and receive together, so the ring
   // cannot deadlock whatever order the peers reach it.
@@ -182,7 +208,7 @@ class NcclCommunicator final : public Communicator {
     LLMT_NCCL(ncclGroupEnd());
     count_collective(CommKind::send, static_cast<int64_t>(out.nbytes()));
     count_collective(CommKind::recv, static_cast<int64_t>(in.nbytes()));
-    return record();
+    return record("send_recv");
   }
   // One NCCL communicator and stream per channel, split off this one (a collective).
   void open_p2p_channels(int n) override {
@@ -208,7 +234,9 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t sub = nullptr;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     LLMT_NCCL(ncclCommSplit(comm_, color, key, &sub, &config));
-    return std::unique_ptr<Communicator>(new NcclCommunicator(sub, name, device_));
+    std::unique_ptr<Communicator> out(new NcclCommunicator(sub, name, device_));
+    out->set_timeout(timeout());
+    return out;
   }
 
  private:
@@ -246,13 +274,14 @@ class NcclCommunicator final : public Communicator {
     LLMT_CUDA_CHECK(cudaEventDestroy(ev));
   }
   void after_compute() { after_compute(stream_); }
-  Handle record(cudaStream_t stream) {
+  // A Handle for what was just queued on `stream` (run on `comm`).
+  Handle record(const P2pChannel& on, const char* op) {
     cudaEvent_t ev;
     LLMT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    LLMT_CUDA_CHECK(cudaEventRecord(ev, stream));
-    return Handle(std::make_unique<NcclHandle>(*this, ev));
+    LLMT_CUDA_CHECK(cudaEventRecord(ev, on.stream));
+    return Handle(std::make_unique<NcclHandle>(*this, ev, on.comm, op));
   }
-  Handle record() { return record(stream_); }
+  Handle record(const char* op) { return record({comm_, stream_}, op); }
   void check_device(const Tensor& x, const char* what) const {
     LLMT_CHECK(x.device.kind == DeviceKind::cuda, name_, " ", what, " on ", describe(x),
                ": the NCCL backend moves GPU buffers");

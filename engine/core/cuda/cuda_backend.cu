@@ -131,6 +131,18 @@ int cuda_device_count() {
   return n;
 }
 
+std::pair<double, double> cuda_memory_info(int device_index) {
+  int current = 0;
+  if (device_index < 0 || device_index >= cuda_device_count() ||
+      cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device_index) != cudaSuccess)
+    return {-1, -1};
+  size_t free = 0, total = 0;
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  cudaSetDevice(current);
+  if (!ok) return {-1, -1};
+  return {static_cast<double>(free), static_cast<double>(total)};
+}
+
 std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);

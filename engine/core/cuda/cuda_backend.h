@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "engine/core/allocator.h"
 #include "engine/core/peak_flops.h"
@@ -15,6 +16,10 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device_index);
 
 // Number of visible GPUs; 0 when there is no driver or no device (never throws).
 int cuda_device_count();
+
+// Free and total bytes of GPU `device_index` (cudaMemGetInfo; creates the device's context);
+// {-1, -1} when there is no driver or no such device (never throws).
+std::pair<double, double> cuda_memory_info(int device_index);
 
 // Name, compute capability, SM count and maximum SM clock of GPU `device_index`, from the driver.
 GpuInfo cuda_gpu_info(int device_index);
