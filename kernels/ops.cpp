@@ -69,6 +69,9 @@ class Op {
   float* f32_opt(const char* arg, const Tensor& t) const {
     return t.defined() ? f32(arg, t) : nullptr;
   }
+  int32_t* i32_out(const char* arg, const Tensor& t) const {
+    return const_cast<int32_t*>(i32(arg, t));
+  }
   const int32_t* i32(const char* arg, const Tensor& t) const {
     LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
     LLMT_CHECK(t.dtype == DType::i32, "op ", name_, ": ", arg, " is ", describe(t),
@@ -492,6 +495,167 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
   LLMT_KERNEL(op, copy_heads)
   (op.f32("dst", dst), dst.size(2), dst_head, op.f32("src", src), src.size(2), src_head, n_heads, N,
    D);
+}
+
+// ---- mixture of experts -----------------------------------------------------------------------
+
+void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
+               bool normalize) {
+  Op op("moe_route", {scores, idx, weights, logits});
+  op.ndim("logits", logits, 2);
+  op.ndim("idx", idx, 2);
+  const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1);
+  op.require(k >= 1 && k <= E, "top k=", k, " of E=", E, " experts");
+  op.shape("scores", scores, {N, E});
+  op.shape("idx", idx, {N, k});
+  op.shape("weights", weights, {N, k});
+  LLMT_KERNEL(op, moe_route)
+  (op.f32("scores", scores), op.i32_out("idx", idx), op.f32("weights", weights),
+   op.f32("logits", logits), N, E, k, sigmoid, normalize);
+}
+
+void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,
+                  int64_t seq_len, int64_t capacity) {
+  Op op("moe_dispatch", {counts, offsets, assign, slot, idx});
+  op.ndim("idx", idx, 2);
+  op.ndim("counts", counts, 2);
+  const int64_t N = idx.size(0), k = idx.size(1), E = counts.size(1);
+  op.require(seq_len >= 1 && N % seq_len == 0, N, " rows are not sequences of ", seq_len);
+  op.require(capacity >= 0, "capacity=", capacity);
+  const int64_t S = N / seq_len;
+  op.shape("counts", counts, {S, E});
+  op.shape("offsets", offsets, {E + 1});
+  op.shape("assign", assign, {N * k});
+  op.shape("slot", slot, {N, k});
+  LLMT_KERNEL(op, moe_dispatch)
+  (op.i32_out("counts", counts), op.i32_out("offsets", offsets), op.i32_out("assign", assign),
+   op.i32_out("slot", slot), op.i32("idx", idx), S, seq_len, E, k, capacity);
+}
+
+void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights) {
+  Op op("moe_permute", {out, in, assign, weights});
+  const auto [N, C] = rows_of(op, "in", in);
+  op.require(assign.ndim() == 1 && N > 0 && assign.size(0) % N == 0, "assign ", describe(assign),
+             " is not k rows per token of ", describe(in));
+  const int64_t k = assign.size(0) / N;
+  op.shape("out", out, {N * k, C});
+  op.shape_opt("weights", weights, {N, k});
+  LLMT_KERNEL(op, moe_permute)
+  (op.f32("out", out), op.f32("in", in), op.i32("assign", assign), op.f32_opt("weights", weights),
+   N, C, k);
+}
+
+void moe_unpermute(Tensor out, Tensor in, Tensor slot, Tensor weights) {
+  Op op("moe_unpermute", {out, in, slot, weights});
+  op.ndim("slot", slot, 2);
+  const int64_t N = slot.size(0), k = slot.size(1);
+  const int64_t C = out.size(-1);
+  op.shape("out", out, {N, C});
+  op.shape("in", in, {N * k, C});
+  op.shape_opt("weights", weights, {N, k});
+  LLMT_KERNEL(op, moe_unpermute)
+  (op.f32("out", out), op.f32("in", in), op.i32("slot", slot), op.f32_opt("weights", weights), N,
+   C, k);
+}
+
+void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot) {
+  Op op("moe_weights_backward", {dweights, dout, in, slot});
+  op.ndim("slot", slot, 2);
+  const int64_t N = slot.size(0), k = slot.size(1), C = dout.size(-1);
+  op.shape("dout", dout, {N, C});
+  op.shape("in", in, {N * k, C});
+  op.shape("dweights", dweights, {N, k});
+  LLMT_KERNEL(op, moe_weights_backward)
+  (op.f32("dweights", dweights), op.f32("dout", dout), op.f32("in", in), op.i32("slot", slot), N,
+   C, k);
+}
+
+void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor idx, Tensor counts,
+                        bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+  Op op("moe_route_backward", {dlogits, dweights, logits, idx, counts});
+  op.ndim("logits", logits, 2);
+  op.ndim("idx", idx, 2);
+  const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1);
+  op.shape("dlogits", dlogits, {N, E});
+  op.shape("dweights", dweights, {N, k});
+  op.shape("idx", idx, {N, k});
+  int64_t T = N;
+  if (aux_scale != 0.0f) {
+    op.ndim("counts", counts, 2);
+    op.require(counts.size(1) == E && counts.size(0) >= 1 && N % counts.size(0) == 0, "counts ",
+               describe(counts), " is not (S,E) for ", N, " rows of ", E, " experts");
+    T = N / counts.size(0);
+  }
+  LLMT_KERNEL(op, moe_route_backward)
+  (op.f32("dlogits", dlogits), op.f32("dweights", dweights), op.f32("logits", logits),
+   op.i32("idx", idx), aux_scale != 0.0f ? op.i32("counts", counts) : nullptr, N, T, E, k,
+   sigmoid, normalize, aux_scale, z_scale);
+}
+
+void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,
+                      bool sigmoid) {
+  Op op("moe_route_losses", {aux, zsq, logits, counts});
+  op.ndim("logits", logits, 2);
+  op.ndim("counts", counts, 2);
+  const int64_t N = logits.size(0), E = logits.size(1), S = counts.size(0);
+  op.require(S >= 1 && N % S == 0 && counts.size(1) == E && k >= 1, "counts ", describe(counts),
+             " is not (S,E) for ", N, " rows of ", E, " experts");
+  op.shape("aux", aux, {S});
+  op.shape("zsq", zsq, {N});
+  LLMT_KERNEL(op, moe_route_losses)
+  (op.f32("aux", aux), op.f32("zsq", zsq), op.f32("logits", logits), op.i32("counts", counts), S,
+   N / S, E, k, sigmoid);
+}
+
+namespace {
+
+// Checks a grouped GEMM's offsets (G+1 host values, non-decreasing within [0, M]).
+void check_groups(const Op& op, std::span<const int64_t> offsets, int64_t G, int64_t M) {
+  op.require(static_cast<int64_t>(offsets.size()) == G + 1, offsets.size(),
+             " offsets for G=", G, " groups, expected G+1");
+  for (int64_t g = 0; g < G; ++g)
+    op.require(offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M,
+               "group ", g, " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M, ")");
+}
+
+}  // namespace
+
+void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight,
+                            std::span<const int64_t> offsets) {
+  Op op("grouped_linear_forward", {out, inp, weight});
+  op.ndim("weight", weight, 3);
+  const int64_t G = weight.size(0), OC = weight.size(1), IC = weight.size(2);
+  op.ndim("inp", inp, 2);
+  const int64_t M = inp.size(0);
+  op.shape("inp", inp, {M, IC});
+  op.shape("out", out, {M, OC});
+  check_groups(op, offsets, G, M);
+  LLMT_KERNEL(op, grouped_linear_forward)
+  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), offsets.data(), G, IC, OC);
+}
+
+void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                             std::span<const int64_t> offsets) {
+  Op op("grouped_linear_backward", {dinp, dweight, dout, inp, weight});
+  op.ndim("dout", dout, 2);
+  const int64_t M = dout.size(0), OC = dout.size(1);
+  const Tensor& w = weight.defined() ? weight : dweight;
+  op.ndim("weight", w, 3);
+  const int64_t G = w.size(0), IC = w.size(2);
+  op.shape("weight", w, {G, OC, IC});
+  if (dinp.defined()) {
+    op.shape("weight", weight, {G, OC, IC});
+    op.shape("dinp", dinp, {M, IC});
+  }
+  if (dweight.defined()) {
+    op.shape("dweight", dweight, {G, OC, IC});
+    op.shape("inp", inp, {M, IC});
+  }
+  check_groups(op, offsets, G, M);
+  LLMT_KERNEL(op, grouped_linear_backward)
+  (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32("dout", dout),
+   dweight.defined() ? op.f32("inp", inp) : nullptr, dinp.defined() ? op.f32("weight", weight) : nullptr,
+   offsets.data(), G, IC, OC);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------

@@ -114,6 +114,46 @@ void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse);
 // (B',T',Ws,D) with B*T == B'*T' (packing K/V out of a qkv tensor and back).
 void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int64_t n_heads);
 
+// ---- mixture of experts (docs/model.md, "Mixture of experts") ---------------------------------
+// Dims: E experts, k experts per token, S sequences of T tokens (N = S*T rows), M = N*k permuted
+// rows (those past the dispatch's offsets[E] unused). Index tensors are i32; router math is f32.
+// scores (N,E) = softmax(logits (N,E)) per row (sigmoid: elementwise); idx (N,k) the top k
+// scores, decreasing, ties to the lower expert; weights (N,k) their scores (/ their sum when
+// `normalize`).
+void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
+               bool normalize);
+// The dispatch of idx (N,k) over sequences of seq_len tokens: counts (S,E) assignments per
+// sequence and expert (before dropping); offsets (E+1) each expert's run of permuted rows;
+// assign (M) the assignment t*k+j of each permuted row (-1 unused); slot (N,k) the permuted row
+// of each assignment (-1 dropped). capacity > 0 keeps, of each (sequence, expert), the first
+// `capacity` assignments ranked by (j, t).
+void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,
+                  int64_t seq_len, int64_t capacity);
+// out (M,C) rows := in (N,C) rows in expert order (times the assignment's weight when weights
+// (N,k) is given: the combine's backward). Unused rows are left as they are.
+void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights = {});
+// out (N,C) := per token the sum of its permuted rows of in (M,C) (times weights (N,k) when
+// given: the combine), dropped assignments adding nothing.
+void moe_unpermute(Tensor out, Tensor in, Tensor slot, Tensor weights = {});
+// dweights (N,k) := <dout (N,C) row t, in (M,C) row slot[t,j]> (0 for a dropped one).
+void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot);
+// dlogits (N,E) := the gradient of the router's logits: through moe_route's weights from
+// dweights (N,k), the aux loss's aux_scale * counts[s,e] per unit of q[t,e], and the z-loss's
+// z_scale * lse * softmax. counts (S,E) may be absent when aux_scale is 0.
+void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor idx, Tensor counts,
+                        bool sigmoid, bool normalize, float aux_scale, float z_scale);
+// aux (S) = E * sum_e counts[s,e]/(T k) * mean_t q[t,e]; zsq (N) = logsumexp(logits row)^2.
+void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,
+                      bool sigmoid);
+// Grouped GEMM over G = weight.size(0) groups: rows [offsets[g], offsets[g+1]) of out (M,OC) :=
+// those rows of inp (M,IC) @ weight[g]^T, weight (G,OC,IC); offsets: G+1 host values. One call
+// for all groups (CPU: one OpenMP region; CUDA: one grouped cuBLAS call).
+void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets);
+// dinp (M,IC) := dout (M,OC) @ weight[g] per group's rows (optional); dweight (G,OC,IC) +=
+// dout^T @ inp per group (optional).
+void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                             std::span<const int64_t> offsets);
+
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)
 void add_inplace(Tensor dst, Tensor src);  // dst += src

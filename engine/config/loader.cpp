@@ -154,11 +154,22 @@ void Loader::load_text(std::string_view text, const std::string& name) {
                               "], found ", describe(node)));
       continue;
     }
-    for (auto&& [k, v] : *table) {
-      set(*section, k.str(), v, where(name, k.source()));
-    }
+    load_table(*section, *table, name);
   }
   stack_.pop_back();
+}
+
+void Loader::load_table(const Schema::Section& section, const toml::table& table,
+                        const std::string& name) {
+  for (auto&& [k, v] : table) {
+    // A sub-table that is a section of its own ([model.moe] inside [model]).
+    const Schema::Section* sub =
+        v.is_table() ? schema_.find(section.name + "." + std::string(k.str())) : nullptr;
+    if (sub)
+      load_table(*sub, *v.as_table(), name);
+    else
+      set(section, k.str(), v, where(name, k.source()));
+  }
 }
 
 void Loader::add_override(const std::string& text) {
@@ -170,8 +181,13 @@ void Loader::add_override(const std::string& text) {
                             ": expected section.key=value, e.g. --set train.steps=10"));
     return;
   }
-  const std::string section_name = text.substr(0, dot);
-  const std::string key = text.substr(dot + 1, eq - dot - 1);
+  // The longest dotted prefix that names a section: "model.moe.top_k=2" is [model.moe] top_k.
+  size_t split = dot;
+  for (size_t d = text.find('.', dot + 1); d != std::string::npos && d < eq;
+       d = text.find('.', d + 1))
+    if (schema_.find(text.substr(0, d))) split = d;
+  const std::string section_name = text.substr(0, split);
+  const std::string key = text.substr(split + 1, eq - split - 1);
   const std::string value = text.substr(eq + 1);
   const Schema::Section* section = schema_.find(section_name);
   if (!section) {

@@ -79,6 +79,10 @@ class Loader {
     std::string name;
   };
   void load_includes(const toml::node& node, const Where& at, const std::filesystem::path& dir);
+  // The keys of `table` into `section`; a sub-table the schema names as a section
+  // ("model.moe") into that section.
+  void load_table(const Schema::Section& section, const toml::table& table,
+                  const std::string& name);
   void set(const Schema::Section& section, std::string_view key, const toml::node& node,
            const Where& at);
   std::string suggest_key(std::string_view section, std::string_view key) const;

@@ -3,6 +3,7 @@
 // 16-bit storage it emulates would round it.
 #include "engine/model/blocks.h"
 
+#include <cmath>
 #include <numeric>
 
 #include "engine/core/rng.h"
@@ -74,7 +75,24 @@ LocalDims local_dims(const ModelSpec& spec, int tp) {
   return d;
 }
 
+// The first s.numel() elements of buf, as shape s (a scratch buffer sized for the widest use).
+Tensor head_of(Tensor buf, Shape s) {
+  LLMT_CHECK(s.numel() <= buf.numel(), "scratch ", describe(buf), " is smaller than ", s.str());
+  return Tensor(buf.data, s, buf.dtype, buf.device);
+}
+
+// An f32 layout entry holding i32 values (an index tensor among saved activations).
+Tensor as_i32(Tensor t) {
+  return Tensor(t.data, t.shape, DType::i32, t.device);
+}
+
 }  // namespace
+
+int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len) {
+  if (moe.capacity_factor <= 0.0f) return 0;
+  return static_cast<int64_t>(std::ceil(static_cast<double>(moe.capacity_factor) * seq_len *
+                                        moe.top_k / moe.num_experts));
+}
 
 // ---- Norm ---------------------------------------------------------------------------------------
 
@@ -214,9 +232,11 @@ void Attention::backward_weight(std::span<const Tensor> s, const Stash& st, Tens
 
 // ---- Mlp ----------------------------------------------------------------------------------------
 
-Mlp::Mlp(const BlockEnv& env, const std::string& prefix)
+Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn)
     : env_(env),
       gelu_(env.spec.cfg.activation == Activation::gelu),
+      F_((ffn > 0 ? ffn : env.spec.ffn_dim) / env.tp.tp.size()),
+      F1_(gelu_ ? F_ : 2 * F_),
       fc1_w_(env.param(prefix + ".fc1.weight")),
       fc1_b_(env.param_opt(prefix + ".fc1.bias")),
       fc2_w_(env.param(prefix + ".fc2.weight")),
@@ -225,57 +245,215 @@ Mlp::Mlp(const BlockEnv& env, const std::string& prefix)
       fc2_(env.tp) {}
 
 std::vector<TensorSpec> Mlp::saved() const {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
-  return {{"u", {env_.B, env_.T, d.F1}}, {"g", {env_.B, env_.T, d.F}}};
+  return {{"u", {env_.B, env_.T, F1_}}, {"g", {env_.B, env_.T, F_}}};
 }
 
 std::vector<TensorSpec> Mlp::stash() const {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const int64_t N = env_.tp.N;
-  return {{"d_fc2_out", {N, d.C}, true}, {"d_fc1_out", {N, d.F1}, true}};
+  return {{"d_fc2_out", {N, env_.spec.cfg.d_model}, true}, {"d_fc1_out", {N, F1_}, true}};
 }
 
 Tensor Mlp::forward(std::span<const Tensor> s, Tensor x) {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const int64_t N = env_.tp.N;
   Tensor u = s[0], g = s[1];
-  fc1_.forward(u.view({N, d.F1}), fc1_.input(x), env_.w(fc1_w_), env_.w(fc1_b_));
+  fc1_.forward(u.view({N, F1_}), fc1_.input(x), env_.w(fc1_w_), env_.w(fc1_b_));
   env_.round(u);
   if (gelu_)
     ops::gelu_forward(g, u);
   else
-    ops::swiglu_forward(g.view({N, d.F}), u.view({N, d.F1}));
+    ops::swiglu_forward(g.view({N, F_}), u.view({N, F1_}));
   env_.round(g);
-  Tensor y = fc2_.forward(g.view({N, d.F}), env_.w(fc2_w_), env_.w(fc2_b_));
+  Tensor y = fc2_.forward(g.view({N, F_}), env_.w(fc2_w_), env_.w(fc2_b_));
   env_.round(y);
   return y;
 }
 
 Tensor Mlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const BlockScratch& sc = env_.scratch;
   const int64_t N = env_.tp.N;
-  st.keep(0, fc2_.backward_input(sc.d_g.view({N, d.F}), dy, env_.w(fc2_w_)));
-  env_.round(sc.d_g);
+  const Tensor d_g = head_of(sc.d_g, {N, F_}), d_u = head_of(sc.d_u, {N, F1_});
+  st.keep(0, fc2_.backward_input(d_g, dy, env_.w(fc2_w_)));
+  env_.round(d_g);
   if (gelu_)
-    ops::gelu_backward(sc.d_u, sc.d_g, s[0]);
+    ops::gelu_backward(d_u, d_g, s[0].view({N, F1_}));
   else
-    ops::swiglu_backward(sc.d_u.view({N, d.F1}), sc.d_g.view({N, d.F}), s[0].view({N, d.F1}));
-  env_.round(sc.d_u);
-  Tensor du = st.keep(1, sc.d_u.view({N, d.F1}));
+    ops::swiglu_backward(d_u, d_g, s[0].view({N, F1_}));
+  env_.round(d_u);
+  Tensor du = st.keep(1, d_u);
   // fc1's input gradient; under SP its weight gradient gathers the input (N,C) once more
   // (Megatron's trade: R rows of memory per layer, not N, for one all-gather).
   return fc1_.backward_input(sc.d_c, du, env_.w(fc1_w_));
 }
 
 void Mlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
-  const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const int64_t N = env_.tp.N;
-  fc2_.backward_weight(env_.g(fc2_w_), env_.g(fc2_b_), st[0], s[1].view({N, d.F}));
+  fc2_.backward_weight(env_.g(fc2_w_), env_.g(fc2_b_), st[0], s[1].view({N, F_}));
   fc1_.backward_weight(env_.g(fc1_w_), env_.g(fc1_b_), st[1], fc1_.input(x));
 }
 
+// ---- MoeMlp -------------------------------------------------------------------------------------
+
+MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
+    : env_(env),
+      cfg_(env.spec.cfg.moe),
+      layer_(layer),
+      E_(cfg_.num_experts),
+      k_(cfg_.top_k),
+      Fe_(cfg_.d_ff_expert),
+      Fe1_(env.spec.expert_fc1_out),
+      capacity_(moe_capacity(cfg_, env.T)),
+      gelu_(env.spec.cfg.activation == Activation::gelu),
+      router_w_(env.param(prefix + ".router.weight")),
+      fc1_w_(env.param(prefix + ".experts.fc1.weight")),
+      fc2_w_(env.param(prefix + ".experts.fc2.weight")) {
+  LLMT_CHECK(env.tp.tp.size() == 1, "a mixture-of-experts layer runs at tp=1, not ",
+             env.tp.tp.size());
+  if (cfg_.shared_experts > 0) {
+    shared_.emplace(env, prefix + ".shared", env.spec.shared_ffn);
+    st_shared_ = shared_->stash().size();
+  }
+}
+
+std::vector<TensorSpec> MoeMlp::saved() const {
+  const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
+  std::vector<TensorSpec> out{{"logits", {N, E_}},    {"idx", {N, k_}},     {"weights", {N, k_}},
+                              {"counts", {env_.B, E_}}, {"offsets", {E_ + 1}}, {"assign", {M}},
+                              {"slot", {N, k_}},      {"xp", {M, C}},       {"h", {M, Fe1_}},
+                              {"g", {M, Fe_}},        {"eo", {M, C}}};
+  if (shared_)
+    for (const TensorSpec& t : shared_->saved()) out.push_back(t);
+  return out;
+}
+
+std::vector<TensorSpec> MoeMlp::stash() const {
+  const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
+  std::vector<TensorSpec> out{{"d_logits", {N, E_}}, {"d_eo", {M, C}}, {"d_h", {M, Fe1_}}};
+  if (shared_)
+    for (const TensorSpec& t : shared_->stash()) out.push_back(t);
+  return out;
+}
+
+std::vector<int64_t> MoeMlp::offsets(std::span<const Tensor> s) const {
+  std::vector<int32_t> host(static_cast<size_t>(E_ + 1));
+  env_.alloc.backend().copy_to_host(host.data(), s[4].data, host.size() * 4);
+  return {host.begin(), host.end()};
+}
+
+Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
+  const BlockScratch& sc = env_.scratch;
+  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model, S = env_.B;
+  const bool sigmoid = cfg_.router == MoeRouter::sigmoid;
+  const Tensor logits = s[0], idx = as_i32(s[1]), weights = s[2], counts = as_i32(s[3]);
+  const Tensor assign = as_i32(s[5]), slot = as_i32(s[6]);
+  const Tensor xp = s[7], h = s[8], g = s[9], eo = s[10];
+  x = x.view({N, C});
+  // The router in fp32 (its logits are not rounded to the compute type).
+  ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
+  ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize);
+  ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_);
+  const std::vector<int64_t> off = offsets(s);
+  const int64_t M = off.back();  // the kept assignments
+  ops::moe_permute(xp, x, assign);
+  ops::grouped_linear_forward(h, xp, env_.w(fc1_w_), off);
+  env_.round(h.rows(0, M));
+  if (gelu_)
+    ops::gelu_forward(g.rows(0, M), h.rows(0, M));
+  else
+    ops::swiglu_forward(g.rows(0, M), h.rows(0, M));
+  env_.round(g.rows(0, M));
+  ops::grouped_linear_forward(eo, g, env_.w(fc2_w_), off);
+  env_.round(eo.rows(0, M));
+  const Tensor y = sc.moe_y;
+  ops::moe_unpermute(y, eo, slot, weights);
+  if (shared_) ops::add_inplace(y, shared_->forward(s.subspan(kSaved), x));
+  env_.round(y);
+
+  MoeStats& st = env_.moe_stats;
+  if (st.replaying) return y;  // a full-recompute replay: counted when it first ran
+  ops::moe_route_losses(sc.moe_aux, sc.moe_zsq, logits, counts, k_, sigmoid);
+  std::vector<float> aux(static_cast<size_t>(S)), zsq(static_cast<size_t>(N));
+  std::vector<int32_t> cnt(static_cast<size_t>(S * E_));
+  env_.alloc.backend().copy_to_host(aux.data(), sc.moe_aux.data, aux.size() * 4);
+  env_.alloc.backend().copy_to_host(zsq.data(), sc.moe_zsq.data, zsq.size() * 4);
+  env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
+  if (cfg_.balance == MoeBalance::aux_loss)
+    st.aux += cfg_.aux_loss_coef * std::accumulate(aux.begin(), aux.end(), 0.0) / S;
+  st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) / N;
+  std::vector<int64_t>& load = st.load.at(static_cast<size_t>(layer_));
+  load.resize(static_cast<size_t>(E_), 0);
+  for (int64_t i = 0; i < S * E_; ++i) load[static_cast<size_t>(i % E_)] += cnt[static_cast<size_t>(i)];
+  st.assigned += N * k_;
+  st.dropped += N * k_ - M;
+  return y;
+}
+
+Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
+  const BlockScratch& sc = env_.scratch;
+  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model, S = env_.B, T = env_.T;
+  const bool sigmoid = cfg_.router == MoeRouter::sigmoid;
+  const Tensor logits = s[0], idx = as_i32(s[1]), weights = s[2], counts = as_i32(s[3]);
+  const Tensor assign = as_i32(s[5]), slot = as_i32(s[6]), h = s[8], eo = s[10];
+  const Tensor d_logits = st[0], d_eo = st[1], d_h = st[2];
+  dy = dy.view({N, C});
+  const std::vector<int64_t> off = offsets(s);
+  const int64_t M = off.back();
+  // The combine: y = sum_j w_j eo_j.
+  ops::moe_weights_backward(sc.moe_dw, dy, eo, slot);
+  ops::moe_permute(d_eo, dy, assign, weights);
+  env_.round(d_eo.rows(0, M));
+  // fc2, the activation, fc1 (input gradients).
+  ops::grouped_linear_backward(sc.moe_dg, Tensor(), d_eo, Tensor(), env_.w(fc2_w_), off);
+  env_.round(sc.moe_dg.rows(0, M));
+  if (gelu_)
+    ops::gelu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
+  else
+    ops::swiglu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
+  env_.round(d_h.rows(0, M));
+  ops::grouped_linear_backward(sc.moe_dxp, Tensor(), d_h, Tensor(), env_.w(fc1_w_), off);
+  ops::moe_unpermute(sc.moe_dx, sc.moe_dxp, slot);
+  // The router: through the routing weights, the aux loss and the z-loss (each scaled as the
+  // micro-batch's loss is: dloss per unit of its mean).
+  const MoeStats& ms = env_.moe_stats;
+  const float aux_scale =
+      cfg_.balance == MoeBalance::aux_loss
+          ? static_cast<float>(static_cast<double>(ms.dloss) * cfg_.aux_loss_coef * E_ /
+                               (static_cast<double>(S) * T * T * k_))
+          : 0.0f;
+  const float z_scale =
+      static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 / N);
+  ops::moe_route_backward(d_logits, sc.moe_dw, logits, idx, counts, sigmoid, cfg_.normalize,
+                          aux_scale, z_scale);
+  ops::linear_backward(sc.moe_dx_router, Tensor(), Tensor(), d_logits, Tensor(),
+                       env_.w(router_w_));
+  ops::add_inplace(sc.moe_dx, sc.moe_dx_router);
+  if (shared_) {
+    Stash sst = st.part(kStash, st_shared_);
+    ops::add_inplace(sc.moe_dx, shared_->backward_input(s.subspan(kSaved), sst, dy));
+  }
+  env_.round(sc.moe_dx);
+  return sc.moe_dx;
+}
+
+void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
+  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model;
+  const std::vector<int64_t> off = offsets(s);
+  ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), st[1], s[9], Tensor(), off);
+  ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), st[2], s[7], Tensor(), off);
+  ops::linear_backward(Tensor(), env_.g(router_w_), Tensor(), st[0], x.view({N, C}), Tensor());
+  if (shared_) shared_->backward_weight(s.subspan(kSaved), st.part(kStash, st_shared_), x);
+}
+
 // ---- Layer --------------------------------------------------------------------------------------
+
+namespace {
+
+std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer) {
+  const std::string prefix = "layers." + std::to_string(layer) + ".mlp";
+  if (env.spec.cfg.moe.layer(layer)) return std::make_unique<MoeMlp>(env, prefix, layer);
+  return std::make_unique<Mlp>(env, prefix);
+}
+
+}  // namespace
 
 Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay)
     : env_(env),
@@ -286,15 +464,15 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
       attn_block_(env, "layers." + std::to_string(layer) + ".attn",
                   recompute == Recompute::selective),
-      mlp_block_(env, "layers." + std::to_string(layer) + ".mlp") {
+      mlp_block_(make_mlp(env, layer)) {
   n1_ = 4;
   attn_ = n1_ + norm_1_.saved().size();
   n2_ = attn_ + attn_block_.saved().size();
   mlp_ = n2_ + norm_2_.saved().size();
-  end_ = mlp_ + mlp_block_.saved().size();
+  end_ = mlp_ + mlp_block_->saved().size();
   // The stash in backward order: mlp, norm_2, attention, norm_1.
   st_mlp_ = 0;
-  st_n2_ = st_mlp_ + mlp_block_.stash().size();
+  st_n2_ = st_mlp_ + mlp_block_->stash().size();
   st_attn_ = st_n2_ + norm_2_.stash().size();
   st_n1_ = st_attn_ + attn_block_.stash().size();
   st_end_ = st_n1_ + norm_1_.stash().size();
@@ -306,7 +484,7 @@ std::vector<TensorSpec> Layer::full_saved() const {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
   std::vector<TensorSpec> out{{"res_in", {R, C}}, {"a", {R, C}}, {"res_mid", {R, C}}, {"m", {R, C}}};
   for (const auto& part :
-       {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_.saved()})
+       {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_->saved()})
     out.insert(out.end(), part.begin(), part.end());
   return out;
 }
@@ -319,7 +497,7 @@ std::vector<TensorSpec> Layer::saved() const {
 std::vector<TensorSpec> Layer::stash() const {
   std::vector<TensorSpec> out;
   for (const auto& part :
-       {mlp_block_.stash(), norm_2_.stash(), attn_block_.stash(), norm_1_.stash()})
+       {mlp_block_->stash(), norm_2_.stash(), attn_block_.stash(), norm_1_.stash()})
     out.insert(out.end(), part.begin(), part.end());
   return out;
 }
@@ -378,7 +556,7 @@ void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext
   Tensor y = attn_block_.forward(f.subspan(attn_, n2_ - attn_), a);
   residual(res_mid, res_in, y, 0, ctx);
   norm_2_.forward(f.subspan(n2_, mlp_ - n2_), m, res_mid);
-  y = mlp_block_.forward(f.subspan(mlp_, end_ - mlp_), m);
+  y = mlp_block_->forward(f.subspan(mlp_, end_ - mlp_), m);
   residual(out, res_mid, y, 1, ctx);
 }
 
@@ -398,7 +576,9 @@ std::span<const Tensor> Layer::full_set(std::span<const Tensor> s, const StepCon
   if (recompute_ != Recompute::full) return s;
   replay_[0] = s[0];
   if (env_.scratch.replay_of != s[0].data) {
+    env_.moe_stats.replaying = true;
     run_forward(replay_, env_.scratch.replay_out, ctx);
+    env_.moe_stats.replaying = false;
     env_.scratch.replay_of = s[0].data;
   }
   return replay_;
@@ -415,8 +595,8 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
   const auto f_n2 = f.subspan(n2_, mlp_ - n2_), f_mlp = f.subspan(mlp_, end_ - mlp_);
 
   // d_res: the gradient of the layer's output.
-  Tensor dm = mlp_block_.backward_input(f_mlp, st_mlp, branch_grad(1, ctx));
-  if (then_weight) mlp_block_.backward_weight(f_mlp, st_mlp, m);
+  Tensor dm = mlp_block_->backward_input(f_mlp, st_mlp, branch_grad(1, ctx));
+  if (then_weight) mlp_block_->backward_weight(f_mlp, st_mlp, m);
   norm_2_.backward_input(f_n2, st_n2, sc.d_tmp, dm, res_mid);
   if (then_weight) norm_2_.backward_weight(st_n2);
   ops::add_inplace(sc.d_res, sc.d_tmp);
@@ -432,7 +612,7 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 
 void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
   const std::span<const Tensor> f = full_set(s, ctx);
-  mlp_block_.backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_), f[3]);
+  mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_), f[3]);
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
   attn_block_.backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
                               f[1]);

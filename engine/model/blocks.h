@@ -16,7 +16,10 @@
 // residual stream this rank holds (N, or N/tp under sequence parallelism), V/tp vocabulary rows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -96,10 +99,33 @@ struct BlockScratch {
   Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
   Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
   Tensor stash;               // the non-view stash entries of a back-to-back backward
+  // Mixture-of-experts layers (MoeMlp): router scores (N,E), the branch output y (N,C), the input
+  // gradient dx and the router's part dx_router (N,C), the routing weights' gradient dw (N,k),
+  // the experts' gradients d_g (M,Fe) and d_xp (M,C), per-sequence aux (S) and per-token z (N).
+  Tensor moe_scores, moe_y, moe_dx, moe_dx_router, moe_dw, moe_dg, moe_dxp, moe_aux, moe_zsq;
   // Which saved set the recompute scratch holds now (its first tensor's data), so a zero-bubble
   // backward_weight replays only when another micro-batch or layer has used it since.
   const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
   const void* replay_of = nullptr;  // the replay set: replayed from this res_in
+};
+
+// What the mixture-of-experts layers of a model measured since reset(): the loss terms they
+// added (coefficients included; summed over layers, a sum of micro-batch means), and per MoE
+// layer (in the order this rank runs them) the assignments routed to each expert, plus the
+// assignments dropped by capacity.
+struct MoeStats {
+  double aux = 0, z = 0;
+  std::vector<std::vector<int64_t>> load;  // [global layer][expert], empty for dense layers
+  int64_t dropped = 0, assigned = 0;
+  // Set by the model: d objective / d micro-batch mean loss (the aux and z-loss gradients' scale),
+  // and whether a forward is a full-recompute replay (its routing is not counted again).
+  float dloss = 1.0f;
+  bool replaying = false;
+  void reset() {
+    aux = z = 0;
+    for (auto& l : load) std::fill(l.begin(), l.end(), 0);
+    dropped = assigned = 0;
+  }
 };
 
 // What every block of one model shares.
@@ -112,6 +138,7 @@ struct BlockEnv {
   BlockScratch& scratch;
   const SequenceShard& seq;  // the global positions of this rank's T
   AttentionCore& attention;  // this rank's, or context parallelism's over the cp group
+  MoeStats& moe_stats;
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
@@ -180,10 +207,11 @@ class Attention final : public Branch {
   RowParallelLinear proj_;
 };
 
-// The MLP: column-parallel fc1, GELU or SwiGLU, row-parallel fc2.
+// The MLP: column-parallel fc1, GELU or SwiGLU, row-parallel fc2. `ffn`: its hidden width F
+// (global; 0 = model.d_ff); the shared experts of an MoE layer are an Mlp of their total width.
 class Mlp final : public Branch {
  public:
-  Mlp(const BlockEnv& env, const std::string& prefix);
+  Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn = 0);
   std::vector<TensorSpec> saved() const override;  // u (B,T,F1), g (B,T,F)
   std::vector<TensorSpec> stash() const override;  // d fc2 out (N,C), d fc1 out (N,F1)
   Tensor forward(std::span<const Tensor> s, Tensor x) override;
@@ -193,9 +221,48 @@ class Mlp final : public Branch {
  private:
   const BlockEnv& env_;
   bool gelu_;
+  int64_t F_, F1_;  // this tp rank's hidden width and fc1 rows
   int64_t fc1_w_, fc1_b_, fc2_w_, fc2_b_;
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
+};
+
+// Capacity of each (sequence, expert) under capacity_factor c > 0: ceil(c * seq_len * top_k /
+// num_experts) assignments; 0 (dropless) when c = 0.
+int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len);
+
+// A mixture of experts (docs/model.md, "Mixture of experts"): fp32 router logits, top-k routing,
+// the dispatch into expert order (capacity dropping per sequence), the experts' grouped GEMMs
+// (fc1, GELU or SwiGLU, fc2; no biases), the combine weighted by the routing weights, plus the
+// shared experts (an Mlp). The aux and z losses add their gradients to the router's in backward
+// and their values to env.moe_stats in forward. Whole sequences and all experts on this rank.
+// Dims: E experts, k per token, S = B sequences, M = N*k permuted rows, Fe1/Fe an expert's fc1
+// rows and hidden width.
+class MoeMlp final : public Branch {
+ public:
+  MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer);
+  // logits (N,E), idx (N,k) i32, weights (N,k), counts (S,E) i32, offsets (E+1) i32, assign (M)
+  // i32, slot (N,k) i32, xp (M,C), h (M,Fe1), g (M,Fe), eo (M,C) [, the shared Mlp's]
+  std::vector<TensorSpec> saved() const override;
+  // d logits (N,E), d eo (M,C), d h (M,Fe1) [, the shared Mlp's]
+  std::vector<TensorSpec> stash() const override;
+  Tensor forward(std::span<const Tensor> s, Tensor x) override;
+  Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;
+  void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) override;
+
+ private:
+  static constexpr size_t kSaved = 11, kStash = 3;
+  // The saved offsets (E+1) read back to the host, for the grouped GEMMs' row runs.
+  std::vector<int64_t> offsets(std::span<const Tensor> s) const;
+
+  const BlockEnv& env_;
+  const MoeConfig& cfg_;
+  int64_t layer_;
+  int64_t E_, k_, Fe_, Fe1_, capacity_;
+  size_t st_shared_ = 0;  // the shared Mlp's stash entries
+  bool gelu_;
+  int64_t router_w_, fc1_w_, fc2_w_;
+  std::optional<Mlp> shared_;
 };
 
 // One pre-norm transformer layer: res_mid = res_in + dropout(attn(norm_1(res_in))), out =
@@ -240,7 +307,7 @@ class Layer {
   std::span<Tensor> replay_;
   Norm norm_1_, norm_2_;
   Attention attn_block_;
-  Mlp mlp_block_;
+  std::unique_ptr<Branch> mlp_block_;  // Mlp, or MoeMlp on a mixture-of-experts layer
 };
 
 // Token (+ learned position) embedding, vocab-parallel.

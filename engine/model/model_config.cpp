@@ -44,10 +44,49 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
             concat("model.init_std=", toml_text(m.init_std),
                    " must be <= 1.0: weights drawn that wide overflow the first forward (GPT-2 "
                    "uses 0.02)"));
+  check_moe_config(m, r);
+}
+
+void check_moe_config(const ModelConfig& m, Rules& r) {
+  const MoeConfig& e = m.moe;
+  r.at_least<int64_t>("model.moe.num_experts", e.num_experts, 0, " (0 = dense MLPs)");
+  if (!e.enabled()) return;
+  r.at_least<int64_t>("model.moe.top_k", e.top_k, 1);
+  if (e.top_k >= 1)
+    r.require(e.top_k <= e.num_experts, {"model.moe.top_k", "model.moe.num_experts"},
+              concat("model.moe.top_k=", e.top_k, " exceeds model.moe.num_experts=", e.num_experts,
+                     ": each token goes to top_k different experts"));
+  r.at_least<int64_t>("model.moe.d_ff_expert", e.d_ff_expert, 1, ", or 0 for model.d_ff");
+  r.at_least<int64_t>("model.moe.shared_experts", e.shared_experts, 0);
+  if (e.shared_experts > 0)
+    r.at_least<int64_t>("model.moe.d_ff_shared", e.d_ff_shared, 1, ", or 0 for d_ff_expert");
+  r.at_least<int64_t>("model.moe.every", e.every, 1);
+  r.at_least<int64_t>("model.moe.first_dense_layers", e.first_dense_layers, 0);
+  if (m.n_layers >= 1)
+    r.require(e.first_dense_layers < m.n_layers,
+              {"model.moe.first_dense_layers", "model.n_layers"},
+              concat("model.moe.first_dense_layers=", e.first_dense_layers,
+                     " leaves no MoE layer in model.n_layers=", m.n_layers,
+                     "; set model.moe.num_experts=0 for a dense model"));
+  r.at_least("model.moe.aux_loss_coef", e.aux_loss_coef, 0.0f);
+  r.at_least("model.moe.z_loss_coef", e.z_loss_coef, 0.0f);
+  r.at_least("model.moe.capacity_factor", e.capacity_factor, 0.0f, " (0 = dropless)");
 }
 
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r) {
   if (p.tp < 1 || p.cp < 1) return;  // reported by check_parallel_config
+  if (m.moe.enabled()) {
+    // The router's per-sequence statistics and the expert GEMMs are built for whole sequences
+    // and whole expert weights on one rank so far (docs/model.md, "Mixture of experts").
+    r.require(p.tp == 1, {"model.moe.num_experts", "parallel.tp"},
+              concat("model.moe.num_experts=", m.moe.num_experts, " with parallel.tp=", p.tp,
+                     ": mixture-of-experts layers run with tp=1 only (expert tensor parallelism "
+                     "is not built yet); use dp, ZeRO or pp"));
+    r.require(p.cp == 1, {"model.moe.num_experts", "parallel.cp"},
+              concat("model.moe.num_experts=", m.moe.num_experts, " with parallel.cp=", p.cp,
+                     ": the router's per-sequence load statistics need whole sequences on a rank "
+                     "(cp=1) until they are summed over the cp group; use dp, ZeRO or pp"));
+  }
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
     r.require(false, e.keys, e.message);
   if (p.cp == 1 || m.seq_len < 1) return;

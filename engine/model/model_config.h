@@ -19,6 +19,33 @@ enum class PositionKind : uint8_t { learned, rope };
 // log-sum-exp and reruns the core from the saved qkv in backward; full keeps only the layer's
 // input and reruns its forward in backward.
 enum class Recompute : uint8_t { none, selective, full };
+// [model.moe] router: softmax over the experts' logits, or an independent sigmoid per expert.
+enum class MoeRouter : uint8_t { softmax, sigmoid };
+enum class MoeBalance : uint8_t { aux_loss, none };
+
+// [model.moe]: mixture-of-experts MLPs (docs/model.md, "Mixture of experts"). num_experts = 0
+// keeps every MLP dense.
+struct MoeConfig {
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 2;        // k
+  int64_t d_ff_expert = 0;  // each expert's hidden width; 0 = model.d_ff
+  MoeRouter router = MoeRouter::softmax;
+  bool normalize = true;  // the k routing weights divided by their sum (Mixtral); false: Switch
+  MoeBalance balance = MoeBalance::aux_loss;
+  float aux_loss_coef = 0.01f;
+  float z_loss_coef = 0.0f;
+  float capacity_factor = 0.0f;  // 0 = dropless; else per sequence and expert
+  int64_t shared_experts = 0;    // always-on experts, one MLP of shared_experts * d_ff_shared
+  int64_t d_ff_shared = 0;       // 0 = d_ff_expert
+  int64_t first_dense_layers = 0;
+  int64_t every = 1;  // an MoE MLP on every `every`-th layer from first_dense_layers
+
+  bool enabled() const { return num_experts > 0; }
+  // Whether global layer l's MLP is a mixture of experts.
+  bool layer(int64_t l) const {
+    return enabled() && l >= first_dense_layers && (l - first_dense_layers) % every == 0;
+  }
+};
 
 // [model]. `arch` is a preset: it sets the defaults of norm, activation, position, bias,
 // tie_embeddings and d_ff; each may still be set explicitly.
@@ -40,6 +67,7 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float dropout = 0.0f;
   float init_std = 0.02f;
+  MoeConfig moe;
 };
 
 // d_ff when [model] leaves it 0: 4*d_model (gpt2), or 8/3*d_model rounded up to a multiple of
@@ -66,6 +94,8 @@ constexpr ModelConfig model_preset(Arch arch) {
 // [model]'s own rules on the resolved section (raw: as written, before presets and defaults):
 // sizes, head divisibility, rope's even head dim, ranges.
 void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
+// [model.moe]'s rules (called by check_model_config).
+void check_moe_config(const ModelConfig& m, Rules& r);
 // What tensor (and sequence) parallelism at p.tp needs of the model's shapes
 // (tensor_parallel_errors, model_spec.h), each rule written once.
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r);

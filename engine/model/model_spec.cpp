@@ -14,6 +14,10 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   s.qkv_dim = (H + 2 * s.n_kv_heads) * s.head_dim;
   s.ffn_dim = cfg.d_ff;
   s.fc1_out = cfg.activation == Activation::swiglu ? 2 * cfg.d_ff : cfg.d_ff;
+  const int64_t gates = cfg.activation == Activation::swiglu ? 2 : 1;
+  s.expert_fc1_out = gates * cfg.moe.d_ff_expert;
+  s.shared_ffn = cfg.moe.shared_experts * cfg.moe.d_ff_shared;
+  s.shared_fc1_out = gates * s.shared_ffn;
   const float std = cfg.init_std;
   const float resid_std = std / std::sqrt(2.0f * static_cast<float>(L));
   const bool ln = cfg.norm == NormKind::layernorm;
@@ -52,8 +56,26 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     column(p + ".attn.qkv", s.qkv_dim, C, std, qkv_segments);
     row(p + ".attn.proj", C, H * D, resid_std);
     norm(p + ".norm_2");
-    column(p + ".mlp.fc1", s.fc1_out, C, std, fc1_segments);
-    row(p + ".mlp.fc2", C, F, resid_std);
+    if (!cfg.moe.layer(l)) {
+      column(p + ".mlp.fc1", s.fc1_out, C, std, fc1_segments);
+      row(p + ".mlp.fc2", C, F, resid_std);
+      continue;
+    }
+    // A mixture of experts: the router, E experts' stacked fc1/fc2 (no biases), and the shared
+    // experts as one dense MLP of width S * d_ff_shared.
+    const MoeConfig& e = cfg.moe;
+    const int64_t E = e.num_experts, Fe = e.d_ff_expert;
+    add(p + ".mlp.router.weight", {E, C}, InitKind::normal, std, true, P::replicate());
+    add(p + ".mlp.experts.fc1.weight", {E, s.expert_fc1_out, C}, InitKind::normal, std, true,
+        P::replicate());
+    add(p + ".mlp.experts.fc2.weight", {E, C, Fe}, InitKind::normal, resid_std, true,
+        P::replicate());
+    if (e.shared_experts > 0) {
+      std::vector<int64_t> shared_segments;
+      if (cfg.activation == Activation::swiglu) shared_segments = {s.shared_ffn, s.shared_ffn};
+      column(p + ".mlp.shared.fc1", s.shared_fc1_out, C, std, shared_segments);
+      row(p + ".mlp.shared.fc2", C, s.shared_ffn, resid_std);
+    }
   }
   norm("norm_f");
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
@@ -176,8 +198,18 @@ size_t ModelSpec::index_of(const std::string& name) const {
   throw Error("no parameter named " + name);
 }
 
+int64_t ModelSpec::num_active_params() const {
+  int64_t n = num_params();
+  const MoeConfig& e = cfg.moe;
+  for (const auto& p : params) {
+    const bool expert = p.name.find(".mlp.experts.") != std::string::npos;
+    if (expert) n -= p.global_shape.numel() / e.num_experts * (e.num_experts - e.top_k);
+  }
+  return n;
+}
+
 double ModelSpec::flops_per_token() const {
-  double n = static_cast<double>(num_params());
+  double n = static_cast<double>(num_active_params());
   if (cfg.position == PositionKind::learned) n -= static_cast<double>(cfg.seq_len * cfg.d_model);
   return 6.0 * n + 6.0 * static_cast<double>(cfg.n_layers * cfg.d_model * cfg.seq_len);
 }

@@ -47,6 +47,9 @@ struct ModelSpec {
   int64_t qkv_dim;     // (H + 2KV) * D
   int64_t ffn_dim;     // F
   int64_t fc1_out;     // F (gelu) or 2F (swiglu)
+  // Mixture of experts ([model.moe]): an expert's fc1 rows (Fe or 2Fe), the shared experts'
+  // width S*Fs and fc1 rows.
+  int64_t expert_fc1_out = 0, shared_ffn = 0, shared_fc1_out = 0;
   std::vector<ParamSpec> params;
   // The tp group this spec is sharded for (shard_tp); 1, 0 = the whole model.
   int tp_size = 1, tp_rank = 0;
@@ -76,9 +79,12 @@ struct ModelSpec {
   std::vector<ShardSlice> local_slices(size_t i) const;
   int64_t num_params() const;        // global
   int64_t num_local_params() const;  // this rank's
+  // Global, counting of each MoE layer's experts only the top_k a token runs through.
+  int64_t num_active_params() const;
   // Index of a parameter by name; throws if absent.
   size_t index_of(const std::string& name) const;
-  // Training FLOPs per token: 6*N + 6*L*C*T (docs/references.md), N without position embeddings.
+  // Training FLOPs per token: 6*N + 6*L*C*T (docs/references.md), N the active parameters
+  // (num_active_params) without position embeddings; the router's E*C per layer counts as one.
   double flops_per_token() const;
 };
 

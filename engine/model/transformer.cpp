@@ -4,6 +4,7 @@
 #include "engine/model/transformer.h"
 
 #include <algorithm>
+#include <array>
 
 #include "engine/core/rng.h"
 #include "kernels/ops.h"
@@ -23,7 +24,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       attention_(make_attention_core(cp, alloc, micro_batch, spec.cfg.seq_len,
                                      spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
                                      spec_.head_dim, compute)),
-      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_} {
+      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_} {
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
   LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(),
@@ -90,14 +91,23 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     for (int64_t j = 0; j < chunk_layers(c); ++j)
       modes.push_back(recompute.layers == 0 || j < recompute.layers ? recompute.mode
                                                                     : Recompute::none);
-  const bool any_full = std::count(modes.begin(), modes.end(), Recompute::full) > 0;
   const bool any_core = std::count(modes.begin(), modes.end(), Recompute::selective) > 0;
-  // One layer's full saved set and stash (every layer has the same shapes).
-  std::vector<TensorSpec> layer_full, layer_stash;
-  if (!layers_.empty()) {
-    const Layer probe(env_, layers_[0], Recompute::none, {});
-    layer_full = probe.full_saved();
-    layer_stash = probe.stash();
+  // The layers' shapes: one kind for dense layers and one for mixture-of-experts layers
+  // (LayerKind), each with its full saved set, whether a layer of it recomputes fully, and its
+  // stash.
+  moe_stats_.load.resize(static_cast<size_t>(L));
+  bool has_moe = false;
+  std::array<std::vector<TensorSpec>, 2> layer_full;
+  std::array<std::vector<TensorSpec>, 2> layer_stash;
+  std::array<bool, 2> full_of{false, false};
+  for (size_t j = 0; j < layers_.size(); ++j) {
+    const int kind = cfg.moe.layer(layers_[j]) ? 1 : 0;
+    has_moe = has_moe || kind == 1;
+    full_of[kind] = full_of[kind] || modes[j] == Recompute::full;
+    if (!layer_full[kind].empty()) continue;
+    const Layer probe(env_, layers_[j], Recompute::none, {});
+    layer_full[kind] = probe.full_saved();
+    layer_stash[kind] = probe.stash();
   }
   const Embedding emb_probe(env_);
   const std::vector<TensorSpec> emb_stash = emb_probe.stash();
@@ -113,7 +123,9 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       if (!t.view) out.push_back(t);
     return out;
   };
-  const size_t stash_bytes = std::max(spec_bytes(made(layer_stash)), spec_bytes(made(head_stash)));
+  const size_t stash_bytes = std::max({spec_bytes(made(layer_stash[0])),
+                                       spec_bytes(made(layer_stash[1])),
+                                       spec_bytes(made(head_stash))});
 
   // Scratch shared by every micro-batch: lay out twice (count, then carve).
   const int64_t H = cfg.n_heads / p, KV = spec_.n_kv_heads / p, D = spec_.head_dim;
@@ -129,8 +141,21 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     sc.d_c = lay.take({N, C});
     sc.d_qkv = lay.take({B_, T_, H + 2 * KV, D});
     sc.d_att = lay.take({B_, T_, H, D});
-    sc.d_u = lay.take({B_, T_, spec_.fc1_out / p});
-    sc.d_g = lay.take({B_, T_, spec_.ffn_dim / p});
+    // The widest MLP's: the dense one or an MoE layer's shared experts.
+    sc.d_u = lay.take({B_, T_, std::max(spec_.fc1_out, spec_.shared_fc1_out) / p});
+    sc.d_g = lay.take({B_, T_, std::max(spec_.ffn_dim, spec_.shared_ffn) / p});
+    if (has_moe) {
+      const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, M = N * k;
+      sc.moe_scores = lay.take({N, E});
+      sc.moe_y = lay.take({N, C});
+      sc.moe_dx = lay.take({N, C});
+      sc.moe_dx_router = lay.take({N, C});
+      sc.moe_dw = lay.take({N, k});
+      sc.moe_dg = lay.take({M, cfg.moe.d_ff_expert});
+      sc.moe_dxp = lay.take({M, C});
+      sc.moe_aux = lay.take({B_});
+      sc.moe_zsq = lay.take({N});
+    }
     tp_.full = lay.take({N, C});
     if (tp_.sp()) {
       tp_.gathered = lay.take({N, C});
@@ -142,13 +167,15 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       sc.core_att = lay.take({B_, T_, H, D});
       sc.core_lse = lay.take({B_, H, T_});
     }
-    if (any_full) {
+    for (int kind = 0; kind < 2; ++kind) {
+      if (!full_of[kind]) continue;
       // One layer's full saved set but its input: a replay reads the layer's own saved input.
-      replay_set_.assign(1, Tensor());
-      for (const Tensor& t : lay.take_all({layer_full.begin() + 1, layer_full.end()}))
-        replay_set_.push_back(t);
-      sc.replay_out = lay.take({R, C});
+      std::vector<Tensor>& set = replay_sets_[static_cast<size_t>(kind)];
+      set.assign(1, Tensor());
+      const std::vector<TensorSpec>& f = layer_full[static_cast<size_t>(kind)];
+      for (const Tensor& t : lay.take_all({f.begin() + 1, f.end()})) set.push_back(t);
     }
+    if (full_of[0] || full_of[1]) sc.replay_out = lay.take({R, C});
     recompute_scratch_bytes_ = lay.bytes() - before;
   };
   TensorLayout count;
@@ -163,16 +190,18 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     for (const TensorSpec& t : specs) out.push_back(t.view ? Tensor() : lay.take(t.shape));
     return out;
   };
-  layer_stash_ = fused(layer_stash);
+  for (int kind = 0; kind < 2; ++kind) layer_stash_[kind] = fused(layer_stash[kind]);
   head_stash_ = fused(head_stash);
   emb_stash_ = fused(emb_stash);
 
   // The blocks.
   if (spec_.has_embedding) embedding_.emplace(env_);
-  for (size_t j = 0; j < layers_.size(); ++j)
+  for (size_t j = 0; j < layers_.size(); ++j) {
+    std::vector<Tensor>& replay = replay_sets_[cfg.moe.layer(layers_[j]) ? 1 : 0];
     layer_blocks_.push_back(std::make_unique<Layer>(
         env_, layers_[j], modes[j],
-        modes[j] == Recompute::full ? std::span<Tensor>(replay_set_) : std::span<Tensor>()));
+        modes[j] == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>()));
+  }
   if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums);
 
   if (num_chunks() == 1 && spec_.has_embedding && spec_.has_head) {
@@ -382,6 +411,7 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
   auto is_bt = [&](const Tensor& t) {
     return t.ndim() == 2 && t.shape[0] == B_ && t.shape[1] == T_;
   };
+  if (dloss != 0.0f) moe_stats_.dloss = dloss;  // the MoE losses' gradient scale
   if (chunk_has_embedding(chunk)) {
     LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);
@@ -421,7 +451,7 @@ void Transformer::backward(int chunk, Acts& a, Tensor tokens, const StepContext&
   const int64_t first = chunk_first_[chunk];
   for (int64_t j = chunk_layers(chunk) - 1; j >= 0; --j) {
     Layer& layer = *layer_blocks_[static_cast<size_t>(first + j)];
-    Stash st(then_weight ? std::span<Tensor>(layer_stash_)
+    Stash st(then_weight ? std::span<Tensor>(layer_stash_[spec_.cfg.moe.layer(layer.index()) ? 1 : 0])
                          : std::span<Tensor>(a.layer_stash[static_cast<size_t>(j)]),
              !then_weight);
     hook(true, static_cast<int>(layer.index()) + 1);

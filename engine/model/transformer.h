@@ -14,6 +14,7 @@
 // parallelism (this rank's block of tokens).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -149,6 +150,8 @@ class Transformer {
   // and output under full): docs/model.md derives both.
   std::vector<TensorSpec> layer_saved(int64_t local) const;
   size_t recompute_scratch_bytes() const { return recompute_scratch_bytes_; }
+  // What the mixture-of-experts layers measured since the caller last reset it (MoeStats).
+  MoeStats& moe_stats() { return moe_stats_; }
 
  private:
   // One micro-batch's activations of one chunk (the whole model without pp), views of `buf` laid
@@ -197,14 +200,17 @@ class Transformer {
   BlockScratch scratch_;
   SequenceShard seq_;
   std::unique_ptr<AttentionCore> attention_;  // LocalAttention, or ContextParallelAttention
+  MoeStats moe_stats_;
   BlockEnv env_;
-  std::vector<Tensor> replay_set_;  // full recompute: one layer's full saved set
+  // Full recompute: one layer's full saved set, of a dense layer [0] and of an MoE layer [1].
+  std::array<std::vector<Tensor>, 2> replay_sets_;
   size_t recompute_scratch_bytes_ = 0;
   std::optional<Embedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layer_blocks_;  // per local layer
   std::optional<Head> head_;
   // Back-to-back backward: the stash entries (views, or the non-view ones in scratch.stash).
-  std::vector<Tensor> layer_stash_, head_stash_, emb_stash_;
+  std::array<std::vector<Tensor>, 2> layer_stash_;  // of a dense layer [0], an MoE layer [1]
+  std::vector<Tensor> head_stash_, emb_stash_;
   Acts whole_;  // without pp: the one micro-batch's activations, allocated at construction
   std::vector<std::vector<Acts>> pipe_acts_;  // [chunk][mb] under pp, allocated per micro-batch
 };

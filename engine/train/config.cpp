@@ -37,6 +37,8 @@ constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
 constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
+constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
+constexpr std::array<std::string_view, 2> kMoeBalanceNames{"aux_loss", "none"};
 
 // ---- the key table ----
 
@@ -59,11 +61,18 @@ struct Section {
   }
 };
 
-// Builds the keys of the section `S Config::*` from pointers to members.
+// Builds the keys of a section of type S from pointers to its members. The section is a member of
+// Config (`[train]`) or a member of one (`[model.moe]`: Config::model, then ModelConfig::moe).
 template <typename S>
 class SectionBuilder {
  public:
-  SectionBuilder(std::string_view name, S Config::*section) : section_(section) {
+  SectionBuilder(std::string_view name, S Config::*section)
+      : section_([section](Config& c) -> S& { return c.*section; }) {
+    out_.name = name;
+  }
+  template <typename Outer>
+  SectionBuilder(std::string_view name, Outer Config::*outer, S Outer::*section)
+      : section_([outer, section](Config& c) -> S& { return c.*outer.*section; }) {
     out_.name = name;
   }
 
@@ -72,8 +81,8 @@ class SectionBuilder {
     auto sec = section_;
     out_.keys.push_back(
         Key{name, std::is_same_v<T, std::string>,
-            [sec, m](const toml::node& n, Config& c) { return read_value(n, c.*sec.*m); },
-            [sec, m](const Config& c) { return toml_text(c.*sec.*m); }});
+            [sec, m](const toml::node& n, Config& c) { return read_value(n, sec(c).*m); },
+            [sec, m](const Config& c) { return toml_text(sec(mut(c)).*m); }});
     return *this;
   }
 
@@ -86,11 +95,11 @@ class SectionBuilder {
                             [sec, m, &names](const toml::node& n, Config& c) {
                               size_t i = 0;
                               Problem p = read_choice(n, names, i);
-                              if (!p) c.*sec.*m = static_cast<E>(i);
+                              if (!p) sec(c).*m = static_cast<E>(i);
                               return p;
                             },
                             [sec, m, &names](const Config& c) {
-                              return toml_string(names[static_cast<size_t>(c.*sec.*m)]);
+                              return toml_string(names[static_cast<size_t>(sec(mut(c)).*m)]);
                             }});
     return *this;
   }
@@ -104,17 +113,19 @@ class SectionBuilder {
                             [sec, m, &names](const toml::node& n, Config& c) {
                               size_t i = 0;
                               Problem p = read_choice(n, names, i);
-                              if (!p) c.*sec.*m = std::string(names[i]);
+                              if (!p) sec(c).*m = std::string(names[i]);
                               return p;
                             },
-                            [sec, m](const Config& c) { return toml_string(c.*sec.*m); }});
+                            [sec, m](const Config& c) { return toml_string(sec(mut(c)).*m); }});
     return *this;
   }
 
   Section build() { return std::move(out_); }
 
  private:
-  S Config::*section_;
+  // The writers only read: one accessor serves reading and writing.
+  static Config& mut(const Config& c) { return const_cast<Config&>(c); }
+  std::function<S&(Config&)> section_;
   Section out_;
 };
 
@@ -147,6 +158,21 @@ const std::vector<Section>& sections() {
                     .add("rope_theta", &M::rope_theta)
                     .add("dropout", &M::dropout)
                     .add("init_std", &M::init_std)
+                    .build());
+    s.push_back(SectionBuilder<MoeConfig>("model.moe", &Config::model, &M::moe)
+                    .add("num_experts", &MoeConfig::num_experts)
+                    .add("top_k", &MoeConfig::top_k)
+                    .add("d_ff_expert", &MoeConfig::d_ff_expert)
+                    .add("router", &MoeConfig::router, kMoeRouterNames)
+                    .add("normalize", &MoeConfig::normalize)
+                    .add("balance", &MoeConfig::balance, kMoeBalanceNames)
+                    .add("aux_loss_coef", &MoeConfig::aux_loss_coef)
+                    .add("z_loss_coef", &MoeConfig::z_loss_coef)
+                    .add("capacity_factor", &MoeConfig::capacity_factor)
+                    .add("shared_experts", &MoeConfig::shared_experts)
+                    .add("d_ff_shared", &MoeConfig::d_ff_shared)
+                    .add("first_dense_layers", &MoeConfig::first_dense_layers)
+                    .add("every", &MoeConfig::every)
                     .build());
     s.push_back(SectionBuilder<T>("train", &Config::train)
                     .add("steps", &T::steps)
@@ -257,6 +283,8 @@ void resolve(Config& c, const std::set<std::string>& given) {
   if (!given.count("model.tie_embeddings")) m.tie_embeddings = preset.tie_embeddings;
   if (m.d_ff == 0 && m.d_model >= 1) m.d_ff = preset_d_ff(m.arch, m.d_model);
   if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
+  if (m.moe.d_ff_expert == 0) m.moe.d_ff_expert = m.d_ff;
+  if (m.moe.d_ff_shared == 0) m.moe.d_ff_shared = m.moe.d_ff_expert;
   if (c.train.micro_batch_size == 0) c.train.micro_batch_size = c.train.global_batch_size;
   if (c.optimizer.decay_steps == 0) c.optimizer.decay_steps = c.train.steps;
   if (c.data.seed == 0) c.data.seed = c.train.seed;

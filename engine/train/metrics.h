@@ -34,6 +34,13 @@ struct StepMetrics {
   // Pipeline parallelism: the measured bubble (idle / compute time of the step's schedule,
   // averaged over pp ranks) and the schedule's simulated one (forward 1, backward 2).
   std::optional<double> pp_bubble, pp_bubble_predicted;
+  // Mixture of experts (docs/model.md): the router losses added to the objective (summed over
+  // layers, averaged as the loss is), the largest and smallest share of one expert in a layer's
+  // assignments of the step (1/E when balanced), and the share of assignments capacity dropped.
+  struct Moe {
+    double aux = 0, z = 0, load_max = 0, load_min = 0, dropped = 0;
+  };
+  std::optional<Moe> moe;
 };
 
 class MetricsWriter {

@@ -146,6 +146,13 @@ void TensorBoardWriter::write(const StepMetrics& m) {
                    static_cast<double>(m.mem.peak[c]));
   v.emplace_back("memory/peak_total_bytes", static_cast<double>(m.mem.peak_total));
   if (m.val_loss) v.emplace_back("val/loss", *m.val_loss);
+  if (m.moe) {
+    v.emplace_back("moe/aux_loss", m.moe->aux);
+    v.emplace_back("moe/z_loss", m.moe->z);
+    v.emplace_back("moe/load_max", m.moe->load_max);
+    v.emplace_back("moe/load_min", m.moe->load_min);
+    v.emplace_back("moe/dropped", m.moe->dropped);
+  }
   scalars(m.step, v);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -309,6 +310,8 @@ struct Trainer::State {
   void gather_params();
   double device_peak();
   double world_mean(double v);
+  // The step's mixture-of-experts metrics from the model's MoeStats, over all ranks.
+  StepMetrics::Moe moe_metrics();
   double evaluate(int64_t step);
   void report_save(const ckpt::SaveResult& r);
   void poll_checkpoint(bool wait);
@@ -532,6 +535,37 @@ double Trainer::State::world_mean(double v) {
   return static_cast<double>(x) / world.size();
 }
 
+StepMetrics::Moe Trainer::State::moe_metrics() {
+  const MoeStats& st = model->moe_stats();
+  const int64_t L = cfg.model.n_layers, E = cfg.model.moe.num_experts;
+  // [aux, z, dropped, assigned, then each layer's E counts]: summed over the world, each layer's
+  // counts come from its pp stage's dp ranks (tp = cp = 1 under MoE).
+  std::vector<double> v(static_cast<size_t>(4 + L * E), 0.0);
+  v[0] = st.aux / static_cast<double>(accum);
+  v[1] = st.z / static_cast<double>(accum);
+  v[2] = static_cast<double>(st.dropped);
+  v[3] = static_cast<double>(st.assigned);
+  for (int64_t l = 0; l < L; ++l)
+    for (size_t e = 0; e < st.load[static_cast<size_t>(l)].size(); ++e)
+      v[static_cast<size_t>(4 + l * E) + e] = static_cast<double>(st.load[static_cast<size_t>(l)][e]);
+  Communicator& world = mesh.world();
+  if (world.size() > 1)
+    world.all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f64)).wait();
+  StepMetrics::Moe m;
+  m.aux = v[0] / static_cast<double>(dp);  // each dp rank's sum over the pp stages, averaged
+  m.z = v[1] / static_cast<double>(dp);
+  m.dropped = v[3] > 0 ? v[2] / v[3] : 0.0;
+  m.load_min = 1.0;
+  for (int64_t l = 0; l < L; ++l) {
+    const auto first = v.begin() + 4 + l * E;
+    const double total = std::accumulate(first, first + E, 0.0);
+    if (total == 0) continue;  // a dense layer
+    m.load_max = std::max(m.load_max, *std::max_element(first, first + E) / total);
+    m.load_min = std::min(m.load_min, *std::min_element(first, first + E) / total);
+  }
+  return m;
+}
+
 // Validation: the mean loss over train.eval_iters global batches of the valid split (the same
 // ones every time), each rank taking its slices as in training.
 double Trainer::State::evaluate(int64_t step) {
@@ -652,7 +686,10 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
   // mean (each cp rank's loss is the mean over its Tl of every sequence).
   const float dloss = scale / static_cast<float>(s.accum * s.dp * s.cp);
   s.fault.at("forward", step);
+  const bool moe = cfg.model.moe.enabled();
+  if (moe) s.model->moe_stats().reset();
   const double loss_sum = forward_backward(step, dloss);
+  if (moe) m.moe = moe_metrics();
   s.fault.at("backward", step);
   s.data_parallel->finish_backward();
   if (s.embedding_group) {

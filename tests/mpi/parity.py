@@ -78,6 +78,10 @@ LAYOUTS = {
                                 "parallel.virtual_stages=2"], L4),
     "cp2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     "cp2-ring-recompute": (2, ["parallel.cp=2", "train.recompute=selective"], []),
+    # Mixture of experts (configs/moe-tiny.toml): capacity dropping at dp 2 and 4 (its rule reads
+    # one sequence, so the layout does not change which tokens drop).
+    "capacity-dp2": (2, [], ["model.moe.capacity_factor=1.0"]),
+    "capacity-zero1-dp4": (4, ["parallel.zero_stage=1"], ["model.moe.capacity_factor=1.0"]),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]
@@ -104,7 +108,9 @@ def main():
     failures = []
     if len(steps) != len(ref_steps):
         failures.append(f"{len(steps)} steps vs {len(ref_steps)} single-rank")
-    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0}
+    # MoE runs also report their router losses, expert load and dropped share (layout-free).
+    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0, "moe_aux": 0.0, "moe_z": 0.0,
+             "moe_load_max": 0.0, "moe_load_min": 0.0, "moe_dropped": 0.0}
     for s, r in zip(steps, ref_steps):
         tol = 1e-5 if s["step"] == 1 else 1e-4
         for key in worst:
@@ -125,7 +131,9 @@ def main():
             failures.append(f"final params differ: max |a-b| / max |b| = {pdiff:.2e} > 1e-4")
     print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
           f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
-          f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}")
+          f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}"
+          + (f", max rel moe_aux {worst['moe_aux']:.2e}, moe_dropped {worst['moe_dropped']:.2e}"
+             if "moe_aux" in ref_steps[0] else ""))
     finish(failures)
 
 

@@ -55,6 +55,7 @@ class ModelCfg:
     norm_eps: float = f32(1e-5)
     rope_theta: float = f32(10000.0)
     init_std: float = f32(0.02)
+    moe: "MoeCfg | None" = None  # [model.moe]; None or num_experts 0 = dense
 
     def resolved(self) -> "ModelCfg":
         """Fills the preset defaults of docs/model.md's switch table."""
@@ -89,6 +90,28 @@ class ModelCfg:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+@dataclass
+class MoeCfg:
+    """docs/model.md, "Mixture of experts"."""
+
+    num_experts: int
+    top_k: int = 2
+    d_ff_expert: int = 0  # 0 = d_ff
+    router: str = "softmax"  # | "sigmoid"
+    normalize: bool = True
+    balance: str = "aux_loss"  # | "none"
+    aux_loss_coef: float = f32(0.01)
+    z_loss_coef: float = 0.0
+    capacity_factor: float = 0.0
+    shared_experts: int = 0
+    d_ff_shared: int = 0  # 0 = d_ff_expert
+    first_dense_layers: int = 0
+    every: int = 1
+
+    def is_moe(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer >= self.first_dense_layers and (layer - self.first_dense_layers) % self.every == 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,10 +203,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelCfg):
+    def __init__(self, cfg: ModelCfg, d_ff: int = 0):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
-        F_ = cfg.d_ff
+        F_ = d_ff or cfg.d_ff
         self.fc1 = nn.Linear(cfg.d_model, 2 * F_ if self.swiglu else F_, bias=cfg.bias)
         self.fc2 = nn.Linear(F_, cfg.d_model, bias=cfg.bias)
 
@@ -197,13 +220,80 @@ class MLP(nn.Module):
         return self.fc2(u)
 
 
-class Block(nn.Module):
+class MoE(nn.Module):
+    """Mixture of experts as docs/model.md states it, computed densely: every expert runs on every
+    token and a (token, expert) weight matrix (zero where not routed or dropped) combines them."""
+
     def __init__(self, cfg: ModelCfg):
+        super().__init__()
+        m = cfg.moe
+        self.m = m
+        self.swiglu = cfg.activation == "swiglu"
+        E, C = m.num_experts, cfg.d_model
+        self.Fe = m.d_ff_expert or cfg.d_ff
+        self.router = nn.Linear(C, E, bias=False)
+        self.experts = nn.Module()
+        self.experts.fc1 = nn.Module()
+        self.experts.fc2 = nn.Module()
+        self.experts.fc1.weight = nn.Parameter(torch.empty(E, (2 if self.swiglu else 1) * self.Fe, C))
+        self.experts.fc2.weight = nn.Parameter(torch.empty(E, C, self.Fe))
+        if m.shared_experts > 0:
+            self.shared = MLP(cfg, m.shared_experts * (m.d_ff_shared or self.Fe))
+        self.losses = []  # (aux term, z term) of each forward
+
+    def forward(self, x):
+        B, T, C = x.shape
+        m = self.m
+        E, k = m.num_experts, m.top_k
+        z = self.router(x)  # (B,T,E)
+        p = torch.sigmoid(z) if m.router == "sigmoid" else torch.softmax(z, dim=-1)
+        # top-k by score, decreasing, ties to the lower index (stable sort of -p)
+        sel = torch.sort(-p.detach(), dim=-1, stable=True).indices[..., :k]  # (B,T,k)
+        w = torch.gather(p, -1, sel)
+        if m.normalize:
+            w = w / w.sum(-1, keepdim=True)
+        keep = torch.ones(B, T, k, dtype=torch.bool)
+        if m.capacity_factor > 0:
+            cap = math.ceil(m.capacity_factor * T * k / E)
+            for b in range(B):
+                used = [0] * E
+                for j in range(k):  # rank (j, t)
+                    for t in range(T):
+                        e = int(sel[b, t, j])
+                        keep[b, t, j] = used[e] < cap
+                        used[e] += 1
+        # (B,T,E) combine weights
+        comb = torch.zeros(B, T, E, dtype=x.dtype).scatter_add(-1, sel, w * keep)
+        h = torch.einsum("btc,efc->btef", x, self.experts.fc1.weight)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = gelu_tanh(h)
+        out = torch.einsum("btef,ecf->btec", h, self.experts.fc2.weight)  # (B,T,E,C)
+        y = (comb[..., None] * out).sum(2)
+        if m.shared_experts > 0:
+            y = y + self.shared(x)
+        # router losses
+        aux = torch.zeros((), dtype=x.dtype)
+        if m.balance == "aux_loss":
+            counts = torch.zeros(B, E, dtype=x.dtype).scatter_add(1, sel.reshape(B, T * k), torch.ones(B, T * k, dtype=x.dtype))
+            f = counts / (T * k)
+            q = p / p.sum(-1, keepdim=True) if m.router == "sigmoid" else p
+            P = q.mean(1)  # (B,E)
+            aux = m.aux_loss_coef * (E * (f * P).sum(-1)).mean()
+        zl = m.z_loss_coef * (torch.logsumexp(z, dim=-1) ** 2).mean()
+        self.losses.append((aux, zl))
+        return y
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelCfg, layer: int = 0):
         super().__init__()
         self.norm_1 = make_norm(cfg)
         self.attn = Attention(cfg)
         self.norm_2 = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.moe is not None and cfg.moe.is_moe(layer) else MLP(cfg)
 
     def forward(self, x, rope=None):
         x = x + self.attn(self.norm_1(x), rope)  # dropout = 0 in the reference
@@ -218,7 +308,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.position == "learned":
             self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
         self.norm_f = make_norm(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -229,8 +319,8 @@ class Transformer(nn.Module):
         """GPT-2 init (statistically as the doc; not llmtrain's counter-based values)."""
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if p.dim() == 2:
-                s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn.proj.weight", "mlp.fc2.weight")) else std
+            if p.dim() >= 2:
+                s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn.proj.weight", "fc2.weight")) else std
                 p.normal_(0.0, s, generator=generator)
             elif name.endswith(".weight"):
                 p.fill_(1.0)
@@ -257,9 +347,19 @@ class Transformer(nn.Module):
 
     def loss(self, samples):
         """samples (B, T+1): inputs the first T, targets the last T; mean CE over B*T."""
+        return self.objective(samples)[0]
+
+    def objective(self, samples):
+        """(CE, router losses): the training objective is their sum; the router losses (aux + z
+        of every MoE layer) are 0 for a dense model."""
         inputs, targets = samples[:, :-1], samples[:, 1:]
+        moes = [b.mlp for b in self.layers if isinstance(b.mlp, MoE)]
+        for m in moes:
+            m.losses.clear()
         logits = self.forward(inputs)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        router = sum((a + z for m in moes for a, z in m.losses), torch.zeros((), dtype=ce.dtype))
+        return ce, router
 
     # ---- debug dump ---------------------------------------------------------------------------
 
@@ -348,7 +448,7 @@ class AdamW:
 
     @staticmethod
     def decays(p) -> bool:
-        return p.dim() == 2
+        return p.dim() >= 2
 
     @torch.no_grad()
     def step(self, lr: float):

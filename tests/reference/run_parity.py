@@ -32,13 +32,23 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model import AdamW, ModelCfg, OptCfg, Transformer, f32, grad_norm_and_clip, lr_at  # noqa: E402
+from model import AdamW, ModelCfg, MoeCfg, OptCfg, Transformer, f32, grad_norm_and_clip, lr_at  # noqa: E402
 
 PRESETS = {
     # arch-only presets: the switches (norm, activation, position, bias, tying, d_ff) are left to
     # llmtrain's preset defaults and resolved independently by ModelCfg.resolved().
     "gpt2": dict(arch="gpt2", vocab_size=97, n_layers=2, d_model=64, n_heads=4, n_kv_heads=0, seq_len=32),
     "llama": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32),
+    # Mixture of experts ([model.moe], docs/model.md): Mixtral-style softmax top-2 with the aux loss;
+    # sigmoid scores with a shared expert, the z-loss and a dense first layer; Switch-style top-1
+    # unnormalised with capacity dropping (gelu experts).
+    "moe-softmax": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
+                        moe=dict(num_experts=4, top_k=2, d_ff_expert=64)),
+    "moe-sigmoid": dict(arch="llama", vocab_size=101, n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
+                        moe=dict(num_experts=6, top_k=2, d_ff_expert=32, router="sigmoid", shared_experts=1,
+                                 d_ff_shared=48, z_loss_coef=1e-3, aux_loss_coef=0.02, first_dense_layers=1)),
+    "moe-capacity": dict(arch="gpt2", vocab_size=97, n_layers=2, d_model=64, n_heads=4, seq_len=32,
+                         moe=dict(num_experts=4, top_k=1, d_ff_expert=64, normalize=False, capacity_factor=1.0)),
 }
 GLOBAL_BATCH = 4
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, decay="cosine", weight_decay=0.1, grad_clip=1.0,
@@ -97,8 +107,8 @@ def check_init(model: Transformer) -> list[str]:
     c = model.cfg
     for n, p in model.named_parameters():
         p = p.detach().double()
-        if p.dim() == 2:
-            want = c.init_std / math.sqrt(2 * c.n_layers) if n.endswith(("attn.proj.weight", "mlp.fc2.weight")) else c.init_std
+        if p.dim() >= 2:
+            want = c.init_std / math.sqrt(2 * c.n_layers) if n.endswith(("attn.proj.weight", "fc2.weight")) else c.init_std
             mean, std = p.mean().item(), p.std().item()
             if abs(std / want - 1) > 0.1 or abs(mean) > 5 * want / math.sqrt(p.numel()):
                 errors.append(f"init {n}: mean {mean:.2e}, std {std:.5f}, doc says N(0, {want:.5f})")
@@ -121,8 +131,8 @@ def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_bat
         model.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for i in range(accum):
-            loss = model.loss(batch[i * micro_batch : (i + 1) * micro_batch])
-            (loss / accum).backward()
+            loss, router = model.objective(batch[i * micro_batch : (i + 1) * micro_batch])
+            ((loss + router) / accum).backward()
             loss_sum += loss.item()
         norm = grad_norm_and_clip(params, opt.grad_clip)
         lr = lr_at(opt, s)
@@ -193,11 +203,13 @@ def main() -> int:
         if d.exists():
             shutil.rmtree(d)
 
-    model_kv = PRESETS[args.preset]
+    model_kv = dict(PRESETS[args.preset])
+    moe_kv = model_kv.pop("moe", None)
     model_toml = {k: v for k, v in model_kv.items() if not (k == "n_kv_heads" and v == 0)}
     model_toml["dropout"] = 0.0
     write_config(cfg_path, {
         "model": model_toml,
+        **({"model.moe": moe_kv} if moe_kv else {}),
         "train": dict(steps=args.steps, global_batch_size=GLOBAL_BATCH, micro_batch_size=micro_batch,
                       precision="fp32", seed=SEED, run_dir=str(run_dir), device="cpu", threads=args.threads),
         "optimizer": dict(lr=OPT["lr"], min_lr=OPT["min_lr"], warmup_steps=OPT["warmup_steps"], decay=OPT["decay"],
@@ -223,7 +235,10 @@ def main() -> int:
 
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
-    mcfg = ModelCfg(**model_kv)
+    moe = None
+    if moe_kv:
+        moe = MoeCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in moe_kv.items()})
+    mcfg = ModelCfg(**model_kv, moe=moe)
     o = OPT
     opt = OptCfg(lr=f32(o["lr"]), min_lr=f32(o["min_lr"]), warmup_steps=o["warmup_steps"], decay=o["decay"],
                  decay_steps=args.steps, beta1=f32(o["beta1"]), beta2=f32(o["beta2"]), eps=f32(o["eps"]),
@@ -284,6 +299,25 @@ def main() -> int:
         l1, g1 = rel(bad[0][0], ours[0][0]), rel(bad[0][1], ours[0][1])
         print(f"self-test OK: {name}{list(idx)} += {delta} is detected ({len(errs)} mismatches; "
               f"step-1 loss moves {l1:.1e}, grad_norm {g1:.1e} rel; first: {errs[0]})")
+        # Each MoE feature must matter: the reference without it must fail.
+        variants = []
+        if moe is not None:
+            variants.append(("without router losses", dict(balance="none", z_loss_coef=0.0)))
+            if moe.capacity_factor > 0:
+                variants.append(("dropless (no capacity)", dict(capacity_factor=0.0)))
+        for what, change in variants:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(initial[n])
+            for block in model.layers:
+                if hasattr(block.mlp, "m"):
+                    block.mlp.m = MoeCfg(**{**vars(moe), **change})
+            bad = reference_run(model, opt, tokens, micro_batch)
+            errs = compare(bad, metrics, args, quiet=True)
+            if not errs:
+                print(f"SELF-TEST FAILED: the reference {what} still matched llmtrain", file=sys.stderr)
+                return 1
+            print(f"self-test OK: the reference {what} is detected ({len(errs)} mismatches; first: {errs[0]})")
     return 0
 
 

@@ -678,8 +678,89 @@ void add_init(std::vector<OpCase>& cases) {
 
 }  // namespace
 
+// Mixture of experts: 2 sequences of 37 tokens, 6 experts, top-2; indices from the CPU router
+// and dispatch (so the GPU cases see valid plans), a capacity that drops, and grouped GEMMs with
+// an empty group and groups longer than a tile.
+void add_moe(std::vector<OpCase>& cases) {
+  const int64_t S = 2, T = 37, N = S * T, E = 6, k = 2, M = N * k, C = 48;
+  HostTensor logits = uniform({N, E}, 1, -3.0f, 3.0f);
+  HostTensor scores({N, E}), idx({N, k}, DType::i32), weights({N, k});
+  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), false, true);
+  for (const auto& [sigmoid, normalize] : {std::pair{false, true}, std::pair{true, false}}) {
+    const std::string name = std::string("moe_route_") + (sigmoid ? "sigmoid" : "softmax") +
+                             (normalize ? "_normalized" : "");
+    cases.push_back({"moe_route",
+                     name,
+                     {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits},
+                     op([sigmoid, normalize](const Views& v) {
+                       ops::moe_route(v[0], v[1], v[2], v[3], sigmoid, normalize);
+                     }),
+                     kTight});
+  }
+  HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({M}, DType::i32);
+  HostTensor slot({N, k}, DType::i32);
+  const int64_t capacity = 10;  // of ~12 per (sequence, expert): some drop
+  ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), T, capacity);
+  for (const int64_t cap : {int64_t{0}, capacity})
+    cases.push_back({"moe_dispatch",
+                     "moe_dispatch_capacity" + std::to_string(cap),
+                     {HostTensor({S, E}, DType::i32), HostTensor({E + 1}, DType::i32),
+                      HostTensor({M}, DType::i32), HostTensor({N, k}, DType::i32), idx},
+                     op([cap](const Views& v) {
+                       ops::moe_dispatch(v[0], v[1], v[2], v[3], v[4], 37, cap);
+                     }),
+                     kExact});
+  cases.push_back({"moe_permute",
+                   "moe_permute_weighted",
+                   {uniform({M, C}, 4), uniform({N, C}, 5), assign, weights},
+                   op([](const Views& v) { ops::moe_permute(v[0], v[1], v[2], v[3]); }),
+                   kExact});
+  cases.push_back({"moe_unpermute",
+                   "moe_unpermute_weighted",
+                   {uniform({N, C}, 6), uniform({M, C}, 7), slot, weights},
+                   op([](const Views& v) { ops::moe_unpermute(v[0], v[1], v[2], v[3]); }),
+                   kTight});
+  cases.push_back({"moe_weights_backward",
+                   "moe_weights_backward",
+                   {uniform({N, k}, 8), uniform({N, C}, 9), uniform({M, C}, 10), slot},
+                   op([](const Views& v) { ops::moe_weights_backward(v[0], v[1], v[2], v[3]); }),
+                   kReduced});
+  for (const auto& [sigmoid, normalize] : {std::pair{false, true}, std::pair{true, false}})
+    cases.push_back({"moe_route_backward",
+                     std::string("moe_route_backward_") + (sigmoid ? "sigmoid" : "softmax"),
+                     {uniform({N, E}, 11), uniform({N, k}, 12), logits, idx, counts},
+                     op([sigmoid, normalize](const Views& v) {
+                       ops::moe_route_backward(v[0], v[1], v[2], v[3], v[4], sigmoid, normalize,
+                                               0.3f, 0.1f);
+                     }),
+                     kReduced});
+  cases.push_back({"moe_route_losses",
+                   "moe_route_losses",
+                   {uniform({S}, 13), uniform({N}, 14), logits, counts},
+                   op([](const Views& v) { ops::moe_route_losses(v[0], v[1], v[2], v[3], 2, true); }),
+                   kReduced});
+  const int64_t IC = 40, OC = 52, G = 6, R = 300;
+  const std::vector<int64_t> groups{0, 30, 30, 170, 200, 299, 300};  // an empty group, 140 rows
+  cases.push_back({"grouped_linear_forward",
+                   "grouped_linear_forward",
+                   {uniform({R, OC}, 15), uniform({R, IC}, 16), uniform({G, OC, IC}, 17)},
+                   op([groups](const Views& v) {
+                     ops::grouped_linear_forward(v[0], v[1], v[2], groups);
+                   }),
+                   kReduced});
+  cases.push_back({"grouped_linear_backward",
+                   "grouped_linear_backward",
+                   {uniform({R, IC}, 18), uniform({G, OC, IC}, 19), uniform({R, OC}, 20),
+                    uniform({R, IC}, 16), uniform({G, OC, IC}, 17)},
+                   op([groups](const Views& v) {
+                     ops::grouped_linear_backward(v[0], v[1], v[2], v[3], v[4], groups);
+                   }),
+                   kReduced});
+}
+
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> cases;
+  add_moe(cases);
   add_embedding(cases);
   add_norms(cases);
   add_linear(cases);

@@ -1,0 +1,280 @@
+// Mixture-of-experts kernels (kernel_decls.inc, "mixture of experts"): the router's top-k and its
+// gradient, the dispatch plan (counting by sequence and expert, capacity dropping), the row
+// permutations between token order and expert order, and the grouped GEMM over the experts' row
+// runs, all in fp32. The grouped GEMM is one OpenMP region over (expert, row or column block)
+// tiles, each a single-threaded BLAS call (OpenBLAS runs serially inside a parallel region).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/kernel_util.h"
+
+namespace llmt::cpu {
+namespace {
+
+// p (E) := softmax or sigmoid of z (E); returns logsumexp(z) (the z-loss reads it).
+float router_scores(float* p, const float* z, int64_t E, bool sigmoid) {
+  float mx = z[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  for (int64_t e = 0; e < E; ++e)
+    p[e] = sigmoid ? 1.0f / (1.0f + std::exp(-z[e])) : std::exp(z[e] - lse);
+  return lse;
+}
+
+// idx (k) := the k largest of p (E), decreasing, ties to the lower index.
+void top_k(int32_t* idx, const float* p, int64_t E, int64_t k) {
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    idx[j] = static_cast<int32_t>(best);
+  }
+}
+
+}  // namespace
+
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, int64_t N,
+               int64_t E, int64_t k, bool sigmoid, bool normalize) {
+  parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* p = scores + t * E;
+      router_scores(p, logits + t * E, E, sigmoid);
+      int32_t* ix = idx + t * k;
+      top_k(ix, p, E, k);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) sum += p[ix[j]];
+      for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? p[ix[j]] / sum : p[ix[j]];
+    }
+  });
+}
+
+void moe_dispatch(int32_t* counts, int32_t* offsets, int32_t* assign, int32_t* slot,
+                  const int32_t* idx, int64_t S, int64_t T, int64_t E, int64_t k,
+                  int64_t capacity) {
+  // kept (S,E): the assignments of each (sequence, expert) that stay; slot marks dropped ones -1.
+  std::vector<int64_t> kept(static_cast<size_t>(S * E), 0);
+  for (int64_t s = 0; s < S; ++s) {
+    int32_t* c = counts + s * E;
+    std::fill(c, c + E, 0);
+    for (int64_t j = 0; j < k; ++j)  // (j, t) order: first choices rank before second ones
+      for (int64_t t = s * T; t < (s + 1) * T; ++t) {
+        const int32_t e = idx[t * k + j];
+        const bool keep = capacity == 0 || c[e] < capacity;
+        ++c[e];
+        slot[t * k + j] = keep ? 0 : -1;
+        if (keep) ++kept[s * E + e];
+      }
+  }
+  // Expert-major, then sequence: the first permuted row of each (expert, sequence).
+  std::vector<int64_t> next(static_cast<size_t>(S * E));
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    offsets[e] = static_cast<int32_t>(row);
+    for (int64_t s = 0; s < S; ++s) {
+      next[s * E + e] = row;
+      row += kept[s * E + e];
+    }
+  }
+  offsets[E] = static_cast<int32_t>(row);
+  for (int64_t t = 0; t < S * T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t a = t * k + j;
+      if (slot[a] < 0) continue;
+      const int64_t r = next[(t / T) * E + idx[a]]++;
+      slot[a] = static_cast<int32_t>(r);
+      assign[r] = static_cast<int32_t>(a);
+    }
+  std::fill(assign + row, assign + S * T * k, -1);
+}
+
+void moe_permute(float* out, const float* in, const int32_t* assign, const float* weights,
+                 int64_t N, int64_t C, int64_t k) {
+  parallel_for(N * k, grain_rows(C), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t a = assign[r];
+      if (a < 0) continue;
+      const float w = weights ? weights[a] : 1.0f;
+      const float* src = in + (a / k) * C;
+      float* dst = out + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dst[c] = src[c] * w;
+    }
+  });
+}
+
+void moe_unpermute(float* out, const float* in, const int32_t* slot, const float* weights,
+                   int64_t N, int64_t C, int64_t k) {
+  parallel_for(N, grain_rows(C * k), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* dst = out + t * C;
+      std::fill(dst, dst + C, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t r = slot[t * k + j];
+        if (r < 0) continue;
+        const float w = weights ? weights[t * k + j] : 1.0f;
+        const float* src = in + static_cast<int64_t>(r) * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dst[c] += w * src[c];
+      }
+    }
+  });
+}
+
+void moe_weights_backward(float* dweights, const float* dout, const float* in, const int32_t* slot,
+                          int64_t N, int64_t C, int64_t k) {
+  parallel_for(N, grain_rows(C * k), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t r = slot[t * k + j];
+        float dot = 0.0f;
+        if (r >= 0) {
+          const float* a = dout + t * C;
+          const float* b = in + static_cast<int64_t>(r) * C;
+          for (int64_t c = 0; c < C; ++c) dot += a[c] * b[c];
+        }
+        dweights[t * k + j] = dot;
+      }
+  });
+}
+
+void moe_route_backward(float* dlogits, const float* dweights, const float* logits,
+                        const int32_t* idx, const int32_t* counts, int64_t N, int64_t T, int64_t E,
+                        int64_t k, bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+  parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* z = logits + t * E;
+      const float lse = router_scores(p.data(), z, E, sigmoid);
+      std::fill(dp.begin(), dp.end(), 0.0f);
+      // The routing weights w_j = p[i_j] (/ their sum).
+      const int32_t* ix = idx + t * k;
+      const float* dw = dweights + t * k;
+      if (normalize) {
+        float sum = 0.0f, wdw = 0.0f;
+        for (int64_t j = 0; j < k; ++j) sum += p[ix[j]];
+        for (int64_t j = 0; j < k; ++j) wdw += p[ix[j]] / sum * dw[j];
+        for (int64_t j = 0; j < k; ++j) dp[ix[j]] += (dw[j] - wdw) / sum;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[ix[j]] += dw[j];
+      }
+      // The aux loss, through q = p (softmax) or p / sum(p) (sigmoid).
+      if (aux_scale != 0.0f) {
+        const int32_t* c = counts + (t / T) * E;
+        if (!sigmoid) {
+          for (int64_t e = 0; e < E; ++e) dp[e] += aux_scale * static_cast<float>(c[e]);
+        } else {
+          float sum = 0.0f, qdq = 0.0f;
+          for (int64_t e = 0; e < E; ++e) sum += p[e];
+          for (int64_t e = 0; e < E; ++e) qdq += p[e] / sum * aux_scale * static_cast<float>(c[e]);
+          for (int64_t e = 0; e < E; ++e)
+            dp[e] += (aux_scale * static_cast<float>(c[e]) - qdq) / sum;
+        }
+      }
+      float* dz = dlogits + t * E;
+      if (!sigmoid) {
+        float pdp = 0.0f;
+        for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[e];
+        for (int64_t e = 0; e < E; ++e) dz[e] = p[e] * (dp[e] - pdp);
+      } else {
+        for (int64_t e = 0; e < E; ++e) dz[e] = dp[e] * p[e] * (1.0f - p[e]);
+      }
+      if (z_scale != 0.0f)
+        for (int64_t e = 0; e < E; ++e) dz[e] += z_scale * lse * std::exp(z[e] - lse);
+    }
+  });
+}
+
+void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts,
+                      int64_t S, int64_t T, int64_t E, int64_t k, bool sigmoid) {
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<double> mean_q(static_cast<size_t>(E));
+  for (int64_t s = 0; s < S; ++s) {
+    std::fill(mean_q.begin(), mean_q.end(), 0.0);
+    for (int64_t t = s * T; t < (s + 1) * T; ++t) {
+      const float lse = router_scores(p.data(), logits + t * E, E, sigmoid);
+      zsq[t] = lse * lse;
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) sum += sigmoid ? p[e] : 0.0;
+      for (int64_t e = 0; e < E; ++e) mean_q[e] += sigmoid ? p[e] / sum : p[e];
+    }
+    double a = 0.0;
+    for (int64_t e = 0; e < E; ++e)
+      a += static_cast<double>(counts[s * E + e]) / static_cast<double>(T * k) * mean_q[e] /
+           static_cast<double>(T);
+    aux[s] = static_cast<float>(static_cast<double>(E) * a);
+  }
+}
+
+namespace {
+
+// One tile of a grouped GEMM: group g, and a block [b, e) of its rows (or columns).
+struct Tile {
+  int64_t g, b, e;
+};
+
+// Tiles over each group's `extent(g)` in blocks of `block`.
+template <typename Extent>
+std::vector<Tile> tiles(int64_t G, int64_t block, Extent&& extent) {
+  std::vector<Tile> out;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t b = 0, n = extent(g); b < n; b += block) out.push_back({g, b, std::min(n, b + block)});
+  return out;
+}
+
+template <typename Body>
+void run_tiles(const std::vector<Tile>& ts, int64_t work, Body&& body) {
+  const int nt = threads_for(work, kGrainElems * 16);
+  const auto n = static_cast<int64_t>(ts.size());
+#pragma omp parallel for schedule(dynamic) num_threads(nt) if (nt > 1 && n > 1)
+  for (int64_t i = 0; i < n; ++i) body(ts[static_cast<size_t>(i)]);
+}
+
+constexpr int64_t kTileRows = 128;
+
+}  // namespace
+
+void grouped_linear_forward(float* out, const float* inp, const float* weight,
+                            const int64_t* offsets, int64_t G, int64_t IC, int64_t OC) {
+  const auto ts = tiles(G, kTileRows, [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
+  run_tiles(ts, (offsets[G] - offsets[0]) * IC * OC / 64, [&](const Tile& t) {
+    const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp + r0 * IC, IC,
+                weight + t.g * OC * IC, IC, 0.0f, out + r0 * OC, OC);
+  });
+}
+
+void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const int64_t* offsets, int64_t G, int64_t IC,
+                             int64_t OC) {
+  const int64_t work = (offsets[G] - offsets[0]) * IC * OC / 64;
+  if (dinp) {  // rows of (n,IC) = (n,OC) @ (OC,IC)
+    const auto ts = tiles(G, kTileRows, [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
+    run_tiles(ts, work, [&](const Tile& t) {
+      const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout + r0 * OC, OC,
+                  weight + t.g * OC * IC, IC, 0.0f, dinp + r0 * IC, IC);
+    });
+  }
+  if (dweight) {  // rows [b, e) of (OC,IC) += (n,OC)^T @ (n,IC), over the group's n rows
+    const auto ts = tiles(G, kTileRows, [&](int64_t g) {
+      return offsets[g + 1] > offsets[g] ? OC : int64_t{0};
+    });
+    run_tiles(ts, work, [&](const Tile& t) {
+      const int64_t r0 = offsets[t.g], n = offsets[t.g + 1] - r0;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t.e - t.b, IC, n, 1.0f,
+                  dout + r0 * OC + t.b, OC, inp + r0 * IC, IC, 1.0f,
+                  dweight + t.g * OC * IC + t.b * IC, IC);
+    });
+  }
+}
+
+}  // namespace llmt::cpu

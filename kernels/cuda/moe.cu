@@ -1,0 +1,298 @@
+// Mixture-of-experts kernels (kernel_decls.inc, "mixture of experts"); the formulas and orders are
+// the CPU kernels' (kernels/cpu/moe.cpp). The router runs a thread per token (E is small); the
+// dispatch a thread per (sequence, expert), which scans its sequence in the dropping order, so no
+// atomics decide which assignment keeps its place; the grouped GEMM is one
+// cublasSgemmGroupedBatched call (fp32, no TF32) with one group per expert that has rows.
+#include <cublas_v2.h>
+
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+#define LLMT_CUBLAS_V2_CHECK(call)                                                              \
+  do {                                                                                          \
+    cublasStatus_t st_ = (call);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ",    \
+                                                 cublasGetStatusString(st_)));                  \
+  } while (0)
+
+namespace llmt::cuda {
+namespace {
+
+// The row's max and logsumexp.
+__device__ float row_lse(const float* z, int64_t E) {
+  float mx = z[0];
+  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += exp(static_cast<double>(z[e] - mx));
+  return mx + static_cast<float>(log(sum));
+}
+
+__device__ float score(const float* z, int64_t e, float lse, bool sigmoid) {
+  return sigmoid ? 1.0f / (1.0f + expf(-z[e])) : expf(z[e] - lse);
+}
+
+}  // namespace
+
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, int64_t N,
+               int64_t E, int64_t k, bool sigmoid, bool normalize) {
+  for_each(N, [=] __device__(int64_t t) {
+    const float* z = logits + t * E;
+    float* p = scores + t * E;
+    const float lse = row_lse(z, E);
+    for (int64_t e = 0; e < E; ++e) p[e] = score(z, e, lse, sigmoid);
+    int32_t* ix = idx + t * k;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || ix[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      ix[j] = static_cast<int32_t>(best);
+      sum += p[best];
+    }
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? p[ix[j]] / sum : p[ix[j]];
+  });
+}
+
+void moe_dispatch(int32_t* counts, int32_t* offsets, int32_t* assign, int32_t* slot,
+                  const int32_t* idx, int64_t S, int64_t T, int64_t E, int64_t k,
+                  int64_t capacity) {
+  // Count and mark: (sequence, expert) in (j, t) order; slot 0 kept, -1 dropped.
+  for_each(S * E, [=] __device__(int64_t i) {
+    const int64_t s = i / E, e = i % E;
+    int32_t c = 0;
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t t = s * T; t < (s + 1) * T; ++t)
+        if (idx[t * k + j] == e) {
+          slot[t * k + j] = capacity == 0 || c < capacity ? 0 : -1;
+          ++c;
+        }
+    counts[i] = c;
+  });
+  auto kept = [=] __device__(int64_t s, int64_t e) {
+    const int32_t c = counts[s * E + e];
+    return capacity == 0 || c < capacity ? int64_t{c} : capacity;
+  };
+  for_each(1, [=] __device__(int64_t) {
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      offsets[e] = static_cast<int32_t>(row);
+      for (int64_t s = 0; s < S; ++s) row += kept(s, e);
+    }
+    offsets[E] = static_cast<int32_t>(row);
+  });
+  // Fill: each (sequence, expert) its rows, in t order.
+  for_each(S * E, [=] __device__(int64_t i) {
+    const int64_t s = i / E, e = i % E;
+    int64_t row = offsets[e];
+    for (int64_t s2 = 0; s2 < s; ++s2) row += kept(s2, e);
+    for (int64_t t = s * T; t < (s + 1) * T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t a = t * k + j;
+        if (idx[a] != e || slot[a] < 0) continue;
+        slot[a] = static_cast<int32_t>(row);
+        assign[row++] = static_cast<int32_t>(a);
+      }
+  });
+  for_each(S * T * k, [=] __device__(int64_t r) {
+    if (r >= offsets[E]) assign[r] = -1;
+  });
+}
+
+void moe_permute(float* out, const float* in, const int32_t* assign, const float* weights,
+                 int64_t N, int64_t C, int64_t k) {
+  for_each(N * k * C, [=] __device__(int64_t i) {
+    const int64_t r = i / C, c = i % C;
+    const int32_t a = assign[r];
+    if (a < 0) return;
+    out[i] = in[(a / k) * C + c] * (weights ? weights[a] : 1.0f);
+  });
+}
+
+void moe_unpermute(float* out, const float* in, const int32_t* slot, const float* weights,
+                   int64_t N, int64_t C, int64_t k) {
+  for_each(N * C, [=] __device__(int64_t i) {
+    const int64_t t = i / C, c = i % C;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = slot[t * k + j];
+      if (r >= 0) acc += (weights ? weights[t * k + j] : 1.0f) * in[int64_t{r} * C + c];
+    }
+    out[i] = acc;
+  });
+}
+
+void moe_weights_backward(float* dweights, const float* dout, const float* in, const int32_t* slot,
+                          int64_t N, int64_t C, int64_t k) {
+  for_each(N * k, [=] __device__(int64_t a) {
+    const int32_t r = slot[a];
+    float dot = 0.0f;
+    if (r >= 0)
+      for (int64_t c = 0; c < C; ++c) dot += dout[(a / k) * C + c] * in[int64_t{r} * C + c];
+    dweights[a] = dot;
+  });
+}
+
+void moe_route_backward(float* dlogits, const float* dweights, const float* logits,
+                        const int32_t* idx, const int32_t* counts, int64_t N, int64_t T, int64_t E,
+                        int64_t k, bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+  for_each(N, [=] __device__(int64_t t) {
+    const float* z = logits + t * E;
+    const float lse = row_lse(z, E);
+    const int32_t* ix = idx + t * k;
+    const float* dw = dweights + t * k;
+    const int32_t* c = aux_scale != 0.0f ? counts + (t / T) * E : nullptr;
+    float sel = 0.0f, wdw = 0.0f, all = 0.0f, qdq = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sel += score(z, ix[j], lse, sigmoid);
+    for (int64_t j = 0; j < k; ++j) wdw += score(z, ix[j], lse, sigmoid) / sel * dw[j];
+    if (c && sigmoid) {
+      for (int64_t e = 0; e < E; ++e) all += score(z, e, lse, true);
+      for (int64_t e = 0; e < E; ++e)
+        qdq += score(z, e, lse, true) / all * aux_scale * static_cast<float>(c[e]);
+    }
+    // dp (the gradient of expert e's score), as the CPU kernel accumulates it.
+    auto dp = [&](int64_t e) {
+      float d = 0.0f;
+      for (int64_t j = 0; j < k; ++j)
+        if (ix[j] == e) d += normalize ? (dw[j] - wdw) / sel : dw[j];
+      if (c) {
+        const float a = aux_scale * static_cast<float>(c[e]);
+        d += sigmoid ? (a - qdq) / all : a;
+      }
+      return d;
+    };
+    float pdp = 0.0f;
+    if (!sigmoid)
+      for (int64_t e = 0; e < E; ++e) pdp += score(z, e, lse, false) * dp(e);
+    for (int64_t e = 0; e < E; ++e) {
+      const float p = score(z, e, lse, sigmoid);
+      float d = sigmoid ? dp(e) * p * (1.0f - p) : p * (dp(e) - pdp);
+      if (z_scale != 0.0f) d += z_scale * lse * expf(z[e] - lse);
+      dlogits[t * E + e] = d;
+    }
+  });
+}
+
+void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts,
+                      int64_t S, int64_t T, int64_t E, int64_t k, bool sigmoid) {
+  for_each(S * T, [=] __device__(int64_t t) {
+    const float lse = row_lse(logits + t * E, E);
+    zsq[t] = lse * lse;
+  });
+  for_each(S, [=] __device__(int64_t s) {
+    double a = 0.0;
+    for (int64_t e = 0; e < E; ++e) {
+      double mean_q = 0.0;
+      for (int64_t t = s * T; t < (s + 1) * T; ++t) {
+        const float* z = logits + t * E;
+        const float lse = row_lse(z, E);
+        double all = 0.0;
+        if (sigmoid)
+          for (int64_t e2 = 0; e2 < E; ++e2) all += score(z, e2, lse, true);
+        mean_q += sigmoid ? score(z, e, lse, true) / all : score(z, e, lse, false);
+      }
+      a += static_cast<double>(counts[s * E + e]) / static_cast<double>(T * k) * mean_q /
+           static_cast<double>(T);
+    }
+    aux[s] = static_cast<float>(static_cast<double>(E) * a);
+  });
+}
+
+namespace {
+
+cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    LLMT_CUBLAS_V2_CHECK(cublasCreate(&x));
+    LLMT_CUBLAS_V2_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));  // no TF32
+    return x;
+  }();
+  LLMT_CUBLAS_V2_CHECK(cublasSetStream(h, stream()));
+  return h;
+}
+
+// One column-major GEMM per non-empty group, C_g = op(A_g) op(B_g) (+ beta C_g), in one call.
+struct Groups {
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<float> alpha, beta;
+  std::vector<const float*> a, b;
+  std::vector<float*> c;
+
+  void add(bool trans_a, bool trans_b, int64_t m_, int64_t n_, int64_t k_, const float* a_,
+           int64_t lda_, const float* b_, int64_t ldb_, float beta_, float* c_, int64_t ldc_) {
+    if (m_ == 0 || n_ == 0 || k_ == 0) return;  // nothing to compute (beta = 1 for dweight)
+    ta.push_back(trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    tb.push_back(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    m.push_back(static_cast<int>(m_));
+    n.push_back(static_cast<int>(n_));
+    k.push_back(static_cast<int>(k_));
+    lda.push_back(static_cast<int>(lda_));
+    ldb.push_back(static_cast<int>(ldb_));
+    ldc.push_back(static_cast<int>(ldc_));
+    alpha.push_back(1.0f);
+    beta.push_back(beta_);
+    a.push_back(a_);
+    b.push_back(b_);
+    c.push_back(c_);
+    size.push_back(1);
+  }
+
+  void run() {
+    if (c.empty()) return;
+    const size_t g = c.size();
+    // The pointer arrays live on the device; the rest are host arrays.
+    static Scratch pointers;
+    auto** dev = static_cast<void**>(pointers.reserve(3 * g * sizeof(void*)));
+    std::vector<const void*> host;
+    for (const float* p : a) host.push_back(p);
+    for (const float* p : b) host.push_back(p);
+    for (float* p : c) host.push_back(p);
+    LLMT_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), 3 * g * sizeof(void*),
+                                    cudaMemcpyHostToDevice, stream()));
+    LLMT_CUBLAS_V2_CHECK(cublasSgemmGroupedBatched(
+        blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+        reinterpret_cast<const float* const*>(dev), lda.data(),
+        reinterpret_cast<const float* const*>(dev + g), ldb.data(), beta.data(),
+        reinterpret_cast<float* const*>(dev + 2 * g), ldc.data(), static_cast<int>(g),
+        size.data()));
+  }
+};
+
+}  // namespace
+
+// Row-major (rows, cols) is column-major (cols, rows): out^T (OC,n) = W (OC,IC) . inp^T (IC,n).
+void grouped_linear_forward(float* out, const float* inp, const float* weight,
+                            const int64_t* offsets, int64_t G, int64_t IC, int64_t OC) {
+  Groups gs;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    gs.add(true, false, OC, n, IC, weight + g * OC * IC, IC, inp + r0 * IC, IC, 0.0f,
+           out + r0 * OC, OC);
+  }
+  gs.run();
+}
+
+// dinp^T (IC,n) = W^T (IC,OC) . dout^T (OC,n); dW^T (IC,OC) += inp^T (IC,n) . dout (n,OC).
+void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const int64_t* offsets, int64_t G, int64_t IC,
+                             int64_t OC) {
+  Groups gs;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (dinp)
+      gs.add(false, false, IC, n, OC, weight + g * OC * IC, IC, dout + r0 * OC, OC, 0.0f,
+             dinp + r0 * IC, IC);
+    if (dweight)
+      gs.add(false, true, IC, OC, n, inp + r0 * IC, IC, dout + r0 * OC, OC, 1.0f,
+             dweight + g * OC * IC, IC);
+  }
+  gs.run();
+}
+
+}  // namespace llmt::cuda

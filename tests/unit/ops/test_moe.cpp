@@ -1,0 +1,217 @@
+// Mixture-of-experts ops: the router (top-k, ties, weights) against a double reference, its
+// gradient (routing weights, aux loss, z-loss) against finite differences, the dispatch's capacity
+// rule on a hand-worked case, the permute/combine pair and its gradients, and the grouped GEMM
+// against one linear per group.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/ops.h"
+#include "tests/unit/ops/harness.h"
+
+namespace llmt::test {
+namespace {
+
+// Router outputs of logits (N,E), k per row.
+struct Routed {
+  HostTensor scores, idx, weights;
+};
+
+Routed route(HostTensor& logits, int64_t k, bool sigmoid, bool normalize) {
+  const int64_t N = logits.shape()[0], E = logits.shape()[1];
+  Routed r{HostTensor({N, E}), HostTensor({N, k}, DType::i32), HostTensor({N, k})};
+  ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(), sigmoid, normalize);
+  return r;
+}
+
+TEST(MoeRoute, TopKAndWeightsMatchDoubleReference) {
+  const int64_t N = 50, E = 7, k = 3;
+  HostTensor logits = uniform({N, E}, 1, -4.0f, 4.0f);
+  for (int t = 0; t < 2; ++t) logits[t * E + 2] = logits[t * E + 5] = 9.0f;  // a tie on top
+  for (const bool sigmoid : {false, true})
+    for (const bool normalize : {false, true}) {
+      const Routed r = route(logits, k, sigmoid, normalize);
+      for (int64_t t = 0; t < N; ++t) {
+        std::vector<double> p(E);
+        double mx = -1e30, sum = 0;
+        for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double{logits[t * E + e]});
+        for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[t * E + e] - mx);
+        for (int64_t e = 0; e < E; ++e)
+          p[e] = sigmoid ? 1 / (1 + std::exp(-double{logits[t * E + e]}))
+                         : std::exp(logits[t * E + e] - mx) / sum;
+        std::vector<int64_t> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+        double selsum = 0;
+        for (int64_t j = 0; j < k; ++j) selsum += p[order[j]];
+        for (int64_t j = 0; j < k; ++j) {
+          ASSERT_EQ(r.idx.i32()[t * k + j], order[j]) << "row " << t << " choice " << j;
+          const double w = normalize ? p[order[j]] / selsum : p[order[j]];
+          EXPECT_NEAR(r.weights[t * k + j], w, 1e-6);
+        }
+      }
+      EXPECT_EQ(r.idx.i32()[0], 2);  // the tie goes to the lower expert
+      EXPECT_EQ(r.idx.i32()[1], 5);
+    }
+}
+
+// The router's gradient: L = sum c_tj w_tj + lambda sum_s aux_s + mu sum_t zsq_t, with the aux
+// counts held at the unperturbed routing (they carry no gradient). moe_route_backward's
+// aux_scale for that L is lambda E / (T^2 k), its z_scale 2 mu.
+TEST(MoeRoute, GradientMatchesFiniteDifferences) {
+  const int64_t S = 2, T = 9, N = S * T, E = 5, k = 2;
+  const double lambda = 0.7, mu = 0.05;
+  for (const bool sigmoid : {false, true})
+    for (const bool normalize : {false, true}) {
+      HostTensor logits = uniform({N, E}, 2, -2.0f, 2.0f);
+      Routed r0 = route(logits, k, sigmoid, normalize);
+      HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({N * k}, DType::i32);
+      HostTensor slot({N, k}, DType::i32);
+      ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), r0.idx.t(), T, 0);
+      HostTensor c = uniform({N, k}, 3);
+      HostTensor dlogits({N, E});
+      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(),
+                              r0.idx.t(), counts.t(), sigmoid, normalize,
+                              static_cast<float>(lambda * E / (T * T * k)),
+                              static_cast<float>(2 * mu));
+      auto loss = [&] {
+        Routed r = route(logits, k, sigmoid, normalize);
+        // The selection must not change under the probe (the logits are far from ties).
+        for (int64_t i = 0; i < N * k; ++i)
+          if (r.idx.i32()[i] != r0.idx.i32()[i]) ADD_FAILURE() << "probe changed the routing";
+        HostTensor aux({S}), zsq({N});
+        ops::moe_route_losses(aux.t(), zsq.t(), logits.t(), counts.t(), k, sigmoid);
+        double l = weighted_sum(r.weights, c);
+        for (int64_t s = 0; s < S; ++s) l += lambda * aux[s];
+        for (int64_t t = 0; t < N; ++t) l += mu * zsq[t];
+        return l;
+      };
+      EXPECT_TRUE(check_gradient(loss, logits, dlogits, GradCheck{.eps = 1e-3}))
+          << (sigmoid ? "sigmoid" : "softmax") << (normalize ? " normalized" : "");
+    }
+}
+
+TEST(MoeRoute, LossesMatchTheirDefinition) {
+  const int64_t S = 2, T = 6, N = S * T, E = 4, k = 2;
+  HostTensor logits = uniform({N, E}, 4, -2.0f, 2.0f);
+  HostTensor counts({S, E}, DType::i32);
+  for (int64_t i = 0; i < S * E; ++i) counts.i32()[i] = static_cast<int32_t>((i * 5) % 7);
+  HostTensor aux({S}), zsq({N});
+  ops::moe_route_losses(aux.t(), zsq.t(), logits.t(), counts.t(), k, false);
+  for (int64_t s = 0; s < S; ++s) {
+    double a = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      double P = 0;
+      for (int64_t t = s * T; t < (s + 1) * T; ++t) {
+        double sum = 0;
+        for (int64_t e2 = 0; e2 < E; ++e2) sum += std::exp(double{logits[t * E + e2]});
+        P += std::exp(double{logits[t * E + e]}) / sum / T;
+      }
+      a += counts.i32()[s * E + e] / double(T * k) * P;
+    }
+    EXPECT_NEAR(aux[s], E * a, 1e-5);
+  }
+  for (int64_t t = 0; t < N; ++t) {
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double{logits[t * E + e]});
+    EXPECT_NEAR(zsq[t], std::log(sum) * std::log(sum), 1e-5);
+  }
+}
+
+// One sequence of 4 tokens, 2 experts, top-2, capacity 2. Expert 0's assignments in (j, t) order
+// are (0,t0) (0,t1) (0,t3) (1,t2): the first two stay. Expert 1's: (0,t2) (1,t0) (1,t1) (1,t3):
+// (0,t2) and (1,t0) stay.
+TEST(MoeDispatch, CapacityKeepsFirstChoicesThenPositions) {
+  HostTensor idx({4, 2}, DType::i32);
+  const int32_t routes[8] = {0, 1, 0, 1, 1, 0, 0, 1};
+  std::copy(routes, routes + 8, idx.i32());
+  HostTensor counts({1, 2}, DType::i32), offsets({3}, DType::i32), assign({8}, DType::i32);
+  HostTensor slot({4, 2}, DType::i32);
+  ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), 4, 2);
+  EXPECT_EQ(std::vector<int32_t>(counts.i32(), counts.i32() + 2), (std::vector<int32_t>{4, 4}));
+  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3), (std::vector<int32_t>{0, 2, 4}));
+  // Rows: expert 0 = t0 (a0), t1 (a2); expert 1 = t0 (a1), t2 (a4); then unused.
+  EXPECT_EQ(std::vector<int32_t>(assign.i32(), assign.i32() + 8),
+            (std::vector<int32_t>{0, 2, 1, 4, -1, -1, -1, -1}));
+  EXPECT_EQ(std::vector<int32_t>(slot.i32(), slot.i32() + 8),
+            (std::vector<int32_t>{0, 2, 1, -1, 3, -1, -1, -1}));
+  // Dropless: every assignment has a row, expert 0's four first.
+  ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), 4, 0);
+  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3), (std::vector<int32_t>{0, 4, 8}));
+  EXPECT_EQ(std::vector<int32_t>(assign.i32(), assign.i32() + 8),
+            (std::vector<int32_t>{0, 2, 5, 6, 1, 3, 4, 7}));
+}
+
+// y = combine(eo) = sum_j w_tj eo[slot_tj]: its gradients wrt eo (moe_permute with weights) and w
+// (moe_weights_backward) against finite differences, with some assignments dropped.
+TEST(MoeCombine, GradientsMatchFiniteDifferences) {
+  const int64_t S = 2, T = 7, N = S * T, E = 3, k = 2, C = 5;
+  HostTensor logits = uniform({N, E}, 5, -2.0f, 2.0f);
+  Routed r = route(logits, k, false, true);
+  HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({N * k}, DType::i32);
+  HostTensor slot({N, k}, DType::i32);
+  ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), r.idx.t(), T, 3);
+  ASSERT_LT(offsets.i32()[E], N * k) << "the capacity should drop some assignments";
+  HostTensor eo = uniform({N * k, C}, 6), y({N, C}), w = uniform({N, C}, 7);
+  HostTensor d_eo = constant({N * k, C}, 0.0f), d_weights({N, k});
+  ops::moe_permute(d_eo.t(), w.t(), assign.t(), r.weights.t());
+  ops::moe_weights_backward(d_weights.t(), w.t(), eo.t(), slot.t());
+  auto loss = [&] {
+    ops::moe_unpermute(y.t(), eo.t(), slot.t(), r.weights.t());
+    return weighted_sum(y, w);
+  };
+  EXPECT_TRUE(check_gradient(loss, eo, d_eo, GradCheck{.max_probes = 200}));
+  EXPECT_TRUE(check_gradient(loss, r.weights, d_weights));
+  // The permute and the unweighted unpermute are each other's transposes: x -> xp -> sum.
+  HostTensor x = uniform({N, C}, 8), xp = constant({N * k, C}, 0.0f), back({N, C});
+  ops::moe_permute(xp.t(), x.t(), assign.t());
+  ops::moe_unpermute(back.t(), xp.t(), slot.t());
+  for (int64_t t = 0; t < N; ++t) {
+    int kept = 0;
+    for (int64_t j = 0; j < k; ++j) kept += slot.i32()[t * k + j] >= 0;
+    for (int64_t c = 0; c < C; ++c) EXPECT_FLOAT_EQ(back[t * C + c], kept * x[t * C + c]);
+  }
+}
+
+// The grouped GEMM equals one linear per group on the group's rows, forward and backward, with an
+// empty group; dweight accumulates.
+TEST(GroupedLinear, EqualsOneLinearPerGroup) {
+  const int64_t IC = 24, OC = 20, G = 4, M = 330;
+  const std::vector<int64_t> off{0, 140, 140, 329, 330};
+  HostTensor inp = uniform({M, IC}, 9), weight = uniform({G, OC, IC}, 10), dout = uniform({M, OC}, 11);
+  HostTensor out({M, OC}), dinp({M, IC}), dweight = uniform({G, OC, IC}, 12);
+  const HostTensor dweight0 = dweight;
+  ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), off);
+  ops::grouped_linear_backward(dinp.t(), dweight.t(), dout.t(), inp.t(), weight.t(), off);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n == 0) {
+      for (int64_t i = 0; i < OC * IC; ++i) EXPECT_EQ(dweight[g * OC * IC + i], dweight0[g * OC * IC + i]);
+      continue;
+    }
+    const Tensor w_g = weight.t().rows(g, g + 1).view({OC, IC});
+    HostTensor o({n, OC}), di({n, IC}), dw({OC, IC});
+    std::copy(dweight0.f32() + g * OC * IC, dweight0.f32() + (g + 1) * OC * IC, dw.f32());
+    ops::linear_forward(o.t(), inp.t().rows(off[g], off[g + 1]), w_g, Tensor());
+    ops::linear_backward(di.t(), dw.t(), Tensor(), dout.t().rows(off[g], off[g + 1]),
+                         inp.t().rows(off[g], off[g + 1]), w_g);
+    for (int64_t i = 0; i < n * OC; ++i) EXPECT_FLOAT_EQ(out[off[g] * OC + i], o[i]);
+    for (int64_t i = 0; i < n * IC; ++i) EXPECT_FLOAT_EQ(dinp[off[g] * IC + i], di[i]);
+    for (int64_t i = 0; i < OC * IC; ++i) EXPECT_NEAR(dweight[g * OC * IC + i], dw[i], 1e-5);
+  }
+}
+
+TEST(GroupedLinear, RefusesBadOffsets) {
+  HostTensor inp({10, 4}), weight({2, 3, 4}), out({10, 3});
+  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 5}),
+               Error);
+  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(),
+                                           std::vector<int64_t>{0, 6, 11}),
+               Error);
+  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(),
+                                           std::vector<int64_t>{0, 6, 4}),
+               Error);
+}
+
+}  // namespace
+}  // namespace llmt::test
