@@ -50,6 +50,26 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
       p.push_back(detail::concat("model.n_kv_heads=", kv, " with model.n_heads=", c.n_heads,
                                  ": GPT-2 has no grouped-query attention"));
   } else {
+    if (c.moe.enabled()) {
+      // Mixtral: every layer a dropless softmax top-k mixture with normalized weights.
+      const MoeConfig& e = c.moe;
+      if (e.router != MoeRouter::softmax)
+        p.push_back("model.moe.router=\"sigmoid\": Mixtral's router is a softmax over the experts");
+      if (!e.normalize)
+        p.push_back("model.moe.normalize=false: Mixtral divides the top-k weights by their sum");
+      if (e.shared_experts > 0)
+        p.push_back(detail::concat("model.moe.shared_experts=", e.shared_experts,
+                                   ": Mixtral has no shared experts"));
+      if (e.first_dense_layers > 0 || e.every > 1)
+        p.push_back(detail::concat("model.moe.first_dense_layers=", e.first_dense_layers,
+                                   ", model.moe.every=", e.every,
+                                   ": every Mixtral layer is a mixture of experts"));
+      if (e.capacity_factor > 0)
+        p.push_back(detail::concat("model.moe.capacity_factor=", e.capacity_factor,
+                                   ": Mixtral runs every routed token (dropless); its outputs "
+                                   "would differ from the trained model's"));
+      if (c.bias) p.push_back("model.bias=true: Mixtral's linears have no bias");
+    }
     if (c.norm != NormKind::rmsnorm)
       p.push_back("model.norm=\"layernorm\": Llama's norms are RMSNorm (weight only, no bias)");
     if (c.activation != Activation::swiglu)
@@ -80,20 +100,35 @@ class Builder {
   }
   void add_rows(const std::string& hf, const std::string& ours, int64_t row_begin, int64_t row_end,
                 bool transpose = false) {
-    HfTensor t;
-    t.name = hf;
-    t.source = tensor_path(kMasterState, ours);
-    t.shape = dims(spec_.params[spec_.index_of(ours)].global_shape);
-    t.shape[0] = row_end - row_begin;
-    t.row_begin = row_begin;
-    t.row_end = row_end;
-    t.transpose = transpose;
-    if (transpose) std::swap(t.shape[0], t.shape[1]);
-    out_.push_back(std::move(t));
+    std::vector<int64_t> start(dims(spec_.params[spec_.index_of(ours)].global_shape).size(), 0);
+    std::vector<int64_t> count = dims(spec_.params[spec_.index_of(ours)].global_shape);
+    start[0] = row_begin;
+    count[0] = row_end - row_begin;
+    add_box(hf, ours, start, count, count, transpose);
+  }
+  // Rows [row_begin, row_end) of expert e's matrix in a stack (E, rows, cols), as a matrix.
+  void add_expert_rows(const std::string& hf, const std::string& ours, int64_t e,
+                       int64_t row_begin, int64_t row_end) {
+    const std::vector<int64_t> g = dims(spec_.params[spec_.index_of(ours)].global_shape);
+    add_box(hf, ours, {e, row_begin, 0}, {1, row_end - row_begin, g[2]},
+            {row_end - row_begin, g[2]}, false);
   }
   std::vector<HfTensor> take() { return std::move(out_); }
 
  private:
+  void add_box(const std::string& hf, const std::string& ours, std::vector<int64_t> start,
+               std::vector<int64_t> count, std::vector<int64_t> shape, bool transpose) {
+    HfTensor t;
+    t.name = hf;
+    t.source = tensor_path(kMasterState, ours);
+    t.shape = std::move(shape);
+    t.start = std::move(start);
+    t.count = std::move(count);
+    t.transpose = transpose;
+    if (transpose) std::swap(t.shape[0], t.shape[1]);
+    out_.push_back(std::move(t));
+  }
+
   const ModelSpec& spec_;
   std::vector<HfTensor> out_;
 };
@@ -143,6 +178,21 @@ void llama_tensors(const ModelSpec& spec, Builder& m) {
     m.add(h + "self_attn.o_proj.weight", o + "attn.proj.weight");
     if (bias) m.add(h + "self_attn.o_proj.bias", o + "attn.proj.bias");
     m.add(h + "post_attention_layernorm.weight", o + "norm_2.weight");
+    if (spec.cfg.moe.enabled()) {
+      // Mixtral: the router is the gate; expert e's w1 (gate), w3 (up) are its fc1 rows
+      // [gate | up], w2 (down) its fc2.
+      const std::string x = h + "block_sparse_moe.";
+      const int64_t Fe = spec.cfg.moe.d_ff_expert;
+      m.add(x + "gate.weight", o + "mlp.router.weight");
+      for (int64_t e = 0; e < spec.cfg.moe.num_experts; ++e) {
+        const std::string xe = detail::concat(x, "experts.", e, ".");
+        m.add_expert_rows(xe + "w1.weight", o + "mlp.experts.fc1.weight", e, 0, Fe);
+        m.add_expert_rows(xe + "w2.weight", o + "mlp.experts.fc2.weight", e, 0,
+                          spec.cfg.d_model);
+        m.add_expert_rows(xe + "w3.weight", o + "mlp.experts.fc1.weight", e, Fe, 2 * Fe);
+      }
+      continue;
+    }
     // fc1 rows [gate (F) | up (F)].
     for (const std::string w : {"weight", "bias"}) {
       if (w == "bias" && !bias) continue;
@@ -222,7 +272,8 @@ void check_sources(const Checkpoint& ckpt, const ModelSpec& spec,
 }  // namespace
 
 const char* hf_class(const ModelConfig& cfg) {
-  return cfg.arch == Arch::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  if (cfg.arch == Arch::gpt2) return "GPT2LMHeadModel";
+  return cfg.moe.enabled() ? "MixtralForCausalLM" : "LlamaForCausalLM";
 }
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& cfg) {
@@ -264,10 +315,18 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("scale_attn_by_inverse_layer_idx", "false");
     field("reorder_and_upcast_attn", "false");
   } else {
-    field("model_type", "\"llama\"");
+    const bool mixtral = c.moe.enabled();
+    field("model_type", mixtral ? "\"mixtral\"" : "\"llama\"");
     field("vocab_size", num(c.vocab_size));
     field("hidden_size", num(c.d_model));
-    field("intermediate_size", num(spec.ffn_dim));
+    field("intermediate_size", num(mixtral ? c.moe.d_ff_expert : spec.ffn_dim));
+    if (mixtral) {
+      field("num_local_experts", num(c.moe.num_experts));
+      field("num_experts_per_tok", num(c.moe.top_k));
+      field("router_aux_loss_coef", json_number(c.moe.aux_loss_coef));
+      field("output_router_logits", "false");
+      field("sliding_window", "null");
+    }
     field("num_hidden_layers", num(c.n_layers));
     field("num_attention_heads", num(c.n_heads));
     field("num_key_value_heads", num(spec.n_kv_heads));
@@ -277,8 +336,10 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("rms_norm_eps", json_number(c.norm_eps));
     field("rope_theta", json_number(c.rope_theta));
     field("rope_scaling", "null");
-    field("attention_bias", json_bool(c.bias));
-    field("mlp_bias", json_bool(c.bias));
+    if (!mixtral) {
+      field("attention_bias", json_bool(c.bias));
+      field("mlp_bias", json_bool(c.bias));
+    }
     field("attention_dropout", "0.0");
     field("pretraining_tp", "1");
   }
@@ -356,13 +417,13 @@ ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
     std::vector<float> rows, transposed;  // one tensor at a time
     for (const HfTensor& t : tensors) {
       Box box = whole(spec.params[spec.index_of(param_name(t.source))].global_shape);
-      box.start[0] = t.row_begin;
-      box.count[0] = t.row_end - t.row_begin;
+      box.start = t.start;
+      box.count = t.count;
       rows.resize(static_cast<size_t>(box.numel()));
       ckpt.read(t.source, box, rows.data());
       const float* data = rows.data();
       if (t.transpose) {  // (R, K) -> (K, R)
-        const int64_t R = box.count[0], K = box.count[1];
+        const int64_t R = t.shape[1], K = t.shape[0];
         transposed.resize(rows.size());
         for (int64_t i = 0; i < R; ++i)
           for (int64_t j = 0; j < K; ++j) transposed[j * R + i] = rows[i * K + j];

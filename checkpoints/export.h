@@ -22,11 +22,14 @@ struct HfTensor {
   std::string name;            // "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;  // as written: rows x cols, or cols x rows when transposed
   std::string source;          // "model/layers.0.attn.qkv.weight"
-  int64_t row_begin = 0, row_end = 0;
+  // The box of the source's global tensor it holds: all of it, rows of it (q of qkv), or one
+  // expert's rows of a stack (gate of experts.fc1 for expert e: start {e, 0, 0}, count {1, Fe, C}).
+  std::vector<int64_t> start, count;
   bool transpose = false;
 };
 
-// "GPT2LMHeadModel" (arch gpt2) or "LlamaForCausalLM" (arch llama).
+// "GPT2LMHeadModel" (arch gpt2), "LlamaForCausalLM" (arch llama), "MixtralForCausalLM" (arch
+// llama with [model.moe] experts).
 const char* hf_class(const ModelConfig& cfg);
 
 // The tensors the export of `cfg` (a resolved [model]: presets applied) writes, in file order.

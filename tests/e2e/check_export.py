@@ -78,6 +78,7 @@ def hf_expected(m, get):
     """{hf name: array} from our parameters (get(name) -> array) for resolved [model] m."""
     L, H, C = m["n_layers"], m["n_heads"], m["d_model"]
     KV, D, F = m["n_kv_heads"], C // m["n_heads"], m["d_ff"]
+    moe = m.get("moe") if m.get("moe", {}).get("num_experts", 0) > 0 else None
     e = {}
     if m["arch"] == "gpt2":
         e["transformer.wte.weight"] = get("wte.weight")
@@ -104,10 +105,21 @@ def hf_expected(m, get):
                 e[h + "self_attn.k_proj." + kind] = qkv[H * D:(H + KV) * D]
                 e[h + "self_attn.v_proj." + kind] = qkv[(H + KV) * D:]
                 e[h + "self_attn.o_proj." + kind] = get(o + "attn.proj." + kind)
+                if moe:
+                    continue
                 fc1 = get(o + "mlp.fc1." + kind)
                 e[h + "mlp.gate_proj." + kind] = fc1[:F]
                 e[h + "mlp.up_proj." + kind] = fc1[F:]
                 e[h + "mlp.down_proj." + kind] = get(o + "mlp.fc2." + kind)
+            if moe:  # Mixtral: gate = router; expert e: w1 gate, w3 up rows of fc1, w2 = fc2
+                x = h + "block_sparse_moe."
+                e[x + "gate.weight"] = get(o + "mlp.router.weight")
+                fc1, fc2 = get(o + "mlp.experts.fc1.weight"), get(o + "mlp.experts.fc2.weight")
+                Fe = moe["d_ff_expert"]
+                for j in range(moe["num_experts"]):
+                    e[x + f"experts.{j}.w1.weight"] = fc1[j, :Fe]
+                    e[x + f"experts.{j}.w3.weight"] = fc1[j, Fe:]
+                    e[x + f"experts.{j}.w2.weight"] = fc2[j]
         e["model.norm.weight"] = get("norm_f.weight")
     if not m["tie_embeddings"]:
         e["lm_head.weight"] = get("lm_head.weight")
@@ -137,6 +149,16 @@ def expected_config(m):
                 "n_embd": m["d_model"], "n_head": m["n_heads"], "n_layer": m["n_layers"],
                 "n_positions": m["seq_len"], "n_inner": m["d_ff"],
                 "layer_norm_epsilon": m["norm_eps"], "activation_function": "gelu_new"}
+    moe = m.get("moe", {})
+    if moe.get("num_experts", 0) > 0:
+        return {**common, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "hidden_size": m["d_model"], "intermediate_size": moe["d_ff_expert"],
+                "num_local_experts": moe["num_experts"], "num_experts_per_tok": moe["top_k"],
+                "router_aux_loss_coef": moe["aux_loss_coef"],
+                "num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"],
+                "head_dim": m["d_model"] // m["n_heads"], "num_hidden_layers": m["n_layers"],
+                "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
+                "max_position_embeddings": m["seq_len"], "hidden_act": "silu"}
     return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": m["d_model"], "intermediate_size": m["d_ff"],
             "num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"],
@@ -198,8 +220,22 @@ def hf_loss(t, cfg, tokens):
             v = v.repeat_interleave(H // KV, dim=1)
             h = h + lin(attend(rope(q), rope(k), v), p + "self_attn.o_proj")
             m = rms(h, p + "post_attention_layernorm.weight")
-            gate, up = lin(m, p + "mlp.gate_proj"), lin(m, p + "mlp.up_proj")
-            h = h + lin(torch.nn.functional.silu(gate) * up, p + "mlp.down_proj")
+            if cfg["model_type"] == "mixtral":
+                # modeling_mixtral's sparse block: softmax over the router logits, top-k, the k
+                # weights divided by their sum, each token through its experts.
+                x = p + "block_sparse_moe."
+                probs = torch.softmax(lin(m, x + "gate"), dim=-1)
+                w, sel = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+                w = w / w.sum(-1, keepdim=True)
+                y = torch.zeros_like(m)
+                for j in range(cfg["num_local_experts"]):
+                    e = x + f"experts.{j}."
+                    out = lin(torch.nn.functional.silu(lin(m, e + "w1")) * lin(m, e + "w3"), e + "w2")
+                    y = y + (w * (sel == j)).sum(-1, keepdim=True) * out
+                h = h + y
+            else:
+                gate, up = lin(m, p + "mlp.gate_proj"), lin(m, p + "mlp.up_proj")
+                h = h + lin(torch.nn.functional.silu(gate) * up, p + "mlp.down_proj")
         h = rms(h, "model.norm.weight")
         head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     logits = h @ head.T
@@ -312,6 +348,16 @@ def errors(args):
     check("cannot export to Hugging Face GPT2LMHeadModel" in msg and 'model.activation="swiglu"' in msg
           and 'model.position="rope"' in msg and not (work / "d").exists(),
           f"gpt2 with swiglu and rope refused, no OUT: {msg.strip()!r}")
+
+    # A mixture of experts Mixtral cannot represent: shared experts, a dense first layer.
+    ck3 = work / "ck_moe"
+    run([args.llmtrain, "train", "--config", args.config, "--set", f"train.run_dir={work / 'run3'}",
+         "--set", "train.steps=2", "--set", f"checkpoint.dir={ck3}", "--set", "model.moe.num_experts=4",
+         "--set", "model.moe.shared_experts=1", "--set", "model.moe.first_dense_layers=1"])
+    msg = run(exporter + [ck3, work / "f"], expect_rc=2)
+    check("cannot export to Hugging Face MixtralForCausalLM" in msg and "shared_experts=1" in msg
+          and "first_dense_layers=1" in msg and not (work / "f").exists(),
+          f"MoE with a shared expert and a dense layer refused, no OUT: {msg.strip()!r}")
 
     # A damaged checkpoint (a rank file gone): runtime error naming the file, nothing at OUT.
     (ck / "step_00000002" / "rank_00000.h5").unlink()

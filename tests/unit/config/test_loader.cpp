@@ -35,6 +35,36 @@ TEST(ConfigLoader, MergesFilesAndOverridesKeyByKey) {
   EXPECT_EQ(l.settings[0].at.str(), "a.toml:2:1");
 }
 
+// A section inside another ([model.moe] inside [model]): written as a sub-table, as a dotted
+// header after its parent's keys, and as --set model.moe.key=...
+TEST(ConfigLoader, NestedSectionsReadAsTheirOwn) {
+  const Schema schema{{{"model", {{"n_layers"}}}, {"model.moe", {{"num_experts"}, {"top_k"}}}}};
+  Loader l(schema);
+  l.load_text("[model]\nn_layers = 4\n[model.moe]\nnum_experts = 8\n", "n.toml");
+  l.load_text("model = { moe = { top_k = 1 } }\n", "inline.toml");
+  l.add_override("model.moe.top_k=2");
+  l.add_override("model.n_layers=6");
+  ASSERT_TRUE(l.errors.empty()) << l.errors.front();
+  auto find = [&](const std::string& dotted) -> const Setting& {
+    auto it = std::find_if(l.settings.begin(), l.settings.end(),
+                           [&](const Setting& s) { return s.dotted() == dotted; });
+    EXPECT_NE(it, l.settings.end()) << dotted;
+    return *it;
+  };
+  ASSERT_EQ(l.settings.size(), 3u);  // later ones replace earlier ones key by key
+  EXPECT_EQ(find("model.moe.num_experts").at.str(), "n.toml:4:1");
+  EXPECT_EQ(int_of(find("model.moe.num_experts")), 8);
+  EXPECT_EQ(int_of(find("model.moe.top_k")), 2);  // inline.toml's 1, then --set
+  EXPECT_EQ(int_of(find("model.n_layers")), 6);
+  Loader bad(schema);
+  bad.load_text("[model.moe]\nnum_expert = 8\n", "t.toml");
+  bad.add_override("model.moe.topk=2");
+  EXPECT_EQ(bad.errors, (std::vector<std::string>{
+                            "unknown key model.moe.num_expert at t.toml:2:1 — did you mean "
+                            "model.moe.num_experts?",
+                            "unknown key model.moe.topk at --set — did you mean model.moe.top_k?"}));
+}
+
 TEST(ConfigLoader, UnknownKeysAndSectionsSuggestTheNearest) {
   Loader l(kSchema);
   l.load_text("[moe]\nnum_expert = 8\n[logg]\ninterval = 1\n[log]\ntop_k = 2\n", "b.toml");
