@@ -188,9 +188,15 @@ Run add_train_command(CLI::App& app) {
     ModelSpec spec = ModelSpec::from_config(cfg.model);
     if (!args->quiet && rank0)
       std::printf(
-          "llmtrain: %s, %lld parameters, %lld layers, d_model %lld, seq_len %lld, %s\n",
+          "llmtrain: %s, %lld parameters%s, %lld layers, d_model %lld, seq_len %lld, %s\n",
           cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
-          static_cast<long long>(spec.num_params()), static_cast<long long>(cfg.model.n_layers),
+          static_cast<long long>(spec.num_params()),
+          cfg.model.moe.enabled()
+              ? detail::concat(" (", spec.num_active_params(), " active: ", cfg.model.moe.top_k,
+                               " of ", cfg.model.moe.num_experts, " experts)")
+                    .c_str()
+              : "",
+          static_cast<long long>(cfg.model.n_layers),
           static_cast<long long>(cfg.model.d_model), static_cast<long long>(cfg.model.seq_len),
           std::string(precision_name(cfg.train.precision)).c_str());
     if (!args->quiet && rank0 && mesh.shape().world() > 1) {

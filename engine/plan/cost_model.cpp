@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "checkpoints/layout.h"
 #include "engine/model/model_spec.h"
@@ -31,15 +32,30 @@ double sum_bytes(std::initializer_list<double> numels) {
 struct Dims {
   double B, T, N, R, C, H, KV, D, F, F1, V;
   int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
+  // Mixture of experts: E experts, k per token, an expert's hidden width Fe and fc1 rows Fe1,
+  // the shared experts' Fs and Fs1 (0 without).
+  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0;
 };
 
+// What an MoE MLP saves (MoeMlp::saved): the router's logits, the routing and the dispatch plan,
+// the permuted inputs, the experts' fc1 output, activation and output (M = N k rows), the shared
+// experts' u and g.
+double moe_saved_bytes(const Dims& d) {
+  const double M = d.N * d.k;
+  double b = sum_bytes({d.N * d.E, d.N * d.k, d.N * d.k, d.B * d.E, d.E + 1, M, d.N * d.k,
+                        M * d.C, M * d.Fe1, M * d.Fe, M * d.C});
+  if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
+  return b;
+}
+
 // What a layer saves for backward (Layer::saved): the residual-stream tensors and norm
-// statistics, qkv, the attention output and LSE, the MLP's u and g; under full recompute only
-// its input; under selective recompute no attention output or LSE.
-double layer_saved_bytes(const Dims& d, Recompute r) {
+// statistics, qkv, the attention output and LSE, the MLP's u and g (an MoE MLP's set); under
+// full recompute only its input; under selective recompute no attention output or LSE.
+double layer_saved_bytes(const Dims& d, Recompute r, bool moe = false) {
   if (r == Recompute::full) return f32_bytes(d.R * d.C);
   double b = 4 * f32_bytes(d.R * d.C) + 2 * d.norm_stats * f32_bytes(d.R) +
-             f32_bytes(d.N * (d.H + 2 * d.KV) * d.D) + f32_bytes(d.N * d.F1) + f32_bytes(d.N * d.F);
+             f32_bytes(d.N * (d.H + 2 * d.KV) * d.D) +
+             (moe ? moe_saved_bytes(d) : f32_bytes(d.N * d.F1) + f32_bytes(d.N * d.F));
   if (r != Recompute::selective) b += f32_bytes(d.N * d.H * d.D) + f32_bytes(d.B * d.H * d.T);
   return b;
 }
@@ -51,15 +67,31 @@ double head_saved_bytes(const Dims& d) {
 }
 
 // The model's scratch shared by every micro-batch (Transformer's constructor): gradient buffers
-// of one layer, the tp staging buffers, the cross-entropy statistics, and the recompute buffers.
-double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r) {
+// of one layer (the widest MLP's), the MoE layers' buffers, the tp staging buffers, the
+// cross-entropy statistics, the back-to-back stash (the largest kind's non-view entries: the
+// norms' partial gradients, an MoE MLP's router, combine and fc1 output gradients), and the
+// recompute buffers: under full recompute one layer's full set per kind of layer that replays
+// (its input read in place) + its output.
+double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool full_dense,
+                     bool full_moe) {
+  const double M = d.N * d.k;
+  const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
+  const double stash =
+      std::max(2 * norm_stash, moe ? sum_bytes({d.N * d.E, M * d.C, M * d.Fe1}) + 2 * norm_stash
+                                   : 0.0);
   double b = sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D,
-                        d.N * d.H * d.D, d.N * d.F1, d.N * d.F, d.N * d.C, 2 * d.C});
+                        d.N * d.H * d.D, d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs),
+                        d.N * d.C}) +
+             stash;
+  if (moe)
+    b += sum_bytes({d.N * d.E, d.N * d.C, d.N * d.C, d.N * d.C, d.N * d.k, M * d.Fe, M * d.C, d.B,
+                    d.N});
   if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
   if (sp) b += sum_bytes({d.N * d.C, d.R * d.C});
   if (r == Recompute::selective) b += sum_bytes({d.N * d.H * d.D, d.B * d.H * d.T});
-  // Full recompute replays into one layer's full set (its input read in place) + its output.
-  if (r == Recompute::full) b += layer_saved_bytes(d, Recompute::none);
+  if (full_dense) b += layer_saved_bytes(d, Recompute::none) - f32_bytes(d.R * d.C);
+  if (full_moe) b += layer_saved_bytes(d, Recompute::none, true) - f32_bytes(d.R * d.C);
+  if (full_dense || full_moe) b += f32_bytes(d.R * d.C);
   return b;
 }
 
@@ -105,17 +137,34 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
   d.F1 = static_cast<double>(spec.fc1_out) / tp;
   d.V = static_cast<double>(mc.vocab_size) / tp;
   d.norm_stats = mc.norm == NormKind::layernorm ? 2 : 1;
+  if (mc.moe.enabled()) {
+    d.E = static_cast<double>(mc.moe.num_experts);
+    d.k = static_cast<double>(mc.moe.top_k);
+    d.Fe = static_cast<double>(mc.moe.d_ff_expert);
+    d.Fe1 = static_cast<double>(spec.expert_fc1_out);
+    d.Fs = static_cast<double>(spec.shared_ffn) / tp;
+    d.Fs1 = static_cast<double>(spec.shared_fc1_out) / tp;
+  }
 
   // One layer's parameters (global) and FLOPs per token: 6 x params + 6CT of attention, the
   // forward a third; selective recompute repeats the attention core's forward (2CT), full
   // recompute the layer's forward.
-  double layer_params = 0;
-  for (const ParamSpec& ps : spec.params)
-    if (ps.name.rfind("layers.0.", 0) == 0) layer_params += static_cast<double>(ps.shape.numel());
-  const double layer_fpt = 6 * layer_params + 6 * C * T;
-  const double recompute_fpt = rc == Recompute::full        ? (layer_fpt / 3)
-                               : rc == Recompute::selective ? 2 * C * T
-                                                            : 0;
+  // An MoE layer counts its active parameters: of its experts' stacks k of E.
+  std::vector<double> layer_params(static_cast<size_t>(mc.n_layers), 0.0);
+  for (const ParamSpec& ps : spec.params) {
+    if (ps.name.rfind("layers.", 0) != 0) continue;
+    double n = static_cast<double>(ps.shape.numel());
+    if (ps.name.find(".mlp.experts.") != std::string::npos) n *= d.k / d.E;
+    layer_params[static_cast<size_t>(std::stoll(ps.name.substr(7)))] += n;
+  }
+  auto layer_fpt = [&](int64_t l) {
+    return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T;
+  };
+  auto recompute_fpt = [&](int64_t l) {
+    return rc == Recompute::full        ? layer_fpt(l) / 3
+           : rc == Recompute::selective ? 2 * C * T
+                                        : 0.0;
+  };
   const double head_fpt = 6 * static_cast<double>(mc.vocab_size) * C;
   const double attn_fpt = 6 * C * T;  // the attention core, forward and backward
 
@@ -147,21 +196,37 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     const ModelSpec rs = ckpt::rank_spec(spec, layout, s.rank);
     s.embedding = rs.has_embedding;
     s.head = rs.has_head;
-    // Layers, and those under recompute (the first recompute_layers of each chunk).
+    // Layers, and those under recompute (the first recompute_layers of each chunk): their
+    // FLOPs per token and saved bytes, each layer by its kind (dense or MoE).
     int64_t recomputed = 0;
+    double fpt = 0, recompute_fpt_sum = 0, saved = 0;
+    bool moe = false, full_dense = false, full_moe = false;
     for (int c = 0; c < v; ++c) {
-      const int64_t n = stage_layers[static_cast<size_t>(stage_of(shape, pr, c))];
+      const int st = stage_of(shape, pr, c);
+      const int64_t first = std::accumulate(stage_layers.begin(), stage_layers.begin() + st,
+                                            int64_t{0});
+      const int64_t n = stage_layers[static_cast<size_t>(st)];
       s.layers += n;
-      recomputed += cfg.train.recompute_layers == 0 ? n : std::min(n, cfg.train.recompute_layers);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t l = first + j;
+        const bool is_moe = mc.moe.layer(l);
+        const bool re = rc != Recompute::none &&
+                        (cfg.train.recompute_layers == 0 || j < cfg.train.recompute_layers);
+        moe = moe || is_moe;
+        recomputed += re;
+        fpt += layer_fpt(l);
+        if (re) recompute_fpt_sum += recompute_fpt(l);
+        saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
+        if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
+      }
     }
-    if (rc == Recompute::none) recomputed = 0;
     const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
     const double e = s.embedding ? 1 : 0, h = s.head ? 1 : 0;
     const double full_replays = rc == Recompute::full ? Lrc : 0;
 
     // FLOPs and compute time.
-    s.flops = per_rank_tokens * (L * layer_fpt + Lrc * recompute_fpt + h * head_fpt) / tp;
-    s.recompute_flops = per_rank_tokens * Lrc * recompute_fpt / tp;
+    s.flops = per_rank_tokens * (fpt + recompute_fpt_sum + h * head_fpt) / tp;
+    s.recompute_flops = per_rank_tokens * recompute_fpt_sum / tp;
     s.compute_s = s.flops / eff_peak;
 
     // tp: per micro-batch, the Megatron collectives of each layer (2 forward, 2 backward; with
@@ -249,11 +314,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
     // One micro-batch's saved activations of the rank's average chunk: its layers (the
     // recomputed ones keep less), the chunk's output, the head's share.
-    const double per_mb = (Lrc * layer_saved_bytes(d, rc) +
-                           (L - Lrc) * layer_saved_bytes(d, Recompute::none) +
-                           h * head_saved_bytes(d)) / v +
-                          f32_bytes(d.R * C);
-    s.memory.activations = s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc);
+    const double per_mb = (saved + h * head_saved_bytes(d)) / v + f32_bytes(d.R * C);
+    s.memory.activations =
+        s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
     // Comm buffers (an estimate): ZeRO's staging for the largest unit (a layer, or the root),
     // pipeline send/recv buffers, the cp ring's K/V blocks.
     // ZeRO: at the end of the backward every unit's reduce-scatter may be in flight (packed

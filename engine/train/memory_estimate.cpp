@@ -12,15 +12,27 @@ namespace llmt {
 
 namespace {
 
-// Parameters of the whole model, without building a spec of n_layers layers: the count is
-// affine in the layer count.
+// Parameters of the whole model, without building a spec of n_layers layers: the embeddings and
+// head, plus a dense layer's count for each dense layer and an MoE layer's for each MoE layer.
 double total_params(const ModelConfig& m) {
-  ModelConfig one = m, two = m;
-  one.n_layers = 1;
-  two.n_layers = 2;
-  const double p1 = static_cast<double>(ModelSpec::from_config(one).num_params());
-  const double p2 = static_cast<double>(ModelSpec::from_config(two).num_params());
-  return p1 + static_cast<double>(m.n_layers - 1) * (p2 - p1);
+  auto params = [](ModelConfig c, int64_t layers, bool moe) {
+    c.n_layers = layers;
+    if (moe) {
+      c.moe.first_dense_layers = 0;
+      c.moe.every = 1;
+    } else {
+      c.moe.num_experts = 0;
+    }
+    return static_cast<double>(ModelSpec::from_config(c).num_params());
+  };
+  const double p1 = params(m, 1, false), dense = params(m, 2, false) - p1, root = p1 - dense;
+  const MoeConfig& e = m.moe;
+  const int64_t n_moe = e.enabled() && m.n_layers > e.first_dense_layers
+                            ? (m.n_layers - 1 - e.first_dense_layers) / e.every + 1
+                            : 0;
+  double total = root + static_cast<double>(m.n_layers - n_moe) * dense;
+  if (n_moe > 0) total += static_cast<double>(n_moe) * (params(m, 1, true) - root);
+  return total;
 }
 
 // The first number in `path`, or nullopt ("max" and missing files: no limit).

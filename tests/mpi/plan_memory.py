@@ -42,7 +42,16 @@ LAYOUTS = {  # name: (ranks, sets)
     "tp2-dp2-zero3": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=3"]),
     "pp2-dp2-zero1-bf16": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=1",
                                "train.precision=bf16"]),
+    # Recompute on one rank (the MoE config runs these; tp layouts are the dense configs').
+    "full": (1, ["train.recompute=\"full\""]),
+    "selective": (1, ["train.recompute=\"selective\""]),
+    "pp2-full-first": (2, ["parallel.pp=2", "parallel.dp=1", "train.recompute=\"full\"",
+                           "train.recompute_layers=1"]),
 }
+# --layouts moe: what a mixture-of-experts config can run (tp = cp = 1).
+MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
+               "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first"]
+DENSE_LAYOUTS = [n for n in LAYOUTS if n not in ("full", "selective", "pp2-full-first")]
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]
 
 
@@ -60,9 +69,12 @@ def counted(comm, axis):
 
 
 def main():
-    args = harness.parse_args()
+    args = harness.parse_args(lambda ap: ap.add_argument(
+        "--layouts", choices=["dense", "moe"], default="dense",
+        help="the dense configs' layout matrix, or the mixture-of-experts one"))
     failures = []
-    for name, (ranks, sets) in LAYOUTS.items():
+    for name in MOE_LAYOUTS if args.layouts == "moe" else DENSE_LAYOUTS:
+        ranks, sets = LAYOUTS[name]
         sets = sets + ["train.steps=2", "train.micro_batch_size=1"]
         cmd = [args.llmtrain, "plan", "--config", args.config, "--world", str(ranks)]
         for s in sets:

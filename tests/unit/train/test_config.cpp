@@ -18,6 +18,7 @@
 
 #include "engine/core/check.h"
 #include "engine/train/config.h"
+#include "engine/train/memory_estimate.h"
 
 namespace llmt {
 namespace {
@@ -926,6 +927,36 @@ TEST(ConfigErrors, TensorParallelDivisibility) {
       "[parallel]\ntp = 4\nsequence_parallel = true\n",
       "t.toml");
   EXPECT_EQ(ok.parallel.tp, 4);
+}
+
+// [model.moe]: the resolved defaults, which layers are MoE, the parameter counts (total and
+// active) and the config-only memory bound's parameter count, which must equal the spec's
+// without building it (dense and MoE layers counted apart).
+TEST(ConfigMoe, LayersParametersAndTheMemoryBound) {
+  const Config c = parse_config_string(
+      "[model]\narch = \"llama\"\nn_layers = 7\nd_model = 64\nn_heads = 4\nvocab_size = 256\n"
+      "seq_len = 32\n[model.moe]\nnum_experts = 8\ntop_k = 2\nfirst_dense_layers = 1\n"
+      "every = 2\nshared_experts = 1\n",
+      "moe.toml");
+  const MoeConfig& e = c.model.moe;
+  EXPECT_EQ(e.d_ff_expert, c.model.d_ff);  // 0 = model.d_ff
+  EXPECT_EQ(e.d_ff_shared, e.d_ff_expert);
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < 7; ++l)
+    if (e.layer(l)) moe_layers.push_back(l);
+  EXPECT_EQ(moe_layers, (std::vector<int64_t>{1, 3, 5}));
+  const ModelSpec spec = ModelSpec::from_config(c.model);
+  const int64_t C = 64, F = c.model.d_ff, E = 8;
+  EXPECT_EQ(spec.params[spec.index_of("layers.3.mlp.experts.fc1.weight")].global_shape,
+            Shape({E, 2 * F, C}));
+  EXPECT_EQ(spec.params[spec.index_of("layers.3.mlp.shared.fc2.weight")].global_shape,
+            Shape({C, F}));
+  EXPECT_THROW(spec.index_of("layers.2.mlp.router.weight"), Error);  // a dense layer
+  const int64_t expert = 3 * F * C;  // fc1 (2F, C) + fc2 (C, F)
+  EXPECT_EQ(spec.num_params() - spec.num_active_params(), 3 * (E - 2) * expert);
+  MeshShape one;
+  one.degree = {1, 1, 1, 1};
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(c, one).grads, 4.0 * static_cast<double>(spec.num_params()));
 }
 
 }  // namespace
