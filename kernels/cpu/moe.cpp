@@ -2,7 +2,8 @@
 // gradient, the dispatch plan (counting by sequence and expert, capacity dropping), the row
 // permutations between token order and expert order, and the grouped GEMM over the experts' row
 // runs, all in fp32. The grouped GEMM is one OpenMP region over (expert, row or column block)
-// tiles, each a single-threaded BLAS call (OpenBLAS runs serially inside a parallel region).
+// tiles, each a single-threaded BLAS call (OpenBLAS runs serially inside a parallel region);
+// with one thread, one BLAS call per expert.
 #include <cblas.h>
 
 #include <algorithm>
@@ -231,21 +232,29 @@ std::vector<Tile> tiles(int64_t G, int64_t block, Extent&& extent) {
 }
 
 template <typename Body>
-void run_tiles(const std::vector<Tile>& ts, int64_t work, Body&& body) {
-  const int nt = threads_for(work, kGrainElems * 16);
+void run_tiles(const std::vector<Tile>& ts, int nt, Body&& body) {
   const auto n = static_cast<int64_t>(ts.size());
 #pragma omp parallel for schedule(dynamic) num_threads(nt) if (nt > 1 && n > 1)
   for (int64_t i = 0; i < n; ++i) body(ts[static_cast<size_t>(i)]);
 }
 
-constexpr int64_t kTileRows = 128;
+// Tiles of a grouped GEMM: as large as possible (a GEMM runs fastest on whole operands) while
+// there are about 4 per thread to balance uneven groups; never below 64 rows or columns. With one
+// thread, one tile per group.
+constexpr int64_t kMinTile = 64;
+int64_t tile_size(int64_t total, int nt) {
+  if (nt <= 1) return std::max<int64_t>(total, 1);
+  return std::max<int64_t>(kMinTile, (total + 4 * nt - 1) / (4 * nt));
+}
 
 }  // namespace
 
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
                             const int64_t* offsets, int64_t G, int64_t IC, int64_t OC) {
-  const auto ts = tiles(G, kTileRows, [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
-  run_tiles(ts, (offsets[G] - offsets[0]) * IC * OC / 64, [&](const Tile& t) {
+  const int64_t M = offsets[G] - offsets[0];
+  const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
+  const auto ts = tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
+  run_tiles(ts, nt, [&](const Tile& t) {
     const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp + r0 * IC, IC,
                 weight + t.g * OC * IC, IC, 0.0f, out + r0 * OC, OC);
@@ -255,20 +264,24 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                              const float* weight, const int64_t* offsets, int64_t G, int64_t IC,
                              int64_t OC) {
-  const int64_t work = (offsets[G] - offsets[0]) * IC * OC / 64;
+  const int64_t M = offsets[G] - offsets[0];
+  const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
   if (dinp) {  // rows of (n,IC) = (n,OC) @ (OC,IC)
-    const auto ts = tiles(G, kTileRows, [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
-    run_tiles(ts, work, [&](const Tile& t) {
+    const auto ts =
+        tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
+    run_tiles(ts, nt, [&](const Tile& t) {
       const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout + r0 * OC, OC,
                   weight + t.g * OC * IC, IC, 0.0f, dinp + r0 * IC, IC);
     });
   }
   if (dweight) {  // rows [b, e) of (OC,IC) += (n,OC)^T @ (n,IC), over the group's n rows
-    const auto ts = tiles(G, kTileRows, [&](int64_t g) {
+    int64_t used = 0;
+    for (int64_t g = 0; g < G; ++g) used += offsets[g + 1] > offsets[g];
+    const auto ts = tiles(G, tile_size(used * OC, nt), [&](int64_t g) {
       return offsets[g + 1] > offsets[g] ? OC : int64_t{0};
     });
-    run_tiles(ts, work, [&](const Tile& t) {
+    run_tiles(ts, nt, [&](const Tile& t) {
       const int64_t r0 = offsets[t.g], n = offsets[t.g + 1] - r0;
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t.e - t.b, IC, n, 1.0f,
                   dout + r0 * OC + t.b, OC, inp + r0 * IC, IC, 1.0f,

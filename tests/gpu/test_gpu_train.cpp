@@ -1,8 +1,9 @@
 // Short trainings on the GPU against the same runs on the CPU: the tiny GPT-2 and Llama models
 // (GQA, RoPE, RMSNorm, SwiGLU), fp32 and bf16 storage, with and without gradient accumulation,
-// a few steps each on the synthetic source. The final losses must agree: fp32 to 1e-4 relative
-// (summation order is all that differs), bf16 to 2e-2 (a rounding boundary crossed in one op
-// moves the run by a bf16 ulp). Skips (with the reason) where no GPU is visible.
+// and mixture-of-experts models, a few steps each on the synthetic source. The final losses must
+// agree: fp32 to 1e-4 relative (summation order is all that differs; for MoE, as long as no
+// near-tie of router scores flips a top-k choice), bf16 to 2e-2 (a rounding boundary crossed in
+// one op moves the run by a bf16 ulp). Skips (with the reason) where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,7 @@ struct TrainRun {
   const char* arch;
   const char* precision;
   int micro_batch;  // of a global batch of 4
+  const char* extra = "";  // more TOML (a [model.moe] section)
 };
 
 std::ostream& operator<<(std::ostream& os, const TrainRun& r) {
@@ -36,7 +38,7 @@ double final_loss(const TrainRun& r, const char* device) {
                            "\nprecision = \"" + r.precision + "\"\ndevice = \"" + device +
                            "\"\nrun_dir = \"" + ::testing::TempDir() + "gpu_train_" + r.name +
                            "\"\n[optimizer]\nlr = 3e-3\nwarmup_steps = 2\n[data]\nsource = "
-                           "\"synthetic\"\n[log]\nprogress = false\nmetrics = \"\"\n";
+                           "\"synthetic\"\n[log]\nprogress = false\nmetrics = \"\"\n" + r.extra;
   const Config cfg = parse_config_string(toml, r.name);
   TrainOptions opts;
   opts.quiet = true;
@@ -65,7 +67,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrain,
                                            TrainRun{"gpt2_fp32_accum2", "gpt2", "fp32", 2},
                                            TrainRun{"llama_fp32", "llama", "fp32", 4},
                                            TrainRun{"gpt2_bf16", "gpt2", "bf16", 4},
-                                           TrainRun{"llama_bf16_accum2", "llama", "bf16", 2}),
+                                           TrainRun{"llama_bf16_accum2", "llama", "bf16", 2},
+                                           // Mixture of experts: routing, dispatch, grouped
+                                           // GEMMs, router losses, capacity dropping.
+                                           TrainRun{"moe_fp32", "llama", "fp32", 2,
+                                                    "[model.moe]\nnum_experts = 4\ntop_k = 2\n"
+                                                    "shared_experts = 1\nz_loss_coef = 0.001\n"},
+                                           TrainRun{"moe_capacity_fp32", "gpt2", "fp32", 4,
+                                                    "[model.moe]\nnum_experts = 4\ntop_k = 1\n"
+                                                    "normalize = false\ncapacity_factor = 1.0\n"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // train.device = "auto" picks the GPU where one is visible, GPU <local rank> for each rank.
