@@ -500,8 +500,8 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
 // ---- mixture of experts -----------------------------------------------------------------------
 
 void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
-               bool normalize) {
-  Op op("moe_route", {scores, idx, weights, logits});
+               bool normalize, Tensor bias) {
+  Op op("moe_route", {scores, idx, weights, logits, bias});
   op.ndim("logits", logits, 2);
   op.ndim("idx", idx, 2);
   const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1);
@@ -509,9 +509,10 @@ void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool si
   op.shape("scores", scores, {N, E});
   op.shape("idx", idx, {N, k});
   op.shape("weights", weights, {N, k});
+  op.shape_opt("bias", bias, {E});
   LLMT_KERNEL(op, moe_route)
   (op.f32("scores", scores), op.i32_out("idx", idx), op.f32("weights", weights),
-   op.f32("logits", logits), N, E, k, sigmoid, normalize);
+   op.f32("logits", logits), op.f32_opt("bias", bias), N, E, k, sigmoid, normalize);
 }
 
 void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,

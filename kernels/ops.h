@@ -118,10 +118,10 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
 // Dims: E experts, k experts per token, S sequences of T tokens (N = S*T rows), M = N*k permuted
 // rows (those past the dispatch's offsets[E] unused). Index tensors are i32; router math is f32.
 // scores (N,E) = softmax(logits (N,E)) per row (sigmoid: elementwise); idx (N,k) the top k
-// scores, decreasing, ties to the lower expert; weights (N,k) their scores (/ their sum when
-// `normalize`).
+// scores (+ bias (E), optional: aux-loss-free balancing, for selection only), decreasing, ties to
+// the lower expert; weights (N,k) their scores (/ their sum when `normalize`).
 void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
-               bool normalize);
+               bool normalize, Tensor bias = {});
 // The dispatch of idx (N,k) over sequences of seq_len tokens: counts (S,E) assignments per
 // sequence and expert (before dropping); offsets (E+1) each expert's run of permuted rows;
 // assign (M) the assignment t*k+j of each permuted row (-1 unused); slot (N,k) the permuted row

@@ -133,6 +133,12 @@ bool DistributedDataParallel::grads_nonfinite() {
   return bad != 0;
 }
 
+void DataParallel::update_owned(size_t i,
+                                const std::function<void(Tensor rows, int64_t row_begin)>& update) {
+  for (const OptimizerSlot& s : opt_->slots())
+    if (s.param == i) update(s.value, s.row_begin);
+}
+
 void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {
   opt_->step(lr, t, grad_scale);
   model_.sync_compute_weights();

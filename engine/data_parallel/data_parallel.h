@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,11 @@ class DataParallel : public ModelHooks, public TrainingState {
   // finish_backward: the whole tensor (DDP), this rank's rows of it (ZeRO), or undefined when it
   // owns none of it. Pipeline parallelism sums the tied copies of wte through it.
   Tensor owned_grad(size_t i) { return opt_->grad_of(i); }
+  // Calls update(rows, row_begin) on the master weights of parameter i that this rank's
+  // optimizer owns (the whole tensor, or its rows; not at all when it owns none), before step():
+  // for a parameter with an update rule of its own (aux-loss-free balancing's bias, which no
+  // gradient reaches), made whole again by step() as the optimizer's updates are.
+  void update_owned(size_t i, const std::function<void(Tensor rows, int64_t row_begin)>& update);
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
 

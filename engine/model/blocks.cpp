@@ -304,6 +304,7 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
       capacity_(moe_capacity(cfg_, env.T)),
       gelu_(env.spec.cfg.activation == Activation::gelu),
       router_w_(env.param(prefix + ".router.weight")),
+      bias_(env.param_opt(prefix + ".router.expert_bias")),
       fc1_w_(env.param(prefix + ".experts.fc1.weight")),
       fc2_w_(env.param(prefix + ".experts.fc2.weight")) {
   LLMT_CHECK(env.tp.tp.size() == 1, "a mixture-of-experts layer runs at tp=1, not ",
@@ -349,7 +350,7 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   x = x.view({N, C});
   // The router in fp32 (its logits are not rounded to the compute type).
   ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
-  ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize);
+  ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
   ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_);
   const std::vector<int64_t> off = offsets(s);
   const int64_t M = off.back();  // the kept assignments

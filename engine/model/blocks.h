@@ -261,7 +261,7 @@ class MoeMlp final : public Branch {
   int64_t E_, k_, Fe_, Fe1_, capacity_;
   size_t st_shared_ = 0;  // the shared Mlp's stash entries
   bool gelu_;
-  int64_t router_w_, fc1_w_, fc2_w_;
+  int64_t router_w_, bias_, fc1_w_, fc2_w_;  // bias_: aux-loss-free balancing's, or -1
   std::optional<Mlp> shared_;
 };
 

@@ -69,6 +69,7 @@ void check_moe_config(const ModelConfig& m, Rules& r) {
                      " leaves no MoE layer in model.n_layers=", m.n_layers,
                      "; set model.moe.num_experts=0 for a dense model"));
   r.at_least("model.moe.aux_loss_coef", e.aux_loss_coef, 0.0f);
+  r.at_least("model.moe.bias_update_rate", e.bias_update_rate, 0.0f);
   r.at_least("model.moe.z_loss_coef", e.z_loss_coef, 0.0f);
   r.at_least("model.moe.capacity_factor", e.capacity_factor, 0.0f, " (0 = dropless)");
 }

@@ -21,7 +21,10 @@ enum class PositionKind : uint8_t { learned, rope };
 enum class Recompute : uint8_t { none, selective, full };
 // [model.moe] router: softmax over the experts' logits, or an independent sigmoid per expert.
 enum class MoeRouter : uint8_t { softmax, sigmoid };
-enum class MoeBalance : uint8_t { aux_loss, none };
+// Load balancing: the aux loss (Switch), DeepSeek-V3's aux-loss-free bias (a per-expert bias
+// added to the scores for selection only, moved after each step by bias_update_rate against the
+// step's load), or none.
+enum class MoeBalance : uint8_t { aux_loss, bias, none };
 
 // [model.moe]: mixture-of-experts MLPs (docs/model.md, "Mixture of experts"). num_experts = 0
 // keeps every MLP dense.
@@ -33,6 +36,7 @@ struct MoeConfig {
   bool normalize = true;  // the k routing weights divided by their sum (Mixtral); false: Switch
   MoeBalance balance = MoeBalance::aux_loss;
   float aux_loss_coef = 0.01f;
+  float bias_update_rate = 1e-3f;  // balance = "bias": each step's move of an expert's bias
   float z_loss_coef = 0.0f;
   float capacity_factor = 0.0f;  // 0 = dropless; else per sequence and expert
   int64_t shared_experts = 0;    // always-on experts, one MLP of shared_experts * d_ff_shared

@@ -66,6 +66,10 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     const MoeConfig& e = cfg.moe;
     const int64_t E = e.num_experts, Fe = e.d_ff_expert;
     add(p + ".mlp.router.weight", {E, C}, InitKind::normal, std, true, P::replicate());
+    // Aux-loss-free balancing's bias: not trained by the optimizer (no gradient reaches it); the
+    // trainer moves it after each step (docs/model.md).
+    if (e.balance == MoeBalance::bias)
+      add(p + ".mlp.router.expert_bias", {E}, InitKind::zeros, 0, false, P::replicate());
     add(p + ".mlp.experts.fc1.weight", {E, s.expert_fc1_out, C}, InitKind::normal, std, true,
         P::replicate());
     add(p + ".mlp.experts.fc2.weight", {E, C, Fe}, InitKind::normal, resid_std, true,

@@ -38,7 +38,7 @@ constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
 constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
 constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
-constexpr std::array<std::string_view, 2> kMoeBalanceNames{"aux_loss", "none"};
+constexpr std::array<std::string_view, 3> kMoeBalanceNames{"aux_loss", "bias", "none"};
 
 // ---- the key table ----
 
@@ -167,6 +167,7 @@ const std::vector<Section>& sections() {
                     .add("normalize", &MoeConfig::normalize)
                     .add("balance", &MoeConfig::balance, kMoeBalanceNames)
                     .add("aux_loss_coef", &MoeConfig::aux_loss_coef)
+                    .add("bias_update_rate", &MoeConfig::bias_update_rate)
                     .add("z_loss_coef", &MoeConfig::z_loss_coef)
                     .add("capacity_factor", &MoeConfig::capacity_factor)
                     .add("shared_experts", &MoeConfig::shared_experts)

@@ -28,14 +28,15 @@ float router_scores(float* p, const float* z, int64_t E, bool sigmoid) {
   return lse;
 }
 
-// idx (k) := the k largest of p (E), decreasing, ties to the lower index.
-void top_k(int32_t* idx, const float* p, int64_t E, int64_t k) {
+// idx (k) := the k largest of p (E) + bias (E, may be null), decreasing, ties to the lower index.
+void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k) {
+  auto key = [&](int64_t e) { return bias ? p[e] + bias[e] : p[e]; };
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
     for (int64_t e = 0; e < E; ++e) {
       bool taken = false;
       for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      if (!taken && (best < 0 || key(e) > key(best))) best = e;
     }
     idx[j] = static_cast<int32_t>(best);
   }
@@ -43,14 +44,14 @@ void top_k(int32_t* idx, const float* p, int64_t E, int64_t k) {
 
 }  // namespace
 
-void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, int64_t N,
-               int64_t E, int64_t k, bool sigmoid, bool normalize) {
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
+               const float* bias, int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
   parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* p = scores + t * E;
       router_scores(p, logits + t * E, E, sigmoid);
       int32_t* ix = idx + t * k;
-      top_k(ix, p, E, k);
+      top_k(ix, p, bias, E, k);
       float sum = 0.0f;
       for (int64_t j = 0; j < k; ++j) sum += p[ix[j]];
       for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? p[ix[j]] / sum : p[ix[j]];

@@ -36,8 +36,8 @@ __device__ float score(const float* z, int64_t e, float lse, bool sigmoid) {
 
 }  // namespace
 
-void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, int64_t N,
-               int64_t E, int64_t k, bool sigmoid, bool normalize) {
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
+               const float* bias, int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
   for_each(N, [=] __device__(int64_t t) {
     const float* z = logits + t * E;
     float* p = scores + t * E;
@@ -50,7 +50,8 @@ void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken = taken || ix[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        const float ke = bias ? p[e] + bias[e] : p[e];
+        if (!taken && (best < 0 || ke > (bias ? p[best] + bias[best] : p[best]))) best = e;
       }
       ix[j] = static_cast<int32_t>(best);
       sum += p[best];

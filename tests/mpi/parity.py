@@ -18,6 +18,7 @@ from harness import finish, parse_args, train
 # layout: (ranks, its --set overrides, overrides for both it and its single-rank reference)
 GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
 L4 = ["model.n_layers=4"]
+BIAS = ["model.moe.balance=bias", "model.moe.bias_update_rate=0.01"]
 LAYOUTS = {
     "dp2": (2, [], []),
     "dp4": (4, [], []),
@@ -82,6 +83,12 @@ LAYOUTS = {
     # one sequence, so the layout does not change which tokens drop).
     "capacity-dp2": (2, [], ["model.moe.capacity_factor=1.0"]),
     "capacity-zero1-dp4": (4, ["parallel.zero_stage=1"], ["model.moe.capacity_factor=1.0"]),
+    # Aux-loss-free balancing: every replica (DDP), row shard (ZeRO, 4 experts over 3 ranks) and
+    # pipeline stage moves its biases by the step's global load.
+    "bias-dp2": (2, [], BIAS),
+    "bias-zero3-dp3": (3, ["parallel.zero_stage=3"], BIAS + GBS6),
+    "bias-zero1-dp2": (2, ["parallel.zero_stage=1"], BIAS),
+    "bias-pp2-dp2": (4, ["parallel.pp=2"], BIAS),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]

@@ -103,6 +103,7 @@ class MoeCfg:
     normalize: bool = True
     balance: str = "aux_loss"  # | "none"
     aux_loss_coef: float = f32(0.01)
+    bias_update_rate: float = f32(1e-3)
     z_loss_coef: float = 0.0
     capacity_factor: float = 0.0
     shared_experts: int = 0
@@ -239,7 +240,10 @@ class MoE(nn.Module):
         self.experts.fc2.weight = nn.Parameter(torch.empty(E, C, self.Fe))
         if m.shared_experts > 0:
             self.shared = MLP(cfg, m.shared_experts * (m.d_ff_shared or self.Fe))
+        if m.balance == "bias":  # moved by balance(), never by the optimizer
+            self.router.expert_bias = nn.Parameter(torch.zeros(E), requires_grad=False)
         self.losses = []  # (aux term, z term) of each forward
+        self.load = torch.zeros(E, dtype=torch.float64)  # assignments per expert since balance()
 
     def forward(self, x):
         B, T, C = x.shape
@@ -247,8 +251,10 @@ class MoE(nn.Module):
         E, k = m.num_experts, m.top_k
         z = self.router(x)  # (B,T,E)
         p = torch.sigmoid(z) if m.router == "sigmoid" else torch.softmax(z, dim=-1)
-        # top-k by score, decreasing, ties to the lower index (stable sort of -p)
-        sel = torch.sort(-p.detach(), dim=-1, stable=True).indices[..., :k]  # (B,T,k)
+        # top-k by score (+ the balancing bias), decreasing, ties to the lower index (stable sort)
+        key = p.detach() + (self.router.expert_bias if m.balance == "bias" else 0.0)
+        sel = torch.sort(-key, dim=-1, stable=True).indices[..., :k]  # (B,T,k)
+        self.load += torch.bincount(sel.reshape(-1), minlength=E).to(torch.float64)
         w = torch.gather(p, -1, sel)
         if m.normalize:
             w = w / w.sum(-1, keepdim=True)
@@ -285,6 +291,16 @@ class MoE(nn.Module):
         zl = m.z_loss_coef * (torch.logsumexp(z, dim=-1) ** 2).mean()
         self.losses.append((aux, zl))
         return y
+
+    @torch.no_grad()
+    def balance(self):
+        """Aux-loss-free balancing after a step: b_e += rate * sign(mean load - load_e) over the
+        step's assignments (balance = "bias"); resets the count."""
+        if self.m.balance == "bias":
+            mean = self.load.mean()
+            self.router.expert_bias += self.m.bias_update_rate * torch.sign(mean - self.load).to(
+                self.router.expert_bias.dtype)
+        self.load.zero_()
 
 
 class Block(nn.Module):
@@ -451,11 +467,15 @@ class AdamW:
         return p.dim() >= 2
 
     @torch.no_grad()
+    def step_params(self):
+        return [(n, p) for n, p in self.params if p.requires_grad]
+
+    @torch.no_grad()
     def step(self, lr: float):
         o = self.o
         self.t += 1
         bc1, bc2 = 1.0 - o.beta1**self.t, 1.0 - o.beta2**self.t
-        for n, p in self.params:
+        for n, p in self.step_params():
             g = p.grad
             m, v = self.m[n], self.v[n]
             m.mul_(o.beta1).add_(g, alpha=1.0 - o.beta1)

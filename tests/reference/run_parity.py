@@ -49,6 +49,11 @@ PRESETS = {
                                  d_ff_shared=48, z_loss_coef=1e-3, aux_loss_coef=0.02, first_dense_layers=1)),
     "moe-capacity": dict(arch="gpt2", vocab_size=97, n_layers=2, d_model=64, n_heads=4, seq_len=32,
                          moe=dict(num_experts=4, top_k=1, d_ff_expert=64, normalize=False, capacity_factor=1.0)),
+    # DeepSeek-V3 style: fine-grained sigmoid experts, a shared expert, aux-loss-free balancing (a
+    # rate large enough to move the routing within 10 steps).
+    "moe-bias": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
+                     moe=dict(num_experts=8, top_k=2, d_ff_expert=16, router="sigmoid", balance="bias",
+                              bias_update_rate=0.01, shared_experts=1, d_ff_shared=32)),
 }
 GLOBAL_BATCH = 4
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, decay="cosine", weight_decay=0.1, grad_clip=1.0,
@@ -112,7 +117,7 @@ def check_init(model: Transformer) -> list[str]:
             mean, std = p.mean().item(), p.std().item()
             if abs(std / want - 1) > 0.1 or abs(mean) > 5 * want / math.sqrt(p.numel()):
                 errors.append(f"init {n}: mean {mean:.2e}, std {std:.5f}, doc says N(0, {want:.5f})")
-        elif n.endswith(".bias"):
+        elif n.endswith((".bias", ".expert_bias")):  # biases and the balancing bias start at 0
             if p.abs().max().item() != 0:
                 errors.append(f"init {n}: biases should be 0, max |b| = {p.abs().max().item():.3e}")
         elif not torch.all(p == 1):
@@ -137,6 +142,9 @@ def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_bat
         norm = grad_norm_and_clip(params, opt.grad_clip)
         lr = lr_at(opt, s)
         adam.step(lr)
+        for block in model.layers:
+            if hasattr(block.mlp, "balance"):
+                block.mlp.balance()
         rows.append((loss_sum / accum, norm, lr))
     return rows
 
@@ -301,7 +309,9 @@ def main() -> int:
               f"step-1 loss moves {l1:.1e}, grad_norm {g1:.1e} rel; first: {errs[0]})")
         # Each MoE feature must matter: the reference without it must fail.
         variants = []
-        if moe is not None:
+        if moe is not None and moe.balance == "bias":
+            variants.append(("without the balancing bias updates", dict(bias_update_rate=0.0)))
+        elif moe is not None:
             variants.append(("without router losses", dict(balance="none", z_loss_coef=0.0)))
             if moe.capacity_factor > 0:
                 variants.append(("dropless (no capacity)", dict(capacity_factor=0.0)))

@@ -697,6 +697,13 @@ void add_moe(std::vector<OpCase>& cases) {
                      }),
                      kTight});
   }
+  // Aux-loss-free balancing: a bias on the scores for selection.
+  cases.push_back({"moe_route",
+                   "moe_route_sigmoid_bias",
+                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
+                    uniform({E}, 21, -0.3f, 0.3f)},
+                   op([](const Views& v) { ops::moe_route(v[0], v[1], v[2], v[3], true, true, v[4]); }),
+                   kTight});
   HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({M}, DType::i32);
   HostTensor slot({N, k}, DType::i32);
   const int64_t capacity = 10;  // of ~12 per (sequence, expert): some drop

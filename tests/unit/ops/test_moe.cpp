@@ -55,6 +55,29 @@ TEST(MoeRoute, TopKAndWeightsMatchDoubleReference) {
     }
 }
 
+// Aux-loss-free balancing: the bias moves the selection, never the weights (the selected
+// experts' own scores).
+TEST(MoeRoute, BiasSelectsButDoesNotWeigh) {
+  const int64_t N = 30, E = 6, k = 2;
+  HostTensor logits = uniform({N, E}, 3, -2.0f, 2.0f), bias({E});
+  bias[4] = 10.0f;  // expert 4 always chosen first
+  for (const bool sigmoid : {false, true}) {
+    const Routed plain = route(logits, k, sigmoid, false);
+    Routed r{HostTensor({N, E}), HostTensor({N, k}, DType::i32), HostTensor({N, k})};
+    ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(), sigmoid, false, bias.t());
+    for (int64_t t = 0; t < N; ++t) {
+      EXPECT_EQ(r.idx.i32()[t * k], 4);
+      const int32_t second = r.idx.i32()[t * k + 1];
+      // The second choice is the best of the rest by score alone.
+      const int32_t want = plain.idx.i32()[t * k] == 4 ? plain.idx.i32()[t * k + 1]
+                                                       : plain.idx.i32()[t * k];
+      EXPECT_EQ(second, want);
+      EXPECT_EQ(r.weights[t * k], plain.scores[t * E + 4]);
+      EXPECT_EQ(r.weights[t * k + 1], plain.scores[t * E + second]);
+    }
+  }
+}
+
 // The router's gradient: L = sum c_tj w_tj + lambda sum_s aux_s + mu sum_t zsq_t, with the aux
 // counts held at the unperturbed routing (they carry no gradient). moe_route_backward's
 // aux_scale for that L is lambda E / (T^2 k), its z_scale 2 mu.
