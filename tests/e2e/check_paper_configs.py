@@ -28,6 +28,11 @@ PUBLISHED = {
     "llama3-70b.toml": ("70553706496", "Hugging Face Meta-Llama-3-70B"),
     "llama3-405b.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
     "llama3-405b-128k.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
+    "mixtral-8x7b.toml": ("46702792704", "Hugging Face Mixtral-8x7B-v0.1"),
+}
+# Mixture-of-experts configs: the active parameters per token, in billions (plan's "N active").
+PUBLISHED_ACTIVE = {
+    "mixtral-8x7b.toml": ("12.9", "Jiang et al. 2024, Section 1 (13B active; 12.9B on the model card)"),
 }
 
 
@@ -73,6 +78,14 @@ def main():
             ours = f"{count / 1e9:.{digits}f}"
         else:
             ours = str(count)
+        if name in PUBLISHED_ACTIVE:
+            a = re.search(r"^parameters: \d+ \((\d+) active", out, re.M)
+            want_a, source_a = PUBLISHED_ACTIVE[name]
+            got_a = f"{int(a.group(1)) / 1e9:.1f}" if a else "none"
+            print(f"{name}: {a.group(1) if a else '?'} active parameters -> {got_a}, published "
+                  f"{want_a} ({source_a})")
+            if got_a != want_a:
+                failures.append(f"{name}: active parameters {got_a}, published {want_a} ({source_a})")
         status = "OK" if ours == want else "MISMATCH"
         print(f"{name}: world {world} valid; {count} parameters -> {ours}, published {want} "
               f"({source}) {status}")
