@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "engine/core/tensor.h"
@@ -86,6 +87,13 @@ class Communicator {
   virtual Handle broadcast(Tensor x, int root) = 0;
   // in (size * n) -> out (size * n): block r of in goes to rank r; block r of out came from r.
   virtual Handle all_to_all(Tensor out, Tensor in) = 0;
+  // Blocks of any size: the first in_counts[0] elements of `in` go to rank 0, the next
+  // in_counts[1] to rank 1, ...; `out` receives out_counts[r] elements from rank r, in rank
+  // order (counts in elements, host memory, size() of each; every rank's in_counts[q] must equal
+  // rank q's out_counts[rank]). Expert parallelism's dispatch and combine. Counted as the bytes
+  // this rank sends to the others (all_to_all).
+  virtual Handle all_to_allv(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                             std::span<const int64_t> in_counts) = 0;
   // Point to point. MPI matches a receive to the send with its tag. NCCL ignores tags apart from
   // their channel, p2p_channel(tag, n) after open_p2p_channels(n) (else one channel): on each
   // channel, the k-th send from rank a to rank b meets b's k-th receive from a; each channel is

@@ -30,6 +30,10 @@ class DeviceRouted final : public Communicator {
   Handle all_gather(Tensor out, Tensor in) override { return of(out, in).all_gather(out, in); }
   Handle broadcast(Tensor x, int root) override { return of(x).broadcast(x, root); }
   Handle all_to_all(Tensor out, Tensor in) override { return of(out, in).all_to_all(out, in); }
+  Handle all_to_allv(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                     std::span<const int64_t> in_counts) override {
+    return of(out, in).all_to_allv(out, out_counts, in, in_counts);
+  }
   Handle send(Tensor x, int peer, int tag) override { return of(x).send(x, peer, tag); }
   Handle recv(Tensor x, int peer, int tag) override { return of(x).recv(x, peer, tag); }
   Handle send_recv(Tensor out, int to, Tensor in, int from, int tag) override {

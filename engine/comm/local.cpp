@@ -29,6 +29,15 @@ class LocalCommunicator final : public Communicator {
     return {};
   }
   Handle all_to_all(Tensor out, Tensor in) override { return copy(CommKind::all_to_all, out, in); }
+  Handle all_to_allv(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                     std::span<const int64_t> in_counts) override {
+    LLMT_CHECK(out_counts.size() == 1 && in_counts.size() == 1 && out_counts[0] == in_counts[0] &&
+                   in_counts[0] <= in.numel() && in_counts[0] <= out.numel(),
+               name_, " all_to_allv in a group of one: send and receive counts differ");
+    const int64_t n = in_counts[0];
+    return copy(CommKind::all_to_all, Tensor(out.data, {n}, out.dtype, out.device),
+                Tensor(in.data, {n}, in.dtype, in.device));
+  }
   Handle send(Tensor, int peer, int) override {
     throw Error(detail::concat("send to rank ", peer, " in a group of one (", name_, ")"));
   }

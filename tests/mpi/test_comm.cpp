@@ -89,6 +89,32 @@ TEST(Comm, AllToAll) {
     for (int k = 0; k < n; ++k) EXPECT_EQ(out[q * n + k], q * 1000.0f + r * 10 + k);
 }
 
+// Blocks of different sizes: rank r sends q + r + 1 elements to rank q (so every pair differs),
+// valued r * 1000 + q * 10 + k; the counters hold the bytes sent to the others.
+TEST(Comm, AllToAllV) {
+  Communicator& c = mpi_test_world();
+  const int p = c.size(), r = c.rank();
+  std::vector<int64_t> in_counts(p), out_counts(p);
+  std::vector<float> in;
+  for (int q = 0; q < p; ++q) {
+    in_counts[q] = q + r + 1;
+    out_counts[q] = r + q + 1;
+    for (int k = 0; k < q + r + 1; ++k) in.push_back(static_cast<float>(r * 1000 + q * 10 + k));
+  }
+  std::vector<float> out(static_cast<size_t>(std::accumulate(out_counts.begin(), out_counts.end(),
+                                                             int64_t{0})) + 3,
+                         -1.0f);
+  c.reset_counters();
+  c.all_to_allv(f32(out), out_counts, f32(in), in_counts).wait();
+  size_t at = 0;
+  for (int q = 0; q < p; ++q)
+    for (int k = 0; k < r + q + 1; ++k) EXPECT_EQ(out[at++], q * 1000.0f + r * 10 + k);
+  EXPECT_EQ(out[at], -1.0f);  // past the received elements: untouched
+  int64_t sent = 0;
+  for (int q = 0; q < p; ++q) sent += q == r ? 0 : in_counts[q] * 4;
+  EXPECT_EQ(c.counters().bytes[static_cast<int>(CommKind::all_to_all)], sent);
+}
+
 TEST(Comm, SendRecvRing) {
   Communicator& c = mpi_test_world();
   const int p = c.size(), r = c.rank();
@@ -175,6 +201,10 @@ class FakeGpu final : public Communicator {
   Handle all_gather(Tensor o, Tensor i) override { return inner_->all_gather(host(o), host(i)); }
   Handle broadcast(Tensor x, int root) override { return inner_->broadcast(host(x), root); }
   Handle all_to_all(Tensor o, Tensor i) override { return inner_->all_to_all(host(o), host(i)); }
+  Handle all_to_allv(Tensor o, std::span<const int64_t> oc, Tensor i,
+                     std::span<const int64_t> ic) override {
+    return inner_->all_to_allv(host(o), oc, host(i), ic);
+  }
   Handle send(Tensor x, int peer, int tag) override {
     return inner_->send(host(x), peer, p2p_channel(tag, channels));
   }

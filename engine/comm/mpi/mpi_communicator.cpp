@@ -4,7 +4,9 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 
@@ -48,8 +50,10 @@ MPI_Op mpi_op(ReduceOp op) {
 
 class MpiHandle final : public Handle::Impl {
  public:
-  MpiHandle(Communicator& owner, MPI_Request req, const char* op)
-      : owner_(owner), req_(req), op_(op) {}
+  // keep: what must outlive the operation (all_to_allv's count arrays), released with it.
+  MpiHandle(Communicator& owner, MPI_Request req, const char* op,
+            std::shared_ptr<const void> keep = nullptr)
+      : owner_(owner), req_(req), op_(op), keep_(std::move(keep)) {}
   ~MpiHandle() override {
     // A dropped handle must still complete: MPI owns the buffers until then.
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
@@ -81,6 +85,7 @@ class MpiHandle final : public Handle::Impl {
   Communicator& owner_;
   MPI_Request req_;
   const char* op_;  // "all_reduce", ... for the watchdog's message
+  std::shared_ptr<const void> keep_;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -146,6 +151,35 @@ class MpiCommunicator final : public Communicator {
     count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
     return handle(req, "all_to_all");
   }
+  Handle all_to_allv(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                     std::span<const int64_t> in_counts) override {
+    check_host(out, "all_to_allv");
+    check_host(in, "all_to_allv");
+    LLMT_CHECK(static_cast<int>(out_counts.size()) == size_ &&
+                   static_cast<int>(in_counts.size()) == size_ && out.dtype == in.dtype,
+               name_, " all_to_allv: ", in_counts.size(), " and ", out_counts.size(),
+               " counts for ", size_, " ranks");
+    // MPI keeps the count arrays until the operation completes: they live in the handle.
+    auto arrays = std::make_shared<std::array<std::vector<int>, 4>>();
+    auto& [sc, sd, rc, rd] = *arrays;
+    int64_t s_total = 0, r_total = 0, sent = 0;
+    for (int r = 0; r < size_; ++r) {
+      sd.push_back(static_cast<int>(s_total));
+      sc.push_back(static_cast<int>(in_counts[r]));
+      rd.push_back(static_cast<int>(r_total));
+      rc.push_back(static_cast<int>(out_counts[r]));
+      s_total += in_counts[r];
+      r_total += out_counts[r];
+      if (r != rank_) sent += in_counts[r];
+    }
+    LLMT_CHECK(s_total <= in.numel() && r_total <= out.numel(), name_, " all_to_allv: sends ",
+               s_total, " of ", describe(in), ", receives ", r_total, " into ", describe(out));
+    MPI_Request req;
+    LLMT_MPI(MPI_Ialltoallv(in.data, sc.data(), sd.data(), mpi_type(in.dtype), out.data, rc.data(),
+                            rd.data(), mpi_type(in.dtype), comm_, &req));
+    count(CommKind::all_to_all, sent * static_cast<int64_t>(dtype_size(in.dtype)));
+    return handle(req, "all_to_allv", arrays);
+  }
   Handle send(Tensor x, int peer, int tag) override {
     check_host(x, "send");
     MPI_Request req;
@@ -174,8 +208,8 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  Handle handle(MPI_Request req, const char* op) {
-    return Handle(std::make_unique<MpiHandle>(*this, req, op));
+  Handle handle(MPI_Request req, const char* op, std::shared_ptr<const void> keep = nullptr) {
+    return Handle(std::make_unique<MpiHandle>(*this, req, op, std::move(keep)));
   }
   void check_host(const Tensor& x, const char* what) const {
     LLMT_CHECK(x.device.kind == DeviceKind::cpu, name_, " ", what, " on ", describe(x),

@@ -173,6 +173,36 @@ class NcclCommunicator final : public Communicator {
     count_collective(CommKind::all_to_all, static_cast<int64_t>(in.nbytes()));
     return record("all_to_all");
   }
+  Handle all_to_allv(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                     std::span<const int64_t> in_counts) override {
+    check_device(out, "all_to_allv");
+    LLMT_CHECK(static_cast<int>(out_counts.size()) == size_ &&
+                   static_cast<int>(in_counts.size()) == size_ && out.dtype == in.dtype,
+               name_, " all_to_allv: ", in_counts.size(), " and ", out_counts.size(),
+               " counts for ", size_, " ranks");
+    const size_t es = dtype_size(in.dtype);
+    after_compute();
+    LLMT_NCCL(ncclGroupStart());
+    int64_t s_off = 0, r_off = 0, sent = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (in_counts[r] > 0)
+        LLMT_NCCL(ncclSend(static_cast<char*>(in.data) + s_off * es,
+                           static_cast<size_t>(in_counts[r]), nccl_type(in.dtype), r, comm_,
+                           stream_));
+      if (out_counts[r] > 0)
+        LLMT_NCCL(ncclRecv(static_cast<char*>(out.data) + r_off * es,
+                           static_cast<size_t>(out_counts[r]), nccl_type(in.dtype), r, comm_,
+                           stream_));
+      s_off += in_counts[r];
+      r_off += out_counts[r];
+      if (r != rank_) sent += in_counts[r];
+    }
+    LLMT_NCCL(ncclGroupEnd());
+    LLMT_CHECK(s_off <= in.numel() && r_off <= out.numel(), name_, " all_to_allv: sends ", s_off,
+               " of ", describe(in), ", receives ", r_off, " into ", describe(out));
+    count(CommKind::all_to_all, sent * static_cast<int64_t>(es));
+    return record("all_to_allv");
+  }
   // On the tag's channel (communicator.h): matched in issue order with the peer's calls on the
   // same channel, on that channel's stream.
   Handle send(Tensor x, int peer, int tag) override {

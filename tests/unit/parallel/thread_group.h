@@ -68,6 +68,9 @@ class ThreadCommunicator final : public Communicator {
   }
   Handle broadcast(Tensor, int) override { throw Error("ThreadCommunicator: no broadcast"); }
   Handle all_to_all(Tensor, Tensor) override { throw Error("ThreadCommunicator: no all_to_all"); }
+  Handle all_to_allv(Tensor, std::span<const int64_t>, Tensor, std::span<const int64_t>) override {
+    throw Error("ThreadCommunicator: no all_to_allv");
+  }
   Handle send(Tensor, int, int) override { throw Error("ThreadCommunicator: no send"); }
   Handle recv(Tensor, int, int) override { throw Error("ThreadCommunicator: no recv"); }
   void barrier() override { state_->sync.arrive_and_wait(); }
