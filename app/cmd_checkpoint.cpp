@@ -144,6 +144,7 @@ Run add_checkpoint_command(CLI::App& app) {
     state.sequence_parallel = cfg.parallel.sequence_parallel;
     state.virtual_stages = cfg.parallel.virtual_stages;
     state.pp_layers = cfg.parallel.pp_layers;
+    state.ep = cfg.parallel.ep;
     state.config = to_toml(cfg);
     const int64_t bytes = ckpt::reshard(ck, ModelSpec::from_config(cfg.model), state, args->out);
     std::printf("%s -> %s: %s -> %s, %.1f MB\n", ck.dir().c_str(), args->out.c_str(),

@@ -360,7 +360,7 @@ Run add_plan_command(CLI::App& app) {
                 spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
     std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld):\n",
                 static_cast<long long>(par.zero_stage));
-    const ckpt::WriteLayout layout{mesh, v, par.pp_layers};
+    const ckpt::WriteLayout layout{mesh, v, par.pp_layers, static_cast<int>(par.ep)};
     const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp);
     // Ranks whose figures equal the line above are counted, not printed (a 3072-rank mesh has
     // 512 (tp, pp) coordinates but a handful of distinct stages).

@@ -105,13 +105,17 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   const std::vector<int> group = mesh.group(rank, {Axis::dp, Axis::cp});
   const int n = static_cast<int>(group.size());
   const int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+  // Expert stacks under ep (cp = 1): the expert-data-parallel group's n / ep ranks.
+  const int ep = tp_spec.ep_size, n_edp = n / ep, d_edp = d / ep;
   std::vector<Piece> out;
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
     if (tp_rank != 0 && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
-    const int64_t rows = p.shape[0], s = (rows + n - 1) / n;
-    const int64_t begin = std::min(rows, d * s), end = std::min(rows, begin + s);
+    const bool edp = ep > 1 && tp_spec.is_expert(i);
+    const int gn = edp ? n_edp : n, gd = edp ? d_edp : d;
+    const int64_t rows = p.shape[0], s = (rows + gn - 1) / gn;
+    const int64_t begin = std::min(rows, gd * s), end = std::min(rows, begin + s);
     if (begin == end) continue;
     for (const std::string& st : states) out.push_back({st, i, begin, end});
   }
@@ -139,7 +143,9 @@ ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank) 
   const ModelSpec stage = pp > 1 ? spec.shard_pp(pp, layout.virtual_stages, layout.pp_layers,
                                                  c[static_cast<int>(Axis::pp)])
                                  : spec;
-  return stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
+  const ModelSpec tp_spec = stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
+  return layout.ep > 1 ? tp_spec.shard_ep(layout.ep, c[static_cast<int>(Axis::dp)] % layout.ep)
+                       : tp_spec;
 }
 
 std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,

@@ -11,7 +11,9 @@
 // written by tp rank 0 only; under pipeline parallelism each pp rank writes the parameters of its
 // stage, and the last stage's tied copy of wte (identical to stage 0's) is not written. Each piece
 // is one or more boxes of the global tensor (a tp shard of the fused qkv weight is three row ranges
-// of it), each a contiguous run of the local rows.
+// of it), each a contiguous run of the local rows. Under expert parallelism an expert stack's
+// group is the expert-data-parallel one instead: the dp ranks holding the same experts (dp
+// coordinates equal modulo ep), of which the one with dp coordinate d is number d / ep.
 #pragma once
 
 #include <cstdint>
@@ -93,9 +95,11 @@ struct WriteLayout {
   MeshShape mesh;
   int virtual_stages = 1;
   std::vector<int64_t> pp_layers;  // empty: even split
+  int ep = 1;                      // expert parallel degree (parallel.ep)
 };
 // What global rank `rank` of `layout` holds of the whole-model `spec`: its pipeline stage
-// (ModelSpec::shard_pp), then its tp shard.
+// (ModelSpec::shard_pp), its experts (ModelSpec::shard_ep: ep rank = dp coordinate % ep), then
+// its tp shard.
 ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank);
 
 // Every global tensor of `spec` (whole model, global shapes) for each of `states` and, for each,

@@ -17,12 +17,13 @@ namespace llmt::ckpt {
 namespace fs = std::filesystem;
 
 WriteLayout write_layout(const RunState& s) {
-  return {s.mesh, static_cast<int>(s.virtual_stages), s.pp_layers};
+  return {s.mesh, static_cast<int>(s.virtual_stages), s.pp_layers, static_cast<int>(s.ep)};
 }
 
 std::string layout_text(const RunState& s) {
   return detail::concat("tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp),
                         " dp=", s.mesh.size(Axis::dp), " pp=", s.mesh.size(Axis::pp),
+                        s.ep > 1 ? detail::concat(" ep=", s.ep) : std::string(),
                         " zero_stage=", s.zero_stage,
                         " sequence_parallel=", s.sequence_parallel ? "true" : "false");
 }
@@ -106,6 +107,7 @@ void write_index(const std::string& dir, const RunState& s,
     h5::write_attr(file, "sequence_parallel", static_cast<int64_t>(s.sequence_parallel));
     h5::write_attr(file, "virtual_stages", s.virtual_stages);
     if (!s.pp_layers.empty()) h5::write_attr(file, "pp_layers", s.pp_layers);
+    if (s.ep > 1) h5::write_attr(file, "ep", s.ep);
     h5::write_attr(file, "layout", layout_text(s));
     h5::Id lcpl = parents_lcpl();
     for (size_t t = 0; t < tensors.size(); ++t) {
@@ -206,6 +208,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   s.sequence_parallel = h5::read_attr_int(file, "sequence_parallel", where) != 0;
   s.virtual_stages = h5::read_attr_int(file, "virtual_stages", where);
   if (h5::has_attr(file, "pp_layers")) s.pp_layers = h5::read_attr_ints(file, "pp_layers", where);
+  if (h5::has_attr(file, "ep")) s.ep = h5::read_attr_int(file, "ep", where);
 
   VisitState visit;
   h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit_link, &visit),

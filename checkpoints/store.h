@@ -38,6 +38,7 @@ struct RunState {
   std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty = even split
   int64_t zero_stage = 0;
   bool sequence_parallel = false;
+  int64_t ep = 1;  // expert parallel degree (absent from checkpoints written before it: 1)
 };
 std::string layout_text(const RunState& s);  // "tp=2 cp=1 dp=2 pp=1 zero_stage=1 sp=false"
 WriteLayout write_layout(const RunState& s);

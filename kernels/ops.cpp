@@ -610,53 +610,67 @@ void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int6
 
 namespace {
 
-// Checks a grouped GEMM's offsets (G+1 host values, non-decreasing within [0, M]).
-void check_groups(const Op& op, std::span<const int64_t> offsets, int64_t G, int64_t M) {
-  op.require(static_cast<int64_t>(offsets.size()) == G + 1, offsets.size(),
-             " offsets for G=", G, " groups, expected G+1");
-  for (int64_t g = 0; g < G; ++g)
+// Checks a grouped GEMM's offsets (G+1 host values, non-decreasing within [0, M]) and weight
+// indices (G values below W, or none with G = W); returns G.
+int64_t check_groups(const Op& op, std::span<const int64_t> offsets,
+                     std::span<const int64_t> weight_of, int64_t W, int64_t M) {
+  op.require(!offsets.empty(), "no offsets");
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  if (weight_of.empty())
+    op.require(G == W, offsets.size(), " offsets for W=", W, " weights, expected W+1");
+  else
+    op.require(static_cast<int64_t>(weight_of.size()) == G, weight_of.size(),
+               " weight indices for ", G, " groups");
+  for (int64_t g = 0; g < G; ++g) {
     op.require(offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M,
                "group ", g, " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M, ")");
+    if (!weight_of.empty())
+      op.require(weight_of[g] >= 0 && weight_of[g] < W, "group ", g, " uses weight ",
+                 weight_of[g], " of ", W);
+  }
+  return G;
 }
 
 }  // namespace
 
 void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight,
-                            std::span<const int64_t> offsets) {
+                            std::span<const int64_t> offsets, std::span<const int64_t> weight_of) {
   Op op("grouped_linear_forward", {out, inp, weight});
   op.ndim("weight", weight, 3);
-  const int64_t G = weight.size(0), OC = weight.size(1), IC = weight.size(2);
+  const int64_t W = weight.size(0), OC = weight.size(1), IC = weight.size(2);
   op.ndim("inp", inp, 2);
   const int64_t M = inp.size(0);
   op.shape("inp", inp, {M, IC});
   op.shape("out", out, {M, OC});
-  check_groups(op, offsets, G, M);
+  const int64_t G = check_groups(op, offsets, weight_of, W, M);
   LLMT_KERNEL(op, grouped_linear_forward)
-  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), offsets.data(), G, IC, OC);
+  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), offsets.data(),
+   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
 }
 
 void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
-                             std::span<const int64_t> offsets) {
+                             std::span<const int64_t> offsets, std::span<const int64_t> weight_of) {
   Op op("grouped_linear_backward", {dinp, dweight, dout, inp, weight});
   op.ndim("dout", dout, 2);
   const int64_t M = dout.size(0), OC = dout.size(1);
   const Tensor& w = weight.defined() ? weight : dweight;
   op.ndim("weight", w, 3);
-  const int64_t G = w.size(0), IC = w.size(2);
-  op.shape("weight", w, {G, OC, IC});
+  const int64_t W = w.size(0), IC = w.size(2);
+  op.shape("weight", w, {W, OC, IC});
   if (dinp.defined()) {
-    op.shape("weight", weight, {G, OC, IC});
+    op.shape("weight", weight, {W, OC, IC});
     op.shape("dinp", dinp, {M, IC});
   }
   if (dweight.defined()) {
-    op.shape("dweight", dweight, {G, OC, IC});
+    op.shape("dweight", dweight, {W, OC, IC});
     op.shape("inp", inp, {M, IC});
   }
-  check_groups(op, offsets, G, M);
+  const int64_t G = check_groups(op, offsets, weight_of, W, M);
   LLMT_KERNEL(op, grouped_linear_backward)
   (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32("dout", dout),
-   dweight.defined() ? op.f32("inp", inp) : nullptr, dinp.defined() ? op.f32("weight", weight) : nullptr,
-   offsets.data(), G, IC, OC);
+   dweight.defined() ? op.f32("inp", inp) : nullptr,
+   dinp.defined() ? op.f32("weight", weight) : nullptr, offsets.data(),
+   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------

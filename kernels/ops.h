@@ -145,14 +145,18 @@ void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor i
 // aux (S) = E * sum_e counts[s,e]/(T k) * mean_t q[t,e]; zsq (N) = logsumexp(logits row)^2.
 void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,
                       bool sigmoid);
-// Grouped GEMM over G = weight.size(0) groups: rows [offsets[g], offsets[g+1]) of out (M,OC) :=
-// those rows of inp (M,IC) @ weight[g]^T, weight (G,OC,IC); offsets: G+1 host values. One call
-// for all groups (CPU: one OpenMP region; CUDA: one grouped cuBLAS call).
-void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets);
-// dinp (M,IC) := dout (M,OC) @ weight[g] per group's rows (optional); dweight (G,OC,IC) +=
-// dout^T @ inp per group (optional).
+// Grouped GEMM over G = offsets.size() - 1 groups of rows: rows [offsets[g], offsets[g+1]) of
+// out (M,OC) := those rows of inp (M,IC) @ weight[w(g)]^T, weight (W,OC,IC), w(g) = weight_of[g]
+// (several groups may share a weight: expert parallelism's rows from each peer), or g without
+// weight_of (then G = W). Host values. One call for all groups (CPU: one OpenMP region; CUDA:
+// one grouped cuBLAS call).
+void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets,
+                            std::span<const int64_t> weight_of = {});
+// dinp (M,IC) := dout (M,OC) @ weight[w(g)] per group's rows (optional); dweight (W,OC,IC) +=
+// dout^T @ inp over each weight's groups (optional).
 void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
-                             std::span<const int64_t> offsets);
+                             std::span<const int64_t> offsets,
+                             std::span<const int64_t> weight_of = {});
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor out, Tensor a, Tensor b);  // out = a + b (out may alias a or b)

@@ -23,6 +23,12 @@ class Shape {
   }
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[i < 0 ? i + ndim_ : i]; }
+  // This shape with dim i set to n.
+  Shape with_dim(int i, int64_t n) const {
+    Shape s = *this;
+    s.dims_[i < 0 ? i + ndim_ : i] = n;
+    return s;
+  }
   int64_t numel() const {
     int64_t n = 1;
     for (int i = 0; i < ndim_; ++i) n *= dims_[i];

@@ -40,11 +40,13 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
   Communicator& group = mesh.group({Axis::dp, Axis::cp});
   if (cfg.zero_stage == 0)
     return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, group, model, alloc);
+  LLMT_CHECK(cfg.ep == 1, "parallel.ep=", cfg.ep, " needs zero_stage 0");
   return std::make_unique<Zero>(cfg, opt, mesh, group, model, alloc, seed);
 }
 
 std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
-                                                          int64_t bucket_bytes) {
+                                                          int64_t bucket_bytes,
+                                                          bool split_experts) {
   // Offsets of each parameter in the flat buffer, and the block that completes it.
   const auto& params = model.spec().params;
   std::vector<int64_t> offset(params.size() + 1, 0);
@@ -60,11 +62,13 @@ std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& mod
   while (end > 0) {
     size_t begin = end;
     int ready = model.num_blocks();
+    const bool experts = split_experts && model.spec().is_expert(end - 1);
     do {
       --begin;
       ready = std::min(ready, block_of[begin]);
-    } while (begin > 0 && offset[end] - offset[begin] < max_elems);
-    buckets.push_back({offset[begin], offset[end], ready});
+    } while (begin > 0 && offset[end] - offset[begin] < max_elems &&
+             (!split_experts || model.spec().is_expert(begin - 1) == experts));
+    buckets.push_back({offset[begin], offset[end], ready, experts});
     end = begin;
   }
   return buckets;
@@ -77,7 +81,10 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
     : DataParallel(mesh, group),
       model_(model),
       alloc_(alloc),
-      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024))) {
+      ep_(cfg.ep > 1 ? &mesh.expert_group(static_cast<int>(cfg.ep)) : nullptr),
+      edp_(cfg.ep > 1 ? &mesh.expert_data_group(static_cast<int>(cfg.ep)) : nullptr),
+      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024),
+                            cfg.ep > 1)) {
   // The optimizer owns every parameter whole.
   std::vector<OptimizerSlot> slots;
   for (size_t i = 0; i < model.params().size(); ++i)
@@ -104,7 +111,8 @@ void DistributedDataParallel::after_backward(int block) {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
     const Bucket& b = buckets_[next_bucket_++];
     Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
-    pending_.push_back(group_.all_reduce(view));
+    Communicator& over = b.experts ? *edp_ : group_;
+    if (over.size() > 1) pending_.push_back(over.all_reduce(view));
   }
   for (Handle& h : pending_) h.poll();
 }
@@ -117,6 +125,16 @@ void DistributedDataParallel::finish_backward() {
 }
 
 double DistributedDataParallel::grad_norm() {
+  if (ep_) {
+    // The other parameters are the same on every rank of the ep group; its ranks' experts
+    // together are the layer's (tp = 1 under ep).
+    double sums[2] = {0, 0};
+    for (size_t i = 0; i < model_.grads().size(); ++i)
+      if (!model_.spec().params[i].tied_copy)  // pp: the last stage's copy of wte counts once
+        sums[model_.spec().is_expert(i) ? 1 : 0] += ops::sum_squares(model_.grads()[i]);
+    ep_->all_reduce(Tensor(&sums[1], {1}, DType::f64)).wait();
+    return std::sqrt(sums[0] + sums[1]);
+  }
   if (mesh_.size(Axis::tp) == 1 && mesh_.size(Axis::pp) == 1)
     return global_norm({model_.flat_grads()});
   // Under tp: this rank's slices of the sharded parameters, the replicated ones once; under pp
@@ -130,6 +148,7 @@ bool DistributedDataParallel::grads_nonfinite() {
   int32_t bad = ops::has_nonfinite(model_.flat_grads()) ? 1 : 0;
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  if (ep_) ep_->all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   return bad != 0;
 }
 
@@ -146,6 +165,25 @@ void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {
 
 void DistributedDataParallel::gather_params(std::vector<float>& out) {
   Tensor flat = model_.flat_params();
+  if (ep_) {
+    // Each expert stack gathered over the ep group: rank order is expert order.
+    const int P = ep_->size();
+    out.clear();
+    for (size_t i = 0; i < model_.params().size(); ++i) {
+      const Tensor p = model_.params()[i];
+      const size_t n = static_cast<size_t>(p.numel()), at = out.size();
+      if (!model_.spec().is_expert(i)) {
+        out.resize(at + n);
+        alloc_.backend().copy_to_host(out.data() + at, p.data, n * 4);
+        continue;
+      }
+      Buffer all = alloc_.allocate(n * P * 4, MemCategory::comm);
+      ep_->all_gather(all.tensor({static_cast<int64_t>(n) * P}, DType::f32), p).wait();
+      out.resize(at + n * P);
+      alloc_.backend().copy_to_host(out.data() + at, all.data(), n * P * 4);
+    }
+    return;
+  }
   out.resize(static_cast<size_t>(flat.numel()));
   alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
   if (mesh_.size(Axis::tp) > 1) {

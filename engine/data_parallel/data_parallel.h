@@ -81,6 +81,10 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
 // DDP: the flat gradient buffer cut into buckets of about bucket_mb at parameter boundaries, in
 // reverse spec order (the order backward completes them); a bucket's all-reduce starts as soon
 // as after_backward has fired for every block it covers on the step's last micro-batch.
+//
+// Expert parallelism (parallel.ep > 1, the model holding this rank's experts): the expert stacks'
+// buckets reduce over the expert-data-parallel group (the dp ranks holding the same experts)
+// instead, the gradient norm adds the ep group's experts, and gather_params gathers them.
 class DistributedDataParallel final : public DataParallel {
  public:
   DistributedDataParallel(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh,
@@ -99,6 +103,7 @@ class DistributedDataParallel final : public DataParallel {
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer
     int ready_block = 0;         // complete once after_backward(ready_block) has fired
+    bool experts = false;        // expert stacks only (ep > 1: reduced over edp)
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -106,14 +111,18 @@ class DistributedDataParallel final : public DataParallel {
   std::vector<StateTensor> master_tensors() override { return opt_->master_tensors(); }
   Transformer& model_;
   Allocator& alloc_;
+  Communicator* ep_ = nullptr;   // ep > 1: the expert group and
+  Communicator* edp_ = nullptr;  // the expert-data-parallel group
   std::vector<Bucket> buckets_;
   std::vector<Handle> pending_;
   size_t next_bucket_ = 0;
   bool last_micro_ = true;
 };
 
-// Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel).
+// Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel);
+// with `split_experts`, none mixes expert stacks with other parameters.
 std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
-                                                          int64_t bucket_bytes);
+                                                          int64_t bucket_bytes,
+                                                          bool split_experts = false);
 
 }  // namespace llmt

@@ -317,10 +317,11 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
 
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
+  const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
   std::vector<TensorSpec> out{{"logits", {N, E_}},    {"idx", {N, k_}},     {"weights", {N, k_}},
                               {"counts", {env_.B, E_}}, {"offsets", {E_ + 1}}, {"assign", {M}},
-                              {"slot", {N, k_}},      {"xp", {M, C}},       {"h", {M, Fe1_}},
-                              {"g", {M, Fe_}},        {"eo", {M, C}}};
+                              {"slot", {N, k_}},      {"xp", {M, C}},       {"h", {Mh, Fe1_}},
+                              {"g", {Mh, Fe_}},       {"eo", {M, C}}};
   if (shared_)
     for (const TensorSpec& t : shared_->saved()) out.push_back(t);
   return out;
@@ -328,7 +329,8 @@ std::vector<TensorSpec> MoeMlp::saved() const {
 
 std::vector<TensorSpec> MoeMlp::stash() const {
   const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
-  std::vector<TensorSpec> out{{"d_logits", {N, E_}}, {"d_eo", {M, C}}, {"d_h", {M, Fe1_}}};
+  std::vector<TensorSpec> out{
+      {"d_logits", {N, E_}}, {"d_eo", {M, C}}, {"d_h", {ep() ? 0 : M, Fe1_}}};
   if (shared_)
     for (const TensorSpec& t : shared_->stash()) out.push_back(t);
   return out;
@@ -338,6 +340,58 @@ std::vector<int64_t> MoeMlp::offsets(std::span<const Tensor> s) const {
   std::vector<int32_t> host(static_cast<size_t>(E_ + 1));
   env_.alloc.backend().copy_to_host(host.data(), s[4].data, host.size() * 4);
   return {host.begin(), host.end()};
+}
+
+void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off) {
+  Communicator& ep = *env_.ep;
+  const int P = ep.size();
+  const int64_t C = env_.spec.cfg.d_model, El = E_ / P;
+  const Tensor xp = s[7], eo = s[10];
+  // Rows per (peer, local expert) to send, then the same counts from each peer for this rank's
+  // experts: one all-to-all of P x El counts.
+  std::vector<int32_t> cnt(static_cast<size_t>(P * El)), got(cnt.size());
+  for (int64_t g = 0; g < P * El; ++g) cnt[static_cast<size_t>(g)] = static_cast<int32_t>(off[g + 1] - off[g]);
+  Buffer cbuf = env_.alloc.allocate(cnt.size() * 8, MemCategory::comm);
+  const Tensor cin = cbuf.tensor({P * El}, DType::i32), cout = cbuf.tensor({P * El}, DType::i32, cnt.size() * 4);
+  env_.alloc.backend().copy_from_host(cin.data, cnt.data(), cnt.size() * 4);
+  ep.all_to_all(cout, cin).wait();
+  env_.alloc.backend().copy_to_host(got.data(), cout.data, got.size() * 4);
+  EpRows r;
+  r.groups.assign(1, 0);
+  for (int p = 0; p < P; ++p) {
+    int64_t sent = 0, recv = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      sent += cnt[static_cast<size_t>(p * El + e)];
+      recv += got[static_cast<size_t>(p * El + e)];
+      r.groups.push_back(r.groups.back() + got[static_cast<size_t>(p * El + e)]);
+      r.weight_of.push_back(e);
+    }
+    r.send.push_back(sent * C);
+    r.recv.push_back(recv * C);
+  }
+  const int64_t R = r.groups.back();
+  r.buf = env_.alloc.allocate(static_cast<size_t>(R * (3 * C + 2 * Fe1_ + Fe_)) * 4,
+                              MemCategory::activations);
+  TensorLayout lay(r.buf.tensor({R * (3 * C + 2 * Fe1_ + Fe_)}, DType::f32));
+  r.xr = lay.take({R, C});
+  r.hr = lay.take({R, Fe1_});
+  r.gr = lay.take({R, Fe_});
+  r.er = lay.take({R, C});
+  r.d_er = lay.take({R, C});
+  r.dh_r = lay.take({R, Fe1_});
+  // The rows to the experts' ranks, the experts (grouped by peer and local expert), and back.
+  ep.all_to_allv(r.xr, r.recv, xp, r.send).wait();
+  ops::grouped_linear_forward(r.hr, r.xr, env_.w(fc1_w_), r.groups, r.weight_of);
+  env_.round(r.hr);
+  if (gelu_)
+    ops::gelu_forward(r.gr, r.hr);
+  else
+    ops::swiglu_forward(r.gr, r.hr);
+  env_.round(r.gr);
+  ops::grouped_linear_forward(r.er, r.gr, env_.w(fc2_w_), r.groups, r.weight_of);
+  env_.round(r.er);
+  ep.all_to_allv(eo, r.send, r.er, r.recv).wait();
+  ep_rows_[s[0].data] = std::move(r);
 }
 
 Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
@@ -355,15 +409,19 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   const std::vector<int64_t> off = offsets(s);
   const int64_t M = off.back();  // the kept assignments
   ops::moe_permute(xp, x, assign);
-  ops::grouped_linear_forward(h, xp, env_.w(fc1_w_), off);
-  env_.round(h.rows(0, M));
-  if (gelu_)
-    ops::gelu_forward(g.rows(0, M), h.rows(0, M));
-  else
-    ops::swiglu_forward(g.rows(0, M), h.rows(0, M));
-  env_.round(g.rows(0, M));
-  ops::grouped_linear_forward(eo, g, env_.w(fc2_w_), off);
-  env_.round(eo.rows(0, M));
+  if (ep()) {
+    ep_forward(s, off);
+  } else {
+    ops::grouped_linear_forward(h, xp, env_.w(fc1_w_), off);
+    env_.round(h.rows(0, M));
+    if (gelu_)
+      ops::gelu_forward(g.rows(0, M), h.rows(0, M));
+    else
+      ops::swiglu_forward(g.rows(0, M), h.rows(0, M));
+    env_.round(g.rows(0, M));
+    ops::grouped_linear_forward(eo, g, env_.w(fc2_w_), off);
+    env_.round(eo.rows(0, M));
+  }
   const Tensor y = sc.moe_y;
   ops::moe_unpermute(y, eo, slot, weights);
   if (shared_) ops::add_inplace(y, shared_->forward(s.subspan(kSaved), x));
@@ -402,15 +460,38 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   ops::moe_weights_backward(sc.moe_dw, dy, eo, slot);
   ops::moe_permute(d_eo, dy, assign, weights);
   env_.round(d_eo.rows(0, M));
-  // fc2, the activation, fc1 (input gradients).
-  ops::grouped_linear_backward(sc.moe_dg, Tensor(), d_eo, Tensor(), env_.w(fc2_w_), off);
-  env_.round(sc.moe_dg.rows(0, M));
-  if (gelu_)
-    ops::gelu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
-  else
-    ops::swiglu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
-  env_.round(d_h.rows(0, M));
-  ops::grouped_linear_backward(sc.moe_dxp, Tensor(), d_h, Tensor(), env_.w(fc1_w_), off);
+  // fc2, the activation, fc1 (input gradients); under ep on the experts' ranks, the output
+  // gradients sent there and the input gradients back.
+  if (ep()) {
+    EpRows& r = ep_rows_.at(s[0].data);
+    const int64_t R = r.xr.size(0);
+    Communicator& ep = *env_.ep;
+    ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
+    Buffer tmp = env_.alloc.allocate(static_cast<size_t>(R * (Fe_ + C)) * 4,
+                                     MemCategory::activations);
+    const Tensor dgr = tmp.tensor({R, Fe_}, DType::f32), dxr = tmp.tensor({R, C}, DType::f32,
+                                                                          static_cast<size_t>(R * Fe_) * 4);
+    ops::grouped_linear_backward(dgr, Tensor(), r.d_er, Tensor(), env_.w(fc2_w_), r.groups,
+                                 r.weight_of);
+    env_.round(dgr);
+    if (gelu_)
+      ops::gelu_backward(r.dh_r, dgr, r.hr);
+    else
+      ops::swiglu_backward(r.dh_r, dgr, r.hr);
+    env_.round(r.dh_r);
+    ops::grouped_linear_backward(dxr, Tensor(), r.dh_r, Tensor(), env_.w(fc1_w_), r.groups,
+                                 r.weight_of);
+    ep.all_to_allv(sc.moe_dxp, r.send, dxr, r.recv).wait();
+  } else {
+    ops::grouped_linear_backward(sc.moe_dg, Tensor(), d_eo, Tensor(), env_.w(fc2_w_), off);
+    env_.round(sc.moe_dg.rows(0, M));
+    if (gelu_)
+      ops::gelu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
+    else
+      ops::swiglu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
+    env_.round(d_h.rows(0, M));
+    ops::grouped_linear_backward(sc.moe_dxp, Tensor(), d_h, Tensor(), env_.w(fc1_w_), off);
+  }
   ops::moe_unpermute(sc.moe_dx, sc.moe_dxp, slot);
   // The router: through the routing weights, the aux loss and the z-loss (each scaled as the
   // micro-batch's loss is: dloss per unit of its mean).
@@ -437,9 +518,20 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
 
 void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
   const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model;
-  const std::vector<int64_t> off = offsets(s);
-  ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), st[1], s[9], Tensor(), off);
-  ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), st[2], s[7], Tensor(), off);
+  if (ep()) {
+    auto it = ep_rows_.find(s[0].data);
+    LLMT_CHECK(it != ep_rows_.end(), "MoE backward_weight before its forward");
+    const EpRows& r = it->second;
+    ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), r.d_er, r.gr, Tensor(), r.groups,
+                                 r.weight_of);
+    ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), r.dh_r, r.xr, Tensor(), r.groups,
+                                 r.weight_of);
+    ep_rows_.erase(it);
+  } else {
+    const std::vector<int64_t> off = offsets(s);
+    ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), st[1], s[9], Tensor(), off);
+    ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), st[2], s[7], Tensor(), off);
+  }
   ops::linear_backward(Tensor(), env_.g(router_w_), Tensor(), st[0], x.view({N, C}), Tensor());
   if (shared_) shared_->backward_weight(s.subspan(kSaved), st.part(kStash, st_shared_), x);
 }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -139,6 +140,8 @@ struct BlockEnv {
   const SequenceShard& seq;  // the global positions of this rank's T
   AttentionCore& attention;  // this rank's, or context parallelism's over the cp group
   MoeStats& moe_stats;
+  // Expert parallelism: the group sharing out the experts (the spec holds this rank's), or null.
+  Communicator* ep = nullptr;
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
@@ -254,6 +257,21 @@ class MoeMlp final : public Branch {
   static constexpr size_t kSaved = 11, kStash = 3;
   // The saved offsets (E+1) read back to the host, for the grouped GEMMs' row runs.
   std::vector<int64_t> offsets(std::span<const Tensor> s) const;
+  // Expert parallelism: what one micro-batch's forward leaves for its backward on this rank, the
+  // rows the ep peers sent for this rank's experts (R of them, by peer, then by local expert) and
+  // their activations and gradients, in memory of its own (R depends on the routing). Kept from
+  // forward to backward_weight, by the saved set's first tensor.
+  struct EpRows {
+    Buffer buf;
+    std::vector<int64_t> send, recv;       // elements per peer: to it, from it (rows x C)
+    std::vector<int64_t> groups, weight_of;  // grouped GEMM row runs (peer, local expert)
+    Tensor xr, hr, gr, er, d_er, dh_r;     // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
+  };
+  bool ep() const { return env_.ep != nullptr && env_.ep->size() > 1; }
+  // Forward under ep: the permuted rows xp (M,C) to the experts' ranks, the experts, and their
+  // outputs back into eo (M,C) in xp's order.
+  void ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off);
+  std::map<const void*, EpRows> ep_rows_;
 
   const BlockEnv& env_;
   const MoeConfig& cfg_;

@@ -76,6 +76,16 @@ void check_moe_config(const ModelConfig& m, Rules& r) {
 
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r) {
   if (p.tp < 1 || p.cp < 1) return;  // reported by check_parallel_config
+  if (p.ep > 1) {
+    r.require(m.moe.enabled(), {"parallel.ep", "model.moe.num_experts"},
+              concat("parallel.ep=", p.ep, " splits experts, but the model has none: set "
+                     "[model.moe] num_experts, or parallel.ep = 1"));
+    if (m.moe.enabled())
+      r.require(m.moe.num_experts % p.ep == 0, {"model.moe.num_experts", "parallel.ep"},
+                concat("model.moe.num_experts=", m.moe.num_experts,
+                       " is not divisible by parallel.ep=", p.ep,
+                       ": each ep rank holds num_experts/ep experts"));
+  }
   if (m.moe.enabled()) {
     // The router's per-sequence statistics and the expert GEMMs are built for whole sequences
     // and whole expert weights on one rank so far (docs/model.md, "Mixture of experts").

@@ -145,6 +145,7 @@ std::vector<int64_t> ModelSpec::layers() const {
 
 ModelSpec ModelSpec::shard_tp(int size, int rank) const {
   LLMT_CHECK(tp_size == 1, "shard_tp of a spec already sharded for tp=", tp_size);
+  LLMT_CHECK(ep_size == 1, "shard_tp of a spec sharded for ep=", ep_size, ": shard tp first");
   LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "tp rank ", rank, " of ", size);
   const auto errors = tensor_parallel_errors(cfg, size, false);
   if (!errors.empty()) throw Error(errors.front().message);
@@ -157,7 +158,32 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
 }
 
 std::vector<ShardSlice> ModelSpec::local_slices(size_t i) const {
+  if (ep_size > 1 && is_expert(i)) {
+    // Expert parallelism (tp = 1): a run of whole experts.
+    const int64_t local = params[i].shape[0];
+    return {ShardSlice{0, ep_rank * local, 0, local}};
+  }
   return llmt::local_slices(params[i].global_shape, params[i].on(Axis::tp), tp_size, tp_rank);
+}
+
+bool ModelSpec::is_expert(size_t i) const {
+  return params[i].name.find(".mlp.experts.") != std::string::npos;
+}
+
+ModelSpec ModelSpec::shard_ep(int size, int rank) const {
+  LLMT_CHECK(ep_size == 1, "shard_ep of a spec already sharded for ep=", ep_size);
+  LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "ep rank ", rank, " of ", size);
+  if (size == 1) return *this;
+  LLMT_CHECK(tp_size == 1, "expert parallelism with tp=", tp_size);
+  const int64_t E = cfg.moe.num_experts;
+  LLMT_CHECK(E > 0 && E % size == 0, "model.moe.num_experts=", E,
+             " is not divisible by parallel.ep=", size);
+  ModelSpec s = *this;
+  s.ep_size = size;
+  s.ep_rank = rank;
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (s.is_expert(i)) s.params[i].shape = s.params[i].shape.with_dim(0, E / size);
+  return s;
 }
 
 int64_t ModelSpec::num_local_params() const {

@@ -53,6 +53,9 @@ struct ModelSpec {
   std::vector<ParamSpec> params;
   // The tp group this spec is sharded for (shard_tp); 1, 0 = the whole model.
   int tp_size = 1, tp_rank = 0;
+  // The ep group this spec is sharded for (shard_ep): each expert stack holds experts
+  // [ep_rank * E/ep, (ep_rank + 1) * E/ep); 1, 0 = all of them.
+  int ep_size = 1, ep_rank = 0;
   // The pipeline stage this spec holds (shard_pp): one run of consecutive global layers per model
   // chunk, [first, last) each (one run [0, L) without pp), and whether it holds the embeddings
   // (stage 0) and the final norm + head + loss (the last stage). params keeps global order and
@@ -73,6 +76,12 @@ struct ModelSpec {
   // head. Throws, with the numbers, when the layers do not split that way.
   ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
                      int rank) const;
+  // The transform to ep rank `rank` of `size` (expert parallelism, tp = 1): every expert stack
+  // (is_expert) holds num_experts/size experts, the rank's consecutive ones; other parameters
+  // stay whole. Throws when the experts do not divide.
+  ModelSpec shard_ep(int size, int rank) const;
+  // Whether parameter i is an expert stack ("layers.3.mlp.experts.fc1.weight"), dim 0 the experts.
+  bool is_expert(size_t i) const;
   // The global layers this spec holds, in order.
   std::vector<int64_t> layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.

@@ -13,7 +13,7 @@ namespace llmt {
 
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp,
-                         RecomputeOptions recompute, ContextParallel cp)
+                         RecomputeOptions recompute, ContextParallel cp, Communicator* ep)
     : spec_(tp.size() > 1 && spec.tp_size == 1 ? spec.shard_tp(tp.size(), tp.rank()) : spec),
       alloc_(alloc),
       B_(micro_batch),
@@ -24,7 +24,9 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       attention_(make_attention_core(cp, alloc, micro_batch, spec.cfg.seq_len,
                                      spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
                                      spec_.head_dim, compute)),
-      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_} {
+      env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_, ep} {
+  LLMT_CHECK(ep == nullptr || ep->size() == spec_.ep_size, "the expert group has ", ep->size(),
+             " ranks, the spec is sharded for ep=", spec_.ep_size);
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
   LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(),
@@ -357,7 +359,9 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
   const Shape& g = p.global_shape;
   const int64_t row = g.numel() / g[0];  // global elements per dim-0 index
   if (!p.on(Axis::tp).sharded() || spec.tp_size == 1) {
-    ops::init_normal(x, p.std, seed, stream, row_begin * row);
+    // Whole, or (expert parallelism) a run of whole experts from the rank's first one.
+    const int64_t first = spec.local_slices(i).front().global_start;
+    ops::init_normal(x, p.std, seed, stream, (first + row_begin) * row);
     return;
   }
   const int64_t row_end = row_begin + x.shape[0];

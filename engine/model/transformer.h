@@ -67,9 +67,11 @@ class Transformer {
   // spec (sharded here for tp) or one already sharded for this tp rank.
   // cp: the context-parallel group (none: whole sequences); with it the model runs this rank's
   // T = seq_len/cp positions of each sequence (context_parallel.h's zigzag split).
+  // ep: expert parallelism's group (null: every expert here); `spec` then holds this rank's
+  // experts (ModelSpec::shard_ep).
   Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute,
               ModelStorage storage = {}, TensorParallel tp = {}, RecomputeOptions recompute = {},
-              ContextParallel cp = {});
+              ContextParallel cp = {}, Communicator* ep = nullptr);
   Transformer(const Transformer&) = delete;  // the blocks hold references into the model
   Transformer& operator=(const Transformer&) = delete;
 

@@ -104,7 +104,31 @@ std::vector<Communicator*> Mesh::communicators() const {
   std::vector<Communicator*> out;
   for (const auto& c : axes_) out.push_back(c.get());
   for (const auto& [mask, c] : groups_) out.push_back(c.get());
+  if (ep_group_) out.push_back(ep_group_.get());
+  if (edp_group_) out.push_back(edp_group_.get());
   return out;
+}
+
+void Mesh::make_expert_groups(int ep) {
+  if (ep_ == ep) return;
+  LLMT_CHECK(ep_ == 0, "expert groups made for ep=", ep_, ", asked for ep=", ep);
+  Communicator& g = group({Axis::dp, Axis::cp});
+  LLMT_CHECK(ep >= 1 && g.size() % ep == 0, "parallel.ep=", ep, " does not divide the dp x cp ",
+             "group of ", g.size(), " ranks");
+  const int d = g.rank();
+  ep_group_ = g.split(d / ep, d % ep, "ep");
+  edp_group_ = g.split(d % ep, d / ep, "edp");
+  ep_ = ep;
+}
+
+Communicator& Mesh::expert_group(int ep) {
+  make_expert_groups(ep);
+  return *ep_group_;
+}
+
+Communicator& Mesh::expert_data_group(int ep) {
+  make_expert_groups(ep);
+  return *edp_group_;
 }
 
 Communicator& Mesh::group(std::initializer_list<Axis> axes) {

@@ -51,6 +51,13 @@ class Mesh {
   // set is split from the world on its first use, which is a collective: every rank must ask
   // for it, in the same order as the others.
   Communicator& group(std::initializer_list<Axis> axes);
+  // Expert parallelism over `ep` (dividing the dp x cp group): this rank's group of ep
+  // consecutive ranks of its dp x cp group, which share out the experts ("ep"), and the ranks of
+  // that group holding the same experts, whose group ranks are equal modulo ep ("edp": expert
+  // gradients reduce over it). Split from group({dp, cp}) on the first call, a collective over it;
+  // later calls must pass the same ep.
+  Communicator& expert_group(int ep);
+  Communicator& expert_data_group(int ep);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
   std::vector<Communicator*> communicators() const;
 
@@ -61,6 +68,9 @@ class Mesh {
   std::array<std::unique_ptr<Communicator>, kNumAxes> axes_;
   std::unique_ptr<Communicator> world_;
   std::map<unsigned, std::unique_ptr<Communicator>> groups_;  // by bit mask of the axes
+  void make_expert_groups(int ep);
+  int ep_ = 0;  // the ep the expert groups were made for
+  std::unique_ptr<Communicator> ep_group_, edp_group_;
 };
 
 }  // namespace llmt

@@ -19,6 +19,9 @@ struct ParallelConfig {
   CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring, ulysses, hybrid
   int64_t cp_ulysses = 0;         // hybrid: all-to-all over this many ranks, ring over cp/it
   int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
+  // Expert parallel degree: a mixture of experts' experts split over groups of ep consecutive dp
+  // ranks (docs/parallelism.md, "Expert parallelism"); divides dp.
+  int64_t ep = 1;
   int64_t pp = 1;   // pipeline parallel degree (engine/pipeline/executor.h)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // model chunks per pp rank (interleaved only: >= 2)

@@ -172,7 +172,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
   out.bubble = p > 1 ? formula_bubble_fraction(par.pp_schedule, shape) : 0.0;
   const std::vector<int64_t> stage_layers =
       par.pp_layers.empty() ? std::vector<int64_t>(p * v, mc.n_layers / (p * v)) : par.pp_layers;
-  const ckpt::WriteLayout layout{mesh, v, par.pp_layers};
+  const ckpt::WriteLayout layout{mesh, v, par.pp_layers, static_cast<int>(par.ep)};
   const bool sixteen = cfg.train.precision != Precision::fp32;
 
   // Bandwidth of each axis's group (rank 0's: every group of an axis spans as many ranks).

@@ -212,6 +212,7 @@ const std::vector<Section>& sections() {
                     .add("cp_impl", &P::cp_impl, kCpImplNames)
                     .add("cp_ulysses", &P::cp_ulysses)
                     .add("dp", &P::dp)
+                    .add("ep", &P::ep)
                     .add("pp", &P::pp)
                     .add("pp_schedule", &P::pp_schedule, kScheduleNames)
                     .add("virtual_stages", &P::virtual_stages)
@@ -430,6 +431,9 @@ void validate_layout(const Config& c, int world) {
                               ": set [parallel] degrees whose product is the number of ranks, or "
                               "dp = -1"));
     const int64_t dp = s.size(Axis::dp);
+    if (p.ep > 1 && dp >= 1 && dp % p.ep != 0)
+      errors.push_back(concat("parallel.ep=", p.ep, " does not divide dp(", dp,
+                              "): each group of ep consecutive dp ranks shares out the experts"));
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)
       errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,

@@ -14,7 +14,7 @@ namespace {
 
 // Parameters of the whole model, without building a spec of n_layers layers: the embeddings and
 // head, plus a dense layer's count for each dense layer and an MoE layer's for each MoE layer.
-double total_params(const ModelConfig& m) {
+double total_params(const ModelConfig& m, int64_t ep = 1) {
   auto params = [](ModelConfig c, int64_t layers, bool moe) {
     c.n_layers = layers;
     if (moe) {
@@ -31,7 +31,14 @@ double total_params(const ModelConfig& m) {
                             ? (m.n_layers - 1 - e.first_dense_layers) / e.every + 1
                             : 0;
   double total = root + static_cast<double>(m.n_layers - n_moe) * dense;
-  if (n_moe > 0) total += static_cast<double>(n_moe) * (params(m, 1, true) - root);
+  if (n_moe > 0) {
+    // An MoE layer: its E experts' fc1 (Fe or 2Fe rows) and fc2 (1/ep of them on a rank), and
+    // the rest (attention, norms, router, shared experts).
+    const double moe = params(m, 1, true) - root;
+    const double experts = static_cast<double>(e.num_experts * m.d_model * e.d_ff_expert) *
+                           (m.activation == Activation::swiglu ? 3 : 2);
+    total += static_cast<double>(n_moe) * (moe - experts + experts / static_cast<double>(ep));
+  }
   return total;
 }
 
@@ -54,7 +61,7 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
   const double tp = mesh.size(Axis::tp), pp = mesh.size(Axis::pp);
   const double dp = mesh.size(Axis::dp) * mesh.size(Axis::cp);
   const int64_t zero = c.parallel.zero_stage;
-  const double P = total_params(c.model) / (tp * pp);
+  const double P = total_params(c.model, c.parallel.ep) / (tp * pp);
   MemoryEstimate e;
   e.params =
       4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);

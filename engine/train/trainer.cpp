@@ -422,15 +422,20 @@ void Trainer::State::build_model() {
   State& s = *this;
   const Config& cfg = s.cfg;
   const int virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
-  const ModelSpec stage_spec =
+  const ModelSpec pp_spec =
       s.pp > 1 ? s.spec.shard_pp(s.pp, virtual_stages, cfg.parallel.pp_layers, s.pp_rank) : s.spec;
+  // Expert parallelism: this rank's experts, the ep group (dp ranks equal but for dp % ep).
+  const int ep = static_cast<int>(cfg.parallel.ep);
+  const ModelSpec stage_spec = ep > 1 ? pp_spec.shard_ep(ep, s.dp_rank % ep) : pp_spec;
+  Communicator* ep_group = ep > 1 ? &s.mesh.expert_group(ep) : nullptr;
   const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
   s.model = std::make_unique<Transformer>(
       stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
       model_storage(cfg.parallel.zero_stage), tp,
       RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
       ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl,
-                      static_cast<int>(cfg.parallel.cp_ulysses)});
+                      static_cast<int>(cfg.parallel.cp_ulysses)},
+      ep_group);
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
@@ -666,6 +671,7 @@ bool Trainer::State::start_checkpoint(int64_t step) {
   rs.sequence_parallel = cfg.parallel.sequence_parallel;
   rs.virtual_stages = cfg.parallel.virtual_stages;
   rs.pp_layers = cfg.parallel.pp_layers;
+  rs.ep = cfg.parallel.ep;
   s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
                                                   *s.data_parallel, s.mesh, *s.backend,
                                                   cfg.checkpoint.async, &s.ckpt_staging);

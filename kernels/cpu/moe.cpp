@@ -251,42 +251,53 @@ int64_t tile_size(int64_t total, int nt) {
 }  // namespace
 
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
-                            const int64_t* offsets, int64_t G, int64_t IC, int64_t OC) {
+                            const int64_t* offsets, const int64_t* weight_of, int64_t G,
+                            int64_t /*W*/, int64_t IC, int64_t OC) {
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
   const auto ts = tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
   run_tiles(ts, nt, [&](const Tile& t) {
     const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
+    const int64_t w = weight_of ? weight_of[t.g] : t.g;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp + r0 * IC, IC,
-                weight + t.g * OC * IC, IC, 0.0f, out + r0 * OC, OC);
+                weight + w * OC * IC, IC, 0.0f, out + r0 * OC, OC);
   });
 }
 
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                             const float* weight, const int64_t* offsets, int64_t G, int64_t IC,
+                             const float* weight, const int64_t* offsets,
+                             const int64_t* weight_of, int64_t G, int64_t W, int64_t IC,
                              int64_t OC) {
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
+  auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
   if (dinp) {  // rows of (n,IC) = (n,OC) @ (OC,IC)
     const auto ts =
         tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
     run_tiles(ts, nt, [&](const Tile& t) {
       const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout + r0 * OC, OC,
-                  weight + t.g * OC * IC, IC, 0.0f, dinp + r0 * IC, IC);
+                  weight + w_of(t.g) * OC * IC, IC, 0.0f, dinp + r0 * IC, IC);
     });
   }
-  if (dweight) {  // rows [b, e) of (OC,IC) += (n,OC)^T @ (n,IC), over the group's n rows
+  if (dweight) {
+    // Tiles over (weight, rows [b, e) of its (OC,IC) gradient); each adds its groups' (n,OC)^T @
+    // (n,IC) in group order, so two groups of one weight never write at once.
+    std::vector<std::vector<int64_t>> groups(static_cast<size_t>(W));
+    for (int64_t g = 0; g < G; ++g)
+      if (offsets[g + 1] > offsets[g]) groups[static_cast<size_t>(w_of(g))].push_back(g);
     int64_t used = 0;
-    for (int64_t g = 0; g < G; ++g) used += offsets[g + 1] > offsets[g];
-    const auto ts = tiles(G, tile_size(used * OC, nt), [&](int64_t g) {
-      return offsets[g + 1] > offsets[g] ? OC : int64_t{0};
+    for (const auto& gs : groups) used += !gs.empty();
+    const auto ts = tiles(W, tile_size(used * OC, nt), [&](int64_t w) {
+      return groups[static_cast<size_t>(w)].empty() ? int64_t{0} : OC;
     });
     run_tiles(ts, nt, [&](const Tile& t) {
-      const int64_t r0 = offsets[t.g], n = offsets[t.g + 1] - r0;
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t.e - t.b, IC, n, 1.0f,
-                  dout + r0 * OC + t.b, OC, inp + r0 * IC, IC, 1.0f,
-                  dweight + t.g * OC * IC + t.b * IC, IC);
+      for (const int64_t g : groups[static_cast<size_t>(t.g)]) {
+        const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t.e - t.b, IC, n, 1.0f,
+                    dout + r0 * OC + t.b, OC, inp + r0 * IC, IC, 1.0f,
+                    dweight + t.g * OC * IC + t.b * IC, IC);
+      }
     });
   }
 }

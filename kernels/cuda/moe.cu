@@ -269,31 +269,50 @@ struct Groups {
 
 // Row-major (rows, cols) is column-major (cols, rows): out^T (OC,n) = W (OC,IC) . inp^T (IC,n).
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
-                            const int64_t* offsets, int64_t G, int64_t IC, int64_t OC) {
+                            const int64_t* offsets, const int64_t* weight_of, int64_t G,
+                            int64_t /*W*/, int64_t IC, int64_t OC) {
   Groups gs;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-    gs.add(true, false, OC, n, IC, weight + g * OC * IC, IC, inp + r0 * IC, IC, 0.0f,
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0, w = weight_of ? weight_of[g] : g;
+    gs.add(true, false, OC, n, IC, weight + w * OC * IC, IC, inp + r0 * IC, IC, 0.0f,
            out + r0 * OC, OC);
   }
   gs.run();
 }
 
-// dinp^T (IC,n) = W^T (IC,OC) . dout^T (OC,n); dW^T (IC,OC) += inp^T (IC,n) . dout (n,OC).
+// dinp^T (IC,n) = W^T (IC,OC) . dout^T (OC,n); dW^T (IC,OC) += inp^T (IC,n) . dout (n,OC). The
+// gradients of a weight shared by several groups are added by successive calls (one group of
+// each weight per call), since a grouped call's GEMMs run concurrently.
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                             const float* weight, const int64_t* offsets, int64_t G, int64_t IC,
+                             const float* weight, const int64_t* offsets,
+                             const int64_t* weight_of, int64_t G, int64_t W, int64_t IC,
                              int64_t OC) {
-  Groups gs;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-    if (dinp)
-      gs.add(false, false, IC, n, OC, weight + g * OC * IC, IC, dout + r0 * OC, OC, 0.0f,
+  auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
+  if (dinp) {
+    Groups gs;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+      gs.add(false, false, IC, n, OC, weight + w_of(g) * OC * IC, IC, dout + r0 * OC, OC, 0.0f,
              dinp + r0 * IC, IC);
-    if (dweight)
-      gs.add(false, true, IC, OC, n, inp + r0 * IC, IC, dout + r0 * OC, OC, 1.0f,
-             dweight + g * OC * IC, IC);
+    }
+    gs.run();
   }
-  gs.run();
+  if (!dweight) return;
+  for (int64_t round = 0;; ++round) {
+    Groups gs;
+    std::vector<int64_t> rank_in_weight(static_cast<size_t>(W), 0);
+    bool any = false;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t w = w_of(g);
+      if (rank_in_weight[static_cast<size_t>(w)]++ != round) continue;
+      any = true;
+      const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+      gs.add(false, true, IC, OC, n, inp + r0 * IC, IC, dout + r0 * OC, OC, 1.0f,
+             dweight + w * OC * IC, IC);
+    }
+    if (!any) break;
+    gs.run();
+  }
 }
 
 }  // namespace llmt::cuda

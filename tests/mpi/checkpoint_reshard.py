@@ -46,7 +46,7 @@ def reshard(args, src, dst, layout, base):
     # The stored config keeps the source layout's keys: reset them before applying the target's.
     cmd = [args.llmtrain, "checkpoint", "reshard", src, dst, "--world", str(ranks)]
     for s in ["parallel.tp=1", "parallel.cp=1", "parallel.cp_impl=ring", "parallel.dp=-1",
-              "parallel.pp=1", "parallel.pp_schedule=1f1b",
+              "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
               "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.zero_stage=0",
               "parallel.sequence_parallel=false", "train.micro_batch_size=2"] + sets + base:
         cmd += ["--set", s]

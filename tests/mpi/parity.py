@@ -89,6 +89,19 @@ LAYOUTS = {
     "bias-zero3-dp3": (3, ["parallel.zero_stage=3"], BIAS + GBS6),
     "bias-zero1-dp2": (2, ["parallel.zero_stage=1"], BIAS),
     "bias-pp2-dp2": (4, ["parallel.pp=2"], BIAS),
+    # Expert parallelism: the experts split over ep consecutive dp ranks (all-to-all dispatch),
+    # their gradients reduced over the dp ranks holding the same experts.
+    "ep2": (2, ["parallel.ep=2"], []),
+    "ep4": (4, ["parallel.ep=4"], []),
+    "ep2-dp4": (4, ["parallel.ep=2"], []),
+    "ep2-accum4": (2, ["parallel.ep=2", "train.micro_batch_size=1"], []),
+    "ep2-pp2": (4, ["parallel.ep=2", "parallel.pp=2"], []),
+    "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
+    "ep2-full-recompute": (2, ["parallel.ep=2", "train.recompute=full"], []),
+    "ep2-bias": (2, ["parallel.ep=2"], BIAS),
+    # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
+    "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
+    "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),
 }
 # Small buckets, so DDP overlaps several all-reduces with backward even on a tiny model.
 COMMON = ["parallel.bucket_mb=0.05", "train.threads=1", "log.progress=false"]

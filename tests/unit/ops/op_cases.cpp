@@ -755,6 +755,24 @@ void add_moe(std::vector<OpCase>& cases) {
                      ops::grouped_linear_forward(v[0], v[1], v[2], groups);
                    }),
                    kReduced});
+  // Groups sharing weights (expert parallelism: each peer's rows of each local expert).
+  const std::vector<int64_t> shared_groups{0, 40, 90, 90, 200, 250, 300}, weight_of{0, 1, 2, 0, 1, 2};
+  cases.push_back({"grouped_linear_forward",
+                   "grouped_linear_forward_shared_weights",
+                   {uniform({R, OC}, 15), uniform({R, IC}, 16), uniform({3, OC, IC}, 17)},
+                   op([shared_groups, weight_of](const Views& v) {
+                     ops::grouped_linear_forward(v[0], v[1], v[2], shared_groups, weight_of);
+                   }),
+                   kReduced});
+  cases.push_back({"grouped_linear_backward",
+                   "grouped_linear_backward_shared_weights",
+                   {uniform({R, IC}, 18), uniform({3, OC, IC}, 19), uniform({R, OC}, 20),
+                    uniform({R, IC}, 16), uniform({3, OC, IC}, 17)},
+                   op([shared_groups, weight_of](const Views& v) {
+                     ops::grouped_linear_backward(v[0], v[1], v[2], v[3], v[4], shared_groups,
+                                                  weight_of);
+                   }),
+                   kReduced});
   cases.push_back({"grouped_linear_backward",
                    "grouped_linear_backward",
                    {uniform({R, IC}, 18), uniform({G, OC, IC}, 19), uniform({R, OC}, 20),

@@ -224,6 +224,40 @@ TEST(GroupedLinear, EqualsOneLinearPerGroup) {
   }
 }
 
+// Groups sharing a weight (expert parallelism: the rows each peer sent for each local expert):
+// the same as the groups of one weight concatenated, forward and backward.
+TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
+  const int64_t IC = 12, OC = 9, M = 300;
+  // Peer 0 sends 70 rows of expert 0 and 80 of expert 1, peer 1 60 and 90.
+  const std::vector<int64_t> off{0, 70, 150, 210, 300}, weight_of{0, 1, 0, 1};
+  // The same rows regrouped by expert: [p0 e0 | p1 e0 | p0 e1 | p1 e1].
+  std::vector<int64_t> order;
+  for (const auto& [a, b] : {std::pair{0, 70}, std::pair{150, 210}, std::pair{70, 150},
+                             std::pair{210, 300}})
+    for (int64_t r = a; r < b; ++r) order.push_back(r);
+  const std::vector<int64_t> by_expert{0, 130, 300};
+  HostTensor inp = uniform({M, IC}, 31), weight = uniform({2, OC, IC}, 32), dout = uniform({M, OC}, 33);
+  HostTensor inp2({M, IC}), dout2({M, OC});
+  for (int64_t r = 0; r < M; ++r) {
+    std::copy(inp.f32() + order[r] * IC, inp.f32() + (order[r] + 1) * IC, inp2.f32() + r * IC);
+    std::copy(dout.f32() + order[r] * OC, dout.f32() + (order[r] + 1) * OC, dout2.f32() + r * OC);
+  }
+  HostTensor out({M, OC}), out2({M, OC}), dinp({M, IC}), dinp2({M, IC});
+  HostTensor dw = constant({2, OC, IC}, 0.0f), dw2 = constant({2, OC, IC}, 0.0f);
+  ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), off, weight_of);
+  ops::grouped_linear_forward(out2.t(), inp2.t(), weight.t(), by_expert);
+  ops::grouped_linear_backward(dinp.t(), dw.t(), dout.t(), inp.t(), weight.t(), off, weight_of);
+  ops::grouped_linear_backward(dinp2.t(), dw2.t(), dout2.t(), inp2.t(), weight.t(), by_expert);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t c = 0; c < OC; ++c) EXPECT_FLOAT_EQ(out[order[r] * OC + c], out2[r * OC + c]);
+    for (int64_t c = 0; c < IC; ++c) EXPECT_FLOAT_EQ(dinp[order[r] * IC + c], dinp2[r * IC + c]);
+  }
+  for (int64_t i = 0; i < 2 * OC * IC; ++i) EXPECT_NEAR(dw[i], dw2[i], 1e-4);
+  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), off,
+                                           std::vector<int64_t>{0, 1, 2, 1}),
+               Error);
+}
+
 TEST(GroupedLinear, RefusesBadOffsets) {
   HostTensor inp({10, 4}), weight({2, 3, 4}), out({10, 3});
   EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 5}),
