@@ -369,6 +369,10 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
     r.send.push_back(sent * C);
     r.recv.push_back(recv * C);
   }
+  if (!env_.moe_stats.replaying)
+    for (int p = 0; p < P; ++p)
+      if (p != ep.rank())
+        env_.moe_stats.ep_rows += (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
   r.buf = env_.alloc.allocate(static_cast<size_t>(R * (3 * C + 2 * Fe1_ + Fe_)) * 4,
                               MemCategory::activations);

@@ -122,10 +122,15 @@ struct MoeStats {
   // and whether a forward is a full-recompute replay (its routing is not counted again).
   float dloss = 1.0f;
   bool replaying = false;
+  // Expert parallelism: the permuted rows this rank exchanged with other ranks in its forward
+  // dispatch, its own sent to their experts plus theirs received for its experts (each such row
+  // crosses 4 times: there and back in forward, its gradient there and back in backward).
+  int64_t ep_rows = 0;
   void reset() {
     aux = z = 0;
     for (auto& l : load) std::fill(l.begin(), l.end(), 0);
     dropped = assigned = 0;
+    ep_rows = 0;
   }
 };
 

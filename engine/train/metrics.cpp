@@ -79,7 +79,8 @@ void MetricsWriter::write(const StepMetrics& m) {
                            json_number(m.moe->z), ", \"moe_load_max\": ",
                            json_number(m.moe->load_max, "%.6g"), ", \"moe_load_min\": ",
                            json_number(m.moe->load_min, "%.6g"), ", \"moe_dropped\": ",
-                           json_number(m.moe->dropped, "%.6g"));
+                           json_number(m.moe->dropped, "%.6g"), ", \"moe_ep_rows\": ",
+                           m.moe->ep_rows);
   line += "}\n";
   out_ << line;
   out_.flush();

@@ -39,6 +39,7 @@ struct StepMetrics {
   // assignments of the step (1/E when balanced), and the share of assignments capacity dropped.
   struct Moe {
     double aux = 0, z = 0, load_max = 0, load_min = 0, dropped = 0;
+    int64_t ep_rows = 0;  // expert parallelism: this rank's rows exchanged (MoeStats::ep_rows)
   };
   std::optional<Moe> moe;
 };

@@ -565,6 +565,7 @@ StepMetrics::Moe Trainer::State::moe_metrics() {
   m.aux = v[0] / static_cast<double>(dp);  // each dp rank's sum over the pp stages, averaged
   m.z = v[1] / static_cast<double>(dp);
   m.dropped = v[3] > 0 ? v[2] / v[3] : 0.0;
+  m.ep_rows = st.ep_rows;  // this rank's
   m.load_min = 1.0;
   for (int64_t l = 0; l < L; ++l) {
     const auto first = v.begin() + 4 + l * E;
