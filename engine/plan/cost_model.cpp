@@ -33,17 +33,21 @@ struct Dims {
   double B, T, N, R, C, H, KV, D, F, F1, V;
   int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
   // Mixture of experts: E experts, k per token, an expert's hidden width Fe and fc1 rows Fe1,
-  // the shared experts' Fs and Fs1 (0 without).
-  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0;
+  // the shared experts' Fs and Fs1 (0 without), and the expert parallel degree.
+  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0, ep = 1;
 };
 
 // What an MoE MLP saves (MoeMlp::saved): the router's logits, the routing and the dispatch plan,
 // the permuted inputs, the experts' fc1 output, activation and output (M = N k rows), the shared
 // experts' u and g.
+// Under ep the experts' side lives in memory of its own per micro-batch (MoeMlp::EpRows): the
+// rows received (N k at balanced routing) with their fc1 output, activation, output and the
+// gradients of the output and of fc1's output.
 double moe_saved_bytes(const Dims& d) {
-  const double M = d.N * d.k;
+  const double M = d.N * d.k, Mh = d.ep > 1 ? 0 : M;
   double b = sum_bytes({d.N * d.E, d.N * d.k, d.N * d.k, d.B * d.E, d.E + 1, M, d.N * d.k,
-                        M * d.C, M * d.Fe1, M * d.Fe, M * d.C});
+                        M * d.C, Mh * d.Fe1, Mh * d.Fe, M * d.C});
+  if (d.ep > 1) b += 4 * M * (3 * d.C + 2 * d.Fe1 + d.Fe);
   if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
   return b;
 }
@@ -77,8 +81,9 @@ double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool
   const double M = d.N * d.k;
   const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
   const double stash =
-      std::max(2 * norm_stash, moe ? sum_bytes({d.N * d.E, M * d.C, M * d.Fe1}) + 2 * norm_stash
-                                   : 0.0);
+      std::max(2 * norm_stash,
+               moe ? sum_bytes({d.N * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash
+                   : 0.0);
   double b = sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D,
                         d.N * d.H * d.D, d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs),
                         d.N * d.C}) +
@@ -86,6 +91,8 @@ double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool
   if (moe)
     b += sum_bytes({d.N * d.E, d.N * d.C, d.N * d.C, d.N * d.C, d.N * d.k, M * d.Fe, M * d.C, d.B,
                     d.N});
+  // ep: the experts' side's backward buffers (their fc2 input and fc1 input gradients).
+  if (moe && d.ep > 1) b += 4 * M * (d.Fe + d.C);
   if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
   if (sp) b += sum_bytes({d.N * d.C, d.R * d.C});
   if (r == Recompute::selective) b += sum_bytes({d.N * d.H * d.D, d.B * d.H * d.T});
@@ -144,7 +151,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     d.Fe1 = static_cast<double>(spec.expert_fc1_out);
     d.Fs = static_cast<double>(spec.shared_ffn) / tp;
     d.Fs1 = static_cast<double>(spec.shared_fc1_out) / tp;
+    d.ep = static_cast<double>(par.ep);
   }
+  const int ep = static_cast<int>(par.ep);
 
   // One layer's parameters (global) and FLOPs per token: 6 x params + 6CT of attention, the
   // forward a third; selective recompute repeats the attention core's forward (2CT), full
@@ -201,6 +210,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     int64_t recomputed = 0;
     double fpt = 0, recompute_fpt_sum = 0, saved = 0;
     bool moe = false, full_dense = false, full_moe = false;
+    double moe_layers = 0;
     for (int c = 0; c < v; ++c) {
       const int st = stage_of(shape, pr, c);
       const int64_t first = std::accumulate(stage_layers.begin(), stage_layers.begin() + st,
@@ -213,6 +223,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         const bool re = rc != Recompute::none &&
                         (cfg.train.recompute_layers == 0 || j < cfg.train.recompute_layers);
         moe = moe || is_moe;
+        moe_layers += is_moe;
         recomputed += re;
         fpt += layer_fpt(l);
         if (re) recompute_fpt_sum += recompute_fpt(l);
@@ -279,11 +290,13 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
     // after the update; stage 3 before each forward and backward, the root unit once).
     const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
-    double whole = 0, padded = 0, padded_root = 0, whole_root = 0;
-    for (const ParamSpec& ps : rs.params) {
+    double whole = 0, padded = 0, padded_root = 0, whole_root = 0, whole_experts = 0;
+    for (size_t i = 0; i < rs.params.size(); ++i) {
+      const ParamSpec& ps = rs.params[i];
       const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
       const double pad = static_cast<double>((rows + group - 1) / group * row_numel * group);
       whole += static_cast<double>(ps.shape.numel());
+      if (ep > 1 && rs.is_expert(i)) whole_experts += static_cast<double>(ps.shape.numel());
       padded += pad;
       if (ps.name.rfind("layers.", 0) != 0) {
         padded_root += pad;
@@ -293,9 +306,12 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
     if (group > 1) {
       switch (par.zero_stage) {
-        case 0:
-          g.all_reduce = 2 * f_dp * 4 * whole;
+        case 0: {
+          // Under ep the expert stacks reduce over the edp group (group / ep ranks) instead.
+          const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
+          g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts) + 2 * f_edp * 4 * whole_experts;
           break;
+        }
         case 1:
           g.reduce_scatter = g.all_gather = f_dp * 4 * padded;
           break;
@@ -309,6 +325,13 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       }
     }
 
+    // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
+    // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts
+    // and of those received, at balanced routing (each a fraction (ep-1)/ep of the N k).
+    if (ep > 1) {
+      const double crossing = d.N * d.k * (ep - 1.0) / ep * C * 4;
+      g.all_to_all += m * moe_layers * (4 * crossing + (ep - 1.0) * (d.E / ep) * 4);
+    }
     // Memory: the exact state, the in-flight activations, the buffers.
     s.memory = state;
     s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
