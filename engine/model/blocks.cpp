@@ -347,6 +347,15 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   const int P = ep.size();
   const int64_t C = env_.spec.cfg.d_model, El = E_ / P;
   const Tensor xp = s[7], eo = s[10];
+  if (env_.moe_stats.replaying) {
+    // A full-recompute replay of a micro-batch whose experts already ran (and whose gradients
+    // may be under way): their outputs come back again; nothing else is redone.
+    auto it = ep_rows_.find(env_.scratch.layer_input);
+    if (it != ep_rows_.end()) {
+      ep.all_to_allv(eo, it->second.send, it->second.er, it->second.recv).wait();
+      return;
+    }
+  }
   // Rows per (peer, local expert) to send, then the same counts from each peer for this rank's
   // experts: one all-to-all of P x El counts.
   std::vector<int32_t> cnt(static_cast<size_t>(P * El)), got(cnt.size());
@@ -395,7 +404,11 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   ops::grouped_linear_forward(r.er, r.gr, env_.w(fc2_w_), r.groups, r.weight_of);
   env_.round(r.er);
   ep.all_to_allv(eo, r.send, r.er, r.recv).wait();
-  ep_rows_[s[0].data] = std::move(r);
+  if (env_.moe_stats.forward_only) {
+    ep_rows_.erase(env_.scratch.layer_input);  // evaluation: nothing to keep
+    return;
+  }
+  ep_rows_[env_.scratch.layer_input] = std::move(r);
 }
 
 Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
@@ -467,7 +480,7 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   // fc2, the activation, fc1 (input gradients); under ep on the experts' ranks, the output
   // gradients sent there and the input gradients back.
   if (ep()) {
-    EpRows& r = ep_rows_.at(s[0].data);
+    EpRows& r = ep_rows_.at(env_.scratch.layer_input);
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
@@ -523,7 +536,7 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
 void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
   const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model;
   if (ep()) {
-    auto it = ep_rows_.find(s[0].data);
+    auto it = ep_rows_.find(env_.scratch.layer_input);
     LLMT_CHECK(it != ep_rows_.end(), "MoE backward_weight before its forward");
     const EpRows& r = it->second;
     ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), r.d_er, r.gr, Tensor(), r.groups,
@@ -649,6 +662,7 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
 
 void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx) {
   const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
+  env_.scratch.layer_input = res_in.data;
   norm_1_.forward(f.subspan(n1_, attn_ - n1_), a, res_in);
   Tensor y = attn_block_.forward(f.subspan(attn_, n2_ - attn_), a);
   residual(res_mid, res_in, y, 0, ctx);
@@ -685,6 +699,7 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
                            bool then_weight) {
   const BlockScratch& sc = env_.scratch;
   const std::span<const Tensor> f = full_set(s, ctx);
+  env_.scratch.layer_input = f[0].data;
   const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
   Stash st_mlp = st.part(st_mlp_, st_n2_ - st_mlp_), st_n2 = st.part(st_n2_, st_attn_ - st_n2_);
   Stash st_attn = st.part(st_attn_, st_n1_ - st_attn_), st_n1 = st.part(st_n1_, st_end_ - st_n1_);
@@ -709,6 +724,7 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 
 void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
   const std::span<const Tensor> f = full_set(s, ctx);
+  env_.scratch.layer_input = f[0].data;
   mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_), f[3]);
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
   attn_block_.backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),

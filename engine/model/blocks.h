@@ -108,6 +108,9 @@ struct BlockScratch {
   // backward_weight replays only when another micro-batch or layer has used it since.
   const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
   const void* replay_of = nullptr;  // the replay set: replayed from this res_in
+  // The saved input (res_in) of the layer whose blocks run now: one per (layer, micro-batch),
+  // what a block keys per-micro-batch state of its own by (MoeMlp under expert parallelism).
+  const void* layer_input = nullptr;
 };
 
 // What the mixture-of-experts layers of a model measured since reset(): the loss terms they
@@ -122,6 +125,7 @@ struct MoeStats {
   // and whether a forward is a full-recompute replay (its routing is not counted again).
   float dloss = 1.0f;
   bool replaying = false;
+  bool forward_only = false;  // an evaluation forward: no backward will follow
   // Expert parallelism: the permuted rows this rank exchanged with other ranks in its forward
   // dispatch, its own sent to their experts plus theirs received for its experts (each such row
   // crosses 4 times: there and back in forward, its gradient there and back in backward).
@@ -265,7 +269,8 @@ class MoeMlp final : public Branch {
   // Expert parallelism: what one micro-batch's forward leaves for its backward on this rank, the
   // rows the ep peers sent for this rank's experts (R of them, by peer, then by local expert) and
   // their activations and gradients, in memory of its own (R depends on the routing). Kept from
-  // forward to backward_weight, by the saved set's first tensor.
+  // forward to backward_weight, by the layer's input (scratch.layer_input). A full-recompute
+  // replay of the layer finds them and only returns the outputs again.
   struct EpRows {
     Buffer buf;
     std::vector<int64_t> send, recv;       // elements per peer: to it, from it (rows x C)

@@ -416,6 +416,7 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
     return t.ndim() == 2 && t.shape[0] == B_ && t.shape[1] == T_;
   };
   if (dloss != 0.0f) moe_stats_.dloss = dloss;  // the MoE losses' gradient scale
+  moe_stats_.forward_only = dloss == 0.0f;       // evaluation (forward_loss, pipeline eval)
   if (chunk_has_embedding(chunk)) {
     LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);

@@ -37,7 +37,7 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.pp_schedule=\"", schedule_name(s.schedule), "\""),
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
-      "parallel.cp_ulysses=0", "parallel.pp_layers=[]"};
+      "parallel.cp_ulysses=0", "parallel.pp_layers=[]", "parallel.ep=1"};
   return sets;
 }
 
@@ -53,7 +53,8 @@ std::string layout_text(const Config& cfg, int world) {
     s += concat(" ", schedule_name(p.pp_schedule));
     if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
   }
-  s += concat(", dp ", mesh.size(Axis::dp), ", zero ", p.zero_stage, ", recompute ",
+  s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
+              ", zero ", p.zero_stage, ", recompute ",
               kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
               cfg.train.micro_batch_size);
   return s;
@@ -106,11 +107,18 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     } catch (const ConfigError&) {
       continue;  // a rule of [model] or [parallel] refuses this shape
     }
+    // Expert parallelism: every ep dividing dp and the experts (with DDP).
+    std::vector<int> eps{1};
+    if (shaped.model.moe.enabled())
+      for (int ep : divisors(dp))
+        if (ep > 1 && shaped.model.moe.num_experts % ep == 0) eps.push_back(ep);
     for (int64_t mbs = 1; mbs <= gbs / dp && mbs <= 16; mbs *= 2) {
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
-      for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
+      for (int ep : eps)
+      for (int zero = 0; zero <= (dp * s.cp > 1 && ep == 1 ? 3 : 0); ++zero) {
         for (int rc = 0; rc < 3; ++rc) {
           Candidate c{sets, shaped, {}};
+          c.cfg.parallel.ep = ep;
           c.cfg.parallel.zero_stage = zero;
           c.cfg.train.micro_batch_size = mbs;
           c.cfg.train.recompute = static_cast<Recompute>(rc);
@@ -123,6 +131,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           ++out.valid;
           if (!c.cost.fits) continue;
           ++out.fitting;
+          c.sets.push_back(concat("parallel.ep=", ep));
           c.sets.push_back(concat("parallel.zero_stage=", zero));
           c.sets.push_back(concat("train.micro_batch_size=", mbs));
           c.sets.push_back(concat("train.recompute=\"", kRecompute[rc], "\""));
@@ -164,7 +173,7 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
   s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp),
               "\npp_schedule = \"", schedule_name(p.pp_schedule), "\"\nvirtual_stages = ",
-              p.virtual_stages, "\npp_layers = []\nzero_stage = ", p.zero_stage,
+              p.virtual_stages, "\npp_layers = []\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");

@@ -15,21 +15,13 @@
 
 #include "kernels/ops.h"
 #include "kernels/threads.h"
+#include "scripts/bench/bench_timing.h"
 
 using namespace llmt;
+using bench::median_ms;
+using bench::time_ms;
 
 namespace {
-
-double median_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double time_ms(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 Tensor view(std::vector<float>& b, Shape s) {
   return Tensor(b.data(), s, DType::f32);

@@ -17,23 +17,11 @@
 #include "engine/model/model_spec.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
+#include "scripts/bench/bench_timing.h"
 
 using namespace llmt;
-
-namespace {
-
-double median_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double time_ms(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
+using bench::median_ms;
+using bench::time_ms;
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 7;

@@ -98,6 +98,10 @@ LAYOUTS = {
     "ep2-pp2": (4, ["parallel.ep=2", "parallel.pp=2"], []),
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     "ep2-full-recompute": (2, ["parallel.ep=2", "train.recompute=full"], []),
+    # Full recompute under zero-bubble: the weight half replays the layer after other micro-batches
+    # used the replay set; the experts' rows stay keyed by the micro-batch.
+    "ep2-pp2-zb-h1-full": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1",
+                               "train.recompute=full"], []),
     "ep2-bias": (2, ["parallel.ep=2"], BIAS),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),

@@ -10,8 +10,8 @@ buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 
 Layouts: single (one rank), tp2 and tp2-sp (a replay repeats the forward's collectives),
 dp2-zero3 (a replay after ZeRO-3's gather), pp2-1f1b, pp2-interleaved (2 chunks per rank,
-4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused) and
-pp2-zb-h1-tp2-sp."""
+4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused),
+pp2-zb-h1-tp2-sp and, for mixture-of-experts configs, ep2-pp2-zb-h1."""
 import os
 
 from harness import finish, parse_args, train
@@ -27,6 +27,8 @@ LAYOUTS = {
     "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1", "model.n_layers=4"]),
     "pp2-zb-h1-tp2-sp": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.tp=2",
                              "parallel.sequence_parallel=true"]),
+    # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
+    "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
 }
 MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.recompute_layers=1"])]
 COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1", "train.eval_interval=5",
