@@ -196,8 +196,8 @@ Run add_train_command(CLI::App& app) {
                                " of ", cfg.model.moe.num_experts, " experts)")
                     .c_str()
               : "",
-          static_cast<long long>(cfg.model.n_layers),
-          static_cast<long long>(cfg.model.d_model), static_cast<long long>(cfg.model.seq_len),
+          static_cast<long long>(cfg.model.n_layers), static_cast<long long>(cfg.model.d_model),
+          static_cast<long long>(cfg.model.seq_len),
           std::string(precision_name(cfg.train.precision)).c_str());
     if (!args->quiet && rank0 && mesh.shape().world() > 1) {
       // Context parallelism: each rank's share of a sequence and how attention crosses ranks.

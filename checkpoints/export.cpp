@@ -107,8 +107,8 @@ class Builder {
     add_box(hf, ours, start, count, count, transpose);
   }
   // Rows [row_begin, row_end) of expert e's matrix in a stack (E, rows, cols), as a matrix.
-  void add_expert_rows(const std::string& hf, const std::string& ours, int64_t e,
-                       int64_t row_begin, int64_t row_end) {
+  void add_expert_rows(const std::string& hf, const std::string& ours, int64_t e, int64_t row_begin,
+                       int64_t row_end) {
     const std::vector<int64_t> g = dims(spec_.params[spec_.index_of(ours)].global_shape);
     add_box(hf, ours, {e, row_begin, 0}, {1, row_end - row_begin, g[2]},
             {row_end - row_begin, g[2]}, false);
@@ -187,8 +187,7 @@ void llama_tensors(const ModelSpec& spec, Builder& m) {
       for (int64_t e = 0; e < spec.cfg.moe.num_experts; ++e) {
         const std::string xe = detail::concat(x, "experts.", e, ".");
         m.add_expert_rows(xe + "w1.weight", o + "mlp.experts.fc1.weight", e, 0, Fe);
-        m.add_expert_rows(xe + "w2.weight", o + "mlp.experts.fc2.weight", e, 0,
-                          spec.cfg.d_model);
+        m.add_expert_rows(xe + "w2.weight", o + "mlp.experts.fc2.weight", e, 0, spec.cfg.d_model);
         m.add_expert_rows(xe + "w3.weight", o + "mlp.experts.fc1.weight", e, Fe, 2 * Fe);
       }
       continue;

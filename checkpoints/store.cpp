@@ -21,11 +21,10 @@ WriteLayout write_layout(const RunState& s) {
 }
 
 std::string layout_text(const RunState& s) {
-  return detail::concat("tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp),
-                        " dp=", s.mesh.size(Axis::dp), " pp=", s.mesh.size(Axis::pp),
-                        s.ep > 1 ? detail::concat(" ep=", s.ep) : std::string(),
-                        " zero_stage=", s.zero_stage,
-                        " sequence_parallel=", s.sequence_parallel ? "true" : "false");
+  return detail::concat(
+      "tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp), " dp=", s.mesh.size(Axis::dp),
+      " pp=", s.mesh.size(Axis::pp), s.ep > 1 ? detail::concat(" ep=", s.ep) : std::string(),
+      " zero_stage=", s.zero_stage, " sequence_parallel=", s.sequence_parallel ? "true" : "false");
 }
 
 namespace {

@@ -555,8 +555,8 @@ void moe_unpermute(Tensor out, Tensor in, Tensor slot, Tensor weights) {
   op.shape("in", in, {N * k, C});
   op.shape_opt("weights", weights, {N, k});
   LLMT_KERNEL(op, moe_unpermute)
-  (op.f32("out", out), op.f32("in", in), op.i32("slot", slot), op.f32_opt("weights", weights), N,
-   C, k);
+  (op.f32("out", out), op.f32("in", in), op.i32("slot", slot), op.f32_opt("weights", weights), N, C,
+   k);
 }
 
 void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot) {
@@ -567,8 +567,8 @@ void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot) 
   op.shape("in", in, {N * k, C});
   op.shape("dweights", dweights, {N, k});
   LLMT_KERNEL(op, moe_weights_backward)
-  (op.f32("dweights", dweights), op.f32("dout", dout), op.f32("in", in), op.i32("slot", slot), N,
-   C, k);
+  (op.f32("dweights", dweights), op.f32("dout", dout), op.f32("in", in), op.i32("slot", slot), N, C,
+   k);
 }
 
 void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor idx, Tensor counts,
@@ -589,8 +589,8 @@ void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor i
   }
   LLMT_KERNEL(op, moe_route_backward)
   (op.f32("dlogits", dlogits), op.f32("dweights", dweights), op.f32("logits", logits),
-   op.i32("idx", idx), aux_scale != 0.0f ? op.i32("counts", counts) : nullptr, N, T, E, k,
-   sigmoid, normalize, aux_scale, z_scale);
+   op.i32("idx", idx), aux_scale != 0.0f ? op.i32("counts", counts) : nullptr, N, T, E, k, sigmoid,
+   normalize, aux_scale, z_scale);
 }
 
 void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,
@@ -622,19 +622,19 @@ int64_t check_groups(const Op& op, std::span<const int64_t> offsets,
     op.require(static_cast<int64_t>(weight_of.size()) == G, weight_of.size(),
                " weight indices for ", G, " groups");
   for (int64_t g = 0; g < G; ++g) {
-    op.require(offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M,
-               "group ", g, " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M, ")");
+    op.require(offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M, "group ", g,
+               " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M, ")");
     if (!weight_of.empty())
-      op.require(weight_of[g] >= 0 && weight_of[g] < W, "group ", g, " uses weight ",
-                 weight_of[g], " of ", W);
+      op.require(weight_of[g] >= 0 && weight_of[g] < W, "group ", g, " uses weight ", weight_of[g],
+                 " of ", W);
   }
   return G;
 }
 
 }  // namespace
 
-void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight,
-                            std::span<const int64_t> offsets, std::span<const int64_t> weight_of) {
+void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets,
+                            std::span<const int64_t> weight_of) {
   Op op("grouped_linear_forward", {out, inp, weight});
   op.ndim("weight", weight, 3);
   const int64_t W = weight.size(0), OC = weight.size(1), IC = weight.size(2);

@@ -83,8 +83,7 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
       alloc_(alloc),
       ep_(cfg.ep > 1 ? &mesh.expert_group(static_cast<int>(cfg.ep)) : nullptr),
       edp_(cfg.ep > 1 ? &mesh.expert_data_group(static_cast<int>(cfg.ep)) : nullptr),
-      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024),
-                            cfg.ep > 1)) {
+      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024), cfg.ep > 1)) {
   // The optimizer owns every parameter whole.
   std::vector<OptimizerSlot> slots;
   for (size_t i = 0; i < model.params().size(); ++i)

@@ -90,8 +90,8 @@ Tensor as_i32(Tensor t) {
 
 int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len) {
   if (moe.capacity_factor <= 0.0f) return 0;
-  return static_cast<int64_t>(std::ceil(static_cast<double>(moe.capacity_factor) * seq_len *
-                                        moe.top_k / moe.num_experts));
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(moe.capacity_factor) * seq_len * moe.top_k / moe.num_experts));
 }
 
 // ---- Norm ---------------------------------------------------------------------------------------
@@ -318,10 +318,10 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
-  std::vector<TensorSpec> out{{"logits", {N, E_}},    {"idx", {N, k_}},     {"weights", {N, k_}},
+  std::vector<TensorSpec> out{{"logits", {N, E_}},      {"idx", {N, k_}},      {"weights", {N, k_}},
                               {"counts", {env_.B, E_}}, {"offsets", {E_ + 1}}, {"assign", {M}},
-                              {"slot", {N, k_}},      {"xp", {M, C}},       {"h", {Mh, Fe1_}},
-                              {"g", {Mh, Fe_}},       {"eo", {M, C}}};
+                              {"slot", {N, k_}},        {"xp", {M, C}},        {"h", {Mh, Fe1_}},
+                              {"g", {Mh, Fe_}},         {"eo", {M, C}}};
   if (shared_)
     for (const TensorSpec& t : shared_->saved()) out.push_back(t);
   return out;
@@ -359,9 +359,11 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   // Rows per (peer, local expert) to send, then the same counts from each peer for this rank's
   // experts: one all-to-all of P x El counts.
   std::vector<int32_t> cnt(static_cast<size_t>(P * El)), got(cnt.size());
-  for (int64_t g = 0; g < P * El; ++g) cnt[static_cast<size_t>(g)] = static_cast<int32_t>(off[g + 1] - off[g]);
+  for (int64_t g = 0; g < P * El; ++g)
+    cnt[static_cast<size_t>(g)] = static_cast<int32_t>(off[g + 1] - off[g]);
   Buffer cbuf = env_.alloc.allocate(cnt.size() * 8, MemCategory::comm);
-  const Tensor cin = cbuf.tensor({P * El}, DType::i32), cout = cbuf.tensor({P * El}, DType::i32, cnt.size() * 4);
+  const Tensor cin = cbuf.tensor({P * El}, DType::i32),
+               cout = cbuf.tensor({P * El}, DType::i32, cnt.size() * 4);
   env_.alloc.backend().copy_from_host(cin.data, cnt.data(), cnt.size() * 4);
   ep.all_to_all(cout, cin).wait();
   env_.alloc.backend().copy_to_host(got.data(), cout.data, got.size() * 4);
@@ -381,7 +383,8 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   if (!env_.moe_stats.replaying)
     for (int p = 0; p < P; ++p)
       if (p != ep.rank())
-        env_.moe_stats.ep_rows += (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
+        env_.moe_stats.ep_rows +=
+            (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
   r.buf = env_.alloc.allocate(static_cast<size_t>(R * (3 * C + 2 * Fe1_ + Fe_)) * 4,
                               MemCategory::activations);
@@ -457,7 +460,8 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) / N;
   std::vector<int64_t>& load = st.load.at(static_cast<size_t>(layer_));
   load.resize(static_cast<size_t>(E_), 0);
-  for (int64_t i = 0; i < S * E_; ++i) load[static_cast<size_t>(i % E_)] += cnt[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < S * E_; ++i)
+    load[static_cast<size_t>(i % E_)] += cnt[static_cast<size_t>(i)];
   st.assigned += N * k_;
   st.dropped += N * k_ - M;
   return y;
@@ -484,10 +488,10 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
-    Buffer tmp = env_.alloc.allocate(static_cast<size_t>(R * (Fe_ + C)) * 4,
-                                     MemCategory::activations);
-    const Tensor dgr = tmp.tensor({R, Fe_}, DType::f32), dxr = tmp.tensor({R, C}, DType::f32,
-                                                                          static_cast<size_t>(R * Fe_) * 4);
+    Buffer tmp =
+        env_.alloc.allocate(static_cast<size_t>(R * (Fe_ + C)) * 4, MemCategory::activations);
+    const Tensor dgr = tmp.tensor({R, Fe_}, DType::f32),
+                 dxr = tmp.tensor({R, C}, DType::f32, static_cast<size_t>(R * Fe_) * 4);
     ops::grouped_linear_backward(dgr, Tensor(), r.d_er, Tensor(), env_.w(fc2_w_), r.groups,
                                  r.weight_of);
     env_.round(dgr);
@@ -522,8 +526,7 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
       static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 / N);
   ops::moe_route_backward(d_logits, sc.moe_dw, logits, idx, counts, sigmoid, cfg_.normalize,
                           aux_scale, z_scale);
-  ops::linear_backward(sc.moe_dx_router, Tensor(), Tensor(), d_logits, Tensor(),
-                       env_.w(router_w_));
+  ops::linear_backward(sc.moe_dx_router, Tensor(), Tensor(), d_logits, Tensor(), env_.w(router_w_));
   ops::add_inplace(sc.moe_dx, sc.moe_dx_router);
   if (shared_) {
     Stash sst = st.part(kStash, st_shared_);
@@ -725,7 +728,8 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
   const std::span<const Tensor> f = full_set(s, ctx);
   env_.scratch.layer_input = f[0].data;
-  mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_), f[3]);
+  mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_),
+                              f[3]);
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
   attn_block_.backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
                               f[1]);

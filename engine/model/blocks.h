@@ -273,9 +273,9 @@ class MoeMlp final : public Branch {
   // replay of the layer finds them and only returns the outputs again.
   struct EpRows {
     Buffer buf;
-    std::vector<int64_t> send, recv;       // elements per peer: to it, from it (rows x C)
+    std::vector<int64_t> send, recv;         // elements per peer: to it, from it (rows x C)
     std::vector<int64_t> groups, weight_of;  // grouped GEMM row runs (peer, local expert)
-    Tensor xr, hr, gr, er, d_er, dh_r;     // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
+    Tensor xr, hr, gr, er, d_er, dh_r;       // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
   };
   bool ep() const { return env_.ep != nullptr && env_.ep->size() > 1; }
   // Forward under ep: the permuted rows xp (M,C) to the experts' ranks, the experts, and their

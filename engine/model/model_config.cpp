@@ -63,8 +63,7 @@ void check_moe_config(const ModelConfig& m, Rules& r) {
   r.at_least<int64_t>("model.moe.every", e.every, 1);
   r.at_least<int64_t>("model.moe.first_dense_layers", e.first_dense_layers, 0);
   if (m.n_layers >= 1)
-    r.require(e.first_dense_layers < m.n_layers,
-              {"model.moe.first_dense_layers", "model.n_layers"},
+    r.require(e.first_dense_layers < m.n_layers, {"model.moe.first_dense_layers", "model.n_layers"},
               concat("model.moe.first_dense_layers=", e.first_dense_layers,
                      " leaves no MoE layer in model.n_layers=", m.n_layers,
                      "; set model.moe.num_experts=0 for a dense model"));
@@ -78,7 +77,8 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
   if (p.tp < 1 || p.cp < 1) return;  // reported by check_parallel_config
   if (p.ep > 1) {
     r.require(m.moe.enabled(), {"parallel.ep", "model.moe.num_experts"},
-              concat("parallel.ep=", p.ep, " splits experts, but the model has none: set "
+              concat("parallel.ep=", p.ep,
+                     " splits experts, but the model has none: set "
                      "[model.moe] num_experts, or parallel.ep = 1"));
     if (m.moe.enabled())
       r.require(m.moe.num_experts % p.ep == 0, {"model.moe.num_experts", "parallel.ep"},

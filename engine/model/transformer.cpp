@@ -125,9 +125,9 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       if (!t.view) out.push_back(t);
     return out;
   };
-  const size_t stash_bytes = std::max({spec_bytes(made(layer_stash[0])),
-                                       spec_bytes(made(layer_stash[1])),
-                                       spec_bytes(made(head_stash))});
+  const size_t stash_bytes =
+      std::max({spec_bytes(made(layer_stash[0])), spec_bytes(made(layer_stash[1])),
+                spec_bytes(made(head_stash))});
 
   // Scratch shared by every micro-batch: lay out twice (count, then carve).
   const int64_t H = cfg.n_heads / p, KV = spec_.n_kv_heads / p, D = spec_.head_dim;
@@ -416,7 +416,7 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
     return t.ndim() == 2 && t.shape[0] == B_ && t.shape[1] == T_;
   };
   if (dloss != 0.0f) moe_stats_.dloss = dloss;  // the MoE losses' gradient scale
-  moe_stats_.forward_only = dloss == 0.0f;       // evaluation (forward_loss, pipeline eval)
+  moe_stats_.forward_only = dloss == 0.0f;      // evaluation (forward_loss, pipeline eval)
   if (chunk_has_embedding(chunk)) {
     LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);
@@ -456,8 +456,9 @@ void Transformer::backward(int chunk, Acts& a, Tensor tokens, const StepContext&
   const int64_t first = chunk_first_[chunk];
   for (int64_t j = chunk_layers(chunk) - 1; j >= 0; --j) {
     Layer& layer = *layer_blocks_[static_cast<size_t>(first + j)];
-    Stash st(then_weight ? std::span<Tensor>(layer_stash_[spec_.cfg.moe.layer(layer.index()) ? 1 : 0])
-                         : std::span<Tensor>(a.layer_stash[static_cast<size_t>(j)]),
+    Stash st(then_weight
+                 ? std::span<Tensor>(layer_stash_[spec_.cfg.moe.layer(layer.index()) ? 1 : 0])
+                 : std::span<Tensor>(a.layer_stash[static_cast<size_t>(j)]),
              !then_weight);
     hook(true, static_cast<int>(layer.index()) + 1);
     layer.backward_input(a.layers[static_cast<size_t>(j)], st, ctx, then_weight);

@@ -45,8 +45,8 @@ struct Dims {
 // gradients of the output and of fc1's output.
 double moe_saved_bytes(const Dims& d) {
   const double M = d.N * d.k, Mh = d.ep > 1 ? 0 : M;
-  double b = sum_bytes({d.N * d.E, d.N * d.k, d.N * d.k, d.B * d.E, d.E + 1, M, d.N * d.k,
-                        M * d.C, Mh * d.Fe1, Mh * d.Fe, M * d.C});
+  double b = sum_bytes({d.N * d.E, d.N * d.k, d.N * d.k, d.B * d.E, d.E + 1, M, d.N * d.k, M * d.C,
+                        Mh * d.Fe1, Mh * d.Fe, M * d.C});
   if (d.ep > 1) b += 4 * M * (3 * d.C + 2 * d.Fe1 + d.Fe);
   if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
   return b;
@@ -80,17 +80,16 @@ double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool
                      bool full_moe) {
   const double M = d.N * d.k;
   const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
-  const double stash =
-      std::max(2 * norm_stash,
-               moe ? sum_bytes({d.N * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash
-                   : 0.0);
-  double b = sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D,
-                        d.N * d.H * d.D, d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs),
-                        d.N * d.C}) +
-             stash;
+  const double stash = std::max(
+      2 * norm_stash,
+      moe ? sum_bytes({d.N * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash : 0.0);
+  double b =
+      sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D, d.N * d.H * d.D,
+                 d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs), d.N * d.C}) +
+      stash;
   if (moe)
-    b += sum_bytes({d.N * d.E, d.N * d.C, d.N * d.C, d.N * d.C, d.N * d.k, M * d.Fe, M * d.C, d.B,
-                    d.N});
+    b += sum_bytes(
+        {d.N * d.E, d.N * d.C, d.N * d.C, d.N * d.C, d.N * d.k, M * d.Fe, M * d.C, d.B, d.N});
   // ep: the experts' side's backward buffers (their fc2 input and fc1 input gradients).
   if (moe && d.ep > 1) b += 4 * M * (d.Fe + d.C);
   if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
@@ -166,13 +165,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     if (ps.name.find(".mlp.experts.") != std::string::npos) n *= d.k / d.E;
     layer_params[static_cast<size_t>(std::stoll(ps.name.substr(7)))] += n;
   }
-  auto layer_fpt = [&](int64_t l) {
-    return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T;
-  };
+  auto layer_fpt = [&](int64_t l) { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; };
   auto recompute_fpt = [&](int64_t l) {
-    return rc == Recompute::full        ? layer_fpt(l) / 3
-           : rc == Recompute::selective ? 2 * C * T
-                                        : 0.0;
+    return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
   };
   const double head_fpt = 6 * static_cast<double>(mc.vocab_size) * C;
   const double attn_fpt = 6 * C * T;  // the attention core, forward and backward
@@ -213,8 +208,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     double moe_layers = 0;
     for (int c = 0; c < v; ++c) {
       const int st = stage_of(shape, pr, c);
-      const int64_t first = std::accumulate(stage_layers.begin(), stage_layers.begin() + st,
-                                            int64_t{0});
+      const int64_t first =
+          std::accumulate(stage_layers.begin(), stage_layers.begin() + st, int64_t{0});
       const int64_t n = stage_layers[static_cast<size_t>(st)];
       s.layers += n;
       for (int64_t j = 0; j < n; ++j) {

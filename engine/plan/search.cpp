@@ -31,13 +31,17 @@ struct LayoutShape {
 
 std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
   std::vector<std::string> sets{
-      concat("parallel.tp=", s.tp), concat("parallel.cp=", s.cp), concat("parallel.pp=", s.pp),
+      concat("parallel.tp=", s.tp),
+      concat("parallel.cp=", s.cp),
+      concat("parallel.pp=", s.pp),
       concat("parallel.dp=", dp),
       concat("parallel.sequence_parallel=", s.sp ? "true" : "false"),
       concat("parallel.pp_schedule=\"", schedule_name(s.schedule), "\""),
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
-      "parallel.cp_ulysses=0", "parallel.pp_layers=[]", "parallel.ep=1"};
+      "parallel.cp_ulysses=0",
+      "parallel.pp_layers=[]",
+      "parallel.ep=1"};
   return sets;
 }
 
@@ -115,34 +119,34 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     for (int64_t mbs = 1; mbs <= gbs / dp && mbs <= 16; mbs *= 2) {
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
-      for (int zero = 0; zero <= (dp * s.cp > 1 && ep == 1 ? 3 : 0); ++zero) {
-        for (int rc = 0; rc < 3; ++rc) {
-          Candidate c{sets, shaped, {}};
-          c.cfg.parallel.ep = ep;
-          c.cfg.parallel.zero_stage = zero;
-          c.cfg.train.micro_batch_size = mbs;
-          c.cfg.train.recompute = static_cast<Recompute>(rc);
-          c.cfg.train.recompute_layers = 0;
-          try {
-            c.cost = predict_step(c.cfg, world, hw);
-          } catch (const ConfigError&) {
-            continue;
-          }
-          ++out.valid;
-          if (!c.cost.fits) continue;
-          ++out.fitting;
-          c.sets.push_back(concat("parallel.ep=", ep));
-          c.sets.push_back(concat("parallel.zero_stage=", zero));
-          c.sets.push_back(concat("train.micro_batch_size=", mbs));
-          c.sets.push_back(concat("train.recompute=\"", kRecompute[rc], "\""));
-          c.sets.push_back("train.recompute_layers=0");
-          out.ranked.push_back(std::move(c));
-          if (out.ranked.size() > 4 * keep + 64) {
-            std::sort(out.ranked.begin(), out.ranked.end(), better);
-            out.ranked.resize(2 * keep);
+        for (int zero = 0; zero <= (dp * s.cp > 1 && ep == 1 ? 3 : 0); ++zero) {
+          for (int rc = 0; rc < 3; ++rc) {
+            Candidate c{sets, shaped, {}};
+            c.cfg.parallel.ep = ep;
+            c.cfg.parallel.zero_stage = zero;
+            c.cfg.train.micro_batch_size = mbs;
+            c.cfg.train.recompute = static_cast<Recompute>(rc);
+            c.cfg.train.recompute_layers = 0;
+            try {
+              c.cost = predict_step(c.cfg, world, hw);
+            } catch (const ConfigError&) {
+              continue;
+            }
+            ++out.valid;
+            if (!c.cost.fits) continue;
+            ++out.fitting;
+            c.sets.push_back(concat("parallel.ep=", ep));
+            c.sets.push_back(concat("parallel.zero_stage=", zero));
+            c.sets.push_back(concat("train.micro_batch_size=", mbs));
+            c.sets.push_back(concat("train.recompute=\"", kRecompute[rc], "\""));
+            c.sets.push_back("train.recompute_layers=0");
+            out.ranked.push_back(std::move(c));
+            if (out.ranked.size() > 4 * keep + 64) {
+              std::sort(out.ranked.begin(), out.ranked.end(), better);
+              out.ranked.resize(2 * keep);
+            }
           }
         }
-      }
     }
   }
   std::sort(out.ranked.begin(), out.ranked.end(), better);
@@ -171,9 +175,9 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
                          "\n# ", layout_text(c.cfg, world), "\n[parallel]\n");
   s += concat("tp = ", p.tp, "\ncp = ", p.cp, "\n");
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
-  s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp),
-              "\npp_schedule = \"", schedule_name(p.pp_schedule), "\"\nvirtual_stages = ",
-              p.virtual_stages, "\npp_layers = []\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
+  s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
+              schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
+              "\npp_layers = []\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");

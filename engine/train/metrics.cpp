@@ -75,12 +75,12 @@ void MetricsWriter::write(const StepMetrics& m) {
         detail::concat(", \"pp_bubble\": ", json_number(*m.pp_bubble, "%.4g"),
                        ", \"pp_bubble_predicted\": ", json_number(*m.pp_bubble_predicted, "%.4g"));
   if (m.moe)
-    line += detail::concat(", \"moe_aux\": ", json_number(m.moe->aux), ", \"moe_z\": ",
-                           json_number(m.moe->z), ", \"moe_load_max\": ",
-                           json_number(m.moe->load_max, "%.6g"), ", \"moe_load_min\": ",
-                           json_number(m.moe->load_min, "%.6g"), ", \"moe_dropped\": ",
-                           json_number(m.moe->dropped, "%.6g"), ", \"moe_ep_rows\": ",
-                           m.moe->ep_rows);
+    line += detail::concat(", \"moe_aux\": ", json_number(m.moe->aux),
+                           ", \"moe_z\": ", json_number(m.moe->z),
+                           ", \"moe_load_max\": ", json_number(m.moe->load_max, "%.6g"),
+                           ", \"moe_load_min\": ", json_number(m.moe->load_min, "%.6g"),
+                           ", \"moe_dropped\": ", json_number(m.moe->dropped, "%.6g"),
+                           ", \"moe_ep_rows\": ", m.moe->ep_rows);
   line += "}\n";
   out_ << line;
   out_.flush();

@@ -556,7 +556,8 @@ StepMetrics::Moe Trainer::State::moe_metrics() {
   v[3] = static_cast<double>(st.assigned);
   for (int64_t l = 0; l < L; ++l)
     for (size_t e = 0; e < st.load[static_cast<size_t>(l)].size(); ++e)
-      v[static_cast<size_t>(4 + l * E) + e] = static_cast<double>(st.load[static_cast<size_t>(l)][e]);
+      v[static_cast<size_t>(4 + l * E) + e] =
+          static_cast<double>(st.load[static_cast<size_t>(l)][e]);
   Communicator& world = mesh.world();
   if (world.size() > 1)
     world.all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f64)).wait();

@@ -44,8 +44,8 @@ void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k
 
 }  // namespace
 
-void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
-               const float* bias, int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, const float* bias,
+               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
   parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* p = scores + t * E;
@@ -195,8 +195,8 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* logi
   });
 }
 
-void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts,
-                      int64_t S, int64_t T, int64_t E, int64_t k, bool sigmoid) {
+void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts, int64_t S,
+                      int64_t T, int64_t E, int64_t k, bool sigmoid) {
   std::vector<float> p(static_cast<size_t>(E));
   std::vector<double> mean_q(static_cast<size_t>(E));
   for (int64_t s = 0; s < S; ++s) {
@@ -228,7 +228,8 @@ template <typename Extent>
 std::vector<Tile> tiles(int64_t G, int64_t block, Extent&& extent) {
   std::vector<Tile> out;
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t b = 0, n = extent(g); b < n; b += block) out.push_back({g, b, std::min(n, b + block)});
+    for (int64_t b = 0, n = extent(g); b < n; b += block)
+      out.push_back({g, b, std::min(n, b + block)});
   return out;
 }
 
@@ -255,7 +256,8 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
                             int64_t /*W*/, int64_t IC, int64_t OC) {
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
-  const auto ts = tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
+  const auto ts =
+      tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });
   run_tiles(ts, nt, [&](const Tile& t) {
     const int64_t r0 = offsets[t.g] + t.b, n = t.e - t.b;
     const int64_t w = weight_of ? weight_of[t.g] : t.g;
@@ -265,9 +267,8 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 }
 
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                             const float* weight, const int64_t* offsets,
-                             const int64_t* weight_of, int64_t G, int64_t W, int64_t IC,
-                             int64_t OC) {
+                             const float* weight, const int64_t* offsets, const int64_t* weight_of,
+                             int64_t G, int64_t W, int64_t IC, int64_t OC) {
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
   auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };

@@ -10,12 +10,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
-#define LLMT_CUBLAS_V2_CHECK(call)                                                              \
-  do {                                                                                          \
-    cublasStatus_t st_ = (call);                                                                \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ",    \
-                                                 cublasGetStatusString(st_)));                  \
+#define LLMT_CUBLAS_V2_CHECK(call)                                                           \
+  do {                                                                                       \
+    cublasStatus_t st_ = (call);                                                             \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
+                                                 cublasGetStatusString(st_)));               \
   } while (0)
 
 namespace llmt::cuda {
@@ -36,8 +36,8 @@ __device__ float score(const float* z, int64_t e, float lse, bool sigmoid) {
 
 }  // namespace
 
-void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
-               const float* bias, int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
+void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, const float* bias,
+               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
   for_each(N, [=] __device__(int64_t t) {
     const float* z = logits + t * E;
     float* p = scores + t * E;
@@ -179,8 +179,8 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* logi
   });
 }
 
-void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts,
-                      int64_t S, int64_t T, int64_t E, int64_t k, bool sigmoid) {
+void moe_route_losses(float* aux, float* zsq, const float* logits, const int32_t* counts, int64_t S,
+                      int64_t T, int64_t E, int64_t k, bool sigmoid) {
   for_each(S * T, [=] __device__(int64_t t) {
     const float lse = row_lse(logits + t * E, E);
     zsq[t] = lse * lse;
@@ -254,8 +254,8 @@ struct Groups {
     for (const float* p : a) host.push_back(p);
     for (const float* p : b) host.push_back(p);
     for (float* p : c) host.push_back(p);
-    LLMT_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), 3 * g * sizeof(void*),
-                                    cudaMemcpyHostToDevice, stream()));
+    LLMT_CUDA_CHECK(
+        cudaMemcpyAsync(dev, host.data(), 3 * g * sizeof(void*), cudaMemcpyHostToDevice, stream()));
     LLMT_CUBLAS_V2_CHECK(cublasSgemmGroupedBatched(
         blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
         reinterpret_cast<const float* const*>(dev), lda.data(),
@@ -274,8 +274,8 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
   Groups gs;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r0 = offsets[g], n = offsets[g + 1] - r0, w = weight_of ? weight_of[g] : g;
-    gs.add(true, false, OC, n, IC, weight + w * OC * IC, IC, inp + r0 * IC, IC, 0.0f,
-           out + r0 * OC, OC);
+    gs.add(true, false, OC, n, IC, weight + w * OC * IC, IC, inp + r0 * IC, IC, 0.0f, out + r0 * OC,
+           OC);
   }
   gs.run();
 }
@@ -284,9 +284,8 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 // gradients of a weight shared by several groups are added by successive calls (one group of
 // each weight per call), since a grouped call's GEMMs run concurrently.
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                             const float* weight, const int64_t* offsets,
-                             const int64_t* weight_of, int64_t G, int64_t W, int64_t IC,
-                             int64_t OC) {
+                             const float* weight, const int64_t* offsets, const int64_t* weight_of,
+                             int64_t G, int64_t W, int64_t IC, int64_t OC) {
   auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
   if (dinp) {
     Groups gs;

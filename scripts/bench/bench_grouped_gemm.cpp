@@ -76,11 +76,12 @@ int main(int argc, char** argv) {
   }
   const double flops = 6.0 * static_cast<double>(M) * C * (F1 + Fe);
   const double mg = median_ms(tg), ml = median_ms(tl);
-  std::printf("experts E=%lld, rows %lld (expert e gets (e+1)/%lld of them), C=%lld, Fe=%lld "
-              "(SwiGLU fc1 %lld rows); %d threads; median of %d\n",
-              static_cast<long long>(E), static_cast<long long>(M),
-              static_cast<long long>(E * (E + 1) / 2), static_cast<long long>(C),
-              static_cast<long long>(Fe), static_cast<long long>(F1), threads, repeats);
+  std::printf(
+      "experts E=%lld, rows %lld (expert e gets (e+1)/%lld of them), C=%lld, Fe=%lld "
+      "(SwiGLU fc1 %lld rows); %d threads; median of %d\n",
+      static_cast<long long>(E), static_cast<long long>(M), static_cast<long long>(E * (E + 1) / 2),
+      static_cast<long long>(C), static_cast<long long>(Fe), static_cast<long long>(F1), threads,
+      repeats);
   std::printf("grouped (one call per GEMM)  %8.2f ms  %6.1f GFLOP/s\n", mg, flops / mg / 1e6);
   std::printf("loop (one call per expert)   %8.2f ms  %6.1f GFLOP/s\n", ml, flops / ml / 1e6);
   std::printf("loop / grouped: %.3f\n", ml / mg);

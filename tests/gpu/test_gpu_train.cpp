@@ -38,7 +38,8 @@ double final_loss(const TrainRun& r, const char* device) {
                            "\nprecision = \"" + r.precision + "\"\ndevice = \"" + device +
                            "\"\nrun_dir = \"" + ::testing::TempDir() + "gpu_train_" + r.name +
                            "\"\n[optimizer]\nlr = 3e-3\nwarmup_steps = 2\n[data]\nsource = "
-                           "\"synthetic\"\n[log]\nprogress = false\nmetrics = \"\"\n" + r.extra;
+                           "\"synthetic\"\n[log]\nprogress = false\nmetrics = \"\"\n" +
+                           r.extra;
   const Config cfg = parse_config_string(toml, r.name);
   TrainOptions opts;
   opts.quiet = true;

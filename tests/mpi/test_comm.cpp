@@ -101,9 +101,9 @@ TEST(Comm, AllToAllV) {
     out_counts[q] = r + q + 1;
     for (int k = 0; k < q + r + 1; ++k) in.push_back(static_cast<float>(r * 1000 + q * 10 + k));
   }
-  std::vector<float> out(static_cast<size_t>(std::accumulate(out_counts.begin(), out_counts.end(),
-                                                             int64_t{0})) + 3,
-                         -1.0f);
+  std::vector<float> out(
+      static_cast<size_t>(std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})) + 3,
+      -1.0f);
   c.reset_counters();
   c.all_to_allv(f32(out), out_counts, f32(in), in_counts).wait();
   size_t at = 0;

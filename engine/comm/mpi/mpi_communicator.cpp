@@ -6,9 +6,9 @@
 
 #include <array>
 #include <chrono>
-#include <memory>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "engine/core/check.h"
 

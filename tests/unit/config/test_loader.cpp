@@ -59,10 +59,11 @@ TEST(ConfigLoader, NestedSectionsReadAsTheirOwn) {
   Loader bad(schema);
   bad.load_text("[model.moe]\nnum_expert = 8\n", "t.toml");
   bad.add_override("model.moe.topk=2");
-  EXPECT_EQ(bad.errors, (std::vector<std::string>{
-                            "unknown key model.moe.num_expert at t.toml:2:1 — did you mean "
-                            "model.moe.num_experts?",
-                            "unknown key model.moe.topk at --set — did you mean model.moe.top_k?"}));
+  EXPECT_EQ(bad.errors,
+            (std::vector<std::string>{
+                "unknown key model.moe.num_expert at t.toml:2:1 — did you mean "
+                "model.moe.num_experts?",
+                "unknown key model.moe.topk at --set — did you mean model.moe.top_k?"}));
 }
 
 TEST(ConfigLoader, UnknownKeysAndSectionsSuggestTheNearest) {

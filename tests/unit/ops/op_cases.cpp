@@ -689,34 +689,35 @@ void add_moe(std::vector<OpCase>& cases) {
   for (const auto& [sigmoid, normalize] : {std::pair{false, true}, std::pair{true, false}}) {
     const std::string name = std::string("moe_route_") + (sigmoid ? "sigmoid" : "softmax") +
                              (normalize ? "_normalized" : "");
-    cases.push_back({"moe_route",
-                     name,
-                     {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits},
-                     op([sigmoid, normalize](const Views& v) {
-                       ops::moe_route(v[0], v[1], v[2], v[3], sigmoid, normalize);
-                     }),
-                     kTight});
+    cases.push_back(
+        {"moe_route",
+         name,
+         {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits},
+         op([sigmoid, normalize](const Views& v) {
+           ops::moe_route(v[0], v[1], v[2], v[3], sigmoid, normalize);
+         }),
+         kTight});
   }
   // Aux-loss-free balancing: a bias on the scores for selection.
-  cases.push_back({"moe_route",
-                   "moe_route_sigmoid_bias",
-                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
-                    uniform({E}, 21, -0.3f, 0.3f)},
-                   op([](const Views& v) { ops::moe_route(v[0], v[1], v[2], v[3], true, true, v[4]); }),
-                   kTight});
+  cases.push_back(
+      {"moe_route",
+       "moe_route_sigmoid_bias",
+       {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
+        uniform({E}, 21, -0.3f, 0.3f)},
+       op([](const Views& v) { ops::moe_route(v[0], v[1], v[2], v[3], true, true, v[4]); }),
+       kTight});
   HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({M}, DType::i32);
   HostTensor slot({N, k}, DType::i32);
   const int64_t capacity = 10;  // of ~12 per (sequence, expert): some drop
   ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), T, capacity);
   for (const int64_t cap : {int64_t{0}, capacity})
-    cases.push_back({"moe_dispatch",
-                     "moe_dispatch_capacity" + std::to_string(cap),
-                     {HostTensor({S, E}, DType::i32), HostTensor({E + 1}, DType::i32),
-                      HostTensor({M}, DType::i32), HostTensor({N, k}, DType::i32), idx},
-                     op([cap](const Views& v) {
-                       ops::moe_dispatch(v[0], v[1], v[2], v[3], v[4], 37, cap);
-                     }),
-                     kExact});
+    cases.push_back(
+        {"moe_dispatch",
+         "moe_dispatch_capacity" + std::to_string(cap),
+         {HostTensor({S, E}, DType::i32), HostTensor({E + 1}, DType::i32),
+          HostTensor({M}, DType::i32), HostTensor({N, k}, DType::i32), idx},
+         op([cap](const Views& v) { ops::moe_dispatch(v[0], v[1], v[2], v[3], v[4], 37, cap); }),
+         kExact});
   cases.push_back({"moe_permute",
                    "moe_permute_weighted",
                    {uniform({M, C}, 4), uniform({N, C}, 5), assign, weights},
@@ -741,22 +742,23 @@ void add_moe(std::vector<OpCase>& cases) {
                                                0.3f, 0.1f);
                      }),
                      kReduced});
-  cases.push_back({"moe_route_losses",
-                   "moe_route_losses",
-                   {uniform({S}, 13), uniform({N}, 14), logits, counts},
-                   op([](const Views& v) { ops::moe_route_losses(v[0], v[1], v[2], v[3], 2, true); }),
-                   kReduced});
+  cases.push_back(
+      {"moe_route_losses",
+       "moe_route_losses",
+       {uniform({S}, 13), uniform({N}, 14), logits, counts},
+       op([](const Views& v) { ops::moe_route_losses(v[0], v[1], v[2], v[3], 2, true); }),
+       kReduced});
   const int64_t IC = 40, OC = 52, G = 6, R = 300;
   const std::vector<int64_t> groups{0, 30, 30, 170, 200, 299, 300};  // an empty group, 140 rows
-  cases.push_back({"grouped_linear_forward",
-                   "grouped_linear_forward",
-                   {uniform({R, OC}, 15), uniform({R, IC}, 16), uniform({G, OC, IC}, 17)},
-                   op([groups](const Views& v) {
-                     ops::grouped_linear_forward(v[0], v[1], v[2], groups);
-                   }),
-                   kReduced});
+  cases.push_back(
+      {"grouped_linear_forward",
+       "grouped_linear_forward",
+       {uniform({R, OC}, 15), uniform({R, IC}, 16), uniform({G, OC, IC}, 17)},
+       op([groups](const Views& v) { ops::grouped_linear_forward(v[0], v[1], v[2], groups); }),
+       kReduced});
   // Groups sharing weights (expert parallelism: each peer's rows of each local expert).
-  const std::vector<int64_t> shared_groups{0, 40, 90, 90, 200, 250, 300}, weight_of{0, 1, 2, 0, 1, 2};
+  const std::vector<int64_t> shared_groups{0, 40, 90, 90, 200, 250, 300},
+      weight_of{0, 1, 2, 0, 1, 2};
   cases.push_back({"grouped_linear_forward",
                    "grouped_linear_forward_shared_weights",
                    {uniform({R, OC}, 15), uniform({R, IC}, 16), uniform({3, OC, IC}, 17)},

@@ -41,7 +41,8 @@ TEST(MoeRoute, TopKAndWeightsMatchDoubleReference) {
                          : std::exp(logits[t * E + e] - mx) / sum;
         std::vector<int64_t> order(E);
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return p[a] > p[b]; });
         double selsum = 0;
         for (int64_t j = 0; j < k; ++j) selsum += p[order[j]];
         for (int64_t j = 0; j < k; ++j) {
@@ -69,8 +70,8 @@ TEST(MoeRoute, BiasSelectsButDoesNotWeigh) {
       EXPECT_EQ(r.idx.i32()[t * k], 4);
       const int32_t second = r.idx.i32()[t * k + 1];
       // The second choice is the best of the rest by score alone.
-      const int32_t want = plain.idx.i32()[t * k] == 4 ? plain.idx.i32()[t * k + 1]
-                                                       : plain.idx.i32()[t * k];
+      const int32_t want =
+          plain.idx.i32()[t * k] == 4 ? plain.idx.i32()[t * k + 1] : plain.idx.i32()[t * k];
       EXPECT_EQ(second, want);
       EXPECT_EQ(r.weights[t * k], plain.scores[t * E + 4]);
       EXPECT_EQ(r.weights[t * k + 1], plain.scores[t * E + second]);
@@ -88,14 +89,14 @@ TEST(MoeRoute, GradientMatchesFiniteDifferences) {
     for (const bool normalize : {false, true}) {
       HostTensor logits = uniform({N, E}, 2, -2.0f, 2.0f);
       Routed r0 = route(logits, k, sigmoid, normalize);
-      HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({N * k}, DType::i32);
+      HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32),
+          assign({N * k}, DType::i32);
       HostTensor slot({N, k}, DType::i32);
       ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), r0.idx.t(), T, 0);
       HostTensor c = uniform({N, k}, 3);
       HostTensor dlogits({N, E});
-      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(),
-                              r0.idx.t(), counts.t(), sigmoid, normalize,
-                              static_cast<float>(lambda * E / (T * T * k)),
+      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(), r0.idx.t(), counts.t(), sigmoid,
+                              normalize, static_cast<float>(lambda * E / (T * T * k)),
                               static_cast<float>(2 * mu));
       auto loss = [&] {
         Routed r = route(logits, k, sigmoid, normalize);
@@ -152,7 +153,8 @@ TEST(MoeDispatch, CapacityKeepsFirstChoicesThenPositions) {
   HostTensor slot({4, 2}, DType::i32);
   ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), 4, 2);
   EXPECT_EQ(std::vector<int32_t>(counts.i32(), counts.i32() + 2), (std::vector<int32_t>{4, 4}));
-  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3), (std::vector<int32_t>{0, 2, 4}));
+  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3),
+            (std::vector<int32_t>{0, 2, 4}));
   // Rows: expert 0 = t0 (a0), t1 (a2); expert 1 = t0 (a1), t2 (a4); then unused.
   EXPECT_EQ(std::vector<int32_t>(assign.i32(), assign.i32() + 8),
             (std::vector<int32_t>{0, 2, 1, 4, -1, -1, -1, -1}));
@@ -160,7 +162,8 @@ TEST(MoeDispatch, CapacityKeepsFirstChoicesThenPositions) {
             (std::vector<int32_t>{0, 2, 1, -1, 3, -1, -1, -1}));
   // Dropless: every assignment has a row, expert 0's four first.
   ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), idx.t(), 4, 0);
-  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3), (std::vector<int32_t>{0, 4, 8}));
+  EXPECT_EQ(std::vector<int32_t>(offsets.i32(), offsets.i32() + 3),
+            (std::vector<int32_t>{0, 4, 8}));
   EXPECT_EQ(std::vector<int32_t>(assign.i32(), assign.i32() + 8),
             (std::vector<int32_t>{0, 2, 5, 6, 1, 3, 4, 7}));
 }
@@ -201,7 +204,8 @@ TEST(MoeCombine, GradientsMatchFiniteDifferences) {
 TEST(GroupedLinear, EqualsOneLinearPerGroup) {
   const int64_t IC = 24, OC = 20, G = 4, M = 330;
   const std::vector<int64_t> off{0, 140, 140, 329, 330};
-  HostTensor inp = uniform({M, IC}, 9), weight = uniform({G, OC, IC}, 10), dout = uniform({M, OC}, 11);
+  HostTensor inp = uniform({M, IC}, 9), weight = uniform({G, OC, IC}, 10),
+             dout = uniform({M, OC}, 11);
   HostTensor out({M, OC}), dinp({M, IC}), dweight = uniform({G, OC, IC}, 12);
   const HostTensor dweight0 = dweight;
   ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), off);
@@ -209,7 +213,8 @@ TEST(GroupedLinear, EqualsOneLinearPerGroup) {
   for (int64_t g = 0; g < G; ++g) {
     const int64_t n = off[g + 1] - off[g];
     if (n == 0) {
-      for (int64_t i = 0; i < OC * IC; ++i) EXPECT_EQ(dweight[g * OC * IC + i], dweight0[g * OC * IC + i]);
+      for (int64_t i = 0; i < OC * IC; ++i)
+        EXPECT_EQ(dweight[g * OC * IC + i], dweight0[g * OC * IC + i]);
       continue;
     }
     const Tensor w_g = weight.t().rows(g, g + 1).view({OC, IC});
@@ -232,11 +237,12 @@ TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
   const std::vector<int64_t> off{0, 70, 150, 210, 300}, weight_of{0, 1, 0, 1};
   // The same rows regrouped by expert: [p0 e0 | p1 e0 | p0 e1 | p1 e1].
   std::vector<int64_t> order;
-  for (const auto& [a, b] : {std::pair{0, 70}, std::pair{150, 210}, std::pair{70, 150},
-                             std::pair{210, 300}})
+  for (const auto& [a, b] :
+       {std::pair{0, 70}, std::pair{150, 210}, std::pair{70, 150}, std::pair{210, 300}})
     for (int64_t r = a; r < b; ++r) order.push_back(r);
   const std::vector<int64_t> by_expert{0, 130, 300};
-  HostTensor inp = uniform({M, IC}, 31), weight = uniform({2, OC, IC}, 32), dout = uniform({M, OC}, 33);
+  HostTensor inp = uniform({M, IC}, 31), weight = uniform({2, OC, IC}, 32),
+             dout = uniform({M, OC}, 33);
   HostTensor inp2({M, IC}), dout2({M, OC});
   for (int64_t r = 0; r < M; ++r) {
     std::copy(inp.f32() + order[r] * IC, inp.f32() + (order[r] + 1) * IC, inp2.f32() + r * IC);
@@ -260,14 +266,14 @@ TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
 
 TEST(GroupedLinear, RefusesBadOffsets) {
   HostTensor inp({10, 4}), weight({2, 3, 4}), out({10, 3});
-  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 5}),
-               Error);
-  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(),
-                                           std::vector<int64_t>{0, 6, 11}),
-               Error);
-  EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(),
-                                           std::vector<int64_t>{0, 6, 4}),
-               Error);
+  EXPECT_THROW(
+      ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 5}), Error);
+  EXPECT_THROW(
+      ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 6, 11}),
+      Error);
+  EXPECT_THROW(
+      ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), std::vector<int64_t>{0, 6, 4}),
+      Error);
 }
 
 }  // namespace

@@ -952,11 +952,12 @@ TEST(ConfigMoe, LayersParametersAndTheMemoryBound) {
   EXPECT_EQ(spec.params[spec.index_of("layers.3.mlp.shared.fc2.weight")].global_shape,
             Shape({C, F}));
   EXPECT_THROW(spec.index_of("layers.2.mlp.router.weight"), Error);  // a dense layer
-  const int64_t expert = 3 * F * C;  // fc1 (2F, C) + fc2 (C, F)
+  const int64_t expert = 3 * F * C;                                  // fc1 (2F, C) + fc2 (C, F)
   EXPECT_EQ(spec.num_params() - spec.num_active_params(), 3 * (E - 2) * expert);
   MeshShape one;
   one.degree = {1, 1, 1, 1};
-  EXPECT_DOUBLE_EQ(estimate_rank_memory(c, one).grads, 4.0 * static_cast<double>(spec.num_params()));
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(c, one).grads,
+                   4.0 * static_cast<double>(spec.num_params()));
 }
 
 }  // namespace
