@@ -105,7 +105,7 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   const std::vector<int> group = mesh.group(rank, {Axis::dp, Axis::cp});
   const int n = static_cast<int>(group.size());
   const int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
-  // Expert stacks under ep (cp = 1): the expert-data-parallel group's n / ep ranks.
+  // Expert stacks under ep: the expert-data-parallel group's n / ep ranks.
   const int ep = tp_spec.ep_size, n_edp = n / ep, d_edp = d / ep;
   std::vector<Piece> out;
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
@@ -144,8 +144,10 @@ ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank) 
                                                  c[static_cast<int>(Axis::pp)])
                                  : spec;
   const ModelSpec tp_spec = stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
-  return layout.ep > 1 ? tp_spec.shard_ep(layout.ep, c[static_cast<int>(Axis::dp)] % layout.ep)
-                       : tp_spec;
+  if (layout.ep == 1) return tp_spec;
+  // The rank's place in the dp x cp group (dp outer, as MeshShape::group orders it) mod ep.
+  const int d = c[static_cast<int>(Axis::dp)] * m.size(Axis::cp) + c[static_cast<int>(Axis::cp)];
+  return tp_spec.shard_ep(layout.ep, d % layout.ep);
 }
 
 std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,

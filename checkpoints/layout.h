@@ -98,8 +98,8 @@ struct WriteLayout {
   int ep = 1;                      // expert parallel degree (parallel.ep)
 };
 // What global rank `rank` of `layout` holds of the whole-model `spec`: its pipeline stage
-// (ModelSpec::shard_pp), its experts (ModelSpec::shard_ep: ep rank = dp coordinate % ep), then
-// its tp shard.
+// (ModelSpec::shard_pp), its experts (ModelSpec::shard_ep: ep rank = the place in the dp x cp group
+// % ep), then its tp shard.
 ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank);
 
 // Every global tensor of `spec` (whole model, global shapes) for each of `states` and, for each,

@@ -426,6 +426,11 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
   ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
   ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_);
+  MoeStats& st = env_.moe_stats;
+  std::vector<int32_t> cnt(static_cast<size_t>(S * E_));  // this rank's counts (the loads)
+  if (!st.replaying) env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
+  // Context parallelism: the whole sequences' counts, for the aux loss and its gradient.
+  if (env_.cp != nullptr) env_.cp->all_reduce(counts).wait();
   const std::vector<int64_t> off = offsets(s);
   const int64_t M = off.back();  // the kept assignments
   ops::moe_permute(xp, x, assign);
@@ -447,17 +452,18 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   if (shared_) ops::add_inplace(y, shared_->forward(s.subspan(kSaved), x));
   env_.round(y);
 
-  MoeStats& st = env_.moe_stats;
   if (st.replaying) return y;  // a full-recompute replay: counted when it first ran
   ops::moe_route_losses(sc.moe_aux, sc.moe_zsq, logits, counts, k_, sigmoid);
   std::vector<float> aux(static_cast<size_t>(S)), zsq(static_cast<size_t>(N));
-  std::vector<int32_t> cnt(static_cast<size_t>(S * E_));
   env_.alloc.backend().copy_to_host(aux.data(), sc.moe_aux.data, aux.size() * 4);
   env_.alloc.backend().copy_to_host(zsq.data(), sc.moe_zsq.data, zsq.size() * 4);
-  env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
+  // This rank's share of the micro-batch's losses: under cp the kernel's aux is cp^2 times the
+  // chunks' (whole-sequence counts over the local T, times the local mean of q), and the cp
+  // ranks' shares add up to the sequence's.
+  const double cp = env_.cp != nullptr ? env_.cp->size() : 1;
   if (cfg_.balance == MoeBalance::aux_loss)
-    st.aux += cfg_.aux_loss_coef * std::accumulate(aux.begin(), aux.end(), 0.0) / S;
-  st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) / N;
+    st.aux += cfg_.aux_loss_coef * std::accumulate(aux.begin(), aux.end(), 0.0) / (S * cp * cp);
+  st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) / (N * cp);
   std::vector<int64_t>& load = st.load.at(static_cast<size_t>(layer_));
   load.resize(static_cast<size_t>(E_), 0);
   for (int64_t i = 0; i < S * E_; ++i)
@@ -515,12 +521,15 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   }
   ops::moe_unpermute(sc.moe_dx, sc.moe_dxp, slot);
   // The router: through the routing weights, the aux loss and the z-loss (each scaled as the
-  // micro-batch's loss is: dloss per unit of its mean).
+  // micro-batch's loss is: dloss per unit of this rank's mean). Under cp the counts are the
+  // whole sequences' (cp T tokens): d aux / d q = E counts / (S k (cp T) (cp T)), times cp for
+  // dloss being per unit of a chunk's mean.
   const MoeStats& ms = env_.moe_stats;
+  const double cp = env_.cp != nullptr ? env_.cp->size() : 1;
   const float aux_scale =
       cfg_.balance == MoeBalance::aux_loss
           ? static_cast<float>(static_cast<double>(ms.dloss) * cfg_.aux_loss_coef * E_ /
-                               (static_cast<double>(S) * T * T * k_))
+                               (static_cast<double>(S) * T * T * cp * k_))
           : 0.0f;
   const float z_scale =
       static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 / N);

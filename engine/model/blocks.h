@@ -151,6 +151,9 @@ struct BlockEnv {
   MoeStats& moe_stats;
   // Expert parallelism: the group sharing out the experts (the spec holds this rank's), or null.
   Communicator* ep = nullptr;
+  // Context parallelism: the group holding the other chunks of these sequences, or null (cp = 1).
+  // The mixture of experts sums its per-sequence expert counts over it.
+  Communicator* cp = nullptr;
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
@@ -247,7 +250,9 @@ int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len);
 // the dispatch into expert order (capacity dropping per sequence), the experts' grouped GEMMs
 // (fc1, GELU or SwiGLU, fc2; no biases), the combine weighted by the routing weights, plus the
 // shared experts (an Mlp). The aux and z losses add their gradients to the router's in backward
-// and their values to env.moe_stats in forward. Whole sequences and all experts on this rank.
+// and their values to env.moe_stats in forward. Under context parallelism the per-sequence
+// expert counts are summed over the cp group (every token's routing is local; only the aux loss's
+// load fractions need the whole sequence); capacity dropping needs whole sequences (cp = 1).
 // Dims: E experts, k per token, S = B sequences, M = N*k permuted rows, Fe1/Fe an expert's fc1
 // rows and hidden width.
 class MoeMlp final : public Branch {

@@ -25,6 +25,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
                                      spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
                                      spec_.head_dim, compute)),
       env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_, ep} {
+  if (cp.size() > 1) env_.cp = cp.comm;
   LLMT_CHECK(ep == nullptr || ep->size() == spec_.ep_size, "the expert group has ", ep->size(),
              " ranks, the spec is sharded for ep=", spec_.ep_size);
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,

@@ -205,7 +205,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     int64_t recomputed = 0;
     double fpt = 0, recompute_fpt_sum = 0, saved = 0;
     bool moe = false, full_dense = false, full_moe = false;
-    double moe_layers = 0;
+    double moe_layers = 0, moe_replays = 0;
     for (int c = 0; c < v; ++c) {
       const int st = stage_of(shape, pr, c);
       const int64_t first =
@@ -224,6 +224,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         if (re) recompute_fpt_sum += recompute_fpt(l);
         saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
         if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
+        moe_replays += is_moe && re && rc == Recompute::full;
       }
     }
     const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
@@ -261,6 +262,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       k.send = b.send * L * m;
       k.recv = b.recv * L * m;
       k.all_to_all = b.all_to_all * L * m;
+      // MoE layers sum the chunks' per-sequence expert counts, (mbs, E) i32, in each forward
+      // and each full-recompute replay.
+      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * mbs * d.E;
     }
     // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
     // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
@@ -365,7 +369,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak;
     s.comm_s[static_cast<int>(Axis::cp)] =
         std::max(0.0, k.send / bw[static_cast<int>(Axis::cp)] - attn_s) +
-        k.all_to_all / bw[static_cast<int>(Axis::cp)];
+        (k.all_to_all + k.all_reduce) / bw[static_cast<int>(Axis::cp)];
     // dp: DDP's buckets and ZeRO-2/3's per-micro-batch collectives overlap the backward (two
     // thirds of a micro-batch's compute) or, for ZeRO-3's gathers, the whole micro-batch;
     // ZeRO-1's reduce-scatter and every stage's final all-gather wait.

@@ -111,10 +111,10 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     } catch (const ConfigError&) {
       continue;  // a rule of [model] or [parallel] refuses this shape
     }
-    // Expert parallelism: every ep dividing dp and the experts (with DDP).
+    // Expert parallelism: every ep dividing dp x cp and the experts (with DDP).
     std::vector<int> eps{1};
     if (shaped.model.moe.enabled())
-      for (int ep : divisors(dp))
+      for (int ep : divisors(dp * s.cp))
         if (ep > 1 && shaped.model.moe.num_experts % ep == 0) eps.push_back(ep);
     for (int64_t mbs = 1; mbs <= gbs / dp && mbs <= 16; mbs *= 2) {
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;

@@ -431,9 +431,11 @@ void validate_layout(const Config& c, int world) {
                               ": set [parallel] degrees whose product is the number of ranks, or "
                               "dp = -1"));
     const int64_t dp = s.size(Axis::dp);
-    if (p.ep > 1 && dp >= 1 && dp % p.ep != 0)
-      errors.push_back(concat("parallel.ep=", p.ep, " does not divide dp(", dp,
-                              "): each group of ep consecutive dp ranks shares out the experts"));
+    if (p.ep > 1 && dp >= 1 && (dp * p.cp) % p.ep != 0)
+      errors.push_back(concat("parallel.ep=", p.ep, " does not divide dp(", dp, ")",
+                              p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
+                              ": each group of ep consecutive ranks of the dp",
+                              p.cp > 1 ? " x cp" : "", " group shares out the experts"));
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)
       errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,

@@ -103,6 +103,17 @@ LAYOUTS = {
     "ep2-pp2-zb-h1-full": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1",
                                "train.recompute=full"], []),
     "ep2-bias": (2, ["parallel.ep=2"], BIAS),
+    # Context parallelism with MoE (dropless; also the cp layouts above): each cp rank routes its
+    # chunks' tokens; the aux loss's per-sequence expert counts are summed over the cp group.
+    # Under ep the experts split over consecutive ranks of the dp x cp group (cp2-ep2: the two
+    # chunks' ranks share out the experts).
+    "cp2-full-recompute": (2, ["parallel.cp=2", "train.recompute=full"], []),
+    "cp2-bias": (2, ["parallel.cp=2"], BIAS),
+    "cp2-ep2": (2, ["parallel.cp=2", "parallel.ep=2"], []),
+    "cp2-ep2-dp2": (4, ["parallel.cp=2", "parallel.ep=2"], []),
+    "cp2-ep4-dp2": (4, ["parallel.cp=2", "parallel.ep=4"], []),
+    "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
+                              "parallel.pp_schedule=zb-h1"], []),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

@@ -48,9 +48,10 @@ LAYOUTS = {  # name: (ranks, sets)
     "pp2-full-first": (2, ["parallel.pp=2", "parallel.dp=1", "train.recompute=\"full\"",
                            "train.recompute_layers=1"]),
 }
-# --layouts moe: what a mixture-of-experts config can run (tp = cp = 1).
+# --layouts moe: what a mixture-of-experts config can run (tp = 1; cp dropless).
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
-               "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first"]
+               "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first",
+               "cp2-ring", "cp2-ulysses-dp2-zero1"]
 DENSE_LAYOUTS = [n for n in LAYOUTS if n not in ("full", "selective", "pp2-full-first")]
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]
 

@@ -29,6 +29,9 @@ LAYOUTS = {
                              "parallel.sequence_parallel=true"]),
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
+    # Context parallelism under MoE: the replay sums the chunks' expert counts over cp again.
+    "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
+                              "parallel.pp_schedule=zb-h1"]),
 }
 MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.recompute_layers=1"])]
 COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1", "train.eval_interval=5",

@@ -141,6 +141,24 @@ TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
             "parallel.pp=4");
 }
 
+TEST(Layout, ExpertParallelDividesTheDpCpGroup) {
+  // ep groups are ep consecutive ranks of the dp x cp group: dp 2 x cp 2 takes ep 4.
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), moe.begin(), moe.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.ep=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.ep=4", "parallel.cp=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.ep=2", "parallel.cp=2"}), 2), "");
+  EXPECT_EQ(layout_error(with({"parallel.ep=4", "parallel.cp=2"}), 2),
+            "parallel.ep=4 does not divide dp(1)*cp(2): each group of ep consecutive ranks of the "
+            "dp x cp group shares out the experts");
+  EXPECT_EQ(layout_error(with({"parallel.ep=4"}), 2),
+            "parallel.ep=4 does not divide dp(2): each group of ep consecutive ranks of the dp "
+            "group shares out the experts");
+}
+
 TEST(Layout, DpRestAndBatch) {
   EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
   const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});
