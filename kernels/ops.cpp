@@ -516,8 +516,8 @@ void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool si
 }
 
 void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,
-                  int64_t seq_len, int64_t capacity) {
-  Op op("moe_dispatch", {counts, offsets, assign, slot, idx});
+                  int64_t seq_len, int64_t capacity, Tensor rank_base) {
+  Op op("moe_dispatch", {counts, offsets, assign, slot, idx, rank_base});
   op.ndim("idx", idx, 2);
   op.ndim("counts", counts, 2);
   const int64_t N = idx.size(0), k = idx.size(1), E = counts.size(1);
@@ -528,9 +528,17 @@ void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Ten
   op.shape("offsets", offsets, {E + 1});
   op.shape("assign", assign, {N * k});
   op.shape("slot", slot, {N, k});
+  int64_t H = 1;
+  if (rank_base.defined()) {
+    op.ndim("rank_base", rank_base, 4);
+    H = rank_base.size(3);
+    op.shape("rank_base", rank_base, {S, E, k, H});
+    op.require(H >= 1 && seq_len % H == 0, "seq_len ", seq_len, " is not ", H, " equal runs");
+  }
   LLMT_KERNEL(op, moe_dispatch)
   (op.i32_out("counts", counts), op.i32_out("offsets", offsets), op.i32_out("assign", assign),
-   op.i32_out("slot", slot), op.i32("idx", idx), S, seq_len, E, k, capacity);
+   op.i32_out("slot", slot), op.i32("idx", idx),
+   rank_base.defined() ? op.i32("rank_base", rank_base) : nullptr, S, seq_len, E, k, H, capacity);
 }
 
 void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights) {

@@ -126,9 +126,12 @@ void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool si
 // sequence and expert (before dropping); offsets (E+1) each expert's run of permuted rows;
 // assign (M) the assignment t*k+j of each permuted row (-1 unused); slot (N,k) the permuted row
 // of each assignment (-1 dropped). capacity > 0 keeps, of each (sequence, expert), the first
-// `capacity` assignments ranked by (j, t).
+// `capacity` assignments ranked by (j, t). rank_base (S,E,k,H) i32, optional (context
+// parallelism): the seq_len tokens are H equal runs of a longer sequence, in local order, and
+// rank_base[s,e,j,h] is the whole sequence's count of e's assignments ranked before run h's first
+// (j-th choice) one; each then ranks that plus its index among run h's in t order.
 void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,
-                  int64_t seq_len, int64_t capacity);
+                  int64_t seq_len, int64_t capacity, Tensor rank_base = {});
 // out (M,C) rows := in (N,C) rows in expert order (times the assignment's weight when weights
 // (N,k) is given: the combine's backward). Unused rows are left as they are.
 void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights = {});

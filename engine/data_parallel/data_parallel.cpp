@@ -40,7 +40,6 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
   Communicator& group = mesh.group({Axis::dp, Axis::cp});
   if (cfg.zero_stage == 0)
     return std::make_unique<DistributedDataParallel>(cfg, opt, mesh, group, model, alloc);
-  LLMT_CHECK(cfg.ep == 1, "parallel.ep=", cfg.ep, " needs zero_stage 0");
   return std::make_unique<Zero>(cfg, opt, mesh, group, model, alloc, seed);
 }
 
@@ -164,29 +163,13 @@ void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {
 
 void DistributedDataParallel::gather_params(std::vector<float>& out) {
   Tensor flat = model_.flat_params();
-  if (ep_) {
-    // Each expert stack gathered over the ep group: rank order is expert order.
-    const int P = ep_->size();
-    out.clear();
-    for (size_t i = 0; i < model_.params().size(); ++i) {
-      const Tensor p = model_.params()[i];
-      const size_t n = static_cast<size_t>(p.numel()), at = out.size();
-      if (!model_.spec().is_expert(i)) {
-        out.resize(at + n);
-        alloc_.backend().copy_to_host(out.data() + at, p.data, n * 4);
-        continue;
-      }
-      Buffer all = alloc_.allocate(n * P * 4, MemCategory::comm);
-      ep_->all_gather(all.tensor({static_cast<int64_t>(n) * P}, DType::f32), p).wait();
-      out.resize(at + n * P);
-      alloc_.backend().copy_to_host(out.data() + at, all.data(), n * P * 4);
-    }
-    return;
-  }
   out.resize(static_cast<size_t>(flat.numel()));
   alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
-  if (mesh_.size(Axis::tp) > 1) {
-    std::vector<float> local;
+  std::vector<float> local;
+  if (ep_) {
+    local.swap(out);
+    gather_ep_params(*ep_, model_.spec(), local, out);
+  } else if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);
     gather_tp_params(mesh_.comm(Axis::tp), model_.spec(), local, out);
   }

@@ -22,16 +22,28 @@ double tp_sum_squares(const ModelSpec& spec, Tensor flat, int64_t begin) {
   return ops::sum_squares(counted);
 }
 
+namespace {
+
+// Every rank's `local` (P values of `spec`, this rank's shapes) in rank order: (size x P).
+std::vector<float> all_gather_local(Communicator& g, const ModelSpec& spec,
+                                    const std::vector<float>& local, const char* who) {
+  const int64_t P = spec.num_local_params();
+  LLMT_CHECK(static_cast<int64_t>(local.size()) == P, who, ": ", local.size(),
+             " local values, the spec holds ", P);
+  std::vector<float> all(static_cast<size_t>(P * g.size()));
+  g.all_gather(Tensor(all.data(), {P * g.size()}, DType::f32),
+               Tensor(const_cast<float*>(local.data()), {P}, DType::f32))
+      .wait();
+  return all;
+}
+
+}  // namespace
+
 void gather_tp_params(Communicator& tp, const ModelSpec& spec, const std::vector<float>& local,
                       std::vector<float>& global) {
   const int64_t P = spec.num_local_params();
-  LLMT_CHECK(static_cast<int64_t>(local.size()) == P, "gather_tp_params: ", local.size(),
-             " local values, the spec holds ", P);
   const int p = tp.size();
-  std::vector<float> all(static_cast<size_t>(P * p));
-  tp.all_gather(Tensor(all.data(), {P * p}, DType::f32),
-                Tensor(const_cast<float*>(local.data()), {P}, DType::f32))
-      .wait();
+  const std::vector<float> all = all_gather_local(tp, spec, local, "gather_tp_params");
   global.assign(static_cast<size_t>(spec.num_params()), 0.0f);
   int64_t loff = 0, goff = 0;
   for (const ParamSpec& ps : spec.params) {
@@ -60,6 +72,29 @@ void gather_tp_params(Communicator& tp, const ModelSpec& spec, const std::vector
     }
     loff += l.numel();
     goff += g.numel();
+  }
+}
+
+void gather_ep_params(Communicator& ep, const ModelSpec& spec, const std::vector<float>& local,
+                      std::vector<float>& global) {
+  const int64_t P = spec.num_local_params();
+  const int p = ep.size();
+  const std::vector<float> all = all_gather_local(ep, spec, local, "gather_ep_params");
+  global.clear();
+  int64_t loff = 0;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const int64_t n = spec.params[i].shape.numel();
+    const bool expert = spec.is_expert(i);
+    for (int r = 0; r < (expert ? p : 1); ++r) {
+      const float* src = all.data() + r * P + loff;
+      global.insert(global.end(), src, src + n);
+    }
+    for (int r = 1; r < p && !expert; ++r)
+      if (!std::equal(all.data() + loff, all.data() + loff + n, all.data() + r * P + loff))
+        throw Error(detail::concat("gather_ep_params: ", spec.params[i].name,
+                                   " differs between ep rank 0 and ", r,
+                                   "; parameters other than the experts must stay identical"));
+    loff += n;
   }
 }
 

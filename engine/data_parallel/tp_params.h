@@ -1,6 +1,7 @@
 // What the data-parallel strategies and the trainer need to know about parameters sharded over
-// tp: which elements count in the global gradient norm, and how every tp rank's shards become
-// the global tensors again (debug dumps, parity tests). Above the model: it reads the ModelSpec.
+// tp (and expert stacks split over ep): which elements count in the global gradient norm, and how
+// every tp rank's shards become the global tensors again (debug dumps, parity tests). Above the
+// model: it reads the ModelSpec.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,13 @@ double tp_sum_squares(const ModelSpec& spec, Tensor flat, int64_t begin = 0);
 // (host f32, spec order, global shapes), on every rank of the tp group: one all-gather. Throws if
 // a replicated parameter is not bitwise the same on every tp rank.
 void gather_tp_params(Communicator& tp, const ModelSpec& spec, const std::vector<float>& local,
+                      std::vector<float>& global);
+
+// Expert parallelism (tp = 1): every ep rank's parameters (host f32, spec order, this rank's
+// shapes: its E/ep experts of each expert stack) -> the same with whole expert stacks (E, ...),
+// the ranks' experts in ep rank order, on every rank of the ep group: one all-gather. Throws if
+// a parameter other than an expert stack is not bitwise the same on every ep rank.
+void gather_ep_params(Communicator& ep, const ModelSpec& spec, const std::vector<float>& local,
                       std::vector<float>& global);
 
 }  // namespace llmt

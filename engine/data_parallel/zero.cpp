@@ -20,11 +20,16 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       stage_(static_cast<int>(cfg.zero_stage)),
       model_(model),
       alloc_(alloc),
-      dp_(group.size()),
-      rank_(group.rank()),
       L_(model.num_blocks() - 2) {
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
+  LLMT_CHECK(spec.ep_size == cfg.ep, "the model holds experts for ep=", spec.ep_size,
+             ", parallel.ep=", cfg.ep);
+  groups_ = {&group, cfg.ep > 1 ? &mesh.expert_data_group(static_cast<int>(cfg.ep)) : &group};
+  for (int k = 0; k < kParts; ++k) {
+    n_[k] = groups_[k]->size();
+    rank_[k] = groups_[k]->rank();
+  }
   units_.resize(static_cast<size_t>(L_) + 1);
   for (int b = 0; b < model.num_blocks(); ++b)
     units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
@@ -38,19 +43,23 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
         const Shape& shape = spec.params[i].shape;
         Param p;
         p.index = i;
+        p.part = cfg.ep > 1 && spec.is_expert(i) ? 1 : 0;
+        Part& part = u.parts[static_cast<size_t>(p.part)];
         p.rows = shape[0];
         p.row_numel = shape.numel() / shape[0];
-        p.shard_rows = (p.rows + dp_ - 1) / dp_;
-        p.own_rows = p.own_rows_of(rank_);
+        p.shard_rows = (p.rows + n_[p.part] - 1) / n_[p.part];
+        p.own_rows = p.own_rows_of(rank_[p.part]);
         p.full_off = u.full_numel;
-        p.shard_off = u.shard_numel;
+        p.shard_off = part.shard_numel;
         u.full_numel += shape.numel();
-        u.shard_numel += p.shard_rows * p.row_numel;
+        part.shard_numel += p.shard_rows * p.row_numel;
         u.params.push_back(p);
       }
     }
-    u.shard_begin = shard_total;
-    shard_total += u.shard_numel;
+    for (Part& part : u.parts) {
+      part.shard_begin = shard_total;
+      shard_total += part.shard_numel;
+    }
   }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
   if (stage_ >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
@@ -64,7 +73,7 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   for (const Unit& u : units_) {
     for (const Param& p : u.params) {
       if (p.own_rows == 0) continue;
-      const int64_t row0 = rank_ * p.shard_rows;
+      const int64_t row0 = rank_[p.part] * p.shard_rows;
       slots.push_back(
           {p.index, row0,
            stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
@@ -84,7 +93,8 @@ int Zero::unit_of(int block) const {
 // The first `rows` rows of param p's shard inside a shard buffer.
 Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const {
   const Shape& shape = model_.spec().params[p.index].shape;
-  return Tensor(shard_buf.f32() + u.shard_begin + p.shard_off, shape, DType::f32, shard_buf.device)
+  return Tensor(shard_buf.f32() + u.parts[static_cast<size_t>(p.part)].shard_begin + p.shard_off,
+                shape, DType::f32, shard_buf.device)
       .rows(0, rows);
 }
 
@@ -95,16 +105,19 @@ void Zero::init_shards(uint64_t seed) {
       if (p.own_rows == 0) continue;
       // The dp shard's rows of this tp rank's tensor, each element from its global index.
       init_param_rows(model_.spec(), p.index, shard_rows(all, u, p, p.own_rows),
-                      rank_ * p.shard_rows, seed);
+                      rank_[p.part] * p.shard_rows, seed);
     }
   }
 }
 
-void Zero::pack(Tensor dst, const Unit& u, const std::vector<Tensor>& views, bool all_ranks) {
-  for (int r = all_ranks ? 0 : rank_; r < (all_ranks ? dp_ : rank_ + 1); ++r) {
-    float* block = dst.f32() + (all_ranks ? r * u.shard_numel : 0);
+void Zero::pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& views,
+                bool all_ranks) {
+  const int me = rank_[part], n = n_[part];
+  const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+  for (int r = all_ranks ? 0 : me; r < (all_ranks ? n : me + 1); ++r) {
+    float* block = dst.f32() + (all_ranks ? r * numel : 0);
     for (const Param& p : u.params) {
-      const int64_t own = p.own_rows_of(r);
+      const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       const Tensor& src = views[p.index];
       Tensor from = src.rows(r * p.shard_rows, r * p.shard_rows + own);
@@ -113,11 +126,12 @@ void Zero::pack(Tensor dst, const Unit& u, const std::vector<Tensor>& views, boo
   }
 }
 
-void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u) {
-  for (int r = 0; r < dp_; ++r) {
-    const float* block = src.f32() + r * u.shard_numel;
+void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part) {
+  const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+  for (int r = 0; r < n_[part]; ++r) {
+    const float* block = src.f32() + r * numel;
     for (const Param& p : u.params) {
-      const int64_t own = p.own_rows_of(r);
+      const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       Tensor to = views[p.index].rows(r * p.shard_rows, r * p.shard_rows + own);
       ops::copy(to,
@@ -141,23 +155,34 @@ void Zero::start_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
   // Empty units: a pipeline stage's layers held by other stages (and its root, but for the
   // first and last stage).
-  if (u.params.empty() || u.gathered.data() || !u.gather.done()) return;
-  u.staging = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
-  Tensor in(static_cast<float*>(param_shard_.data()) + u.shard_begin, {u.shard_numel}, DType::f32,
-            alloc_.device());
-  u.gather =
-      group_.all_gather(u.staging.tensor({u.shard_numel * dp_}, DType::f32), in);
+  if (u.params.empty() || u.gathered.data()) return;
+  for (const Part& part : u.parts)
+    if (!part.gather.done()) return;
+  for (int k = 0; k < kParts; ++k) {
+    Part& part = u.parts[static_cast<size_t>(k)];
+    if (part.shard_numel == 0) continue;
+    const int64_t numel = part.shard_numel * n_[k];
+    part.staging = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
+    Tensor in(static_cast<float*>(param_shard_.data()) + part.shard_begin, {part.shard_numel},
+              DType::f32, alloc_.device());
+    part.gather = groups_[k]->all_gather(part.staging.tensor({numel}, DType::f32), in);
+  }
 }
 
 void Zero::finish_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (u.params.empty() || (u.gathered.data() && u.gather.done())) return;
+  if (u.params.empty() || u.gathered.data()) return;
   start_gather(unit);
-  u.gather.wait();
   u.gathered = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
   Tensor g = u.gathered.tensor({u.full_numel}, DType::f32);
-  unpack(unit_views(u, g), u.staging.tensor({u.shard_numel * dp_}, DType::f32), u);
-  u.staging.reset();
+  const std::vector<Tensor> views = unit_views(u, g);
+  for (int k = 0; k < kParts; ++k) {
+    Part& part = u.parts[static_cast<size_t>(k)];
+    if (part.shard_numel == 0) continue;
+    part.gather.wait();
+    unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, DType::f32), u, k);
+    part.staging.reset();
+  }
   // 16-bit emulation: the gathered copy is the compute copy of the fp32 master shards.
   if (model_.compute_dtype() != DType::f32) ops::round_to(g, model_.compute_dtype());
   for (size_t k = 0; k < u.blocks.size(); ++k) {
@@ -168,8 +193,10 @@ void Zero::finish_gather(int unit) {
 
 void Zero::release_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  u.gather.wait();
-  u.staging.reset();
+  for (Part& part : u.parts) {
+    part.gather.wait();
+    part.staging.reset();
+  }
   u.gathered.reset();
 }
 
@@ -178,35 +205,46 @@ void Zero::release_gather(int unit) {
 void Zero::start_reduce(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.params.empty()) return;
-  Reduction red;
-  red.unit = unit;
-  red.packed = alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm);
-  red.out = alloc_.allocate(static_cast<size_t>(u.shard_numel) * 4, MemCategory::comm);
-  pack(red.packed.tensor({u.shard_numel * dp_}, DType::f32), u, model_.grads(), true);
+  for (int k = 0; k < kParts; ++k) {
+    const int64_t numel = u.parts[static_cast<size_t>(k)].shard_numel;
+    if (numel == 0) continue;
+    Reduction red;
+    red.unit = unit;
+    red.part = k;
+    red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * 4, MemCategory::comm);
+    red.out = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
+    pack(red.packed.tensor({numel * n_[k]}, DType::f32), u, k, model_.grads(), true);
+    red.handle = groups_[k]->reduce_scatter(red.out.tensor({numel}, DType::f32),
+                                            red.packed.tensor({numel * n_[k]}, DType::f32));
+    reductions_.push_back(std::move(red));
+  }
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
-  red.handle =
-      group_.reduce_scatter(red.out.tensor({u.shard_numel}, DType::f32),
-                                          red.packed.tensor({u.shard_numel * dp_}, DType::f32));
-  reductions_.push_back(std::move(red));
-  // At most two reductions in flight: bounds the packed staging to two units.
+  // At most two units' reductions in flight: bounds the packed staging to two units.
   complete_reductions(2);
 }
 
 void Zero::complete_reductions(size_t keep) {
-  while (reductions_.size() > keep) {
+  const auto units_in_flight = [&] {
+    size_t n = 0;
+    for (size_t k = 0; k < reductions_.size(); ++k)
+      n += k == 0 || reductions_[k].unit != reductions_[k - 1].unit;
+    return n;
+  };
+  while (units_in_flight() > keep) {
     Reduction& red = reductions_.front();
     red.handle.wait();
     const Unit& u = units_[static_cast<size_t>(red.unit)];
-    Tensor out = red.out.tensor({u.shard_numel}, DType::f32);
+    const Part& part = u.parts[static_cast<size_t>(red.part)];
+    Tensor out = red.out.tensor({part.shard_numel}, DType::f32);
     if (stage_ >= 2) {
-      Tensor dst(static_cast<float*>(grad_shard_.data()) + u.shard_begin, {u.shard_numel},
+      Tensor dst(static_cast<float*>(grad_shard_.data()) + part.shard_begin, {part.shard_numel},
                  DType::f32, alloc_.device());
       ops::add_inplace(dst, out);
     } else {
       // Stage 1: this rank's reduced rows back into the model's full gradient buffer.
       for (const Param& p : u.params) {
-        if (p.own_rows == 0) continue;
-        const int64_t row0 = rank_ * p.shard_rows;
+        if (p.own_rows == 0 || p.part != red.part) continue;
+        const int64_t row0 = rank_[p.part] * p.shard_rows;
         Tensor to = model_.grads()[p.index].rows(row0, row0 + p.own_rows);
         ops::copy(to, Tensor(out.f32() + p.shard_off, to.shape, DType::f32, out.device));
       }
@@ -314,27 +352,34 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
   }
   // Stages 1-2: all-gather every unit's updated rows back into the full parameters, two units
   // in flight (unit k's gather runs while unit k-1 is unpacked), so staging stays two units.
+  // (Each unit's parts in turn: the expert stacks over the edp group.)
   struct InFlight {
     size_t unit;
+    int part;
     Buffer in, out;
     Handle handle;
   };
   auto finish = [&](InFlight& f) {
     f.handle.wait();
     const Unit& u = units_[f.unit];
-    unpack(model_.params(), f.out.tensor({u.shard_numel * dp_}, DType::f32), u);
+    const int64_t numel = u.parts[static_cast<size_t>(f.part)].shard_numel;
+    unpack(model_.params(), f.out.tensor({numel * n_[f.part]}, DType::f32), u, f.part);
   };
   std::optional<InFlight> prev;
   for (size_t k = 0; k < units_.size(); ++k) {
     const Unit& u = units_[k];
-    InFlight cur{k, alloc_.allocate(static_cast<size_t>(u.shard_numel) * 4, MemCategory::comm),
-                 alloc_.allocate(static_cast<size_t>(u.shard_numel * dp_) * 4, MemCategory::comm),
-                 Handle()};
-    pack(cur.in.tensor({u.shard_numel}, DType::f32), u, model_.params(), false);
-    cur.handle = group_.all_gather(cur.out.tensor({u.shard_numel * dp_}, DType::f32),
-                                                 cur.in.tensor({u.shard_numel}, DType::f32));
-    if (prev) finish(*prev);
-    prev = std::move(cur);
+    for (int part = 0; part < kParts; ++part) {
+      const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel, n = n_[part];
+      if (numel == 0) continue;
+      InFlight cur{k, part, alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm),
+                   alloc_.allocate(static_cast<size_t>(numel * n) * 4, MemCategory::comm),
+                   Handle()};
+      pack(cur.in.tensor({numel}, DType::f32), u, part, model_.params(), false);
+      cur.handle = groups_[part]->all_gather(cur.out.tensor({numel * n}, DType::f32),
+                                             cur.in.tensor({numel}, DType::f32));
+      if (prev) finish(*prev);
+      prev = std::move(cur);
+    }
   }
   if (prev) finish(*prev);
   model_.sync_compute_weights();
@@ -362,8 +407,11 @@ void Zero::gather_params(std::vector<float>& out) {
       if (!had) release_gather(static_cast<int>(k));
     }
   }
-  if (mesh_.size(Axis::tp) > 1) {
-    std::vector<float> local;
+  std::vector<float> local;
+  if (spec.ep_size > 1) {  // (tp = 1)
+    local.swap(out);
+    gather_ep_params(mesh_.expert_group(static_cast<int>(spec.ep_size)), spec, local, out);
+  } else if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);
     gather_tp_params(mesh_.comm(Axis::tp), spec, local, out);
   }

@@ -20,8 +20,16 @@
 //            gather started one block early), and freed after use.
 // Staging buffers (gathered units, gradient staging, packed collectives) count under
 // MemCategory::comm; params/grads/optimizer hold exactly the (padded) shards.
+//
+// Expert parallelism (ep > 1): the model holds this rank's E/ep experts of each expert stack, and
+// the ranks holding the same experts are the expert-data-parallel group (Mesh::
+// expert_data_group, group/ep ranks). An expert stack's rows are sharded over that group, the
+// other parameters' over the whole group, so each unit is two parts, each with its own shards,
+// packing and collectives (the gathered layout stays one, spec order). Every global row is still
+// owned by exactly one rank of the group: the grad norm and the nonfinite check are unchanged.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <optional>
 
@@ -50,50 +58,61 @@ class Zero final : public DataParallel {
 
  private:
   std::vector<StateTensor> master_tensors() override;
+  // Part 0: sharded over the group; part 1: the expert stacks over the edp group (ep > 1).
+  static constexpr int kParts = 2;
   struct Param {
     size_t index = 0;                                // into the model's params
-    int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/dp), this rank's real rows
+    int part = 0;
+    int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/n), this rank's real rows
     int64_t row_numel = 0;                           // elements per row
     int64_t full_off = 0;   // offset in the unit's gathered (spec-order) layout
-    int64_t shard_off = 0;  // offset in the unit's shard
+    int64_t shard_off = 0;  // offset in the shard of the unit's part
     int64_t own_rows_of(int r) const;
+  };
+  struct Part {
+    int64_t shard_numel = 0;  // this rank's (padded) shards of the part's params
+    int64_t shard_begin = 0;  // offset in the shard buffers
+    // Stage 3: the in-flight all-gather of the part's shards into `staging`.
+    Buffer staging;
+    Handle gather;
   };
   struct Unit {
     std::vector<Param> params;
     std::vector<int> blocks;         // in spec order
     std::vector<int64_t> block_off;  // each block's offset in the gathered layout
-    int64_t full_numel = 0, shard_numel = 0;
-    int64_t shard_begin = 0;  // offset in the shard buffers
-    // Stage 3: the gathered weights (spec order) and the in-flight all-gather into `staging`.
-    Buffer gathered, staging;
-    Handle gather;
+    int64_t full_numel = 0;
+    std::array<Part, kParts> parts;
+    Buffer gathered;      // stage 3: the gathered weights (spec order)
     Buffer grad_staging;  // stages 2-3: this micro-batch's gradients, spec order
   };
   struct Reduction {
-    int unit;
+    int unit, part;
     Handle handle;
     Buffer packed, out;
   };
 
   int unit_of(int block) const;
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
-  // dst (rank-major, dp x shard_numel) <- rows of each param's view (spec-order `views`).
-  void pack(Tensor dst, const Unit& u, const std::vector<Tensor>& views, bool all_ranks);
-  // views <- dst (rank-major).
-  void unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u);
+  // dst (rank-major, n x shard_numel of the part) <- rows of each of the part's params' views
+  // (spec-order `views`); only this rank's block unless `all_ranks`.
+  void pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& views, bool all_ranks);
+  // views <- src (rank-major).
+  void unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part);
   std::vector<Tensor> unit_views(const Unit& u, Tensor gathered) const;
   void start_gather(int unit);
   void finish_gather(int unit);
   void release_gather(int unit);
   void start_reduce(int unit);
-  // Completes the oldest reductions until at most `keep` are in flight.
+  // Completes the oldest reductions until those of at most `keep` units are in flight.
   void complete_reductions(size_t keep = 0);
   void init_shards(uint64_t seed);
 
   int stage_;
   Transformer& model_;
   Allocator& alloc_;
-  int dp_, rank_, L_;
+  std::array<Communicator*, kParts> groups_;  // the group; the edp group (or the group again)
+  std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
+  int L_;
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;             // stage 3 / stages 2-3: (sum of unit shard_numel)
   std::deque<Reduction> reductions_;

@@ -301,7 +301,7 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
       k_(cfg_.top_k),
       Fe_(cfg_.d_ff_expert),
       Fe1_(env.spec.expert_fc1_out),
-      capacity_(moe_capacity(cfg_, env.T)),
+      capacity_(moe_capacity(cfg_, env.seq.T)),  // of the whole sequence (cp: env.T is a share)
       gelu_(env.spec.cfg.activation == Activation::gelu),
       router_w_(env.param(prefix + ".router.weight")),
       bias_(env.param_opt(prefix + ".router.expert_bias")),
@@ -414,6 +414,47 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   ep_rows_[env_.scratch.layer_input] = std::move(r);
 }
 
+Tensor MoeMlp::cp_rank_base(Tensor idx, Buffer& buf) const {
+  const SequenceShard& sh = env_.seq;
+  const int64_t S = env_.B, T = env_.T, H = static_cast<int64_t>(sh.runs.size()), run = T / H;
+  const int64_t chunks = sh.T / run;  // of the whole sequence, each one run long
+  for (int64_t h = 0; h < H; ++h)
+    LLMT_CHECK(sh.runs[static_cast<size_t>(h)].local == h * run &&
+                   sh.runs[static_cast<size_t>(h)].len == run,
+               "capacity under cp needs ", H, " equal runs of ", run, " positions");
+  std::vector<int32_t> ix(static_cast<size_t>(S * T * k_));
+  env_.alloc.backend().copy_to_host(ix.data(), idx.data, ix.size() * 4);
+  // (S,E,k,chunks): this rank's chunks' counts, then (summed over cp) every chunk's.
+  std::vector<int32_t> cnt(static_cast<size_t>(S * E_ * k_ * chunks), 0);
+  auto at = [&](int64_t s, int64_t e, int64_t j, int64_t c) {
+    return static_cast<size_t>(((s * E_ + e) * k_ + j) * chunks + c);
+  };
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = s * T + h * run; t < s * T + (h + 1) * run; ++t)
+        for (int64_t j = 0; j < k_; ++j)
+          ++cnt[at(s, ix[static_cast<size_t>(t * k_ + j)], j, sh.runs[h].global / run)];
+  env_.cp->all_reduce(Tensor(cnt.data(), {static_cast<int64_t>(cnt.size())}, DType::i32)).wait();
+  // Ranked by (j, position): every earlier choice's assignments, then the earlier chunks'.
+  std::vector<int32_t> base(static_cast<size_t>(S * E_ * k_ * H));
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t e = 0; e < E_; ++e) {
+      int64_t before = 0;  // the sequence's assignments to e at choices < j
+      for (int64_t j = 0; j < k_; ++j) {
+        for (int64_t h = 0; h < H; ++h) {
+          int64_t b = before;
+          for (int64_t c = 0; c < sh.runs[static_cast<size_t>(h)].global / run; ++c)
+            b += cnt[at(s, e, j, c)];
+          base[static_cast<size_t>(((s * E_ + e) * k_ + j) * H + h)] = static_cast<int32_t>(b);
+        }
+        for (int64_t c = 0; c < chunks; ++c) before += cnt[at(s, e, j, c)];
+      }
+    }
+  buf = env_.alloc.allocate(base.size() * 4, MemCategory::other);
+  env_.alloc.backend().copy_from_host(buf.data(), base.data(), base.size() * 4);
+  return buf.tensor({S, E_, k_, H}, DType::i32);
+}
+
 Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   const BlockScratch& sc = env_.scratch;
   const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model, S = env_.B;
@@ -425,7 +466,9 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   // The router in fp32 (its logits are not rounded to the compute type).
   ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
   ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
-  ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_);
+  Buffer base_buf;
+  const Tensor base = capacity_ > 0 && env_.cp != nullptr ? cp_rank_base(idx, base_buf) : Tensor();
+  ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_, base);
   MoeStats& st = env_.moe_stats;
   std::vector<int32_t> cnt(static_cast<size_t>(S * E_));  // this rank's counts (the loads)
   if (!st.replaying) env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);

@@ -252,7 +252,8 @@ int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len);
 // shared experts (an Mlp). The aux and z losses add their gradients to the router's in backward
 // and their values to env.moe_stats in forward. Under context parallelism the per-sequence
 // expert counts are summed over the cp group (every token's routing is local; only the aux loss's
-// load fractions need the whole sequence); capacity dropping needs whole sequences (cp = 1).
+// load fractions need the whole sequence), and capacity dropping ranks each assignment among the
+// whole sequence's from every chunk's counts (cp_rank_base).
 // Dims: E experts, k per token, S = B sequences, M = N*k permuted rows, Fe1/Fe an expert's fc1
 // rows and hidden width.
 class MoeMlp final : public Branch {
@@ -271,6 +272,10 @@ class MoeMlp final : public Branch {
   static constexpr size_t kSaved = 11, kStash = 3;
   // The saved offsets (E+1) read back to the host, for the grouped GEMMs' row runs.
   std::vector<int64_t> offsets(std::span<const Tensor> s) const;
+  // Capacity under context parallelism: moe_dispatch's rank_base (S,E,k,runs) in `buf`, the rank
+  // in the whole sequence of this rank's first assignment of each (sequence, expert, choice j,
+  // run of positions), from every chunk's counts summed over the cp group.
+  Tensor cp_rank_base(Tensor idx, Buffer& buf) const;
   // Expert parallelism: what one micro-batch's forward leaves for its backward on this rank, the
   // rows the ep peers sent for this rank's experts (R of them, by peer, then by local expert) and
   // their activations and gradients, in memory of its own (R depends on the routing). Kept from

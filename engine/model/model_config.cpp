@@ -87,18 +87,12 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                        ": each ep rank holds num_experts/ep experts"));
   }
   if (m.moe.enabled()) {
-    // The expert GEMMs are built for whole expert weights on one rank so far, and the capacity
-    // rule ranks a whole sequence's assignments (docs/model.md, "Mixture of experts").
+    // The expert GEMMs are built for whole expert weights on one rank so far (docs/model.md,
+    // "Mixture of experts").
     r.require(p.tp == 1, {"model.moe.num_experts", "parallel.tp"},
               concat("model.moe.num_experts=", m.moe.num_experts, " with parallel.tp=", p.tp,
                      ": mixture-of-experts layers run with tp=1 only (expert tensor parallelism "
                      "is not built yet); use dp, ZeRO, pp, cp or ep"));
-    r.require(
-        p.cp == 1 || m.moe.capacity_factor == 0.0f, {"model.moe.capacity_factor", "parallel.cp"},
-        concat("model.moe.capacity_factor=", m.moe.capacity_factor, " with parallel.cp=", p.cp,
-               ": capacity dropping ranks each sequence's assignments by position, "
-               "and a cp rank holds 2 of its 2*cp chunks; use capacity_factor=0 "
-               "(dropless) with cp"));
   }
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
     r.require(false, e.keys, e.message);

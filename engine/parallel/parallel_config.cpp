@@ -70,11 +70,6 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
     }
   }
   r.at_least<int64_t>("parallel.ep", p.ep, 1);
-  if (p.ep > 1)
-    r.require(p.zero_stage == 0, {"parallel.ep", "parallel.zero_stage"},
-              concat("parallel.ep=", p.ep, " with parallel.zero_stage=", p.zero_stage,
-                     ": expert parallelism runs with DDP (zero_stage 0) so far; ZeRO over the "
-                     "expert-data-parallel group is not built yet"));
   r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
             concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
   r.positive("parallel.bucket_mb", p.bucket_mb);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "checkpoints/layout.h"
@@ -263,8 +264,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       k.recv = b.recv * L * m;
       k.all_to_all = b.all_to_all * L * m;
       // MoE layers sum the chunks' per-sequence expert counts, (mbs, E) i32, in each forward
-      // and each full-recompute replay.
-      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * mbs * d.E;
+      // and each full-recompute replay; with capacity also the counts per (sequence, expert,
+      // choice, chunk), (mbs, E, k, 2cp) i32, that rank the assignments.
+      const double counts = mbs * d.E * (1 + (mc.moe.capacity_factor > 0 ? d.k * 2 * cp : 0));
+      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * counts;
     }
     // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
     // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
@@ -287,40 +290,53 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     }
     // dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded
     // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
-    // after the update; stage 3 before each forward and backward, the root unit once).
+    // after the update; stage 3 before each forward and backward, the root unit once). Under
+    // ep the expert stacks do all of it over the edp group (group / ep ranks) instead.
     const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
+    const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
     double whole = 0, padded = 0, padded_root = 0, whole_root = 0, whole_experts = 0;
+    double padded_experts = 0;  // over the edp group
+    // Each unit's reduce-scatter staging (packed gradients + output shard), by layer; the root.
+    std::map<int64_t, double> layer_rs;
+    double root_rs = 0;
     for (size_t i = 0; i < rs.params.size(); ++i) {
       const ParamSpec& ps = rs.params[i];
       const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
-      const double pad = static_cast<double>((rows + group - 1) / group * row_numel * group);
+      const bool expert = ep > 1 && rs.is_expert(i);
+      const int64_t n = expert ? group / ep : group;
+      const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
+      const bool root = ps.name.rfind("layers.", 0) != 0;
+      (root ? root_rs : layer_rs[std::stoll(ps.name.substr(7))]) += 4 * pad * (1 + 1.0 / n);
       whole += static_cast<double>(ps.shape.numel());
-      if (ep > 1 && rs.is_expert(i)) whole_experts += static_cast<double>(ps.shape.numel());
+      if (expert) {
+        whole_experts += static_cast<double>(ps.shape.numel());
+        padded_experts += pad;
+        continue;
+      }
       padded += pad;
-      if (ps.name.rfind("layers.", 0) != 0) {
+      if (root) {
         padded_root += pad;
         whole_root += static_cast<double>(ps.shape.numel());
       }
     }
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
+    // One pass of ZeRO's collective over the shards (the root's excluded: it holds no experts).
+    const double shards = f_dp * 4 * padded + f_edp * 4 * padded_experts;
     if (group > 1) {
       switch (par.zero_stage) {
-        case 0: {
-          // Under ep the expert stacks reduce over the edp group (group / ep ranks) instead.
-          const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
+        case 0:
           g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts) + 2 * f_edp * 4 * whole_experts;
           break;
-        }
         case 1:
-          g.reduce_scatter = g.all_gather = f_dp * 4 * padded;
+          g.reduce_scatter = g.all_gather = shards;
           break;
         case 2:
-          g.reduce_scatter = m * f_dp * 4 * padded;
-          g.all_gather = f_dp * 4 * padded;
+          g.reduce_scatter = m * shards;
+          g.all_gather = shards;
           break;
         default:
-          g.reduce_scatter = m * f_dp * 4 * padded;
-          g.all_gather = m * f_dp * 4 * (2 * padded - padded_root);
+          g.reduce_scatter = m * shards;
+          g.all_gather = m * (2 * shards - f_dp * 4 * padded_root);
       }
     }
 
@@ -341,16 +357,29 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
     // Comm buffers (an estimate): ZeRO's staging for the largest unit (a layer, or the root),
     // pipeline send/recv buffers, the cp ring's K/V blocks.
-    // ZeRO: at the end of the backward every unit's reduce-scatter may be in flight (packed
-    // input + output shard); stages 2-3 keep the root's gradient staging, stage 3 the gathered
+    // ZeRO: the reduce-scatters of three consecutive units at most, in backward order (last
+    // layer first, the root last; two in flight when the next one's packed input and output
+    // shard are allocated); stages 2-3 keep the root's gradient staging, stage 3 the gathered
     // root and a layer's gathered copy and staging.
     const double unit = (padded - padded_root) / std::max(1.0, L);
+    std::vector<double> reduce_order;
+    for (auto it = layer_rs.rbegin(); it != layer_rs.rend(); ++it)
+      reduce_order.push_back(it->second);
+    if (root_rs > 0) reduce_order.push_back(root_rs);
+    double reduce_peak = 0;
+    for (size_t k = 0; k < reduce_order.size(); ++k)
+      reduce_peak = std::max(
+          reduce_peak,
+          std::accumulate(reduce_order.begin() + k,
+                          reduce_order.begin() + std::min(reduce_order.size(), k + 3), 0.0));
     double comm = 0;
     if (group > 1 && par.zero_stage >= 1) {
-      comm += 4 * padded * (1 + 1.0 / group);
+      comm += reduce_peak;
       if (par.zero_stage >= 2) comm += 4 * whole_root;
       if (par.zero_stage == 3) comm += 4 * (whole_root + 2 * unit);
     }
+    // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
+    if (ep > 1 && moe) comm += 2 * 4 * d.E;
     // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
     // gradients computed and being sent, each (R, C).
     if (p > 1) comm += 4 * d.R * C * (1 + (boundaries_back > 0 ? 2 : 0));

@@ -111,7 +111,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     } catch (const ConfigError&) {
       continue;  // a rule of [model] or [parallel] refuses this shape
     }
-    // Expert parallelism: every ep dividing dp x cp and the experts (with DDP).
+    // Expert parallelism: every ep dividing dp x cp and the experts.
     std::vector<int> eps{1};
     if (shaped.model.moe.enabled())
       for (int ep : divisors(dp * s.cp))
@@ -119,7 +119,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     for (int64_t mbs = 1; mbs <= gbs / dp && mbs <= 16; mbs *= 2) {
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
-        for (int zero = 0; zero <= (dp * s.cp > 1 && ep == 1 ? 3 : 0); ++zero) {
+        for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
           for (int rc = 0; rc < 3; ++rc) {
             Candidate c{sets, shaped, {}};
             c.cfg.parallel.ep = ep;

@@ -79,10 +79,15 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
 MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit) {
   double whole = 0, padded = 0, owned = 0;
-  for (const ParamSpec& p : spec.params) {
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    // Expert stacks under ep: sharded over the expert-data-parallel group (zero.h).
+    const bool edp = spec.ep_size > 1 && spec.is_expert(i);
+    const int n = edp ? group / spec.ep_size : group,
+              d = edp ? group_rank / spec.ep_size : group_rank;
     const int64_t rows = p.shape[0], row_numel = p.shape.numel() / rows;
-    const int64_t s = (rows + group - 1) / group;
-    const int64_t own = std::clamp<int64_t>(rows - group_rank * s, 0, s);
+    const int64_t s = (rows + n - 1) / n;
+    const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);
     whole += static_cast<double>(p.shape.numel());
     padded += static_cast<double>(s * row_numel);
     owned += static_cast<double>(own * row_numel);

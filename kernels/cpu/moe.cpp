@@ -60,17 +60,25 @@ void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
 }
 
 void moe_dispatch(int32_t* counts, int32_t* offsets, int32_t* assign, int32_t* slot,
-                  const int32_t* idx, int64_t S, int64_t T, int64_t E, int64_t k,
-                  int64_t capacity) {
+                  const int32_t* idx, const int32_t* rank_base, int64_t S, int64_t T, int64_t E,
+                  int64_t k, int64_t H, int64_t capacity) {
   // kept (S,E): the assignments of each (sequence, expert) that stay; slot marks dropped ones -1.
   std::vector<int64_t> kept(static_cast<size_t>(S * E), 0);
+  std::vector<int64_t> in_run(static_cast<size_t>(E));  // rank_base: the count within (j, run)
+  const int64_t run = T / H;
   for (int64_t s = 0; s < S; ++s) {
     int32_t* c = counts + s * E;
     std::fill(c, c + E, 0);
     for (int64_t j = 0; j < k; ++j)  // (j, t) order: first choices rank before second ones
       for (int64_t t = s * T; t < (s + 1) * T; ++t) {
         const int32_t e = idx[t * k + j];
-        const bool keep = capacity == 0 || c[e] < capacity;
+        int64_t rank = c[e];
+        if (rank_base) {
+          const int64_t h = (t - s * T) / run;
+          if ((t - s * T) % run == 0) std::fill(in_run.begin(), in_run.end(), 0);
+          rank = rank_base[((s * E + e) * k + j) * H + h] + in_run[static_cast<size_t>(e)]++;
+        }
+        const bool keep = capacity == 0 || rank < capacity;
         ++c[e];
         slot[t * k + j] = keep ? 0 : -1;
         if (keep) ++kept[s * E + e];

@@ -61,23 +61,30 @@ void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
 }
 
 void moe_dispatch(int32_t* counts, int32_t* offsets, int32_t* assign, int32_t* slot,
-                  const int32_t* idx, int64_t S, int64_t T, int64_t E, int64_t k,
-                  int64_t capacity) {
-  // Count and mark: (sequence, expert) in (j, t) order; slot 0 kept, -1 dropped.
+                  const int32_t* idx, const int32_t* rank_base, int64_t S, int64_t T, int64_t E,
+                  int64_t k, int64_t H, int64_t capacity) {
+  // Count and mark: (sequence, expert) in (j, t) order; slot 0 kept, -1 dropped (slot >= 0 keeps
+  // meaning kept while the rows are filled in).
   for_each(S * E, [=] __device__(int64_t i) {
-    const int64_t s = i / E, e = i % E;
+    const int64_t s = i / E, e = i % E, run = T / H;
     int32_t c = 0;
     for (int64_t j = 0; j < k; ++j)
-      for (int64_t t = s * T; t < (s + 1) * T; ++t)
-        if (idx[t * k + j] == e) {
-          slot[t * k + j] = capacity == 0 || c < capacity ? 0 : -1;
-          ++c;
-        }
+      for (int64_t h = 0; h < H; ++h) {
+        int64_t rank = rank_base ? rank_base[((s * E + e) * k + j) * H + h] : c;
+        for (int64_t t = s * T + h * run; t < s * T + (h + 1) * run; ++t)
+          if (idx[t * k + j] == e) {
+            slot[t * k + j] = capacity == 0 || rank < capacity ? 0 : -1;
+            ++c;
+            ++rank;
+          }
+      }
     counts[i] = c;
   });
+  // The kept assignments of (sequence s, expert e): a scan of the marks.
   auto kept = [=] __device__(int64_t s, int64_t e) {
-    const int32_t c = counts[s * E + e];
-    return capacity == 0 || c < capacity ? int64_t{c} : capacity;
+    int64_t n = 0;
+    for (int64_t a = s * T * k; a < (s + 1) * T * k; ++a) n += idx[a] == e && slot[a] >= 0;
+    return n;
   };
   for_each(1, [=] __device__(int64_t) {
     int64_t row = 0;

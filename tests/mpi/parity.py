@@ -114,6 +114,25 @@ LAYOUTS = {
     "cp2-ep4-dp2": (4, ["parallel.cp=2", "parallel.ep=4"], []),
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"], []),
+    # Capacity under cp: each assignment ranked among the whole sequence's (every chunk's counts).
+    "capacity-cp2": (2, ["parallel.cp=2"], ["model.moe.capacity_factor=1.0"]),
+    "capacity-cp4": (4, ["parallel.cp=4"], ["model.moe.capacity_factor=1.0"]),
+    "capacity-cp2-ep2-dp2": (4, ["parallel.cp=2", "parallel.ep=2"],
+                             ["model.moe.capacity_factor=1.0"]),
+    "capacity-cp2-ulysses-zero3-dp2": (4, ["parallel.cp=2", "parallel.cp_impl=ulysses",
+                                           "parallel.zero_stage=3"],
+                                       ["model.moe.capacity_factor=1.0"]),
+    # ZeRO under ep: the expert stacks' rows sharded over the expert-data-parallel group, the
+    # other parameters' over dp (x cp); at ep = dp the edp group is one rank.
+    "ep2-zero1-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=1"], []),
+    "ep2-zero2-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=2", "train.micro_batch_size=1"],
+                      []),
+    "ep2-zero3-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=3"], []),
+    "ep4-zero3-dp4": (4, ["parallel.ep=4", "parallel.zero_stage=3"], []),
+    "ep2-zero3-dp2": (2, ["parallel.ep=2", "parallel.zero_stage=3"], []),
+    "ep2-zero1-pp2": (4, ["parallel.ep=2", "parallel.zero_stage=1", "parallel.pp=2"], []),
+    "ep2-zero3-bias": (4, ["parallel.ep=2", "parallel.zero_stage=3"], BIAS),
+    "cp2-ep2-zero3-dp2": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.zero_stage=3"], []),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

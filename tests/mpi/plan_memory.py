@@ -9,9 +9,9 @@ tp, tp+sp, pp schedules, cp ring and Ulysses, recompute, 16-bit), rank 0 after t
   non-finite flag, a few floats a step), which the plan leaves out;
 - activations: plan's figure (the blocks' saved tensors at the schedule's peak in-flight
   micro-batches, plus the model's scratch) within 2% of the allocator's peak;
-- comm buffers: plan's estimate is printed next to the allocator's peak with their ratio, not
-  checked (ZeRO's, the pipeline's and the ring's staging depend on how many collectives are in
-  flight at once; docs/papers.md gives the measured ratios)."""
+- comm buffers: plan's estimate within 2% of the allocator's peak (DDP, ZeRO-1, pp, cp, ep);
+  under ZeRO-2/3 printed with the ratio, not checked (their gradient staging and gathered copies
+  depend on how backward interleaves with the collectives; docs/papers.md gives the ratios)."""
 import json
 import re
 
@@ -47,21 +47,31 @@ LAYOUTS = {  # name: (ranks, sets)
     "selective": (1, ["train.recompute=\"selective\""]),
     "pp2-full-first": (2, ["parallel.pp=2", "parallel.dp=1", "train.recompute=\"full\"",
                            "train.recompute_layers=1"]),
+    # Capacity under cp (MoE config): the chunks' counts that rank the assignments.
+    "capacity-cp2": (2, ["parallel.cp=2", "parallel.dp=1", "model.moe.capacity_factor=1.0"]),
+    # Expert parallelism (MoE config): DDP, and ZeRO with the expert stacks over the edp group.
+    "ep2-dp4": (4, ["parallel.dp=4", "parallel.ep=2"]),
+    "ep2-zero1-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=1"]),
+    "ep2-zero3-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3"]),
 }
 # --layouts moe: what a mixture-of-experts config can run (tp = 1; cp dropless).
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
                "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first",
-               "cp2-ring", "cp2-ulysses-dp2-zero1"]
-DENSE_LAYOUTS = [n for n in LAYOUTS if n not in ("full", "selective", "pp2-full-first")]
+               "cp2-ring", "cp2-ulysses-dp2-zero1", "capacity-cp2", "ep2-dp4", "ep2-zero1-dp4",
+               "ep2-zero3-dp4"]
+DENSE_LAYOUTS = [n for n in LAYOUTS
+                 if n not in ("full", "selective", "pp2-full-first")
+                 and not n.startswith(("ep", "capacity"))]
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]
 
 
 def counted(comm, axis):
-    """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group under dp
-    and the tied-embedding group under pp."""
+    """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group and the
+    expert groups (ep, edp) under dp and the tied-embedding group under pp."""
     total = {k: 0 for k in KINDS}
     for group, kinds in comm.items():
         mine = (group == axis or (axis == "dp" and set(group.split("x")) == {"dp", "cp"}) or
+                (axis == "dp" and group in ("ep", "edp")) or
                 (axis == "pp" and group == "embedding"))
         if mine:
             for k, v in kinds.items():
@@ -95,7 +105,10 @@ def main():
         print(f"{name}: state planned {planned}, allocated "
               f"{ {k: peak[k] for k in planned} }")
         stage = cost["stages"][0]
-        for k, bound in (("activations", 0.02), ("comm", None)):
+        # Comm buffers: exact but for ZeRO-2/3's (their gradient staging and gathered copies
+        # depend on how backward interleaves with the collectives; printed only).
+        staged = any(s in sets for s in ("parallel.zero_stage=2", "parallel.zero_stage=3"))
+        for k, bound in (("activations", 0.02), ("comm", None if staged else 0.02)):
             est, got = stage["memory"][k], peak[k]
             ratio = est / got if got else (1.0 if est == 0 else float("inf"))
             print(f"{name}: {k} estimated {est:.0f} B, allocated {got} B (x{ratio:.3f})")
@@ -115,7 +128,9 @@ def main():
                 w, g = want.get(k, 0), got.get(k, 0)
                 if w == 0 and g == 0:
                     continue
-                ok = abs(g - w) <= max(64, 0.005 * w)
+                # Under ep the all-to-all depends on the routing; plan assumes it balanced.
+                routed = k == "all_to_all" and any(s.startswith("parallel.ep=") for s in sets)
+                ok = abs(g - w) <= max(64, (0.05 if routed else 0.005) * w)
                 print(f"{name}: {axis} {k} planned {w:.0f}, counted {g}"
                       f"{'' if ok else '  <-- MISMATCH'}")
                 if not ok:

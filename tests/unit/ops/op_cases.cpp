@@ -718,6 +718,21 @@ void add_moe(std::vector<OpCase>& cases) {
           HostTensor({M}, DType::i32), HostTensor({N, k}, DType::i32), idx},
          op([cap](const Views& v) { ops::moe_dispatch(v[0], v[1], v[2], v[3], v[4], 37, cap); }),
          kExact});
+  // Context parallelism's ranks within the whole sequence: the 37 tokens as 1 run and as 37 runs
+  // of one, each (sequence, expert, choice, run) starting at a rank in [0, 12).
+  for (const int64_t H : {int64_t{1}, T}) {
+    HostTensor base({S, E, k, H}, DType::i32);
+    for (int64_t i = 0; i < base.t().numel(); ++i)
+      base.i32()[i] = static_cast<int32_t>((i * 7 + H) % 12);
+    cases.push_back({"moe_dispatch",
+                     "moe_dispatch_rank_base_runs" + std::to_string(H),
+                     {HostTensor({S, E}, DType::i32), HostTensor({E + 1}, DType::i32),
+                      HostTensor({M}, DType::i32), HostTensor({N, k}, DType::i32), idx, base},
+                     op([capacity](const Views& v) {
+                       ops::moe_dispatch(v[0], v[1], v[2], v[3], v[4], 37, capacity, v[5]);
+                     }),
+                     kExact});
+  }
   cases.push_back({"moe_permute",
                    "moe_permute_weighted",
                    {uniform({M, C}, 4), uniform({N, C}, 5), assign, weights},

@@ -168,6 +168,39 @@ TEST(MoeDispatch, CapacityKeepsFirstChoicesThenPositions) {
             (std::vector<int32_t>{0, 2, 5, 6, 1, 3, 4, 7}));
 }
 
+// Context parallelism's rank_base: a sequence cut into H runs, each run's base the count of the
+// whole sequence's assignments ranked before it (earlier choices, then earlier runs of the same
+// choice), keeps exactly what the dispatch of the whole sequence keeps.
+TEST(MoeDispatch, RankBaseOfRunsKeepsWhatTheWholeSequenceKeeps) {
+  const int64_t S = 2, T = 12, H = 3, run = T / H, E = 3, k = 2, N = S * T;
+  HostTensor logits = uniform({N, E}, 11, -2.0f, 2.0f);
+  HostTensor scores({N, E}), idx({N, k}, DType::i32), weights({N, k});
+  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), false, true);
+  HostTensor base({S, E, k, H}, DType::i32);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t e = 0; e < E; ++e) {
+      int32_t before = 0;
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t h = 0; h < H; ++h) {
+          base.i32()[((s * E + e) * k + j) * H + h] = before;
+          for (int64_t t = s * T + h * run; t < s * T + (h + 1) * run; ++t)
+            before += idx.i32()[t * k + j] == e;
+        }
+    }
+  for (const int64_t capacity : {int64_t{2}, int64_t{5}}) {
+    HostTensor c0({S, E}, DType::i32), o0({E + 1}, DType::i32), a0({N * k}, DType::i32),
+        s0({N, k}, DType::i32), c1({S, E}, DType::i32), o1({E + 1}, DType::i32),
+        a1({N * k}, DType::i32), s1({N, k}, DType::i32);
+    ops::moe_dispatch(c0.t(), o0.t(), a0.t(), s0.t(), idx.t(), T, capacity);
+    ops::moe_dispatch(c1.t(), o1.t(), a1.t(), s1.t(), idx.t(), T, capacity, base.t());
+    EXPECT_EQ(std::vector<int32_t>(s0.i32(), s0.i32() + N * k),
+              std::vector<int32_t>(s1.i32(), s1.i32() + N * k));
+    EXPECT_EQ(std::vector<int32_t>(o0.i32(), o0.i32() + E + 1),
+              std::vector<int32_t>(o1.i32(), o1.i32() + E + 1));
+    EXPECT_LT(o0.i32()[E], N * k) << "capacity " << capacity << " drops nothing";
+  }
+}
+
 // y = combine(eo) = sum_j w_tj eo[slot_tj]: its gradients wrt eo (moe_permute with weights) and w
 // (moe_weights_backward) against finite differences, with some assignments dropped.
 TEST(MoeCombine, GradientsMatchFiniteDifferences) {
