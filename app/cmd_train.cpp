@@ -53,6 +53,10 @@ Run add_train_command(CLI::App& app) {
       sets.insert(sets.end(), shrunk.overrides.begin(), shrunk.overrides.end());
       cfg = parse_config(args->config, sets);
     }
+    // Stop signals are caught from here to the exit (the trainer acts on them while it runs): one
+    // that arrives after the last step, while the run writes its end or MPI shuts down, must not
+    // kill the process (a preemption notice for a run that has just finished; it exits 0).
+    const StopRequests stop_requests;
     // MPI starts here when launched by mpirun/srun; the layout is checked against the world
     // size before anything is allocated.
     CommRuntime runtime;

@@ -112,7 +112,10 @@ def main():
                       open(f"{d}/slurmd.log").read()[-2000:])
                 sys.exit(77)
             time.sleep(0.2)
-        sets = ["--set", "train.steps=1200", "--set", "optimizer.warmup_steps=10", "-q"]
+        # Enough steps that the signal, sent once the job has logged 50, lands mid-run (delivering it
+        # takes Slurm a few hundred steps of this model here).
+        steps = 3000
+        sets = ["--set", f"train.steps={steps}", "--set", "optimizer.warmup_steps=10", "-q"]
         ref = os.path.join(w, "ref")
         sh(["srun", "-n", "2", "--mpi=pmix", args.llmtrain, "--config", args.config,
             "--set", f"train.run_dir={ref}"] + sets, env, timeout=600)
@@ -124,14 +127,14 @@ def main():
                   "--set", f"checkpoint.dir={run}/ckpt"] + sets,
                  {**env, "LLMTRAIN": args.llmtrain}).strip().split(";")[0]
         def started():
-            if len(metrics(run)) >= 150:
+            if len(metrics(run)) >= 50:
                 return True
             if sh(["squeue", "-h", "-j", job], env, check=False).strip() == "":
                 sys.exit(f"FAIL: job {job} ended early:\n" +
                          open(os.path.join(run, "job.out")).read())
             return False
 
-        wait(started, 300, "the job's first 150 steps")
+        wait(started, 300, "the job's first 50 steps")
         sh(["scancel", "--signal=USR1", job], env)  # preemption: every task of the job step
         # Slurm holds a requeued job for a while (its BeginTime); the test does not wait for that.
         # It may also have restarted already, or the run may have ended first (checked below).
@@ -144,7 +147,7 @@ def main():
 
         wait(requeued_or_done, 300, "the job to be requeued")
         wait(lambda: sh(["squeue", "-h", "-j", job], env, check=False).strip() == "" and
-             len(metrics(run)) >= 1200, 600, "the requeued job to finish")
+             len(metrics(run)) >= steps, 600, "the requeued job to finish")
         log = open(os.path.join(run, "job.out")).read()
         got = [(m["loss"], m["grad_norm"]) for m in metrics(run)]
         failures = []
@@ -158,7 +161,7 @@ def main():
             failures.append(f"{len(got)} steps; differs from the uninterrupted run at {diff[:5]}")
         if failures:
             sys.exit("FAIL:\n  " + "\n  ".join(failures))
-        print(f"slurm: job {job} preempted ({stopped[0]}), requeued, resumed; 1200 steps bitwise "
+        print(f"slurm: job {job} preempted ({stopped[0]}), requeued, resumed; {steps} steps bitwise "
               "equal to the uninterrupted srun")
         print("OK")
     finally:
