@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <numeric>
 
@@ -100,6 +101,84 @@ double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool
   if (full_moe) b += layer_saved_bytes(d, Recompute::none, true) - f32_bytes(d.R * d.C);
   if (full_dense || full_moe) b += f32_bytes(d.R * d.C);
   return b;
+}
+
+// ZeRO's comm buffers for one unit (zero.h): a gathered copy or gradient staging (its whole
+// parameters), the all-gather staging (every rank's padded shards) and a reduce-scatter's packed
+// input plus output shard.
+struct ZeroUnitBytes {
+  double whole = 0, gather = 0, reduce = 0;
+};
+
+// The peak of ZeRO's comm buffers over a micro-batch's forward and backward on one rank,
+// following Zero's hooks in order with what each allocates and frees. units[0] is the root, then
+// the layers in block order; a unit with no parameters allocates nothing. `embedding`, `head`:
+// whether the rank runs block 0's forward and block L+1 (a pipeline stage may have neither).
+double zero_comm_peak(int stage, const std::vector<ZeroUnitBytes>& units, bool embedding,
+                      bool head) {
+  const int L = static_cast<int>(units.size()) - 1;
+  double live = 0, peak = 0;
+  const auto take = [&](double b) { peak = std::max(peak, live += b); };
+  const auto give = [&](double b) { live -= b; };
+  std::vector<char> gathered(units.size(), 0), gathering(units.size(), 0);
+  std::deque<int> reducing;  // units whose reduce-scatters are in flight
+  bool root_staging = false;
+  const auto has = [&](int k) { return units[static_cast<size_t>(k)].whole > 0; };
+  const auto at = [&](int k) -> const ZeroUnitBytes& { return units[static_cast<size_t>(k)]; };
+  const auto start_gather = [&](int k) {
+    if (stage < 3 || !has(k) || gathered[k] || gathering[k]) return;
+    take(at(k).gather);
+    gathering[k] = 1;
+  };
+  const auto finish_gather = [&](int k) {
+    if (stage < 3 || !has(k) || gathered[k]) return;
+    start_gather(k);
+    take(at(k).whole);
+    give(at(k).gather);
+    gathering[k] = 0;
+    gathered[k] = 1;
+  };
+  const auto release = [&](int k) {
+    if (gathering[k]) give(at(k).gather);
+    if (gathered[k]) give(at(k).whole);
+    gathering[k] = gathered[k] = 0;
+  };
+  const auto complete = [&](size_t keep) {
+    for (; reducing.size() > keep; reducing.pop_front()) give(at(reducing.front()).reduce);
+  };
+  // Forward: block 0 (embeddings, the root), the layers, block L+1 (the head, the root again).
+  start_gather(0);
+  for (int b = embedding ? 0 : 1; b <= L; ++b) {
+    finish_gather(b);
+    if (b >= 2) release(b - 1);
+    if (b + 1 <= L) start_gather(b + 1);
+  }
+  if (head) {
+    finish_gather(0);
+    if (L >= 1) {
+      release(L);
+      start_gather(L);
+    }
+  }
+  // Backward: the head, the layers from the last, then block 0 (the root reduced last).
+  for (int b = head ? L + 1 : L; b >= 0; --b) {
+    const int k = b == L + 1 ? 0 : b;
+    if (k >= 1) {
+      finish_gather(k);
+      if (k >= 2) start_gather(k - 1);
+    }
+    if (stage >= 2 && has(k) && (k != 0 || !root_staging)) {
+      take(at(k).whole);
+      root_staging = root_staging || k == 0;
+    }
+    if (b == L + 1 || !has(k)) continue;
+    take(at(k).reduce);
+    if (stage >= 2) give(at(k).whole);  // the gradients now live in the packed input
+    reducing.push_back(k);
+    complete(2);
+    if (stage == 3) release(k);
+  }
+  return peak;
 }
 
 bool within_node(const HardwareProfile& hw, int span) {
@@ -294,11 +373,11 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // ep the expert stacks do all of it over the edp group (group / ep ranks) instead.
     const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
     const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
-    double whole = 0, padded = 0, padded_root = 0, whole_root = 0, whole_experts = 0;
+    double whole = 0, padded = 0, padded_root = 0, whole_experts = 0;
     double padded_experts = 0;  // over the edp group
-    // Each unit's reduce-scatter staging (packed gradients + output shard), by layer; the root.
-    std::map<int64_t, double> layer_rs;
-    double root_rs = 0;
+    // Each unit's ZeRO buffers (zero_comm_peak), by layer; the root's.
+    std::map<int64_t, ZeroUnitBytes> layer_units;
+    ZeroUnitBytes root_unit;
     for (size_t i = 0; i < rs.params.size(); ++i) {
       const ParamSpec& ps = rs.params[i];
       const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
@@ -306,7 +385,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       const int64_t n = expert ? group / ep : group;
       const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
       const bool root = ps.name.rfind("layers.", 0) != 0;
-      (root ? root_rs : layer_rs[std::stoll(ps.name.substr(7))]) += 4 * pad * (1 + 1.0 / n);
+      ZeroUnitBytes& zu = root ? root_unit : layer_units[std::stoll(ps.name.substr(7))];
+      zu.whole += 4 * static_cast<double>(ps.shape.numel());
+      zu.gather += 4 * pad;
+      zu.reduce += 4 * pad * (1 + 1.0 / n);
       whole += static_cast<double>(ps.shape.numel());
       if (expert) {
         whole_experts += static_cast<double>(ps.shape.numel());
@@ -314,10 +396,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         continue;
       }
       padded += pad;
-      if (root) {
-        padded_root += pad;
-        whole_root += static_cast<double>(ps.shape.numel());
-      }
+      if (root) padded_root += pad;
     }
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
     // One pass of ZeRO's collective over the shards (the root's excluded: it holds no experts).
@@ -355,29 +434,14 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     const double per_mb = (saved + h * head_saved_bytes(d)) / v + f32_bytes(d.R * C);
     s.memory.activations =
         s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
-    // Comm buffers (an estimate): ZeRO's staging for the largest unit (a layer, or the root),
-    // pipeline send/recv buffers, the cp ring's K/V blocks.
-    // ZeRO: the reduce-scatters of three consecutive units at most, in backward order (last
-    // layer first, the root last; two in flight when the next one's packed input and output
-    // shard are allocated); stages 2-3 keep the root's gradient staging, stage 3 the gathered
-    // root and a layer's gathered copy and staging.
-    const double unit = (padded - padded_root) / std::max(1.0, L);
-    std::vector<double> reduce_order;
-    for (auto it = layer_rs.rbegin(); it != layer_rs.rend(); ++it)
-      reduce_order.push_back(it->second);
-    if (root_rs > 0) reduce_order.push_back(root_rs);
-    double reduce_peak = 0;
-    for (size_t k = 0; k < reduce_order.size(); ++k)
-      reduce_peak = std::max(
-          reduce_peak,
-          std::accumulate(reduce_order.begin() + k,
-                          reduce_order.begin() + std::min(reduce_order.size(), k + 3), 0.0));
+    // Comm buffers: ZeRO's (zero_comm_peak over this rank's units: its gathered copies, gradient
+    // staging and at most three units' reduce-scatters), pipeline send/recv buffers, the cp
+    // ring's K/V blocks.
+    std::vector<ZeroUnitBytes> zero_units{root_unit};
+    for (const auto& [layer, zu] : layer_units) zero_units.push_back(zu);
     double comm = 0;
-    if (group > 1 && par.zero_stage >= 1) {
-      comm += reduce_peak;
-      if (par.zero_stage >= 2) comm += 4 * whole_root;
-      if (par.zero_stage == 3) comm += 4 * (whole_root + 2 * unit);
-    }
+    if (group > 1 && par.zero_stage >= 1)
+      comm += zero_comm_peak(static_cast<int>(par.zero_stage), zero_units, s.embedding, s.head);
     // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
     if (ep > 1 && moe) comm += 2 * 4 * d.E;
     // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
