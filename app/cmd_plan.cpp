@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include "app/commands.h"
@@ -295,27 +296,20 @@ Run add_plan_command(CLI::App& app) {
     }
     const ParallelConfig& par = cfg.parallel;
     int world = args->world;
-    if (world > 0) {
-      validate_layout(cfg, world);
-    } else {
-      world = static_cast<int>(par.tp * par.cp * par.pp * (par.dp == -1 ? 1 : par.dp));
-    }
+    // dp = -1 without --world: the smallest dp the layout allows (1, or what ep needs: ep
+    // consecutive ranks of the dp x cp group share out the experts).
+    const int64_t min_dp = par.ep / std::gcd(par.ep, par.cp);
+    if (world <= 0)
+      world = static_cast<int>(par.tp * par.cp * par.pp * (par.dp == -1 ? min_dp : par.dp));
+    validate_layout(cfg, world);
     const MeshShape mesh = mesh_shape(par, world);
     const int p = mesh.size(Axis::pp), dp = mesh.size(Axis::dp);
     const int v = static_cast<int>(par.virtual_stages);
+    // (validate_layout has checked that the batch splits into whole micro-batches per dp rank,
+    // and into a multiple of pp under the interleaved schedule.)
     const int64_t gbs = cfg.train.global_batch_size;
     const int64_t mbs = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : gbs;
-    if (gbs % (mbs * dp) != 0)
-      throw ConfigError(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,
-                               ")*train.micro_batch_size(", mbs, ")=", mbs * dp,
-                               ": each dp rank runs a whole number of micro-batches"));
     const int m = static_cast<int>(gbs / (mbs * dp));
-    if (par.pp_schedule == PipeSchedule::interleaved && m % p != 0)
-      throw ConfigError(concat(
-          "parallel.pp_schedule=\"interleaved\" needs the micro-batches per step, "
-          "train.global_batch_size(",
-          gbs, ") / (train.micro_batch_size(", mbs, ")*dp(", dp, ")) = ", m,
-          ", to be a multiple of parallel.pp=", p, "; change the batch sizes or the schedule"));
 
     if (args->json) {
       const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
@@ -325,7 +319,9 @@ Run add_plan_command(CLI::App& app) {
     std::printf("plan: %s\n", args->config.c_str());
     std::printf("mesh: world %d = tp %d * cp %d * dp %d * pp %d%s\n", world, mesh.size(Axis::tp),
                 mesh.size(Axis::cp), dp, p,
-                args->world > 0 || par.dp != -1 ? "" : " (dp = -1 read as 1; pass --world N)");
+                args->world > 0 || par.dp != -1
+                    ? ""
+                    : concat(" (dp = -1 read as ", min_dp, "; pass --world N)").c_str());
     std::printf(
         "pipeline: schedule %s, pp %d, virtual_stages %d, micro-batches per step m = %lld / "
         "(%lld * dp %d) = %d\n",

@@ -102,8 +102,8 @@ def main():
 
     out = plan(args, *base, "train.micro_batch_size=16", "model.n_layers=8",
                "parallel.pp_schedule=interleaved", "parallel.virtual_stages=2", expect_rc=2)
-    check("train.global_batch_size(16) / (train.micro_batch_size(16)*dp(1)) = 1, to be a "
-          "multiple of parallel.pp=4" in out, "interleaved with m=1: exit 2 naming the keys")
+    check("train.global_batch_size(16)/(dp(1)*train.micro_batch_size(16))=1, to be divisible "
+          "by parallel.pp=4" in out, "interleaved with m=1: exit 2 naming the keys")
     out = plan(args, "parallel.pp=3", expect_rc=2)
     check("model.n_layers=4 does not split evenly into pp(3)" in out, "pp=3: exit 2")
     out = plan(args, "parallel.pp=4", extra=["--world", "6"], expect_rc=2)
