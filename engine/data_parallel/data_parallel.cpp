@@ -43,9 +43,11 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
   return std::make_unique<Zero>(cfg, opt, mesh, group, model, alloc, seed);
 }
 
-std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
-                                                          int64_t bucket_bytes,
-                                                          bool split_experts) {
+std::vector<DistributedDataParallel::Bucket> make_buckets(
+    const Transformer& model, int64_t bucket_bytes,
+    const std::function<DistributedDataParallel::Over(size_t)>& over) {
+  using Over = DistributedDataParallel::Over;
+  const auto over_of = [&](size_t i) { return over ? over(i) : Over::group; };
   // Offsets of each parameter in the flat buffer, and the block that completes it.
   const auto& params = model.spec().params;
   std::vector<int64_t> offset(params.size() + 1, 0);
@@ -61,13 +63,12 @@ std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& mod
   while (end > 0) {
     size_t begin = end;
     int ready = model.num_blocks();
-    const bool experts = split_experts && model.spec().is_expert(end - 1);
+    const Over kind = over_of(end - 1);
     do {
       --begin;
       ready = std::min(ready, block_of[begin]);
-    } while (begin > 0 && offset[end] - offset[begin] < max_elems &&
-             (!split_experts || model.spec().is_expert(begin - 1) == experts));
-    buckets.push_back({offset[begin], offset[end], ready, experts});
+    } while (begin > 0 && offset[end] - offset[begin] < max_elems && over_of(begin - 1) == kind);
+    buckets.push_back({offset[begin], offset[end], ready, kind});
     end = begin;
   }
   return buckets;
@@ -81,8 +82,16 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
       model_(model),
       alloc_(alloc),
       ep_(cfg.ep > 1 ? &mesh.expert_group(static_cast<int>(cfg.ep)) : nullptr),
-      edp_(cfg.ep > 1 ? &mesh.expert_data_group(static_cast<int>(cfg.ep)) : nullptr),
-      buckets_(make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024), cfg.ep > 1)) {
+      // (under tp the experts' replicas are at every tp coordinate too)
+      edp_(cfg.ep > 1 ? &mesh.expert_data_tp_group(static_cast<int>(cfg.ep)) : nullptr) {
+  const ModelSpec& spec = model.spec();
+  const bool routed_tp = mesh.size(Axis::tp) > 1 && spec.cfg.moe.enabled();
+  if (routed_tp) tp_group_ = &mesh.group({Axis::tp, Axis::cp, Axis::dp});
+  buckets_ = make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024), [&](size_t i) {
+    if (ep_ && spec.is_expert(i)) return Over::edp;
+    if (routed_tp && spec.is_routed(i)) return Over::tp_group;
+    return Over::group;
+  });
   // The optimizer owns every parameter whole.
   std::vector<OptimizerSlot> slots;
   for (size_t i = 0; i < model.params().size(); ++i)
@@ -103,14 +112,25 @@ void DistributedDataParallel::before_backward(int block) {
   for (Handle& h : pending_) h.poll();
 }
 
+Communicator& DistributedDataParallel::over(const Bucket& b) const {
+  switch (b.over) {
+    case Over::edp:
+      return *edp_;
+    case Over::tp_group:
+      return *tp_group_;
+    default:
+      return group_;
+  }
+}
+
 void DistributedDataParallel::after_backward(int block) {
-  if (!last_micro_ || group_.size() == 1) return;
+  if (!last_micro_ || (group_.size() == 1 && !tp_group_)) return;
   Tensor flat = model_.flat_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
     const Bucket& b = buckets_[next_bucket_++];
     Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
-    Communicator& over = b.experts ? *edp_ : group_;
-    if (over.size() > 1) pending_.push_back(over.all_reduce(view));
+    Communicator& g = over(b);
+    if (g.size() > 1) pending_.push_back(g.all_reduce(view));
   }
   for (Handle& h : pending_) h.poll();
 }
@@ -118,20 +138,26 @@ void DistributedDataParallel::after_backward(int block) {
 void DistributedDataParallel::finish_backward() {
   for (Handle& h : pending_) h.wait();
   pending_.clear();
-  LLMT_CHECK(group_.size() == 1 || next_bucket_ == buckets_.size(), "DDP: ", next_bucket_,
-             " of ", buckets_.size(), " buckets were started; was the last micro-batch marked?");
+  LLMT_CHECK((group_.size() == 1 && !tp_group_) || next_bucket_ == buckets_.size(),
+             "DDP: ", next_bucket_, " of ", buckets_.size(),
+             " buckets were started; was the last micro-batch marked?");
 }
 
 double DistributedDataParallel::grad_norm() {
   if (ep_) {
     // The other parameters are the same on every rank of the ep group; its ranks' experts
-    // together are the layer's (tp = 1 under ep).
+    // together are the layer's. Under tp: each tp rank's shards, a replicated parameter (the
+    // experts too) on tp rank 0 only.
+    const ModelSpec& spec = model_.spec();
     double sums[2] = {0, 0};
     for (size_t i = 0; i < model_.grads().size(); ++i)
-      if (!model_.spec().params[i].tied_copy)  // pp: the last stage's copy of wte counts once
-        sums[model_.spec().is_expert(i) ? 1 : 0] += ops::sum_squares(model_.grads()[i]);
+      if (counts_in_tp_norm(spec, i))  // (pp: the last stage's copy of wte counts on stage 0)
+        sums[spec.is_expert(i) ? 1 : 0] += ops::sum_squares(model_.grads()[i]);
     ep_->all_reduce(Tensor(&sums[1], {1}, DType::f64)).wait();
-    return std::sqrt(sums[0] + sums[1]);
+    double sum = sums[0] + sums[1];
+    if (mesh_.size(Axis::tp) > 1)
+      mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
+    return std::sqrt(sum);
   }
   if (mesh_.size(Axis::tp) == 1 && mesh_.size(Axis::pp) == 1)
     return global_norm({model_.flat_grads()});
@@ -166,12 +192,13 @@ void DistributedDataParallel::gather_params(std::vector<float>& out) {
   out.resize(static_cast<size_t>(flat.numel()));
   alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
   std::vector<float> local;
-  if (ep_) {
+  if (ep_) {  // the experts over ep, then the tp shards over tp
     local.swap(out);
     gather_ep_params(*ep_, model_.spec(), local, out);
-  } else if (mesh_.size(Axis::tp) > 1) {
+  }
+  if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);
-    gather_tp_params(mesh_.comm(Axis::tp), model_.spec(), local, out);
+    gather_tp_params(mesh_.comm(Axis::tp), model_.spec().without_ep(), local, out);
   }
 }
 

@@ -84,7 +84,9 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
 //
 // Expert parallelism (parallel.ep > 1, the model holding this rank's experts): the expert stacks'
 // buckets reduce over the expert-data-parallel group (the dp ranks holding the same experts)
-// instead, the gradient norm adds the ep group's experts, and gather_params gathers them.
+// instead, the gradient norm adds the ep group's experts, and gather_params gathers them. Under
+// tp the routed parameters (router, expert stacks) reduce over tp x dp x cp: each tp rank routed
+// its own tokens.
 class DistributedDataParallel final : public DataParallel {
  public:
   DistributedDataParallel(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh,
@@ -100,10 +102,14 @@ class DistributedDataParallel final : public DataParallel {
   void gather_params(std::vector<float>& out) override;
   void after_load() override { model_.sync_compute_weights(); }
 
+  // Which group a bucket reduces over: the data-parallel group; the expert-data-parallel group
+  // (expert stacks under ep); the tp x dp x cp group (routed parameters under tp, whose gradients
+  // are partial over tp: ModelSpec::is_routed).
+  enum class Over : uint8_t { group, edp, tp_group };
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer
     int ready_block = 0;         // complete once after_backward(ready_block) has fired
-    bool experts = false;        // expert stacks only (ep > 1: reduced over edp)
+    Over over = Over::group;     // a bucket holds parameters of one kind only
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -111,18 +117,20 @@ class DistributedDataParallel final : public DataParallel {
   std::vector<StateTensor> master_tensors() override { return opt_->master_tensors(); }
   Transformer& model_;
   Allocator& alloc_;
-  Communicator* ep_ = nullptr;   // ep > 1: the expert group and
-  Communicator* edp_ = nullptr;  // the expert-data-parallel group
+  Communicator* ep_ = nullptr;        // ep > 1: the expert group and
+  Communicator* edp_ = nullptr;       // the expert-data-parallel group
+  Communicator* tp_group_ = nullptr;  // tp > 1 with routed parameters: tp x dp x cp
+  Communicator& over(const Bucket& b) const;
   std::vector<Bucket> buckets_;
   std::vector<Handle> pending_;
   size_t next_bucket_ = 0;
   bool last_micro_ = true;
 };
 
-// Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel);
-// with `split_experts`, none mixes expert stacks with other parameters.
-std::vector<DistributedDataParallel::Bucket> make_buckets(const Transformer& model,
-                                                          int64_t bucket_bytes,
-                                                          bool split_experts = false);
+// Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel),
+// each over the group `over(i)` of its parameters (default: the data-parallel group).
+std::vector<DistributedDataParallel::Bucket> make_buckets(
+    const Transformer& model, int64_t bucket_bytes,
+    const std::function<DistributedDataParallel::Over(size_t)>& over = {});
 
 }  // namespace llmt

@@ -293,9 +293,20 @@ void Mlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) 
 
 // ---- MoeMlp -------------------------------------------------------------------------------------
 
+MoeRows moe_rows(const TpLayers& tp, int64_t T) {
+  MoeRows r;
+  r.R = tp.R;
+  r.row0 = tp.row0;
+  r.T = T;
+  r.seg = std::gcd(tp.R, T);
+  r.segments = tp.R / r.seg;
+  return r;
+}
+
 MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
     : env_(env),
       cfg_(env.spec.cfg.moe),
+      rows_(moe_rows(env.tp, env.T)),
       layer_(layer),
       E_(cfg_.num_experts),
       k_(cfg_.top_k),
@@ -307,8 +318,8 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
       bias_(env.param_opt(prefix + ".router.expert_bias")),
       fc1_w_(env.param(prefix + ".experts.fc1.weight")),
       fc2_w_(env.param(prefix + ".experts.fc2.weight")) {
-  LLMT_CHECK(env.tp.tp.size() == 1, "a mixture-of-experts layer runs at tp=1, not ",
-             env.tp.tp.size());
+  LLMT_CHECK(env.tp.tp.size() == 1 || env.tp.sp(),
+             "a mixture-of-experts layer under tp needs sequence parallelism");
   if (cfg_.shared_experts > 0) {
     shared_.emplace(env, prefix + ".shared", env.spec.shared_ffn);
     st_shared_ = shared_->stash().size();
@@ -316,19 +327,21 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
 }
 
 std::vector<TensorSpec> MoeMlp::saved() const {
-  const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
+  const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
-  std::vector<TensorSpec> out{{"logits", {N, E_}},      {"idx", {N, k_}},      {"weights", {N, k_}},
-                              {"counts", {env_.B, E_}}, {"offsets", {E_ + 1}}, {"assign", {M}},
-                              {"slot", {N, k_}},        {"xp", {M, C}},        {"h", {Mh, Fe1_}},
-                              {"g", {Mh, Fe_}},         {"eo", {M, C}}};
+  std::vector<TensorSpec> out{{"logits", {N, E_}},   {"idx", {N, k_}},
+                              {"weights", {N, k_}},  {"counts", {rows_.segments, E_}},
+                              {"offsets", {E_ + 1}}, {"assign", {M}},
+                              {"slot", {N, k_}},     {"xp", {M, C}},
+                              {"h", {Mh, Fe1_}},     {"g", {Mh, Fe_}},
+                              {"eo", {M, C}}};
   if (shared_)
     for (const TensorSpec& t : shared_->saved()) out.push_back(t);
   return out;
 }
 
 std::vector<TensorSpec> MoeMlp::stash() const {
-  const int64_t N = env_.tp.N, M = N * k_, C = env_.spec.cfg.d_model;
+  const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   std::vector<TensorSpec> out{
       {"d_logits", {N, E_}}, {"d_eo", {M, C}}, {"d_h", {ep() ? 0 : M, Fe1_}}};
   if (shared_)
@@ -415,6 +428,7 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
 }
 
 Tensor MoeMlp::cp_rank_base(Tensor idx, Buffer& buf) const {
+  LLMT_CHECK(!env_.tp.sp(), "capacity dropping under tp is not built");
   const SequenceShard& sh = env_.seq;
   const int64_t S = env_.B, T = env_.T, H = static_cast<int64_t>(sh.runs.size()), run = T / H;
   const int64_t chunks = sh.T / run;  // of the whole sequence, each one run long
@@ -455,9 +469,28 @@ Tensor MoeMlp::cp_rank_base(Tensor idx, Buffer& buf) const {
   return buf.tensor({S, E_, k_, H}, DType::i32);
 }
 
+void MoeMlp::sequence_counts(Tensor counts, const std::vector<int32_t>& local) const {
+  if (!env_.tp.sp()) {  // whole sequences: the segments are the micro-batch's sequences
+    env_.cp->all_reduce(counts).wait();
+    return;
+  }
+  std::vector<int32_t> seq(static_cast<size_t>(env_.B * E_), 0);
+  for (int64_t i = 0; i < rows_.segments; ++i)
+    for (int64_t e = 0; e < E_; ++e)
+      seq[static_cast<size_t>(rows_.sequence(i) * E_ + e)] +=
+          local[static_cast<size_t>(i * E_ + e)];
+  const Tensor all(seq.data(), {env_.B * E_}, DType::i32);
+  env_.tp.tp.comm->all_reduce(all).wait();
+  if (env_.cp != nullptr) env_.cp->all_reduce(all).wait();
+  std::vector<int32_t> out(local.size());
+  for (int64_t i = 0; i < rows_.segments; ++i)
+    std::copy_n(seq.begin() + rows_.sequence(i) * E_, E_, out.begin() + i * E_);
+  env_.alloc.backend().copy_from_host(counts.data, out.data(), out.size() * 4);
+}
+
 Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   const BlockScratch& sc = env_.scratch;
-  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model, S = env_.B;
+  const int64_t N = rows_.R, C = env_.spec.cfg.d_model, S = rows_.segments;
   const bool sigmoid = cfg_.router == MoeRouter::sigmoid;
   const Tensor logits = s[0], idx = as_i32(s[1]), weights = s[2], counts = as_i32(s[3]);
   const Tensor assign = as_i32(s[5]), slot = as_i32(s[6]);
@@ -468,12 +501,13 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
   Buffer base_buf;
   const Tensor base = capacity_ > 0 && env_.cp != nullptr ? cp_rank_base(idx, base_buf) : Tensor();
-  ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, env_.T, capacity_, base);
+  ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, rows_.seg, capacity_, base);
   MoeStats& st = env_.moe_stats;
   std::vector<int32_t> cnt(static_cast<size_t>(S * E_));  // this rank's counts (the loads)
-  if (!st.replaying) env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
-  // Context parallelism: the whole sequences' counts, for the aux loss and its gradient.
-  if (env_.cp != nullptr) env_.cp->all_reduce(counts).wait();
+  env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
+  // Context and tensor parallelism: the whole sequences' counts, for the aux loss and its
+  // gradient.
+  if (env_.cp != nullptr || env_.tp.sp()) sequence_counts(counts, cnt);
   const std::vector<int64_t> off = offsets(s);
   const int64_t M = off.back();  // the kept assignments
   ops::moe_permute(xp, x, assign);
@@ -500,13 +534,18 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   std::vector<float> aux(static_cast<size_t>(S)), zsq(static_cast<size_t>(N));
   env_.alloc.backend().copy_to_host(aux.data(), sc.moe_aux.data, aux.size() * 4);
   env_.alloc.backend().copy_to_host(zsq.data(), sc.moe_zsq.data, zsq.size() * 4);
-  // This rank's share of the micro-batch's losses: under cp the kernel's aux is cp^2 times the
-  // chunks' (whole-sequence counts over the local T, times the local mean of q), and the cp
-  // ranks' shares add up to the sequence's.
+  // This rank's share of the micro-batch's losses. A segment's aux from the kernel is its
+  // sequence's counts over the segment's length times the segment's mean of q: (T / seg)^2
+  // times its share of the sequence's aux (T the whole sequence's length; under cp and tp the
+  // shares of the ranks add up to the sequence's). The z-loss is a mean over the tokens of the
+  // micro-batch's sequences (N of them per cp rank).
   const double cp = env_.cp != nullptr ? env_.cp->size() : 1;
+  const double part = static_cast<double>(rows_.seg) / static_cast<double>(env_.seq.T);
   if (cfg_.balance == MoeBalance::aux_loss)
-    st.aux += cfg_.aux_loss_coef * std::accumulate(aux.begin(), aux.end(), 0.0) / (S * cp * cp);
-  st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) / (N * cp);
+    st.aux += cfg_.aux_loss_coef * std::accumulate(aux.begin(), aux.end(), 0.0) * part * part /
+              static_cast<double>(env_.B);
+  st.z += cfg_.z_loss_coef * std::accumulate(zsq.begin(), zsq.end(), 0.0) /
+          (static_cast<double>(env_.tp.N) * cp);
   std::vector<int64_t>& load = st.load.at(static_cast<size_t>(layer_));
   load.resize(static_cast<size_t>(E_), 0);
   for (int64_t i = 0; i < S * E_; ++i)
@@ -518,7 +557,7 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
 
 Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   const BlockScratch& sc = env_.scratch;
-  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model, S = env_.B, T = env_.T;
+  const int64_t N = rows_.R, C = env_.spec.cfg.d_model;
   const bool sigmoid = cfg_.router == MoeRouter::sigmoid;
   const Tensor logits = s[0], idx = as_i32(s[1]), weights = s[2], counts = as_i32(s[3]);
   const Tensor assign = as_i32(s[5]), slot = as_i32(s[6]), h = s[8], eo = s[10];
@@ -564,18 +603,19 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   }
   ops::moe_unpermute(sc.moe_dx, sc.moe_dxp, slot);
   // The router: through the routing weights, the aux loss and the z-loss (each scaled as the
-  // micro-batch's loss is: dloss per unit of this rank's mean). Under cp the counts are the
-  // whole sequences' (cp T tokens): d aux / d q = E counts / (S k (cp T) (cp T)), times cp for
-  // dloss being per unit of a chunk's mean.
+  // micro-batch's loss is: dloss per unit of this cp rank's mean). The counts are the whole
+  // sequences' (Tg = seq_len tokens): d aux / d q = E counts / (B k Tg Tg), times cp for dloss
+  // being per unit of a chunk's mean; the z-loss's mean is over the cp rank's N tokens.
   const MoeStats& ms = env_.moe_stats;
   const double cp = env_.cp != nullptr ? env_.cp->size() : 1;
+  const double Tg = static_cast<double>(env_.seq.T);
   const float aux_scale =
       cfg_.balance == MoeBalance::aux_loss
-          ? static_cast<float>(static_cast<double>(ms.dloss) * cfg_.aux_loss_coef * E_ /
-                               (static_cast<double>(S) * T * T * cp * k_))
+          ? static_cast<float>(static_cast<double>(ms.dloss) * cp * cfg_.aux_loss_coef * E_ /
+                               (static_cast<double>(env_.B) * Tg * Tg * k_))
           : 0.0f;
-  const float z_scale =
-      static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 / N);
+  const float z_scale = static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 /
+                                           static_cast<double>(env_.tp.N));
   ops::moe_route_backward(d_logits, sc.moe_dw, logits, idx, counts, sigmoid, cfg_.normalize,
                           aux_scale, z_scale);
   ops::linear_backward(sc.moe_dx_router, Tensor(), Tensor(), d_logits, Tensor(), env_.w(router_w_));
@@ -589,7 +629,7 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
 }
 
 void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
-  const int64_t N = env_.tp.N, C = env_.spec.cfg.d_model;
+  const int64_t N = rows_.R, C = env_.spec.cfg.d_model;
   if (ep()) {
     auto it = ep_rows_.find(env_.scratch.layer_input);
     LLMT_CHECK(it != ep_rows_.end(), "MoE backward_weight before its forward");

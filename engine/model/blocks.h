@@ -246,6 +246,15 @@ class Mlp final : public Branch {
 // num_experts) assignments; 0 (dropless) when c = 0.
 int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len);
 
+// The rows a mixture-of-experts layer routes on this rank: its branch's R rows of the
+// micro-batch's N = B*T, from row0 (all of them, or the rank's share under sequence
+// parallelism), as `segments` runs of `seg` = gcd(R, T) tokens, each inside one sequence.
+struct MoeRows {
+  int64_t R = 0, row0 = 0, T = 0, seg = 0, segments = 0;
+  int64_t sequence(int64_t segment) const { return (row0 + segment * seg) / T; }
+};
+MoeRows moe_rows(const TpLayers& tp, int64_t T);
+
 // A mixture of experts (docs/model.md, "Mixture of experts"): fp32 router logits, top-k routing,
 // the dispatch into expert order (capacity dropping per sequence), the experts' grouped GEMMs
 // (fc1, GELU or SwiGLU, fc2; no biases), the combine weighted by the routing weights, plus the
@@ -253,7 +262,10 @@ int64_t moe_capacity(const MoeConfig& moe, int64_t seq_len);
 // and their values to env.moe_stats in forward. Under context parallelism the per-sequence
 // expert counts are summed over the cp group (every token's routing is local; only the aux loss's
 // load fractions need the whole sequence), and capacity dropping ranks each assignment among the
-// whole sequence's from every chunk's counts (cp_rank_base).
+// whole sequence's from every chunk's counts (cp_rank_base). Under tensor parallelism (with
+// sequence parallelism) each tp rank routes its own rows (MoeRows) through experts and a router
+// replicated over tp, and the counts are summed over tp as well; the shared experts are a
+// tp-sharded Mlp.
 // Dims: E experts, k per token, S = B sequences, M = N*k permuted rows, Fe1/Fe an expert's fc1
 // rows and hidden width.
 class MoeMlp final : public Branch {
@@ -293,8 +305,13 @@ class MoeMlp final : public Branch {
   void ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off);
   std::map<const void*, EpRows> ep_rows_;
 
+  // The sequences' expert counts (B,E) summed over the ranks holding other parts of them (cp's
+  // chunks, tp's rows), back into counts (segments,E); `local` is this rank's (segments,E).
+  void sequence_counts(Tensor counts, const std::vector<int32_t>& local) const;
+
   const BlockEnv& env_;
   const MoeConfig& cfg_;
+  const MoeRows rows_;
   int64_t layer_;
   int64_t E_, k_, Fe_, Fe1_, capacity_;
   size_t st_shared_ = 0;  // the shared Mlp's stash entries

@@ -87,12 +87,25 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                        ": each ep rank holds num_experts/ep experts"));
   }
   if (m.moe.enabled()) {
-    // The expert GEMMs are built for whole expert weights on one rank so far (docs/model.md,
-    // "Mixture of experts").
-    r.require(p.tp == 1, {"model.moe.num_experts", "parallel.tp"},
-              concat("model.moe.num_experts=", m.moe.num_experts, " with parallel.tp=", p.tp,
-                     ": mixture-of-experts layers run with tp=1 only (expert tensor parallelism "
-                     "is not built yet); use dp, ZeRO, pp, cp or ep"));
+    // Under tp each rank routes the rows sequence parallelism gives it, with the experts and
+    // the router replicated over tp (docs/parallelism.md, "Mixture of experts").
+    if (p.tp > 1) {
+      const std::string moe_tp =
+          concat("model.moe.num_experts=", m.moe.num_experts, " with parallel.tp=", p.tp);
+      r.require(p.sequence_parallel, {"model.moe.num_experts", "parallel.tp"},
+                concat(moe_tp,
+                       ": mixture-of-experts layers under tp route each rank's rows of "
+                       "the sequence; set parallel.sequence_parallel = true"));
+      r.require(p.zero_stage == 0, {"model.moe.num_experts", "parallel.tp", "parallel.zero_stage"},
+                concat(moe_tp, " and parallel.zero_stage=", p.zero_stage,
+                       ": ZeRO over the tp x dp group the routed parameters reduce over is not "
+                       "built yet; use zero_stage = 0"));
+      r.require(
+          m.moe.capacity_factor == 0.0f, {"model.moe.capacity_factor", "parallel.tp"},
+          concat("model.moe.capacity_factor=", m.moe.capacity_factor, " with parallel.tp=", p.tp,
+                 ": capacity dropping under tp is not built yet; use "
+                 "capacity_factor = 0 (dropless)"));
+    }
   }
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))
     r.require(false, e.keys, e.message);

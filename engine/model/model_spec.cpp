@@ -159,22 +159,39 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
 
 std::vector<ShardSlice> ModelSpec::local_slices(size_t i) const {
   if (ep_size > 1 && is_expert(i)) {
-    // Expert parallelism (tp = 1): a run of whole experts.
+    // Expert parallelism: a run of whole experts (replicated over tp).
     const int64_t local = params[i].shape[0];
     return {ShardSlice{0, ep_rank * local, 0, local}};
   }
   return llmt::local_slices(params[i].global_shape, params[i].on(Axis::tp), tp_size, tp_rank);
 }
 
+ModelSpec ModelSpec::without_ep() const {
+  ModelSpec s = *this;
+  s.ep_size = 1;
+  s.ep_rank = 0;
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (is_expert(i))
+      s.params[i].shape = local_shape(s.params[i].global_shape, s.params[i].on(Axis::tp), tp_size,
+                                      s.params[i].name);
+  return s;
+}
+
 bool ModelSpec::is_expert(size_t i) const {
   return params[i].name.find(".mlp.experts.") != std::string::npos;
+}
+
+bool ModelSpec::is_routed(size_t i) const {
+  const std::string& n = params[i].name;
+  const std::string router = ".mlp.router.weight";
+  return is_expert(i) || (n.size() > router.size() &&
+                          n.compare(n.size() - router.size(), router.size(), router) == 0);
 }
 
 ModelSpec ModelSpec::shard_ep(int size, int rank) const {
   LLMT_CHECK(ep_size == 1, "shard_ep of a spec already sharded for ep=", ep_size);
   LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "ep rank ", rank, " of ", size);
   if (size == 1) return *this;
-  LLMT_CHECK(tp_size == 1, "expert parallelism with tp=", tp_size);
   const int64_t E = cfg.moe.num_experts;
   LLMT_CHECK(E > 0 && E % size == 0, "model.moe.num_experts=", E,
              " is not divisible by parallel.ep=", size);

@@ -76,12 +76,19 @@ struct ModelSpec {
   // head. Throws, with the numbers, when the layers do not split that way.
   ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
                      int rank) const;
-  // The transform to ep rank `rank` of `size` (expert parallelism, tp = 1): every expert stack
+  // The transform to ep rank `rank` of `size` (expert parallelism): every expert stack
   // (is_expert) holds num_experts/size experts, the rank's consecutive ones; other parameters
   // stay whole. Throws when the experts do not divide.
   ModelSpec shard_ep(int size, int rank) const;
+  // The same rank's spec with whole expert stacks (ep = 1): what gathering the experts over the
+  // ep group gives.
+  ModelSpec without_ep() const;
   // Whether parameter i is an expert stack ("layers.3.mlp.experts.fc1.weight"), dim 0 the experts.
   bool is_expert(size_t i) const;
+  // Whether parameter i is a router weight or an expert stack: replicated over tp, but under
+  // tensor parallelism each tp rank routes its own tokens (sequence parallelism's rows), so its
+  // gradient there is this rank's part of a sum over tp.
+  bool is_routed(size_t i) const;
   // The global layers this spec holds, in order.
   std::vector<int64_t> layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.

@@ -148,16 +148,18 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     sc.d_u = lay.take({B_, T_, std::max(spec_.fc1_out, spec_.shared_fc1_out) / p});
     sc.d_g = lay.take({B_, T_, std::max(spec_.ffn_dim, spec_.shared_ffn) / p});
     if (has_moe) {
-      const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, M = N * k;
-      sc.moe_scores = lay.take({N, E});
-      sc.moe_y = lay.take({N, C});
-      sc.moe_dx = lay.take({N, C});
-      sc.moe_dx_router = lay.take({N, C});
-      sc.moe_dw = lay.take({N, k});
+      // The rows the MoE layers route on this rank (all N, or R under sequence parallelism).
+      const MoeRows mr = moe_rows(tp_, T_);
+      const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, M = mr.R * k;
+      sc.moe_scores = lay.take({mr.R, E});
+      sc.moe_y = lay.take({mr.R, C});
+      sc.moe_dx = lay.take({mr.R, C});
+      sc.moe_dx_router = lay.take({mr.R, C});
+      sc.moe_dw = lay.take({mr.R, k});
       sc.moe_dg = lay.take({M, cfg.moe.d_ff_expert});
       sc.moe_dxp = lay.take({M, C});
-      sc.moe_aux = lay.take({B_});
-      sc.moe_zsq = lay.take({N});
+      sc.moe_aux = lay.take({mr.segments});
+      sc.moe_zsq = lay.take({mr.R});
     }
     tp_.full = lay.take({N, C});
     if (tp_.sp()) {

@@ -106,6 +106,7 @@ std::vector<Communicator*> Mesh::communicators() const {
   for (const auto& [mask, c] : groups_) out.push_back(c.get());
   if (ep_group_) out.push_back(ep_group_.get());
   if (edp_group_) out.push_back(edp_group_.get());
+  if (edp_tp_group_) out.push_back(edp_tp_group_.get());
   return out;
 }
 
@@ -129,6 +130,19 @@ Communicator& Mesh::expert_group(int ep) {
 Communicator& Mesh::expert_data_group(int ep) {
   make_expert_groups(ep);
   return *edp_group_;
+}
+
+Communicator& Mesh::expert_data_tp_group(int ep) {
+  make_expert_groups(ep);
+  if (size(Axis::tp) == 1) return *edp_group_;
+  if (!edp_tp_group_) {
+    // Colour: the place in the dp x cp group mod ep (the expert shard); key: the place in
+    // tp x dp x cp.
+    const int d = group({Axis::dp, Axis::cp}).rank();
+    Communicator& all = group({Axis::tp, Axis::cp, Axis::dp});
+    edp_tp_group_ = all.split(d % ep, all.rank(), "edpxtp");
+  }
+  return *edp_tp_group_;
 }
 
 Communicator& Mesh::group(std::initializer_list<Axis> axes) {

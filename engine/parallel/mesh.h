@@ -58,6 +58,11 @@ class Mesh {
   // later calls must pass the same ep.
   Communicator& expert_group(int ep);
   Communicator& expert_data_group(int ep);
+  // Under tensor parallelism with MoE layers (their experts replicated over tp, each tp rank
+  // routing its own tokens): the ranks of the tp x dp x cp group holding the same experts, at
+  // any tp coordinate ("edpxtp": their gradients reduce over it). The tp axis's size 1: the edp
+  // group itself.
+  Communicator& expert_data_tp_group(int ep);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
   std::vector<Communicator*> communicators() const;
 
@@ -70,7 +75,7 @@ class Mesh {
   std::map<unsigned, std::unique_ptr<Communicator>> groups_;  // by bit mask of the axes
   void make_expert_groups(int ep);
   int ep_ = 0;  // the ep the expert groups were made for
-  std::unique_ptr<Communicator> ep_group_, edp_group_;
+  std::unique_ptr<Communicator> ep_group_, edp_group_, edp_tp_group_;
 };
 
 }  // namespace llmt

@@ -35,8 +35,9 @@ struct Dims {
   double B, T, N, R, C, H, KV, D, F, F1, V;
   int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
   // Mixture of experts: E experts, k per token, an expert's hidden width Fe and fc1 rows Fe1,
-  // the shared experts' Fs and Fs1 (0 without), and the expert parallel degree.
-  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0, ep = 1;
+  // the shared experts' Fs and Fs1 (0 without), and the expert parallel degree; the rows the
+  // MoE layers route on the rank (R) in Sr segments (blocks.h, MoeRows).
+  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0, ep = 1, Sr = 0;
 };
 
 // What an MoE MLP saves (MoeMlp::saved): the router's logits, the routing and the dispatch plan,
@@ -46,8 +47,8 @@ struct Dims {
 // rows received (N k at balanced routing) with their fc1 output, activation, output and the
 // gradients of the output and of fc1's output.
 double moe_saved_bytes(const Dims& d) {
-  const double M = d.N * d.k, Mh = d.ep > 1 ? 0 : M;
-  double b = sum_bytes({d.N * d.E, d.N * d.k, d.N * d.k, d.B * d.E, d.E + 1, M, d.N * d.k, M * d.C,
+  const double M = d.R * d.k, Mh = d.ep > 1 ? 0 : M;
+  double b = sum_bytes({d.R * d.E, d.R * d.k, d.R * d.k, d.Sr * d.E, d.E + 1, M, d.R * d.k, M * d.C,
                         Mh * d.Fe1, Mh * d.Fe, M * d.C});
   if (d.ep > 1) b += 4 * M * (3 * d.C + 2 * d.Fe1 + d.Fe);
   if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
@@ -80,18 +81,18 @@ double head_saved_bytes(const Dims& d) {
 // (its input read in place) + its output.
 double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool full_dense,
                      bool full_moe) {
-  const double M = d.N * d.k;
+  const double M = d.R * d.k;  // an MoE layer's routed rows (R: its rows under SP)
   const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
   const double stash = std::max(
       2 * norm_stash,
-      moe ? sum_bytes({d.N * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash : 0.0);
+      moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash : 0.0);
   double b =
       sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D, d.N * d.H * d.D,
                  d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs), d.N * d.C}) +
       stash;
   if (moe)
     b += sum_bytes(
-        {d.N * d.E, d.N * d.C, d.N * d.C, d.N * d.C, d.N * d.k, M * d.Fe, M * d.C, d.B, d.N});
+        {d.R * d.E, d.R * d.C, d.R * d.C, d.R * d.C, d.R * d.k, M * d.Fe, M * d.C, d.Sr, d.R});
   // ep: the experts' side's backward buffers (their fc2 input and fc1 input gradients).
   if (moe && d.ep > 1) b += 4 * M * (d.Fe + d.C);
   if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
@@ -231,6 +232,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     d.Fs = static_cast<double>(spec.shared_ffn) / tp;
     d.Fs1 = static_cast<double>(spec.shared_fc1_out) / tp;
     d.ep = static_cast<double>(par.ep);
+    const int64_t R = static_cast<int64_t>(d.R), Tl = static_cast<int64_t>(d.T);
+    d.Sr = static_cast<double>(R / std::gcd(R, Tl));
   }
   const int ep = static_cast<int>(par.ep);
 
@@ -285,7 +288,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     int64_t recomputed = 0;
     double fpt = 0, recompute_fpt_sum = 0, saved = 0;
     bool moe = false, full_dense = false, full_moe = false;
-    double moe_layers = 0, moe_replays = 0;
+    double moe_layers = 0, moe_replays = 0, unreplayed_last = 0;
     for (int c = 0; c < v; ++c) {
       const int st = stage_of(shape, pr, c);
       const int64_t first =
@@ -304,12 +307,22 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         if (re) recompute_fpt_sum += recompute_fpt(l);
         saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
         if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
-        moe_replays += is_moe && re && rc == Recompute::full;
+        const bool replayed = re && rc == Recompute::full;
+        moe_replays += is_moe && replayed;
+        // Without pp the last layer's forward leaves its replay set valid for its backward,
+        // which then runs no replay (Layer::full_set); under pp other micro-batches' forwards
+        // come between, so every recomputed layer is counted.
+        if (replayed && p == 1 && j == n - 1) {
+          unreplayed_last = 1;
+          moe_replays -= is_moe;
+        }
       }
     }
     const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
     const double e = s.embedding ? 1 : 0, h = s.head ? 1 : 0;
-    const double full_replays = rc == Recompute::full ? Lrc : 0;
+    // Layers replayed per micro-batch under full recompute: each runs its forward's tp
+    // collectives again (two all-reduces, or two all-gathers and two reduce-scatters under SP).
+    const double full_replays = rc == Recompute::full ? Lrc - unreplayed_last : 0;
 
     // FLOPs and compute time.
     s.flops = per_rank_tokens * (fpt + recompute_fpt_sum + h * head_fpt) / tp;
@@ -324,13 +337,21 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
     if (tp > 1) {
       if (!sp) {
-        t.all_reduce = m * 2 * f_tp * (E * (4 * L + full_replays + e + h) + h * 4 * 3 * d.N);
+        t.all_reduce = m * 2 * f_tp * (E * (4 * L + 2 * full_replays + e + h) + h * 4 * 3 * d.N);
       } else {
-        t.reduce_scatter = m * f_tp * E * (4 * L + full_replays + e + h);
-        t.all_gather = m * f_tp * E * (6 * L + full_replays + e + h);
-        t.all_reduce = m * 2 * f_tp *
-                       (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C *
-                                              (2 * L + h));
+        // An MoE layer without shared experts routes its own rows: its MLP has no collective
+        // (forward: a gather and a reduce-scatter; backward: two gathers and a reduce-scatter).
+        const double bare = mc.moe.shared_experts == 0 ? moe_layers : 0,
+                     bare_replays = mc.moe.shared_experts == 0 ? moe_replays : 0;
+        t.reduce_scatter =
+            m * f_tp * E * (4 * L - 2 * bare + 2 * full_replays - bare_replays + e + h);
+        t.all_gather = m * f_tp * E * (6 * L - 3 * bare + 2 * full_replays - bare_replays + e + h);
+        // (+ MoE layers: the per-sequence expert counts, (mbs, E) i32, in each forward and
+        // full-recompute replay.)
+        t.all_reduce =
+            m * 2 * f_tp *
+            (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C * (2 * L + h) +
+             (moe_layers + moe_replays) * 4 * mbs * d.E);
       }
     }
     // cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer.
@@ -374,6 +395,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
     const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
     double whole = 0, padded = 0, padded_root = 0, whole_experts = 0;
+    // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
+    double whole_routed = 0;
     double padded_experts = 0;  // over the edp group
     // Each unit's ZeRO buffers (zero_comm_peak), by layer; the root's.
     std::map<int64_t, ZeroUnitBytes> layer_units;
@@ -390,6 +413,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       zu.gather += 4 * pad;
       zu.reduce += 4 * pad * (1 + 1.0 / n);
       whole += static_cast<double>(ps.shape.numel());
+      if (tp > 1 && rs.is_routed(i) && !expert)
+        whole_routed += static_cast<double>(ps.shape.numel());
       if (expert) {
         whole_experts += static_cast<double>(ps.shape.numel());
         padded_experts += pad;
@@ -403,9 +428,13 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     const double shards = f_dp * 4 * padded + f_edp * 4 * padded_experts;
     if (group > 1) {
       switch (par.zero_stage) {
-        case 0:
-          g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts) + 2 * f_edp * 4 * whole_experts;
+        case 0: {
+          // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
+          const double n_e = edp * (moe && tp > 1 ? tp : 1);
+          g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts - whole_routed) +
+                         2 * (n_e - 1) / n_e * 4 * whole_experts;
           break;
+        }
         case 1:
           g.reduce_scatter = g.all_gather = shards;
           break;
@@ -418,12 +447,18 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
           g.all_gather = m * (2 * shards - f_dp * 4 * padded_root);
       }
     }
+    // MoE under tp (DDP): the routed gradients over tp x dp x cp, counted with dp (with tp when
+    // dp x cp is one rank: the group is then the tp axis's own).
+    if (whole_routed > 0) {
+      const double n = static_cast<double>(tp) * group;
+      (group > 1 ? g : t).all_reduce += 2 * (n - 1) / n * 4 * whole_routed;
+    }
 
     // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
     // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts
     // and of those received, at balanced routing (each a fraction (ep-1)/ep of the N k).
     if (ep > 1) {
-      const double crossing = d.N * d.k * (ep - 1.0) / ep * C * 4;
+      const double crossing = d.R * d.k * (ep - 1.0) / ep * C * 4;  // of the rank's R rows
       g.all_to_all += m * moe_layers * (4 * crossing + (ep - 1.0) * (d.E / ep) * 4);
     }
     // Memory: the exact state, the in-flight activations, the buffers.

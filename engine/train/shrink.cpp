@@ -17,8 +17,10 @@ Shrunk shrink_overrides(const Config& c) {
   // dp: 2 when the setup has data parallelism and the world stays within 8 ranks.
   const int64_t rest = tp * cp * pp, dp = p.dp != 1 && rest * 2 <= 8 ? 2 : 1;
   const int64_t mbs = 1, micro = interleaved ? 2 * pp : 2;  // micro-batches per dp rank
-  // Expert parallelism: over the shrunk dp (2) when the setup has it.
-  const int64_t ep = p.ep > 1 && dp > 1 && c.model.moe.num_experts % dp == 0 ? dp : 1;
+  // Expert parallelism: over the shrunk dp x cp group when the setup has it (2 of its ranks when
+  // the experts do not divide over all of them).
+  const int64_t g = dp * cp, E = c.model.moe.num_experts;
+  const int64_t ep = p.ep == 1 || g == 1 ? 1 : E % g == 0 ? g : (g % 2 == 0 && E % 2 == 0 ? 2 : 1);
   const bool gqa = c.model.n_kv_heads > 0 && c.model.n_kv_heads != c.model.n_heads;
   // Hybrid context parallelism needs an all-to-all group of 1 < u < cp: at cp 2 it is a ring.
   const CpImpl impl = p.cp_impl == CpImpl::hybrid ? CpImpl::ring : p.cp_impl;

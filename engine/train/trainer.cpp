@@ -426,9 +426,15 @@ void Trainer::State::build_model() {
       s.pp > 1 ? s.spec.shard_pp(s.pp, virtual_stages, cfg.parallel.pp_layers, s.pp_rank) : s.spec;
   // Expert parallelism: the ep group (ep consecutive ranks of the dp x cp group) and this rank's
   // experts, by its rank there.
+  // (tp first: ModelSpec shards tp before ep.)
   const int ep = static_cast<int>(cfg.parallel.ep);
   Communicator* ep_group = ep > 1 ? &s.mesh.expert_group(ep) : nullptr;
-  const ModelSpec stage_spec = ep > 1 ? pp_spec.shard_ep(ep, ep_group->rank()) : pp_spec;
+  const ModelSpec stage_spec =
+      ep > 1 ? (s.mesh.size(Axis::tp) > 1
+                    ? pp_spec.shard_tp(s.mesh.size(Axis::tp), s.mesh.coord(Axis::tp))
+                    : pp_spec)
+                   .shard_ep(ep, ep_group->rank())
+             : pp_spec;
   const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
   s.model = std::make_unique<Transformer>(
       stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
@@ -549,7 +555,7 @@ StepMetrics::Moe Trainer::State::moe_metrics() {
   const MoeStats& st = model->moe_stats();
   const int64_t L = cfg.model.n_layers, E = cfg.model.moe.num_experts;
   // [aux, z, dropped, assigned, then each layer's E counts]: summed over the world, each layer's
-  // counts are the local ones of its pp stage's dp x cp ranks (tp = 1 under MoE).
+  // counts are the local ones of its pp stage's ranks (each routes its own tokens).
   std::vector<double> v(static_cast<size_t>(4 + L * E), 0.0);
   v[0] = st.aux / static_cast<double>(accum);
   v[1] = st.z / static_cast<double>(accum);

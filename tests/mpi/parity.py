@@ -114,6 +114,24 @@ LAYOUTS = {
     "cp2-ep4-dp2": (4, ["parallel.cp=2", "parallel.ep=4"], []),
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"], []),
+    # MoE under tp (with sequence parallelism): each tp rank routes its own rows (half a sequence
+    # at tp 4 or with one-sequence micro-batches) through experts replicated over tp.
+    "tp4-sp": (4, ["parallel.tp=4", "parallel.sequence_parallel=true"], ["model.n_kv_heads=4"]),
+    "tp2-sp-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true"], []),
+    "tp2-sp-accum4": (2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                          "train.micro_batch_size=1"], []),
+    "tp2-sp-pp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp=2",
+                       "parallel.pp_schedule=zb-h1"], []),
+    "tp2-sp-full-recompute": (2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                  "train.recompute=full"], []),
+    "tp2-sp-bias": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], BIAS),
+    # ep under tp: each tp coordinate's ep group exchanges its own rows; the experts' gradients
+    # reduce over the ranks holding the same experts at any tp coordinate.
+    "ep2-tp2-sp": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"], []),
+    "cp2-ep2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                           "parallel.ep=2"], []),
+    "ep2-tp2-sp-pp2": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2",
+                           "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     # Capacity under cp: each assignment ranked among the whole sequence's (every chunk's counts).
     "capacity-cp2": (2, ["parallel.cp=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-cp4": (4, ["parallel.cp=4"], ["model.moe.capacity_factor=1.0"]),

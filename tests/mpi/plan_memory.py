@@ -52,6 +52,9 @@ LAYOUTS = {  # name: (ranks, sets)
                            "train.recompute_layers=1"]),
     # Capacity under cp (MoE config): the chunks' counts that rank the assignments.
     "capacity-cp2": (2, ["parallel.cp=2", "parallel.dp=1", "model.moe.capacity_factor=1.0"]),
+    "tp2-sp-dp2": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]),
+    "ep2-tp2-sp": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                       "parallel.ep=2"]),
     # Expert parallelism (MoE config): DDP, and ZeRO with the expert stacks over the edp group.
     "ep2-dp4": (4, ["parallel.dp=4", "parallel.ep=2"]),
     "ep2-zero1-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=1"]),
@@ -61,7 +64,7 @@ LAYOUTS = {  # name: (ranks, sets)
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
                "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first",
                "cp2-ring", "cp2-ulysses-dp2-zero1", "capacity-cp2", "ep2-dp4", "ep2-zero1-dp4",
-               "ep2-zero3-dp4"]
+               "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]
@@ -69,12 +72,16 @@ KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_a
 
 
 def counted(comm, axis):
-    """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group and the
-    expert groups (ep, edp) under dp and the tied-embedding group under pp."""
+    """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group, the
+    expert groups (ep, edp, edp x tp) and MoE's tp x dp group under dp, and the tied-embedding
+    group under pp."""
     total = {k: 0 for k in KINDS}
     for group, kinds in comm.items():
-        mine = (group == axis or (axis == "dp" and set(group.split("x")) == {"dp", "cp"}) or
-                (axis == "dp" and group in ("ep", "edp")) or
+        axes = set(group.split("x"))
+        mine = (group == axis or (axis == "dp" and axes == {"dp", "cp"}) or
+                (axis == "dp" and group in ("ep", "edp", "edpxtp")) or
+                # MoE under tp: the routed gradients' tp x dp (x cp) group
+                (axis == "dp" and len(axes) > 1 and "tp" in axes and axes & {"dp", "cp"}) or
                 (axis == "pp" and group == "embedding"))
         if mine:
             for k, v in kinds.items():
