@@ -427,41 +427,44 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   ep_rows_[env_.scratch.layer_input] = std::move(r);
 }
 
-Tensor MoeMlp::cp_rank_base(Tensor idx, Buffer& buf) const {
-  LLMT_CHECK(!env_.tp.sp(), "capacity dropping under tp is not built");
+Tensor MoeMlp::rank_base(Tensor idx, Buffer& buf) const {
+  // This rank's tokens as runs of L positions, each inside one sequence and one cp chunk: L
+  // divides the segment and the chunk (2 chunks of the cp-local T per cp rank, or T itself).
   const SequenceShard& sh = env_.seq;
-  const int64_t S = env_.B, T = env_.T, H = static_cast<int64_t>(sh.runs.size()), run = T / H;
-  const int64_t chunks = sh.T / run;  // of the whole sequence, each one run long
-  for (int64_t h = 0; h < H; ++h)
-    LLMT_CHECK(sh.runs[static_cast<size_t>(h)].local == h * run &&
-                   sh.runs[static_cast<size_t>(h)].len == run,
-               "capacity under cp needs ", H, " equal runs of ", run, " positions");
-  std::vector<int32_t> ix(static_cast<size_t>(S * T * k_));
-  env_.alloc.backend().copy_to_host(ix.data(), idx.data, ix.size() * 4);
-  // (S,E,k,chunks): this rank's chunks' counts, then (summed over cp) every chunk's.
-  std::vector<int32_t> cnt(static_cast<size_t>(S * E_ * k_ * chunks), 0);
-  auto at = [&](int64_t s, int64_t e, int64_t j, int64_t c) {
-    return static_cast<size_t>(((s * E_ + e) * k_ + j) * chunks + c);
+  const int64_t seg = rows_.seg, S = rows_.segments;
+  const int64_t L = std::gcd(seg, sh.runs.front().len), H = seg / L, chunks = sh.T / L;
+  const std::vector<int32_t> pos = sh.positions();    // cp-local index -> global position
+  const auto first_pos = [&](int64_t i, int64_t h) {  // of segment i's run h
+    return pos[static_cast<size_t>((rows_.row0 + i * seg + h * L) % rows_.T)];
   };
-  for (int64_t s = 0; s < S; ++s)
+  std::vector<int32_t> ix(static_cast<size_t>(rows_.R * k_));
+  env_.alloc.backend().copy_to_host(ix.data(), idx.data, ix.size() * 4);
+  // (B,E,k,chunks): this rank's runs' counts, then (summed over tp and cp) every chunk's.
+  std::vector<int32_t> cnt(static_cast<size_t>(env_.B * E_ * k_ * chunks), 0);
+  const auto at = [&](int64_t b, int64_t e, int64_t j, int64_t c) {
+    return static_cast<size_t>(((b * E_ + e) * k_ + j) * chunks + c);
+  };
+  for (int64_t i = 0; i < S; ++i)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = s * T + h * run; t < s * T + (h + 1) * run; ++t)
+      for (int64_t t = i * seg + h * L; t < i * seg + (h + 1) * L; ++t)
         for (int64_t j = 0; j < k_; ++j)
-          ++cnt[at(s, ix[static_cast<size_t>(t * k_ + j)], j, sh.runs[h].global / run)];
-  env_.cp->all_reduce(Tensor(cnt.data(), {static_cast<int64_t>(cnt.size())}, DType::i32)).wait();
+          ++cnt[at(rows_.sequence(i), ix[static_cast<size_t>(t * k_ + j)], j, first_pos(i, h) / L)];
+  const Tensor all(cnt.data(), {static_cast<int64_t>(cnt.size())}, DType::i32);
+  if (env_.tp.sp()) env_.tp.tp.comm->all_reduce(all).wait();
+  if (env_.cp != nullptr) env_.cp->all_reduce(all).wait();
   // Ranked by (j, position): every earlier choice's assignments, then the earlier chunks'.
   std::vector<int32_t> base(static_cast<size_t>(S * E_ * k_ * H));
-  for (int64_t s = 0; s < S; ++s)
+  for (int64_t i = 0; i < S; ++i)
     for (int64_t e = 0; e < E_; ++e) {
+      const int64_t b = rows_.sequence(i);
       int64_t before = 0;  // the sequence's assignments to e at choices < j
       for (int64_t j = 0; j < k_; ++j) {
         for (int64_t h = 0; h < H; ++h) {
-          int64_t b = before;
-          for (int64_t c = 0; c < sh.runs[static_cast<size_t>(h)].global / run; ++c)
-            b += cnt[at(s, e, j, c)];
-          base[static_cast<size_t>(((s * E_ + e) * k_ + j) * H + h)] = static_cast<int32_t>(b);
+          int64_t r = before;
+          for (int64_t c = 0; c < first_pos(i, h) / L; ++c) r += cnt[at(b, e, j, c)];
+          base[static_cast<size_t>(((i * E_ + e) * k_ + j) * H + h)] = static_cast<int32_t>(r);
         }
-        for (int64_t c = 0; c < chunks; ++c) before += cnt[at(s, e, j, c)];
+        for (int64_t c = 0; c < chunks; ++c) before += cnt[at(b, e, j, c)];
       }
     }
   buf = env_.alloc.allocate(base.size() * 4, MemCategory::other);
@@ -500,7 +503,8 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
   ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
   Buffer base_buf;
-  const Tensor base = capacity_ > 0 && env_.cp != nullptr ? cp_rank_base(idx, base_buf) : Tensor();
+  const Tensor base =
+      capacity_ > 0 && (env_.cp != nullptr || env_.tp.sp()) ? rank_base(idx, base_buf) : Tensor();
   ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, rows_.seg, capacity_, base);
   MoeStats& st = env_.moe_stats;
   std::vector<int32_t> cnt(static_cast<size_t>(S * E_));  // this rank's counts (the loads)

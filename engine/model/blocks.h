@@ -262,7 +262,7 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 // and their values to env.moe_stats in forward. Under context parallelism the per-sequence
 // expert counts are summed over the cp group (every token's routing is local; only the aux loss's
 // load fractions need the whole sequence), and capacity dropping ranks each assignment among the
-// whole sequence's from every chunk's counts (cp_rank_base). Under tensor parallelism (with
+// whole sequence's from every chunk's counts (rank_base). Under tensor parallelism (with
 // sequence parallelism) each tp rank routes its own rows (MoeRows) through experts and a router
 // replicated over tp, and the counts are summed over tp as well; the shared experts are a
 // tp-sharded Mlp.
@@ -284,10 +284,11 @@ class MoeMlp final : public Branch {
   static constexpr size_t kSaved = 11, kStash = 3;
   // The saved offsets (E+1) read back to the host, for the grouped GEMMs' row runs.
   std::vector<int64_t> offsets(std::span<const Tensor> s) const;
-  // Capacity under context parallelism: moe_dispatch's rank_base (S,E,k,runs) in `buf`, the rank
-  // in the whole sequence of this rank's first assignment of each (sequence, expert, choice j,
-  // run of positions), from every chunk's counts summed over the cp group.
-  Tensor cp_rank_base(Tensor idx, Buffer& buf) const;
+  // Capacity when a sequence's tokens are on several ranks (cp chunks, tp rows):
+  // moe_dispatch's rank_base (segments,E,k,runs) in `buf`, the rank in the whole sequence of this
+  // rank's first assignment of each (segment, expert, choice j, run of positions), from every
+  // chunk's counts summed over the tp and cp groups.
+  Tensor rank_base(Tensor idx, Buffer& buf) const;
   // Expert parallelism: what one micro-batch's forward leaves for its backward on this rank, the
   // rows the ep peers sent for this rank's experts (R of them, by peer, then by local expert) and
   // their activations and gradients, in memory of its own (R depends on the routing). Kept from

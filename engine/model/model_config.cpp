@@ -100,11 +100,6 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                 concat(moe_tp, " and parallel.zero_stage=", p.zero_stage,
                        ": ZeRO over the tp x dp group the routed parameters reduce over is not "
                        "built yet; use zero_stage = 0"));
-      r.require(
-          m.moe.capacity_factor == 0.0f, {"model.moe.capacity_factor", "parallel.tp"},
-          concat("model.moe.capacity_factor=", m.moe.capacity_factor, " with parallel.tp=", p.tp,
-                 ": capacity dropping under tp is not built yet; use "
-                 "capacity_factor = 0 (dropless)"));
     }
   }
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))

@@ -334,6 +334,16 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // more each for the embedding's output and the head's input gradient, the cross-entropy's
     // 3 floats per position; a full-recompute replay runs the layer's forward up to the MLP's
     // saved tensors: the attention's output collective (and with sp the MLP's all-gather).
+    // MoE layers whose sequences lie on several ranks (cp chunks, tp rows) sum per-sequence
+    // counts over them in each forward and full-recompute replay: (mbs, E) i32 of expert loads,
+    // and with capacity (mbs, E, k, chunks) i32 that rank the assignments (MoeMlp::rank_base:
+    // chunks of L positions, L dividing the rank's segments and the cp chunks).
+    double moe_counts = mbs * d.E;
+    if (mc.moe.capacity_factor > 0 && (cp > 1 || sp)) {
+      const int64_t Tg = mc.seq_len, Tcp = Tg / cp, R = static_cast<int64_t>(d.R);
+      const int64_t Lrun = std::gcd(std::gcd(R, Tcp), cp > 1 ? Tg / (2 * cp) : Tg);
+      moe_counts += mbs * d.E * d.k * static_cast<double>(Tg / Lrun);
+    }
     AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
     if (tp > 1) {
       if (!sp) {
@@ -346,12 +356,11 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         t.reduce_scatter =
             m * f_tp * E * (4 * L - 2 * bare + 2 * full_replays - bare_replays + e + h);
         t.all_gather = m * f_tp * E * (6 * L - 3 * bare + 2 * full_replays - bare_replays + e + h);
-        // (+ MoE layers: the per-sequence expert counts, (mbs, E) i32, in each forward and
-        // full-recompute replay.)
+        // (+ MoE layers: their per-sequence counts.)
         t.all_reduce =
             m * 2 * f_tp *
             (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C * (2 * L + h) +
-             (moe_layers + moe_replays) * 4 * mbs * d.E);
+             (moe_layers + moe_replays) * 4 * moe_counts);
       }
     }
     // cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer.
@@ -363,11 +372,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       k.send = b.send * L * m;
       k.recv = b.recv * L * m;
       k.all_to_all = b.all_to_all * L * m;
-      // MoE layers sum the chunks' per-sequence expert counts, (mbs, E) i32, in each forward
-      // and each full-recompute replay; with capacity also the counts per (sequence, expert,
-      // choice, chunk), (mbs, E, k, 2cp) i32, that rank the assignments.
-      const double counts = mbs * d.E * (1 + (mc.moe.capacity_factor > 0 ? d.k * 2 * cp : 0));
-      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * counts;
+      // (+ MoE layers: their per-sequence counts.)
+      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * moe_counts;
     }
     // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
     // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the

@@ -132,7 +132,14 @@ LAYOUTS = {
                            "parallel.ep=2"], []),
     "ep2-tp2-sp-pp2": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2",
                            "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
-    # Capacity under cp: each assignment ranked among the whole sequence's (every chunk's counts).
+    # Capacity under cp and tp: each assignment ranked among the whole sequence's (every chunk's
+    # counts; tp4-sp holds half a sequence per rank).
+    "capacity-tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"],
+                        ["model.moe.capacity_factor=1.0"]),
+    "capacity-tp4-sp": (4, ["parallel.tp=4", "parallel.sequence_parallel=true"],
+                        ["model.moe.capacity_factor=1.0", "model.n_kv_heads=4"]),
+    "capacity-cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+                            ["model.moe.capacity_factor=1.0"]),
     "capacity-cp2": (2, ["parallel.cp=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-cp4": (4, ["parallel.cp=4"], ["model.moe.capacity_factor=1.0"]),
     "capacity-cp2-ep2-dp2": (4, ["parallel.cp=2", "parallel.ep=2"],

@@ -52,6 +52,8 @@ LAYOUTS = {  # name: (ranks, sets)
                            "train.recompute_layers=1"]),
     # Capacity under cp (MoE config): the chunks' counts that rank the assignments.
     "capacity-cp2": (2, ["parallel.cp=2", "parallel.dp=1", "model.moe.capacity_factor=1.0"]),
+    "capacity-cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp=1",
+                                "parallel.sequence_parallel=true", "model.moe.capacity_factor=1.0"]),
     "tp2-sp-dp2": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]),
     "ep2-tp2-sp": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
                        "parallel.ep=2"]),
@@ -64,7 +66,8 @@ LAYOUTS = {  # name: (ranks, sets)
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
                "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first",
                "cp2-ring", "cp2-ulysses-dp2-zero1", "capacity-cp2", "ep2-dp4", "ep2-zero1-dp4",
-               "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp"]
+               "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
+               "capacity-cp2-tp2-sp"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]
@@ -123,14 +126,19 @@ def main():
                 failures.append(f"{name}: {k} estimated {est:.0f} B, allocated {got} B")
         comm = last.get("comm_bytes", {})
         planned_bytes = stage["bytes"]
-        if "dp" not in comm and "cp" in comm:
-            # dp = 1: the dp x cp group is the cp axis's own communicator.
+        merged = "dp" not in comm and "cp" in comm
+        if merged:
+            # dp = 1: the dp x cp group is the cp axis's own communicator; plan's dp bytes are
+            # compared with the cp axis's and the other groups plan counts with dp, together.
             planned_bytes["cp"] = {k: planned_bytes["cp"].get(k, 0) + planned_bytes["dp"].get(k, 0)
                                    for k in KINDS}
             planned_bytes["dp"] = {}
         for axis in ("tp", "cp", "dp", "pp"):
             want = planned_bytes[axis]
             got = counted(comm, axis)
+            if merged and axis in ("cp", "dp"):
+                got = ({k: got.get(k, 0) + counted(comm, "dp").get(k, 0) for k in KINDS}
+                       if axis == "cp" else {})
             for k in KINDS:
                 w, g = want.get(k, 0), got.get(k, 0)
                 if w == 0 and g == 0:
