@@ -14,6 +14,11 @@ namespace llmt {
 namespace {
 
 TEST(CpuPeak, MeasuredFmaLoopImpliesARealClock) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // A sanitizer build's loop is not the one the trainer measures (it ran at 0.26 GHz under ASan
+  // on a loaded machine): the check belongs to the optimised build.
+  GTEST_SKIP() << "sanitizer build";
+#endif
   const CpuInfo cpu = read_cpuinfo();
   double per_thread = 0;
   for (int i = 0; i < 3; ++i)
