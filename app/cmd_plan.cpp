@@ -345,15 +345,9 @@ Run add_plan_command(CLI::App& app) {
     // The training state each rank allocates, exactly (rank_state_bytes): the ranks of dp and
     // cp coordinate 0, one per (tp, pp) coordinate; the others of a group hold the same or less.
     const ModelSpec spec = ModelSpec::from_config(cfg.model);
-    std::printf(
-        "parameters: %lld%s; training FLOPs per step %.4g\n",
-        static_cast<long long>(spec.num_params()),
-        cfg.model.moe.enabled()
-            ? detail::concat(" (", spec.num_active_params(), " active: ", cfg.model.moe.top_k,
-                             " of ", cfg.model.moe.num_experts, " experts per MoE layer)")
-                  .c_str()
-            : "",
-        spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
+    std::printf("parameters: %lld%s; training FLOPs per step %.4g\n",
+                static_cast<long long>(spec.num_params()), active_params_text(spec).c_str(),
+                spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
     std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld):\n",
                 static_cast<long long>(par.zero_stage));
     const ckpt::WriteLayout layout{mesh, v, par.pp_layers, static_cast<int>(par.ep)};

@@ -15,6 +15,13 @@
 
 namespace llmt::app {
 
+std::string active_params_text(const ModelSpec& spec) {
+  const MoeConfig& e = spec.cfg.moe;
+  if (!e.enabled()) return "";
+  return detail::concat(" (", spec.num_active_params(), " active: ", e.top_k, " of ", e.num_experts,
+                        " experts per MoE layer)");
+}
+
 Run add_train_command(CLI::App& app) {
   struct Args {
     std::string config;
@@ -191,18 +198,13 @@ Run add_train_command(CLI::App& app) {
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);
     if (!args->quiet && rank0)
-      std::printf(
-          "llmtrain: %s, %lld parameters%s, %lld layers, d_model %lld, seq_len %lld, %s\n",
-          cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
-          static_cast<long long>(spec.num_params()),
-          cfg.model.moe.enabled()
-              ? detail::concat(" (", spec.num_active_params(), " active: ", cfg.model.moe.top_k,
-                               " of ", cfg.model.moe.num_experts, " experts)")
-                    .c_str()
-              : "",
-          static_cast<long long>(cfg.model.n_layers), static_cast<long long>(cfg.model.d_model),
-          static_cast<long long>(cfg.model.seq_len),
-          std::string(precision_name(cfg.train.precision)).c_str());
+      std::printf("llmtrain: %s, %lld parameters%s, %lld layers, d_model %lld, seq_len %lld, %s\n",
+                  cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
+                  static_cast<long long>(spec.num_params()), active_params_text(spec).c_str(),
+                  static_cast<long long>(cfg.model.n_layers),
+                  static_cast<long long>(cfg.model.d_model),
+                  static_cast<long long>(cfg.model.seq_len),
+                  std::string(precision_name(cfg.train.precision)).c_str());
     if (!args->quiet && rank0 && mesh.shape().world() > 1) {
       // Context parallelism: each rank's share of a sequence and how attention crosses ranks.
       const std::string cp_text =

@@ -4,6 +4,11 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+
+namespace llmt {
+struct ModelSpec;
+}
 
 namespace llmt::app {
 
@@ -14,5 +19,9 @@ Run add_config_command(CLI::App& app);
 Run add_data_command(CLI::App& app);
 Run add_checkpoint_command(CLI::App& app);
 Run add_plan_command(CLI::App& app);
+
+// " (A active: k of E experts per MoE layer)" for a mixture of experts, else "" (the start-up
+// line and plan print it after the parameter count).
+std::string active_params_text(const ModelSpec& spec);
 
 }  // namespace llmt::app

@@ -508,10 +508,12 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   ops::moe_dispatch(counts, as_i32(s[4]), assign, slot, idx, rows_.seg, capacity_, base);
   MoeStats& st = env_.moe_stats;
   std::vector<int32_t> cnt(static_cast<size_t>(S * E_));  // this rank's counts (the loads)
-  env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
+  const bool shared_sequences = env_.cp != nullptr || env_.tp.sp();
+  if (!st.replaying || shared_sequences)
+    env_.alloc.backend().copy_to_host(cnt.data(), counts.data, cnt.size() * 4);
   // Context and tensor parallelism: the whole sequences' counts, for the aux loss and its
   // gradient.
-  if (env_.cp != nullptr || env_.tp.sp()) sequence_counts(counts, cnt);
+  if (shared_sequences) sequence_counts(counts, cnt);
   const std::vector<int64_t> off = offsets(s);
   const int64_t M = off.back();  // the kept assignments
   ops::moe_permute(xp, x, assign);

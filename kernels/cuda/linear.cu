@@ -21,15 +21,8 @@
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
-
-#define LLMT_CUBLAS_CHECK(call)                                                              \
-  do {                                                                                       \
-    cublasStatus_t st_ = (call);                                                             \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cublasLtGetStatusString(st_)));             \
-  } while (0)
 
 namespace llmt::cuda {
 namespace {

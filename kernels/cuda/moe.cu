@@ -8,15 +8,8 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
-
-#define LLMT_CUBLAS_V2_CHECK(call)                                                           \
-  do {                                                                                       \
-    cublasStatus_t st_ = (call);                                                             \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cublasGetStatusString(st_)));               \
-  } while (0)
 
 namespace llmt::cuda {
 namespace {
@@ -216,11 +209,11 @@ namespace {
 cublasHandle_t blas() {
   static cublasHandle_t h = [] {
     cublasHandle_t x = nullptr;
-    LLMT_CUBLAS_V2_CHECK(cublasCreate(&x));
-    LLMT_CUBLAS_V2_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));  // no TF32
+    LLMT_CUBLAS_CHECK(cublasCreate(&x));
+    LLMT_CUBLAS_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));  // no TF32
     return x;
   }();
-  LLMT_CUBLAS_V2_CHECK(cublasSetStream(h, stream()));
+  LLMT_CUBLAS_CHECK(cublasSetStream(h, stream()));
   return h;
 }
 
@@ -263,7 +256,7 @@ struct Groups {
     for (float* p : c) host.push_back(p);
     LLMT_CUDA_CHECK(
         cudaMemcpyAsync(dev, host.data(), 3 * g * sizeof(void*), cudaMemcpyHostToDevice, stream()));
-    LLMT_CUBLAS_V2_CHECK(cublasSgemmGroupedBatched(
+    LLMT_CUBLAS_CHECK(cublasSgemmGroupedBatched(
         blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
         reinterpret_cast<const float* const*>(dev), lda.data(),
         reinterpret_cast<const float* const*>(dev + g), ldb.data(), beta.data(),

@@ -1,0 +1,15 @@
+// LLMT_CUBLAS_CHECK: throws llmt::Error naming the file, line, call and cuBLAS's message when a
+// cuBLAS or cuBLASLt call fails (both return cublasStatus_t). For the CUDA kernels only.
+#pragma once
+
+#include <cublas_api.h>
+
+#include "engine/core/check.h"
+
+#define LLMT_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                       \
+    cublasStatus_t st_ = (call);                                                             \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
+                                                 cublasGetStatusString(st_)));               \
+  } while (0)
