@@ -105,15 +105,14 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   const std::vector<int> group = mesh.group(rank, {Axis::dp, Axis::cp});
   const int n = static_cast<int>(group.size());
   const int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
-  // Expert stacks under ep: the expert-data-parallel group's n / ep ranks.
-  const int ep = tp_spec.ep_size, n_edp = n / ep, d_edp = d / ep;
   std::vector<Piece> out;
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
-    if (tp_rank != 0 && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
-    const bool edp = ep > 1 && tp_spec.is_expert(i);
-    const int gn = edp ? n_edp : n, gd = edp ? d_edp : d;
+    // A parameter replicated over tp: tp rank 0 writes it, but for routed ones (row_group).
+    const bool over_tp = tp_spec.tp_size > 1 && tp_spec.is_routed(i);
+    if (tp_rank != 0 && !over_tp && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
+    const auto [gn, gd] = tp_spec.row_group(i, n, d);
     const int64_t rows = p.shape[0], s = (rows + gn - 1) / gn;
     const int64_t begin = std::min(rows, gd * s), end = std::min(rows, begin + s);
     if (begin == end) continue;

@@ -13,7 +13,10 @@
 // is one or more boxes of the global tensor (a tp shard of the fused qkv weight is three row ranges
 // of it), each a contiguous run of the local rows. Under expert parallelism an expert stack's
 // group is the expert-data-parallel one instead: the dp ranks holding the same experts (dp
-// coordinates equal modulo ep), of which the one with dp coordinate d is number d / ep.
+// coordinates equal modulo ep), of which the one with dp coordinate d is number d / ep. Under
+// tp, a routed parameter of a mixture-of-experts layer (router, expert stacks: replicated over tp
+// but each tp rank's gradient is a part of their sum) is cut over that group times tp instead,
+// every tp rank writing its rows (ModelSpec::row_group).
 #pragma once
 
 #include <cstdint>

@@ -25,7 +25,11 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   const ModelSpec& spec = model.spec();
   LLMT_CHECK(spec.ep_size == cfg.ep, "the model holds experts for ep=", spec.ep_size,
              ", parallel.ep=", cfg.ep);
-  groups_ = {&group, cfg.ep > 1 ? &mesh.expert_data_group(static_cast<int>(cfg.ep)) : &group};
+  // The parts' groups (ModelSpec::row_group): under tp the expert stacks' holders are at every
+  // tp coordinate too, and a router's gradient is a sum over tp x dp x cp.
+  const bool routed_tp = mesh.size(Axis::tp) > 1 && spec.cfg.moe.enabled();
+  groups_ = {&group, cfg.ep > 1 ? &mesh.expert_data_tp_group(static_cast<int>(cfg.ep)) : &group,
+             routed_tp ? &mesh.group({Axis::tp, Axis::cp, Axis::dp}) : &group};
   for (int k = 0; k < kParts; ++k) {
     n_[k] = groups_[k]->size();
     rank_[k] = groups_[k]->rank();
@@ -43,7 +47,11 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
         const Shape& shape = spec.params[i].shape;
         Param p;
         p.index = i;
-        p.part = cfg.ep > 1 && spec.is_expert(i) ? 1 : 0;
+        p.part = cfg.ep > 1 && spec.is_expert(i) ? 1 : routed_tp && spec.is_routed(i) ? 2 : 0;
+        const ModelSpec::RowGroup rg = spec.row_group(i, group.size(), group.rank());
+        LLMT_CHECK(rg.size == n_[p.part] && rg.rank == rank_[p.part], spec.params[i].name,
+                   ": ZeRO's group has ", n_[p.part], " ranks (this one number ", rank_[p.part],
+                   "), the checkpoint layout expects ", rg.size, " (number ", rg.rank, ")");
         Part& part = u.parts[static_cast<size_t>(p.part)];
         p.rows = shape[0];
         p.row_numel = shape.numel() / shape[0];
@@ -321,10 +329,12 @@ void Zero::finish_backward() {
 
 double Zero::grad_norm() {
   // The optimizer's slots are this rank's real rows; under tp a replicated parameter counts on
-  // tp rank 0 only (tp_params.h).
+  // tp rank 0 only (tp_params.h), but for the routed ones, whose rows are cut over tp too.
+  const ModelSpec& spec = model_.spec();
   std::vector<Tensor> counted;
   for (const OptimizerSlot& s : opt_->slots())
-    if (counts_in_tp_norm(model_.spec(), s.param)) counted.push_back(s.grad);
+    if (counts_in_tp_norm(spec, s.param) || (spec.tp_size > 1 && spec.is_routed(s.param)))
+      counted.push_back(s.grad);
   double sum = ops::sum_squares(counted);  // reduced in double, as ops.h promises
   group_.all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   if (mesh_.size(Axis::tp) > 1)
@@ -408,12 +418,13 @@ void Zero::gather_params(std::vector<float>& out) {
     }
   }
   std::vector<float> local;
-  if (spec.ep_size > 1) {  // (tp = 1)
+  if (spec.ep_size > 1) {  // the experts over ep, then the tp shards over tp
     local.swap(out);
     gather_ep_params(mesh_.expert_group(static_cast<int>(spec.ep_size)), spec, local, out);
-  } else if (mesh_.size(Axis::tp) > 1) {
+  }
+  if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);
-    gather_tp_params(mesh_.comm(Axis::tp), spec, local, out);
+    gather_tp_params(mesh_.comm(Axis::tp), spec.without_ep(), local, out);
   }
 }
 

@@ -27,6 +27,13 @@
 // other parameters' over the whole group, so each unit is two parts, each with its own shards,
 // packing and collectives (the gathered layout stays one, spec order). Every global row is still
 // owned by exactly one rank of the group: the grad norm and the nonfinite check are unchanged.
+//
+// Mixture of experts under tp: the router and the expert stacks are replicated over tp, but each
+// tp rank routes its own rows of the sequence, so their gradients are parts of a sum over tp.
+// They are a third part, sharded over the tp x dp x cp group (the expert stacks under ep over the
+// expert-data-parallel group times tp: Mesh::expert_data_tp_group), whose reduce-scatter sums the
+// tp ranks' parts as DDP's all-reduce does; their rows count in the grad norm on every tp rank.
+// ModelSpec::row_group states the groups; the checkpoint write rule cuts rows the same way.
 #pragma once
 
 #include <array>
@@ -58,8 +65,10 @@ class Zero final : public DataParallel {
 
  private:
   std::vector<StateTensor> master_tensors() override;
-  // Part 0: sharded over the group; part 1: the expert stacks over the edp group (ep > 1).
-  static constexpr int kParts = 2;
+  // Part 0: sharded over the group; part 1: the expert stacks over the edp group (ep > 1; times
+  // tp under tp); part 2: the other routed parameters under tp, and the expert stacks without ep,
+  // over tp x dp x cp.
+  static constexpr int kParts = 3;
   struct Param {
     size_t index = 0;                                // into the model's params
     int part = 0;
@@ -110,7 +119,7 @@ class Zero final : public DataParallel {
   int stage_;
   Transformer& model_;
   Allocator& alloc_;
-  std::array<Communicator*, kParts> groups_;  // the group; the edp group (or the group again)
+  std::array<Communicator*, kParts> groups_;  // by part (an unused part: the group again)
   std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
   int L_;
   std::vector<Unit> units_;

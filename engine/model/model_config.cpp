@@ -96,10 +96,6 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                 concat(moe_tp,
                        ": mixture-of-experts layers under tp route each rank's rows of "
                        "the sequence; set parallel.sequence_parallel = true"));
-      r.require(p.zero_stage == 0, {"model.moe.num_experts", "parallel.tp", "parallel.zero_stage"},
-                concat(moe_tp, " and parallel.zero_stage=", p.zero_stage,
-                       ": ZeRO over the tp x dp group the routed parameters reduce over is not "
-                       "built yet; use zero_stage = 0"));
     }
   }
   for (const LayoutRuleError& e : tensor_parallel_errors(m, p.tp, p.sequence_parallel))

@@ -188,6 +188,13 @@ bool ModelSpec::is_routed(size_t i) const {
                           n.compare(n.size() - router.size(), router.size(), router) == 0);
 }
 
+ModelSpec::RowGroup ModelSpec::row_group(size_t i, int size, int rank) const {
+  RowGroup g{size, rank};
+  if (ep_size > 1 && is_expert(i)) g = {size / ep_size, rank / ep_size};
+  if (tp_size > 1 && is_routed(i)) g = {g.size * tp_size, tp_rank + tp_size * g.rank};
+  return g;
+}
+
 ModelSpec ModelSpec::shard_ep(int size, int rank) const {
   LLMT_CHECK(ep_size == 1, "shard_ep of a spec already sharded for ep=", ep_size);
   LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "ep rank ", rank, " of ", size);

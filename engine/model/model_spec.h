@@ -89,6 +89,16 @@ struct ModelSpec {
   // tensor parallelism each tp rank routes its own tokens (sequence parallelism's rows), so its
   // gradient there is this rank's part of a sum over tp.
   bool is_routed(size_t i) const;
+  // The group parameter i's rows are cut over by ZeRO and by the checkpoint write rule: the
+  // ranks holding the same rows that see different data. Given this rank's place `rank` in its
+  // dp x cp group of `size` ranks (ranks in mesh order): an expert stack under ep, the
+  // expert-data-parallel group (size/ep ranks, place rank/ep); a routed parameter under tp (its
+  // tp ranks' gradients are parts of one sum), that group times tp at place tp_rank + tp*place
+  // (the mesh order of the tp x dp x cp group); any other, the dp x cp group itself.
+  struct RowGroup {
+    int size = 1, rank = 0;
+  };
+  RowGroup row_group(size_t i, int size, int rank) const;
   // The global layers this spec holds, in order.
   std::vector<int64_t> layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.

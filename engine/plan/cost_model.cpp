@@ -397,21 +397,26 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded
     // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
     // after the update; stage 3 before each forward and backward, the root unit once). Under
-    // ep the expert stacks do all of it over the edp group (group / ep ranks) instead.
+    // ep the expert stacks do all of it over the edp group (group / ep ranks) instead; MoE
+    // under tp reduces the routed parameters (router, expert stacks) over their groups times
+    // tp (ModelSpec::row_group), counted with dp (with tp when dp x cp is one rank: the group
+    // is then the tp axis's own).
     const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
-    const double edp = static_cast<double>(group / ep), f_edp = (edp - 1) / edp;
-    double whole = 0, padded = 0, padded_root = 0, whole_experts = 0;
+    const double edp = static_cast<double>(group / ep);
+    double whole = 0, whole_experts = 0;
     // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
     double whole_routed = 0;
-    double padded_experts = 0;  // over the edp group
+    // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), the root's
+    // part of it (the root holds no experts), and over the groups with tp.
+    double shards = 0, shards_root = 0, shards_tp = 0;
     // Each unit's ZeRO buffers (zero_comm_peak), by layer; the root's.
     std::map<int64_t, ZeroUnitBytes> layer_units;
     ZeroUnitBytes root_unit;
     for (size_t i = 0; i < rs.params.size(); ++i) {
       const ParamSpec& ps = rs.params[i];
       const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
-      const bool expert = ep > 1 && rs.is_expert(i);
-      const int64_t n = expert ? group / ep : group;
+      const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
+      const int64_t n = rs.row_group(i, group, 0).size;
       const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
       const bool root = ps.name.rfind("layers.", 0) != 0;
       ZeroUnitBytes& zu = root ? root_unit : layer_units[std::stoll(ps.name.substr(7))];
@@ -419,45 +424,41 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       zu.gather += 4 * pad;
       zu.reduce += 4 * pad * (1 + 1.0 / n);
       whole += static_cast<double>(ps.shape.numel());
-      if (tp > 1 && rs.is_routed(i) && !expert)
-        whole_routed += static_cast<double>(ps.shape.numel());
-      if (expert) {
-        whole_experts += static_cast<double>(ps.shape.numel());
-        padded_experts += pad;
-        continue;
-      }
-      padded += pad;
-      if (root) padded_root += pad;
+      if (over_tp && !expert) whole_routed += static_cast<double>(ps.shape.numel());
+      if (expert) whole_experts += static_cast<double>(ps.shape.numel());
+      const double pass = (n - 1.0) / n * 4 * pad;
+      (over_tp ? shards_tp : shards) += pass;
+      if (root) shards_root += pass;
     }
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
-    // One pass of ZeRO's collective over the shards (the root's excluded: it holds no experts).
-    const double shards = f_dp * 4 * padded + f_edp * 4 * padded_experts;
-    if (group > 1) {
+    AxisBytes& g_tp = group > 1 ? g : t;
+    if (group > 1 || shards_tp > 0) {
       switch (par.zero_stage) {
         case 0: {
           // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
-          const double n_e = edp * (moe && tp > 1 ? tp : 1);
+          const double n_e = edp * (moe && tp > 1 ? tp : 1), n_r = static_cast<double>(tp) * group;
           g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts - whole_routed) +
                          2 * (n_e - 1) / n_e * 4 * whole_experts;
+          g_tp.all_reduce += 2 * (n_r - 1) / n_r * 4 * whole_routed;
           break;
         }
         case 1:
           g.reduce_scatter = g.all_gather = shards;
+          g_tp.reduce_scatter += shards_tp;
+          g_tp.all_gather += shards_tp;
           break;
         case 2:
           g.reduce_scatter = m * shards;
           g.all_gather = shards;
+          g_tp.reduce_scatter += m * shards_tp;
+          g_tp.all_gather += shards_tp;
           break;
         default:
           g.reduce_scatter = m * shards;
-          g.all_gather = m * (2 * shards - f_dp * 4 * padded_root);
+          g.all_gather = m * (2 * shards - shards_root);
+          g_tp.reduce_scatter += m * shards_tp;
+          g_tp.all_gather += m * 2 * shards_tp;
       }
-    }
-    // MoE under tp (DDP): the routed gradients over tp x dp x cp, counted with dp (with tp when
-    // dp x cp is one rank: the group is then the tp axis's own).
-    if (whole_routed > 0) {
-      const double n = static_cast<double>(tp) * group;
-      (group > 1 ? g : t).all_reduce += 2 * (n - 1) / n * 4 * whole_routed;
     }
 
     // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
@@ -481,7 +482,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     std::vector<ZeroUnitBytes> zero_units{root_unit};
     for (const auto& [layer, zu] : layer_units) zero_units.push_back(zu);
     double comm = 0;
-    if (group > 1 && par.zero_stage >= 1)
+    if (par.zero_stage >= 1)  // (Zero stages its collectives on a group of one rank too)
       comm += zero_comm_peak(static_cast<int>(par.zero_stage), zero_units, s.embedding, s.head);
     // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
     if (ep > 1 && moe) comm += 2 * 4 * d.E;

@@ -120,8 +120,6 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
         for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
-          // MoE layers under tp run with DDP so far (check_model_layout).
-          if (shaped.model.moe.enabled() && s.tp > 1 && zero > 0) continue;
           for (int rc = 0; rc < 3; ++rc) {
             Candidate c{sets, shaped, {}};
             c.cfg.parallel.ep = ep;

@@ -81,10 +81,8 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
   double whole = 0, padded = 0, owned = 0;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& p = spec.params[i];
-    // Expert stacks under ep: sharded over the expert-data-parallel group (zero.h).
-    const bool edp = spec.ep_size > 1 && spec.is_expert(i);
-    const int n = edp ? group / spec.ep_size : group,
-              d = edp ? group_rank / spec.ep_size : group_rank;
+    // Expert stacks under ep, routed parameters under tp: over their own groups (zero.h).
+    const auto [n, d] = spec.row_group(i, group, group_rank);
     const int64_t rows = p.shape[0], row_numel = p.shape.numel() / rows;
     const int64_t s = (rows + n - 1) / n;
     const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);

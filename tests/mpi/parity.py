@@ -132,6 +132,28 @@ LAYOUTS = {
                            "parallel.ep=2"], []),
     "ep2-tp2-sp-pp2": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2",
                            "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
+    # ZeRO under tp: the router and expert stacks (replicated over tp, each tp rank's gradient a
+    # part of their sum) sharded over tp x dp x cp, or under ep over the expert-data group x tp;
+    # at tp2-sp-zero1 that group is the tp pair alone, the other parameters' a group of one.
+    "tp2-sp-zero1": (2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                         "parallel.zero_stage=1"], []),
+    "tp2-sp-zero2-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=2", "train.micro_batch_size=1"], []),
+    "tp2-sp-zero3-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=3"], []),
+    "tp4-sp-zero3": (4, ["parallel.tp=4", "parallel.sequence_parallel=true",
+                         "parallel.zero_stage=3"], ["model.n_kv_heads=4"]),
+    "ep2-tp2-sp-zero1": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2",
+                             "parallel.zero_stage=1"], []),
+    "ep2-tp2-sp-zero3-dp4": (8, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                 "parallel.ep=2", "parallel.zero_stage=3"], []),
+    "cp2-tp2-sp-zero3": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=3"], []),
+    "tp2-sp-zero1-pp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp=2",
+                             "parallel.pp_schedule=zb-h1", "parallel.zero_stage=1"], []),
+    "capacity-tp2-sp-zero2-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                      "parallel.zero_stage=2"],
+                                  ["model.moe.capacity_factor=1.0"]),
     # Capacity under cp and tp: each assignment ranked among the whole sequence's (every chunk's
     # counts; tp4-sp holds half a sequence per rank).
     "capacity-tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"],

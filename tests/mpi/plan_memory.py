@@ -57,17 +57,30 @@ LAYOUTS = {  # name: (ranks, sets)
     "tp2-sp-dp2": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]),
     "ep2-tp2-sp": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
                        "parallel.ep=2"]),
+    # ZeRO under tp (MoE config): the routed parameters over tp x dp (x cp), or under ep over
+    # the expert-data group x tp; tp2-sp-zero1's is the tp pair alone.
+    "tp2-sp-zero1": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
+                         "parallel.zero_stage=1"]),
+    "tp2-sp-dp2-zero2": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=2"]),
+    "tp2-sp-dp2-zero3": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                             "parallel.zero_stage=3"]),
+    "ep2-tp2-sp-zero3": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                             "parallel.ep=2", "parallel.zero_stage=3"]),
+    "cp2-tp2-sp-zero1": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp=1",
+                             "parallel.sequence_parallel=true", "parallel.zero_stage=1"]),
     # Expert parallelism (MoE config): DDP, and ZeRO with the expert stacks over the edp group.
     "ep2-dp4": (4, ["parallel.dp=4", "parallel.ep=2"]),
     "ep2-zero1-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=1"]),
     "ep2-zero3-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3"]),
 }
-# --layouts moe: what a mixture-of-experts config can run (tp = 1; cp dropless).
+# --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
                "pp2-interleaved", "pp2-dp2-zero1-bf16", "full", "selective", "pp2-full-first",
                "cp2-ring", "cp2-ulysses-dp2-zero1", "capacity-cp2", "ep2-dp4", "ep2-zero1-dp4",
                "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
-               "capacity-cp2-tp2-sp"]
+               "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
+               "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]

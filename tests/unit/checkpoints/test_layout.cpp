@@ -156,6 +156,50 @@ TEST(Layout, TpReplicasWriteNothingAndTheDpCpGroupSharesTheRows) {
   EXPECT_EQ(shard_dataset("exp_avg", "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");
 }
 
+// Mixture of experts under tp: the router and the expert stacks are replicated over tp, but their
+// rows are cut over tp x dp x cp (under ep: the expert-data group x tp), every tp rank writing
+// some (ModelSpec::row_group, zero.h); every element is still covered once, with and without ep,
+// and the rows a rank writes are those ZeRO's shards would give it.
+TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
+  ModelConfig c = test::tiny_model(
+      Arch::llama, {.vocab = 96, .layers = 2, .d_model = 32, .llama_kv_heads = 4, .seq_len = 8});
+  c.moe.num_experts = 8;
+  c.moe.top_k = 2;
+  c.moe.d_ff_expert = 24;
+  const ModelSpec spec = ModelSpec::from_config(c);
+  for (const int ep : {1, 2, 4})
+    for (const auto& [tp, dp, cp] : {std::tuple{2, 2, 1}, {2, 4, 1}, {4, 2, 2}, {2, 1, 4}}) {
+      if ((dp * cp) % ep != 0) continue;
+      const WriteLayout layout{mesh(tp, dp, cp), 1, {}, ep};
+      for (const IndexTensor& t : plan_index(spec, layout, kAdam)) {
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        std::vector<int> hits(static_cast<size_t>(numel), 0);
+        for (const Mapping& m : t.mappings)
+          for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
+        for (int64_t i = 0; i < numel; ++i)
+          ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " tp " << tp << " dp " << dp
+                                << " cp " << cp << " ep " << ep;
+      }
+      // Rank 1 (tp rank 1, dp x cp place 0) writes rows of the router and of the expert stacks:
+      // place 1 of the tp x dp x cp group (of the edp x tp group under ep).
+      const ModelSpec held = rank_spec(spec, layout, 1);
+      bool router = false, experts = false;
+      for (const Piece& pc : pieces_to_write(held, layout.mesh, 1, kAdam)) {
+        const size_t i = pc.param;
+        if (!held.is_routed(i)) {
+          EXPECT_TRUE(held.params[i].on(Axis::tp).sharded()) << held.params[i].name;
+          continue;
+        }
+        const int n = tp * dp * cp / (held.is_expert(i) ? ep : 1);
+        const int64_t rows = held.params[i].shape[0], s = (rows + n - 1) / n;
+        EXPECT_EQ(pc.row_begin, std::min(rows, s)) << held.params[i].name << " n " << n;
+        (held.is_expert(i) ? experts : router) = true;
+      }
+      EXPECT_TRUE(router && experts) << "tp " << tp << " dp " << dp << " cp " << cp << " ep " << ep;
+    }
+}
+
 // The states are whatever the optimizer lists: an optimizer with one state (SGD's momentum) gets
 // one optimizer group, covered once like AdamW's, and the names round-trip through the paths.
 TEST(Layout, StatesAreWhatTheOptimizerLists) {
