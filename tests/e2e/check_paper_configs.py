@@ -30,6 +30,16 @@ PUBLISHED = {
     "llama3-405b-128k.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
     "mixtral-8x7b.toml": ("46702792704", "Hugging Face Mixtral-8x7B-v0.1"),
 }
+# Sizes a paper names without counting them: (billions, the source, how far ours may be and why).
+NOMINAL = {
+    "zero-100b.toml": (100, "Rajbhandari et al. 2020, Table 4 (\"100B\", the size it names)", 0.015,
+                       "12 L h^2 = 100.7B for 125 layers of 8192, plus 0.4B of embeddings"),
+}
+# Configs with no published count of their own, and why.
+UNPUBLISHED = {
+    "switch-base-128.toml": "the paper's 7B counts Switch-Base's encoder and decoder; this is one "
+                            "decoder-only stack of its shape",
+}
 # Mixture-of-experts configs: the active parameters per token, in billions (plan's "N active").
 PUBLISHED_ACTIVE = {
     "mixtral-8x7b.toml": ("12.9", "Jiang et al. 2024, Section 1 (13B active; 12.9B on the model card)"),
@@ -49,7 +59,7 @@ def main():
     failures = []
     files = sorted(glob.glob(os.path.join(args.dir, "*.toml")))
     names = {os.path.basename(f) for f in files}
-    for missing in sorted(set(PUBLISHED) - names):
+    for missing in sorted((set(PUBLISHED) | set(NOMINAL) | set(UNPUBLISHED)) - names):
         failures.append(f"{missing}: listed here but not in {args.dir}")
     for f in files:
         name = os.path.basename(f)
@@ -69,6 +79,19 @@ def main():
             failures.append(f"{name}: plan --world {world} exits {rc}:\n{out}")
             continue
         count = int(p.group(1))
+        if name in UNPUBLISHED:
+            print(f"{name}: world {world} valid; {count} parameters, no published count "
+                  f"({UNPUBLISHED[name]})")
+            continue
+        if name in NOMINAL:
+            want, source, tol, why = NOMINAL[name]
+            off = count / (want * 1e9) - 1
+            ok = abs(off) <= tol
+            print(f"{name}: world {world} valid; {count} parameters, {off:+.2%} from the nominal "
+                  f"{want}B ({source}; {why}) {'OK' if ok else 'MISMATCH'}")
+            if not ok:
+                failures.append(f"{name}: {count} parameters, {off:+.2%} from the nominal {want}B")
+            continue
         if name not in PUBLISHED:
             failures.append(f"{name}: no published parameter count listed in this script")
             continue
