@@ -73,6 +73,47 @@ double head_saved_bytes(const Dims& d) {
          f32_bytes(d.N);
 }
 
+// What a layer's backward_input leaves for its backward_weight under a zero-bubble schedule
+// (Layer::stash, every entry memory of the micro-batch's own): the MLP's output and fc1-output
+// gradients (an MoE MLP's router, combine and fc1-output gradients, and its shared experts'), each
+// norm's weight (and bias) gradient, the attention's projection and qkv output gradients.
+double layer_stash_bytes(const Dims& d, bool moe) {
+  const double norm = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
+  const double M = d.R * d.k;
+  const double mlp = moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) +
+                               (d.Fs > 0 ? sum_bytes({d.N * d.C, d.N * d.Fs1}) : 0.0)
+                         : sum_bytes({d.N * d.C, d.N * d.F1});
+  return mlp + 2 * norm + sum_bytes({d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D});
+}
+
+// The peak of one rank's saved activations and zero-bubble stashes over its schedule's actions:
+// a micro-batch's saved set lives from its forward to its (weight) backward, its stash from
+// backward_input to backward_weight. `per_mb`, `stash_mb`: one micro-batch's of the rank's chunk.
+double schedule_activation_peak(const std::vector<Action>& actions, double per_mb,
+                                double stash_mb) {
+  double live = 0, peak = 0;
+  for (const Action& a : actions) {
+    switch (a.kind) {
+      case ActionKind::forward:
+        live += per_mb;
+        break;
+      case ActionKind::backward_input:
+        live += stash_mb;
+        break;
+      case ActionKind::backward:
+        live -= per_mb;
+        break;
+      case ActionKind::backward_weight:
+        live -= per_mb + stash_mb;
+        break;
+      default:
+        break;
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 // The model's scratch shared by every micro-batch (Transformer's constructor): gradient buffers
 // of one layer (the widest MLP's), the MoE layers' buffers, the tp staging buffers, the
 // cross-entropy statistics, the back-to-back stash (the largest kind's non-view entries: the
@@ -104,82 +145,165 @@ double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool
   return b;
 }
 
-// ZeRO's comm buffers for one unit (zero.h): a gathered copy or gradient staging (its whole
-// parameters), the all-gather staging (every rank's padded shards) and a reduce-scatter's packed
-// input plus output shard.
+// ZeRO's buffers and traffic for one unit (zero.h): a gathered copy or gradient staging (its whole
+// parameters), the all-gather staging (every rank's padded shards), a reduce-scatter's packed
+// input plus output shard, and the bytes the communicators count for one all-gather of its shards,
+// over dp x cp (and edp) and over the groups with tp (MoE's routed parameters).
 struct ZeroUnitBytes {
   double whole = 0, gather = 0, reduce = 0;
+  double gather_pass = 0, gather_pass_tp = 0;
 };
 
-// The peak of ZeRO's comm buffers over a micro-batch's forward and backward on one rank,
-// following Zero's hooks in order with what each allocates and frees. units[0] is the root, then
-// the layers in block order; a unit with no parameters allocates nothing. `embedding`, `head`:
-// whether the rank runs block 0's forward and block L+1 (a pipeline stage may have neither).
-double zero_comm_peak(int stage, const std::vector<ZeroUnitBytes>& units, bool embedding,
-                      bool head) {
-  const int L = static_cast<int>(units.size()) - 1;
-  double live = 0, peak = 0;
-  const auto take = [&](double b) { peak = std::max(peak, live += b); };
-  const auto give = [&](double b) { live -= b; };
-  std::vector<char> gathered(units.size(), 0), gathering(units.size(), 0);
-  std::deque<int> reducing;  // units whose reduce-scatters are in flight
-  bool root_staging = false;
-  const auto has = [&](int k) { return units[static_cast<size_t>(k)].whole > 0; };
-  const auto at = [&](int k) -> const ZeroUnitBytes& { return units[static_cast<size_t>(k)]; };
-  const auto start_gather = [&](int k) {
-    if (stage < 3 || !has(k) || gathered[k] || gathering[k]) return;
+// Zero's hooks replayed over one rank's step, with what each allocates and frees and the
+// all-gathers it starts: the peak of ZeRO's comm buffers and stage 3's all-gather bytes, exactly
+// as Zero runs them (under pp a unit may stay gathered from one micro-batch to the next, so the
+// count depends on the schedule). units[0] is the root, units[l] layer l (1..L, global), empty
+// (whole = 0) when this rank does not hold it. Each method mirrors Zero's of the same name.
+class ZeroReplay {
+ public:
+  ZeroReplay(int stage, std::vector<ZeroUnitBytes> units)
+      : stage_(stage),
+        L_(static_cast<int>(units.size()) - 1),
+        units_(std::move(units)),
+        gathered_(units_.size(), 0),
+        gathering_(units_.size(), 0),
+        staged_(units_.size(), 0) {}
+
+  double peak() const { return peak_; }
+  double gather_bytes() const { return gathers_; }
+  double gather_bytes_tp() const { return gathers_tp_; }
+
+  void start_micro_batch(bool last) {
+    last_micro_ = last;
+    if (stage_ == 3) start_gather(0);
+  }
+  void before_forward(int block) {
+    if (stage_ != 3) return;
+    if (block == L_ + 1) {
+      finish_gather(0);
+      if (L_ >= 1) {
+        release(L_);
+        start_gather(L_);
+      }
+      return;
+    }
+    finish_gather(unit_of(block));
+    if (block >= 2) release(block - 1);
+    if (block + 1 <= L_) start_gather(block + 1);
+  }
+  void before_backward(int block) {
+    const int k = unit_of(block);
+    if (stage_ == 3 && block >= 1 && block <= L_) {
+      finish_gather(k);
+      if (block - 1 >= 1) start_gather(block - 1);
+    }
+    if (stage_ == 3 && k == 0) finish_gather(0);
+    if (stage_ >= 2 && has(k) && (k != 0 || !staged_[0])) {
+      take(at(k).whole);
+      staged_[k] = 1;
+    }
+  }
+  void after_backward(int block) {
+    if (block == L_ + 1) return;
+    const int k = unit_of(block);
+    if (stage_ >= 2 || last_micro_) start_reduce(k);
+    if (stage_ == 3) release(k);
+    if (block == 0 && stage_ >= 2) complete(0);
+  }
+  void finish_backward() { complete(0); }
+
+ private:
+  int unit_of(int block) const { return block == L_ + 1 ? 0 : block; }
+  bool has(int k) const { return at(k).whole > 0; }
+  const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
+  void take(double b) { peak_ = std::max(peak_, live_ += b); }
+  void give(double b) { live_ -= b; }
+  void start_gather(int k) {
+    if (stage_ < 3 || !has(k) || gathered_[k] || gathering_[k]) return;
     take(at(k).gather);
-    gathering[k] = 1;
-  };
-  const auto finish_gather = [&](int k) {
-    if (stage < 3 || !has(k) || gathered[k]) return;
+    gathers_ += at(k).gather_pass;
+    gathers_tp_ += at(k).gather_pass_tp;
+    gathering_[k] = 1;
+  }
+  void finish_gather(int k) {
+    if (stage_ < 3 || !has(k) || gathered_[k]) return;
     start_gather(k);
     take(at(k).whole);
     give(at(k).gather);
-    gathering[k] = 0;
-    gathered[k] = 1;
-  };
-  const auto release = [&](int k) {
-    if (gathering[k]) give(at(k).gather);
-    if (gathered[k]) give(at(k).whole);
-    gathering[k] = gathered[k] = 0;
-  };
-  const auto complete = [&](size_t keep) {
-    for (; reducing.size() > keep; reducing.pop_front()) give(at(reducing.front()).reduce);
-  };
-  // Forward: block 0 (embeddings, the root), the layers, block L+1 (the head, the root again).
-  start_gather(0);
-  for (int b = embedding ? 0 : 1; b <= L; ++b) {
-    finish_gather(b);
-    if (b >= 2) release(b - 1);
-    if (b + 1 <= L) start_gather(b + 1);
+    gathering_[k] = 0;
+    gathered_[k] = 1;
   }
-  if (head) {
-    finish_gather(0);
-    if (L >= 1) {
-      release(L);
-      start_gather(L);
-    }
+  void release(int k) {
+    if (gathering_[k]) give(at(k).gather);
+    if (gathered_[k]) give(at(k).whole);
+    gathering_[k] = gathered_[k] = 0;
   }
-  // Backward: the head, the layers from the last, then block 0 (the root reduced last).
-  for (int b = head ? L + 1 : L; b >= 0; --b) {
-    const int k = b == L + 1 ? 0 : b;
-    if (k >= 1) {
-      finish_gather(k);
-      if (k >= 2) start_gather(k - 1);
-    }
-    if (stage >= 2 && has(k) && (k != 0 || !root_staging)) {
-      take(at(k).whole);
-      root_staging = root_staging || k == 0;
-    }
-    if (b == L + 1 || !has(k)) continue;
+  void start_reduce(int k) {
+    if (!has(k)) return;
     take(at(k).reduce);
-    if (stage >= 2) give(at(k).whole);  // the gradients now live in the packed input
-    reducing.push_back(k);
+    if (staged_[k]) give(at(k).whole);  // the gradients now live in the packed input
+    staged_[k] = 0;
+    reducing_.push_back(k);
     complete(2);
-    if (stage == 3) release(k);
   }
-  return peak;
+  // Completes the oldest reductions until those of at most `keep` units are in flight.
+  void complete(size_t keep) {
+    for (; reducing_.size() > keep; reducing_.pop_front()) give(at(reducing_.front()).reduce);
+  }
+
+  int stage_, L_;
+  std::vector<ZeroUnitBytes> units_;
+  std::vector<char> gathered_, gathering_, staged_;
+  std::deque<int> reducing_;
+  bool last_micro_ = true;
+  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0;
+};
+
+// Drives a ZeroReplay through one step of pipeline rank `pr` as the trainer and the pipeline
+// executor call Zero's hooks (Transformer::forward/backward and their chunk forms): every
+// micro-batch's forward and backward without pp, the schedule's actions with it (a zero-bubble
+// schedule's hooks come with the weight half). `chunk_layers[c]`: chunk c's global layers.
+void replay_step(ZeroReplay& z, PipeSchedule kind, const ScheduleShape& shape, int pr,
+                 const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
+                 bool root_params, int64_t L) {
+  const int v = static_cast<int>(chunk_layers.size());
+  const auto forward = [&](int c) {
+    if (c == 0 && embedding) z.before_forward(0);
+    for (int64_t l : chunk_layers[static_cast<size_t>(c)])
+      z.before_forward(static_cast<int>(l) + 1);
+    if (c + 1 == v && head) z.before_forward(static_cast<int>(L) + 1);
+  };
+  const auto backward = [&](int c) {
+    const auto pair = [&](int64_t block) {
+      z.before_backward(static_cast<int>(block));
+      z.after_backward(static_cast<int>(block));
+    };
+    if (c + 1 == v && head) pair(L + 1);
+    const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
+    for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
+    if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
+  };
+  if (shape.stages == 1) {
+    for (int mb = 0; mb < shape.micro_batches; ++mb) {
+      z.start_micro_batch(mb + 1 == shape.micro_batches);
+      forward(0);
+      backward(0);
+    }
+  } else {
+    const std::vector<Action> actions = make_schedule(kind, shape).ranks[static_cast<size_t>(pr)];
+    std::vector<int> last_mb(static_cast<size_t>(v), -1);
+    for (const Action& a : actions)
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+        last_mb[static_cast<size_t>(a.chunk)] = a.mb;
+    for (const Action& a : actions) {
+      if (a.kind == ActionKind::forward) forward(a.chunk);
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
+        z.start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
+        backward(a.chunk);
+      }
+    }
+  }
+  z.finish_backward();
 }
 
 bool within_node(const HardwareProfile& hw, int span) {
@@ -286,9 +410,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // Layers, and those under recompute (the first recompute_layers of each chunk): their
     // FLOPs per token and saved bytes, each layer by its kind (dense or MoE).
     int64_t recomputed = 0;
-    double fpt = 0, recompute_fpt_sum = 0, saved = 0;
+    double fpt = 0, recompute_fpt_sum = 0, saved = 0, stash = 0;
     bool moe = false, full_dense = false, full_moe = false;
     double moe_layers = 0, moe_replays = 0, unreplayed_last = 0;
+    std::vector<std::vector<int64_t>> chunk_layers(static_cast<size_t>(v));  // global layers
     for (int c = 0; c < v; ++c) {
       const int st = stage_of(shape, pr, c);
       const int64_t first =
@@ -297,6 +422,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       s.layers += n;
       for (int64_t j = 0; j < n; ++j) {
         const int64_t l = first + j;
+        chunk_layers[static_cast<size_t>(c)].push_back(l);
         const bool is_moe = mc.moe.layer(l);
         const bool re = rc != Recompute::none &&
                         (cfg.train.recompute_layers == 0 || j < cfg.train.recompute_layers);
@@ -306,6 +432,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         fpt += layer_fpt(l);
         if (re) recompute_fpt_sum += recompute_fpt(l);
         saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
+        stash += layer_stash_bytes(d, is_moe);
         if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
         const bool replayed = re && rc == Recompute::full;
         moe_replays += is_moe && replayed;
@@ -406,10 +533,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     double whole = 0, whole_experts = 0;
     // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
     double whole_routed = 0;
-    // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), the root's
-    // part of it (the root holds no experts), and over the groups with tp.
-    double shards = 0, shards_root = 0, shards_tp = 0;
-    // Each unit's ZeRO buffers (zero_comm_peak), by layer; the root's.
+    // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
+    // groups with tp.
+    double shards = 0, shards_tp = 0;
+    // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
     std::map<int64_t, ZeroUnitBytes> layer_units;
     ZeroUnitBytes root_unit;
     for (size_t i = 0; i < rs.params.size(); ++i) {
@@ -428,8 +555,16 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       if (expert) whole_experts += static_cast<double>(ps.shape.numel());
       const double pass = (n - 1.0) / n * 4 * pad;
       (over_tp ? shards_tp : shards) += pass;
-      if (root) shards_root += pass;
+      (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
     }
+    // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
+    std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(mc.n_layers) + 1);
+    zero_units[0] = root_unit;
+    for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
+    ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
+    if (par.zero_stage >= 1)
+      replay_step(zero, par.pp_schedule, shape, pr, chunk_layers, s.embedding, s.head,
+                  root_unit.whole > 0, mc.n_layers);
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
     AxisBytes& g_tp = group > 1 ? g : t;
     if (group > 1 || shards_tp > 0) {
@@ -455,9 +590,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
           break;
         default:
           g.reduce_scatter = m * shards;
-          g.all_gather = m * (2 * shards - shards_root);
+          g.all_gather = zero.gather_bytes();
           g_tp.reduce_scatter += m * shards_tp;
-          g_tp.all_gather += m * 2 * shards_tp;
+          g_tp.all_gather += zero.gather_bytes_tp();
       }
     }
 
@@ -474,16 +609,20 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // One micro-batch's saved activations of the rank's average chunk: its layers (the
     // recomputed ones keep less), the chunk's output, the head's share.
     const double per_mb = (saved + h * head_saved_bytes(d)) / v + f32_bytes(d.R * C);
-    s.memory.activations =
-        s.in_flight * per_mb + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
-    // Comm buffers: ZeRO's (zero_comm_peak over this rank's units: its gathered copies, gradient
-    // staging and at most three units' reduce-scatters), pipeline send/recv buffers, the cp
-    // ring's K/V blocks.
-    std::vector<ZeroUnitBytes> zero_units{root_unit};
-    for (const auto& [layer, zu] : layer_units) zero_units.push_back(zu);
-    double comm = 0;
-    if (par.zero_stage >= 1)  // (Zero stages its collectives on a group of one rank too)
-      comm += zero_comm_peak(static_cast<int>(par.zero_stage), zero_units, s.embedding, s.head);
+    double held = s.in_flight * per_mb;
+    if (p > 1 && par.pp_schedule == PipeSchedule::zb_h1) {
+      // Zero-bubble (one chunk): the stashes of the micro-batches between their two backward
+      // halves come on top; the embedding's input gradient and the final norm's are stashed too.
+      const double stash_mb =
+          stash + e * f32_bytes(d.R * C) + h * f32_bytes((d.norm_stats == 2 ? 2 : 1) * C);
+      held = schedule_activation_peak(
+          make_schedule(par.pp_schedule, shape).ranks[static_cast<size_t>(pr)], per_mb, stash_mb);
+    }
+    s.memory.activations = held + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
+    // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
+    // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
+    // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
+    double comm = zero.peak();
     // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
     if (ep > 1 && moe) comm += 2 * 4 * d.E;
     // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
