@@ -640,14 +640,15 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     };
     s.comm_s[static_cast<int>(Axis::tp)] = axis_s(Axis::tp);
     s.comm_s[static_cast<int>(Axis::pp)] = (q.send + q.all_reduce) / bw[static_cast<int>(Axis::pp)];
-    const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak;
+    const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak * hw.comm_overlap;
     s.comm_s[static_cast<int>(Axis::cp)] =
         std::max(0.0, k.send / bw[static_cast<int>(Axis::cp)] - attn_s) +
         (k.all_to_all + k.all_reduce) / bw[static_cast<int>(Axis::cp)];
     // dp: DDP's buckets and ZeRO-2/3's per-micro-batch collectives overlap the backward (two
     // thirds of a micro-batch's compute) or, for ZeRO-3's gathers, the whole micro-batch;
-    // ZeRO-1's reduce-scatter and every stage's final all-gather wait.
-    const double mb_s = s.compute_s / m, bwd_s = mb_s * 2 / 3;
+    // ZeRO-1's reduce-scatter and every stage's final all-gather wait. (Each window times the
+    // profile's comm_overlap: 0 on CPUs, whose MPI transfers hide behind nothing.)
+    const double mb_s = s.compute_s / m * hw.comm_overlap, bwd_s = mb_s * 2 / 3;
     const double rs_s = g.reduce_scatter / bw_dp, ag_s = g.all_gather / bw_dp;
     double dp_s = 0;
     switch (par.zero_stage) {

@@ -33,11 +33,16 @@ constexpr Field kFields[] = {
     {"inter_node_bandwidth", &HardwareProfile::inter_node_bandwidth, false},
     {"matmul_efficiency", &HardwareProfile::matmul_efficiency, false},
 };
+// Optional, with HardwareProfile's default when absent.
+constexpr Field kOptionalFields[] = {
+    {"comm_overlap", &HardwareProfile::comm_overlap, true},
+};
 
 const Schema& hardware_schema() {
   static const Schema s = [] {
     Schema::Section sec{"hardware", {{"name", true}, {"description", true}}};
     for (const Field& f : kFields) sec.keys.push_back({std::string(f.key)});
+    for (const Field& f : kOptionalFields) sec.keys.push_back({std::string(f.key)});
     sec.keys.push_back({"memory_gib"});
     sec.keys.push_back({"devices_per_node"});
     return Schema{{sec}};
@@ -75,6 +80,8 @@ HardwareProfile build(Loader& loader, const std::string& name, int threads_per_r
     } else {
       for (const Field& f : kFields)
         if (s.key == f.key) p = read_value(*s.node, h.*f.value);
+      for (const Field& f : kOptionalFields)
+        if (s.key == f.key) p = read_value(*s.node, h.*f.value);
     }
     if (p) errors.push_back(concat(s.dotted(), " at ", s.at.str(), ": ", *p));
   }
@@ -86,6 +93,9 @@ HardwareProfile build(Loader& loader, const std::string& name, int threads_per_r
       errors.push_back(concat(name, ": hardware.", f.key, "=", v, " must be > 0",
                               f.may_detect ? " (or 0: detect)" : ""));
   }
+  if (h.comm_overlap < 0 || h.comm_overlap > 1)
+    errors.push_back(concat(name, ": hardware.comm_overlap=", h.comm_overlap,
+                            " is a fraction of the compute, from 0 to 1"));
   if (h.matmul_efficiency > 1)
     errors.push_back(concat(name, ": hardware.matmul_efficiency=", h.matmul_efficiency,
                             " is a fraction of the peak, at most 1"));

@@ -22,6 +22,11 @@ struct HardwareProfile {
   double intra_node_bandwidth = 0, inter_node_bandwidth = 0;
   int devices_per_node = 0;  // 0: all ranks on one node
   double matmul_efficiency = 1;  // the fraction of peak a large GEMM reaches (an assumption)
+  // The fraction of the compute a collective the strategy overlaps can actually hide behind
+  // (optional key, default 1): 1 where the transfers run beside the compute (NCCL's kernels and
+  // copy engines), 0 where they take the compute's cores or progress only inside the
+  // communication calls (MPI between CPU ranks of one node).
+  double comm_overlap = 1;
   std::vector<std::string> detected;  // what was filled in from this machine, for the report
 
   // Peak FLOP/s of the dtype the model computes in.

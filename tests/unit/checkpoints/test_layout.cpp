@@ -36,6 +36,17 @@ int64_t global_offset(const std::vector<int64_t>& shape, const Box& b, int64_t k
   return off;
 }
 
+// Every element of the global tensor t is in exactly one of its mappings' boxes.
+void expect_covered_once(const IndexTensor& t, const std::string& where) {
+  int64_t numel = 1;
+  for (int64_t d : t.shape) numel *= d;
+  std::vector<int> hits(static_cast<size_t>(numel), 0);
+  for (const Mapping& m : t.mappings)
+    for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
+  for (int64_t i = 0; i < numel; ++i)
+    ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " at " << where;
+}
+
 class LayoutTest : public ::testing::TestWithParam<std::tuple<Arch, int, int, int>> {};
 
 TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
@@ -44,15 +55,8 @@ TEST_P(LayoutTest, PlanCoversEveryElementOnce) {
   const std::vector<IndexTensor> plan =
       plan_index(spec, WriteLayout{mesh(tp, dp, cp), 1, {}}, kAdam);
   ASSERT_EQ(plan.size(), 3 * spec.params.size());
-  for (const IndexTensor& t : plan) {
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    std::vector<int> hits(static_cast<size_t>(numel), 0);
-    for (const Mapping& m : t.mappings)
-      for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
-    for (int64_t i = 0; i < numel; ++i)
-      ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " at tp " << tp << " dp " << dp;
-  }
+  for (const IndexTensor& t : plan)
+    expect_covered_once(t, "tp " + std::to_string(tp) + " dp " + std::to_string(dp));
 }
 
 // Each rank's local rows, mapped through global_boxes, equal the global tensor's elements: a
@@ -122,15 +126,8 @@ TEST(Layout, PipelineStagesCoverEveryElementOnce) {
          {WriteLayout{mesh(1, 1), 1, {}}, WriteLayout{{{2, 1, 2, 2}}, 1, {}},
           WriteLayout{{{1, 1, 1, 2}}, 2, {}}, WriteLayout{{{1, 1, 3, 4}}, 1, {}},
           WriteLayout{{{2, 1, 1, 2}}, 1, {1, 3}}}) {
-      for (const IndexTensor& t : plan_index(spec, layout, kAdam)) {
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
-        std::vector<int> hits(static_cast<size_t>(numel), 0);
-        for (const Mapping& m : t.mappings)
-          for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
-        for (int64_t i = 0; i < numel; ++i)
-          ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " pp " << layout.mesh.degree[3];
-      }
+      for (const IndexTensor& t : plan_index(spec, layout, kAdam))
+        expect_covered_once(t, "pp " + std::to_string(layout.mesh.degree[3]));
     }
   }
 }
@@ -171,16 +168,9 @@ TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
     for (const auto& [tp, dp, cp] : {std::tuple{2, 2, 1}, {2, 4, 1}, {4, 2, 2}, {2, 1, 4}}) {
       if ((dp * cp) % ep != 0) continue;
       const WriteLayout layout{mesh(tp, dp, cp), 1, {}, ep};
-      for (const IndexTensor& t : plan_index(spec, layout, kAdam)) {
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
-        std::vector<int> hits(static_cast<size_t>(numel), 0);
-        for (const Mapping& m : t.mappings)
-          for (int64_t k = 0; k < m.dest.numel(); ++k) ++hits[global_offset(t.shape, m.dest, k)];
-        for (int64_t i = 0; i < numel; ++i)
-          ASSERT_EQ(hits[i], 1) << t.path << " element " << i << " tp " << tp << " dp " << dp
-                                << " cp " << cp << " ep " << ep;
-      }
+      for (const IndexTensor& t : plan_index(spec, layout, kAdam))
+        expect_covered_once(t, "tp " + std::to_string(tp) + " dp " + std::to_string(dp) + " cp " +
+                                   std::to_string(cp) + " ep " + std::to_string(ep));
       // Rank 1 (tp rank 1, dp x cp place 0) writes rows of the router and of the expert stacks:
       // place 1 of the tp x dp x cp group (of the edp x tp group under ep).
       const ModelSpec held = rank_spec(spec, layout, 1);

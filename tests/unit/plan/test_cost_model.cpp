@@ -99,6 +99,11 @@ TEST(Hardware, BadProfilesAreRefusedNamingTheKey) {
   EXPECT_NE(error_of(replace("intra_node_bandwidth = 100e9", "intra_node_bandwidth = 0"))
                 .find("hardware.intra_node_bandwidth=0 must be > 0"),
             std::string::npos);
+  // comm_overlap is optional (1 when absent) and a fraction.
+  EXPECT_EQ(parse_hardware(ok, "ok.toml", 1).comm_overlap, 1.0);
+  EXPECT_EQ(parse_hardware(ok + "comm_overlap = 0\n", "ok.toml", 1).comm_overlap, 0.0);
+  EXPECT_NE(error_of(ok + "comm_overlap = 1.5\n").find("hardware.comm_overlap=1.5"),
+            std::string::npos);
   const std::string typo = error_of(replace("peak_bf16", "peak_bf61"));
   EXPECT_NE(typo.find("peak_bf61"), std::string::npos) << typo;
   EXPECT_NE(typo.find("peak_bf16"), std::string::npos) << typo;  // did you mean
