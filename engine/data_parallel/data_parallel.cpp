@@ -29,8 +29,9 @@ double DataParallel::take_wait_seconds() {
   return s;
 }
 
-ModelStorage model_storage(int64_t zero_stage) {
-  return ModelStorage{zero_stage < 3, zero_stage < 2};
+ModelStorage model_storage(int64_t zero_stage, DType compute) {
+  return ModelStorage{zero_stage < 3, zero_stage < 2,
+                      compute == DType::f32 || zero_stage == 0 || zero_stage == 3};
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,

@@ -68,10 +68,12 @@ class DataParallel : public ModelHooks, public TrainingState {
   std::optional<ShardedOptimizer> opt_;  // set by the subclass's constructor
 };
 
-// What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither).
-ModelStorage model_storage(int64_t zero_stage);
+// What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither; 1-2 in
+// 16-bit `compute`: no fp32 master weights, ZeRO holds their rows).
+ModelStorage model_storage(int64_t zero_stage, DType compute);
 
-// `model` must have been built with model_storage(cfg.zero_stage) and (stages 0-2) initialised.
+// `model` must have been built with model_storage(cfg.zero_stage, its compute dtype) and (stages
+// 0-2) initialised.
 // The strategy reduces over mesh.group({dp, cp}).
 std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,

@@ -71,7 +71,12 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
   if (stage_ >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
-  if (stage_ == 3) {
+  // The fp32 master weights are this rank's shard rows at stage 3, and at stages 1-2 in 16-bit
+  // precision, where the model's weights are the compute copy (ModelStorage::master).
+  master_shards_ = stage_ == 3 || !model.storage().master;
+  LLMT_CHECK(stage_ == 3 || model.storage().master || model.compute_dtype() != DType::f32, "ZeRO-",
+             stage_, ": an fp32 model keeps its master weights");
+  if (master_shards_) {
     param_shard_ = alloc.allocate(shard_bytes, MemCategory::params);
     init_shards(seed);
   }
@@ -84,8 +89,9 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       const int64_t row0 = rank_[p.part] * p.shard_rows;
       slots.push_back(
           {p.index, row0,
-           stage_ == 3 ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                       : model.params()[p.index].rows(row0, row0 + p.own_rows),
+           master_shards_
+               ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+               : model.params()[p.index].rows(row0, row0 + p.own_rows),
            stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
                        : model.grads()[p.index].rows(row0, row0 + p.own_rows),
            spec.params[p.index].decay});
@@ -360,9 +366,17 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
     for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
     return;
   }
-  // Stages 1-2: all-gather every unit's updated rows back into the full parameters, two units
-  // in flight (unit k's gather runs while unit k-1 is unpacked), so staging stays two units.
-  // (Each unit's parts in turn: the expert stacks over the edp group.)
+  // Stages 1-2: every unit's updated rows back into the full parameters (in 16-bit, the compute
+  // weights, rounded in place).
+  gather_into(model_.params());
+  model_.sync_compute_weights();
+}
+
+// All-gathers every unit's master rows into `dst` (spec-indexed views), two units in flight (unit
+// k's gather runs while unit k-1 is unpacked), so staging stays two units; each unit's parts in
+// turn. The rows come from the master shards, or (stages 1-2 in fp32) from the model's
+// parameters, which the optimizer updated in place.
+void Zero::gather_into(const std::vector<Tensor>& dst) {
   struct InFlight {
     size_t unit;
     int part;
@@ -373,49 +387,54 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
     f.handle.wait();
     const Unit& u = units_[f.unit];
     const int64_t numel = u.parts[static_cast<size_t>(f.part)].shard_numel;
-    unpack(model_.params(), f.out.tensor({numel * n_[f.part]}, DType::f32), u, f.part);
+    unpack(dst, f.out.tensor({numel * n_[f.part]}, DType::f32), u, f.part);
   };
   std::optional<InFlight> prev;
   for (size_t k = 0; k < units_.size(); ++k) {
     const Unit& u = units_[k];
     for (int part = 0; part < kParts; ++part) {
-      const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel, n = n_[part];
+      const Part& pt = u.parts[static_cast<size_t>(part)];
+      const int64_t numel = pt.shard_numel, n = n_[part];
       if (numel == 0) continue;
-      InFlight cur{k, part, alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm),
+      InFlight cur{k, part, Buffer(),
                    alloc_.allocate(static_cast<size_t>(numel * n) * 4, MemCategory::comm),
                    Handle()};
-      pack(cur.in.tensor({numel}, DType::f32), u, part, model_.params(), false);
-      cur.handle = groups_[part]->all_gather(cur.out.tensor({numel * n}, DType::f32),
-                                             cur.in.tensor({numel}, DType::f32));
+      Tensor in;
+      if (master_shards_) {
+        in = Tensor(static_cast<float*>(param_shard_.data()) + pt.shard_begin, {numel}, DType::f32,
+                    alloc_.device());
+      } else {
+        cur.in = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
+        in = cur.in.tensor({numel}, DType::f32);
+        pack(in, u, part, model_.params(), false);
+      }
+      cur.handle = groups_[part]->all_gather(cur.out.tensor({numel * n}, DType::f32), in);
       if (prev) finish(*prev);
       prev = std::move(cur);
     }
   }
   if (prev) finish(*prev);
-  model_.sync_compute_weights();
 }
 
 void Zero::gather_params(std::vector<float>& out) {
   const ModelSpec& spec = model_.spec();
   // This tp rank's tensors first (spec.params[i].shape), then, under tp, the global ones.
   out.assign(static_cast<size_t>(spec.num_local_params()), 0.0f);
-  if (stage_ < 3) {
+  if (!master_shards_) {
     Tensor flat = model_.flat_params();
     alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
   } else {
-    std::vector<int64_t> offset(spec.params.size() + 1, 0);
-    for (size_t i = 0; i < spec.params.size(); ++i)
-      offset[i + 1] = offset[i] + spec.params[i].shape.numel();
-    for (size_t k = 0; k < units_.size(); ++k) {
-      Unit& u = units_[k];
-      const bool had = u.gathered.data() != nullptr;
-      finish_gather(static_cast<int>(k));
-      for (const Param& p : u.params)
-        alloc_.backend().copy_to_host(out.data() + offset[p.index],
-                                      static_cast<const float*>(u.gathered.data()) + p.full_off,
-                                      static_cast<size_t>(spec.params[p.index].shape.numel()) * 4);
-      if (!had) release_gather(static_cast<int>(k));
+    // The fp32 master weights, gathered from every rank's rows into one flat buffer.
+    Buffer all = alloc_.allocate(out.size() * 4, MemCategory::comm);
+    std::vector<Tensor> views;
+    int64_t off = 0;
+    for (const ParamSpec& p : spec.params) {
+      views.push_back(
+          Tensor(static_cast<float*>(all.data()) + off, p.shape, DType::f32, alloc_.device()));
+      off += p.shape.numel();
     }
+    gather_into(views);
+    alloc_.backend().copy_to_host(out.data(), all.data(), out.size() * 4);
   }
   std::vector<float> local;
   if (spec.ep_size > 1) {  // the experts over ep, then the tp shards over tp
@@ -429,9 +448,9 @@ void Zero::gather_params(std::vector<float>& out) {
 }
 
 std::vector<StateTensor> Zero::master_tensors() {
-  // Stages 1-2 hold the master weights whole (the same on every rank of the group after the
-  // step's all-gather), stage 3 only its rows.
-  if (stage_ == 3) return opt_->master_tensors();
+  // Stages 1-2 in fp32 hold the master weights whole (the same on every rank of the group after
+  // the step's all-gather), stage 3 and 16-bit stages 1-2 only its rows.
+  if (master_shards_) return opt_->master_tensors();
   std::vector<StateTensor> out;
   for (size_t i = 0; i < model_.params().size(); ++i)
     out.push_back({kMasterState, i, model_.params()[i]});
@@ -440,6 +459,7 @@ std::vector<StateTensor> Zero::master_tensors() {
 
 void Zero::after_load() {
   if (stage_ < 3) {
+    if (master_shards_) gather_into(model_.params());  // the loaded rows to every rank
     model_.sync_compute_weights();
   } else {
     for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));

@@ -18,6 +18,12 @@
 //   stage 3: as 2, and the parameters are shards too: a unit is all-gathered into a staging
 //            buffer just before its forward and again before its backward (the next unit's
 //            gather started one block early), and freed after use.
+// In 16-bit precision stages 1-2 shard the fp32 master weights too: the model's full weights are
+// the compute copy (ModelStorage::master false, values rounded to 16 bits), the optimizer updates
+// the master rows in a shard buffer, and the step's all-gather sends those rows into the model's
+// weights, which are then rounded in place (the ZeRO paper's layout: 16-bit weights whole, fp32
+// master rows in the optimizer's partition). The values each rank computes with are the same as
+// with whole masters.
 // Staging buffers (gathered units, gradient staging, packed collectives) count under
 // MemCategory::comm; params/grads/optimizer hold exactly the (padded) shards.
 //
@@ -115,6 +121,7 @@ class Zero final : public DataParallel {
   // Completes the oldest reductions until those of at most `keep` units are in flight.
   void complete_reductions(size_t keep = 0);
   void init_shards(uint64_t seed);
+  void gather_into(const std::vector<Tensor>& dst);
 
   int stage_;
   Transformer& model_;
@@ -123,7 +130,8 @@ class Zero final : public DataParallel {
   std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
   int L_;
   std::vector<Unit> units_;
-  Buffer param_shard_, grad_shard_;             // stage 3 / stages 2-3: (sum of unit shard_numel)
+  Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
+  bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows
   std::deque<Reduction> reductions_;
   bool last_micro_ = true;
 };

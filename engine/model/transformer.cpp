@@ -55,7 +55,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   if (storage_.params) {
     params_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
     flat_params_ = params_buf_.tensor({P}, DType::f32);
-    if (compute_ != DType::f32)
+    if (compute_ != DType::f32 && storage_.master)
       compute_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
   }
   if (storage_.grads) {
@@ -69,9 +69,8 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
                                       : Tensor(nullptr, shape, DType::f32, alloc_.device()));
     views_.g.push_back(storage_.grads ? grads_buf_.tensor(shape, DType::f32, off)
                                       : Tensor(nullptr, shape, DType::f32, alloc_.device()));
-    views_.w.push_back(storage_.params && compute_ != DType::f32
-                           ? compute_buf_.tensor(shape, DType::f32, off)
-                           : params_.back());
+    views_.w.push_back(compute_buf_.data() ? compute_buf_.tensor(shape, DType::f32, off)
+                                           : params_.back());
     off += static_cast<size_t>(shape.numel()) * 4;
   }
   // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head] (a pipeline stage
@@ -405,6 +404,10 @@ void Transformer::init(uint64_t seed) {
 
 void Transformer::sync_compute_weights() {
   if (compute_ == DType::f32 || !storage_.params) return;
+  if (!storage_.master) {
+    ops::round_to(flat_params_, compute_);
+    return;
+  }
   ops::copy(compute_buf_.tensor(flat_params_.shape, DType::f32), flat_params_);
   ops::round_to(compute_buf_.tensor(flat_params_.shape, DType::f32), compute_);
 }

@@ -46,10 +46,14 @@ class ModelHooks {
 
 // Which full-size buffers the Transformer allocates. ZeRO-2 owns the gradients and ZeRO-3 also
 // the parameters (sharded); for what the model does not own it binds each block's views to its
-// own staging buffers (bind_block) before the block runs.
+// own staging buffers (bind_block) before the block runs. ZeRO-1/2 in 16-bit precision own the
+// fp32 master weights too (their rows): the model's weights are then the compute copy itself,
+// rounded in place by sync_compute_weights.
 struct ModelStorage {
   bool params = true;  // master (and compute) weights
   bool grads = true;
+  bool master = true;  // 16-bit: params() are fp32 masters beside a compute copy (false: params()
+                       // are the compute weights, fp32-stored values rounded to 16 bits)
 };
 
 // [train] recompute and recompute_layers: the mode of the first `layers` layers of each model
@@ -77,7 +81,9 @@ class Transformer {
 
   const ModelSpec& spec() const { return spec_; }
   DType compute_dtype() const { return compute_; }
-  // Master parameters and their gradients, one view per ModelSpec::params entry.
+  const ModelStorage& storage() const { return storage_; }
+  // Master parameters (or, with ModelStorage::master false, the compute weights) and their
+  // gradients, one view per ModelSpec::params entry.
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& grads() const { return views_.g; }
   Tensor flat_params() const { return flat_params_; }  // (P)
@@ -85,7 +91,8 @@ class Transformer {
 
   // Initialise every parameter from (seed, its global name, element index).
   void init(uint64_t seed);
-  // Refresh the compute copy of the weights after the master weights changed (no-op for f32).
+  // Refresh the compute copy of the weights after the master weights changed (no-op for f32;
+  // with ModelStorage::master false, rounds params() in place).
   void sync_compute_weights();
   void zero_grads();
 

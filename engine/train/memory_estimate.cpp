@@ -91,7 +91,10 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
     owned += static_cast<double>(own * row_numel);
   }
   MemoryEstimate e;
-  e.params = zero_stage == 3 ? 4 * padded : 4 * whole * (sixteen_bit ? 2 : 1);
+  // 16-bit: a compute copy of what the rank holds beside the fp32 masters, which ZeRO-1/2 shard.
+  e.params = zero_stage == 3                  ? 4 * padded
+             : sixteen_bit && zero_stage >= 1 ? 4 * whole + 4 * padded
+                                              : 4 * whole * (sixteen_bit ? 2 : 1);
   e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
   e.optimizer = 8 * (zero_stage >= 1 ? owned : whole);
   return e;

@@ -438,7 +438,7 @@ void Trainer::State::build_model() {
   const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
   s.model = std::make_unique<Transformer>(
       stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
-      model_storage(cfg.parallel.zero_stage), tp,
+      model_storage(cfg.parallel.zero_stage, compute_dtype(cfg.train.precision)), tp,
       RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
       ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl,
                       static_cast<int>(cfg.parallel.cp_ulysses)},
