@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <regex>
 #include <thread>
 
 #include "app/commands.h"
@@ -379,6 +381,30 @@ Run add_plan_command(CLI::App& app) {
                   e.optimizer, gib(e.total()).c_str());
     }
     flush();
+    // ZeRO cuts each parameter into whole rows of dim 0: one with fewer rows than the ranks of its
+    // group (an expert stack's experts, a router's rows, over a large group) leaves ranks holding
+    // padded shards only, so sharding it saves nothing there (rank 0's stage shown).
+    if (par.zero_stage >= 1) {
+      const ModelSpec rs = ckpt::rank_spec(spec, layout, 0);
+      std::map<std::string, std::string> thin;  // layers.* name -> "R rows over N ranks"
+      for (size_t i = 0; i < rs.params.size(); ++i) {
+        const int64_t rows = rs.params[i].shape[0];
+        const int n = rs.row_group(i, group, 0).size;
+        if (rows < n)
+          thin[std::regex_replace(rs.params[i].name, std::regex("^layers\\.[0-9]+\\."),
+                                  "layers.*.")] =
+              concat(rows, rows == 1 ? " row" : " rows", " over ", n, " ranks");
+      }
+      std::string list;
+      for (const auto& [name, what] : thin)
+        list += concat(list.empty() ? "" : ", ", name, " (", what, ")");
+      if (!thin.empty())
+        std::printf(
+            "ZeRO shards whole rows of dim 0, and %zu parameter%s fewer rows than the "
+            "ranks sharding them, so the ranks past the last row hold a padded row only "
+            "(sharding saves nothing there): %s\n",
+            thin.size(), thin.size() == 1 ? " has" : "s have", list.c_str());
+    }
     if (mesh.size(Axis::cp) > 1) {
       // Context parallelism: the groups, each rank's positions, and the cp bytes of a step on a
       // rank of the stage with the most layers (cp_bytes_per_layer, checked against the
