@@ -388,7 +388,7 @@ Run add_plan_command(CLI::App& app) {
       const ModelSpec rs = ckpt::rank_spec(spec, layout, 0);
       std::map<std::string, std::string> thin;  // layers.* name -> "R rows over N ranks"
       for (size_t i = 0; i < rs.params.size(); ++i) {
-        const int64_t rows = rs.params[i].shape[0];
+        const int64_t rows = rs.cut_rows(i);
         const int n = rs.row_group(i, group, 0).size;
         if (rows < n)
           thin[std::regex_replace(rs.params[i].name, std::regex("^layers\\.[0-9]+\\."),

@@ -239,10 +239,11 @@ PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const
   for (const StateTensor& st : state.state_tensors()) held[{st.state, st.param}].push_back(st);
   for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank(), states_)) {
     const ParamSpec& p = tp_spec.params[pc.param];
-    const int64_t row_numel = p.shape.numel() / p.shape[0];
+    const int64_t row_numel = p.shape.numel() / tp_spec.cut_rows(pc.param);
     const StateTensor* src = nullptr;
     for (const StateTensor& st : held[{pc.state, pc.param}])
-      if (st.row_begin <= pc.row_begin && st.row_begin + st.local.size(0) >= pc.row_end) src = &st;
+      if (st.row_begin <= pc.row_begin && st.row_begin + st.local.numel() / row_numel >= pc.row_end)
+        src = &st;
     LLMT_CHECK(src, "checkpoint: this rank must write rows [", pc.row_begin, ", ", pc.row_end,
                ") of ", tensor_path(pc.state, p.name), " but does not hold them");
     pieces_.push_back({pc,
@@ -367,7 +368,7 @@ int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, TrainingState& st
   int64_t bytes = 0;
   for (const StateTensor& st : state.state_tensors()) {
     const ParamSpec& p = tp_spec.params[st.param];
-    const int64_t rows = st.local.size(0);
+    const int64_t rows = st.local.numel() / (p.shape.numel() / tp_spec.cut_rows(st.param));
     const size_t n = static_cast<size_t>(st.local.numel());
     host.reserve(backend, n * 4);
     std::fill_n(host.f32(), n, 0.0f);

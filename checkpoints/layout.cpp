@@ -68,10 +68,39 @@ std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t r
                                    int64_t row_end) {
   const ParamSpec& p = tp_spec.params[i];
   const Shape& local = p.shape;
-  LLMT_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= local[0], "rows [", row_begin,
-             ", ", row_end, ") of ", p.name, " ", local.str());
-  const int64_t row_numel = local.numel() / std::max<int64_t>(1, local[0]);
+  const int64_t rows = tp_spec.cut_rows(i);
+  LLMT_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= rows, "rows [", row_begin, ", ",
+             row_end, ") of ", p.name, " ", local.str(), " (", rows, " rows)");
+  const int64_t row_numel = local.numel() / std::max<int64_t>(1, rows);
   std::vector<LocalBox> out;
+  if (rows != local[0]) {
+    // An expert stack cut in rows of its first two dims (E_local x A): local row r is expert
+    // r / A (global expert global_start + r / A under ep; experts are not split over tp) and its
+    // row r % A. A run of rows is up to three boxes: the rest of a first expert, whole experts,
+    // the start of a last one.
+    const std::vector<ShardSlice> slices = tp_spec.local_slices(i);
+    LLMT_CHECK(slices.size() == 1 && slices[0].dim == 0 && slices[0].local_start == 0, p.name,
+               ": an expert stack is one slice of its experts");
+    const int64_t A = local[1], first = slices[0].global_start;
+    for (int64_t r = row_begin; r < row_end;) {
+      const int64_t e = r / A, a = r % A;
+      Box g = whole(p.global_shape);
+      g.start[0] = first + e;
+      int64_t n;  // the rows this box takes
+      if (a == 0 && row_end - r >= A) {
+        g.count[0] = (row_end - r) / A;
+        n = g.count[0] * A;
+      } else {
+        n = std::min(A - a, row_end - r);
+        g.count[0] = 1;
+        g.start[1] = a;
+        g.count[1] = n;
+      }
+      out.push_back({g, (r - row_begin) * row_numel});
+      r += n;
+    }
+    return out;
+  }
   for (const ShardSlice& s : tp_spec.local_slices(i)) {
     Box g = whole(p.global_shape);
     if (s.dim == 0) {
@@ -113,7 +142,7 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
     const bool over_tp = tp_spec.tp_size > 1 && tp_spec.is_routed(i);
     if (tp_rank != 0 && !over_tp && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
     const auto [gn, gd] = tp_spec.row_group(i, n, d);
-    const int64_t rows = p.shape[0], s = (rows + gn - 1) / gn;
+    const int64_t rows = tp_spec.cut_rows(i), s = (rows + gn - 1) / gn;
     const int64_t begin = std::min(rows, gd * s), end = std::min(rows, begin + s);
     if (begin == end) continue;
     for (const std::string& st : states) out.push_back({st, i, begin, end});

@@ -4,7 +4,8 @@
 //
 // The write rule. For every parameter and every state the optimizer lists (the fp32 master
 // weight "param", then e.g. AdamW's "exp_avg" and "exp_avg_sq"), take the tensor tp rank t holds
-// (ModelSpec::shard_tp) and cut its R rows as ZeRO does over its group, the ranks that share
+// (ModelSpec::shard_tp) and cut its R rows (ModelSpec::cut_rows: dim 0, an expert stack's
+// experts x their first dim) as ZeRO does over its group, the ranks that share
 // parameters and see different data (dp x cp, in rank order; MeshShape::group): the group's rank
 // d of n writes rows [d*s, min(R, (d+1)*s)), s = ceil(R/n), whatever the zero stage (so DDP ranks
 // share the writing and a ZeRO shard is written by its owner). A parameter replicated over tp is
@@ -57,7 +58,8 @@ struct LocalBox {
   int64_t local_offset = 0;
 };
 // The global boxes of parameter i that rows [row_begin, row_end) of the tensor `tp_spec` holds
-// (its tp shard) are, in local order.
+// (its tp shard) are, in local order. Rows are ModelSpec::cut_rows: dim 0, or an expert stack's
+// (expert, first dim) pairs.
 std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t row_begin,
                                    int64_t row_end);
 

@@ -53,8 +53,8 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
                    ": ZeRO's group has ", n_[p.part], " ranks (this one number ", rank_[p.part],
                    "), the checkpoint layout expects ", rg.size, " (number ", rg.rank, ")");
         Part& part = u.parts[static_cast<size_t>(p.part)];
-        p.rows = shape[0];
-        p.row_numel = shape.numel() / shape[0];
+        p.rows = spec.cut_rows(i);  // an expert stack: rows of its experts' first dim
+        p.row_numel = shape.numel() / p.rows;
         p.shard_rows = (p.rows + n_[p.part] - 1) / n_[p.part];
         p.own_rows = p.own_rows_of(rank_[p.part]);
         p.full_off = u.full_numel;
@@ -91,9 +91,9 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
           {p.index, row0,
            master_shards_
                ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-               : model.params()[p.index].rows(row0, row0 + p.own_rows),
+               : as_rows(model.params()[p.index], p).rows(row0, row0 + p.own_rows),
            stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                       : model.grads()[p.index].rows(row0, row0 + p.own_rows),
+                       : as_rows(model.grads()[p.index], p).rows(row0, row0 + p.own_rows),
            spec.params[p.index].decay});
     }
   }
@@ -104,11 +104,19 @@ int Zero::unit_of(int block) const {
   return block == 0 || block == L_ + 1 ? 0 : block;
 }
 
+// Param p's tensor `t` (its shape) as the rows ZeRO cuts it into (ModelSpec::cut_rows): itself,
+// or for an expert stack a (rows, row_numel) view.
+Tensor Zero::as_rows(Tensor t, const Param& p) {
+  return t.shape[0] == p.rows ? t : t.view({p.rows, p.row_numel});
+}
+
 // The first `rows` rows of param p's shard inside a shard buffer.
 Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const {
   const Shape& shape = model_.spec().params[p.index].shape;
-  return Tensor(shard_buf.f32() + u.parts[static_cast<size_t>(p.part)].shard_begin + p.shard_off,
-                shape, DType::f32, shard_buf.device)
+  return as_rows(Tensor(shard_buf.f32() + u.parts[static_cast<size_t>(p.part)].shard_begin +
+                            p.shard_off,
+                        shape, DType::f32, shard_buf.device),
+                 p)
       .rows(0, rows);
 }
 
@@ -133,8 +141,7 @@ void Zero::pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& 
     for (const Param& p : u.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
-      const Tensor& src = views[p.index];
-      Tensor from = src.rows(r * p.shard_rows, r * p.shard_rows + own);
+      Tensor from = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
       ops::copy(Tensor(block + p.shard_off, from.shape, DType::f32, dst.device), from);
     }
   }
@@ -147,7 +154,7 @@ void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, i
     for (const Param& p : u.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
-      Tensor to = views[p.index].rows(r * p.shard_rows, r * p.shard_rows + own);
+      Tensor to = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
       ops::copy(to,
                 Tensor(const_cast<float*>(block) + p.shard_off, to.shape, DType::f32, src.device));
     }
@@ -259,7 +266,7 @@ void Zero::complete_reductions(size_t keep) {
       for (const Param& p : u.params) {
         if (p.own_rows == 0 || p.part != red.part) continue;
         const int64_t row0 = rank_[p.part] * p.shard_rows;
-        Tensor to = model_.grads()[p.index].rows(row0, row0 + p.own_rows);
+        Tensor to = as_rows(model_.grads()[p.index], p).rows(row0, row0 + p.own_rows);
         ops::copy(to, Tensor(out.f32() + p.shard_off, to.shape, DType::f32, out.device));
       }
     }

@@ -1,6 +1,8 @@
 // ZeRO stages 1-3 over the data-parallel group (DataParallel: dp, or dp x cp) with per-parameter
 // Shard(0) (the FSDP2 layout): parameter i
-// with R rows is cut into dp shards of s = ceil(R/dp) rows, rank r owning global rows
+// with R rows (ModelSpec::cut_rows: dim 0; an expert stack [E, A, ...] E·A rows of (expert, A), so
+// that a group larger than E still shares it out, a shard then up to three boxes of the global
+// tensor) is cut into dp shards of s = ceil(R/dp) rows, rank r owning global rows
 // [r*s, min(R, (r+1)*s)) — a rectangular slice of the global tensor; the last ranks' shards are
 // padded with zero rows (kept zero: their gradient is zero, so AdamW leaves them at zero).
 // Collectives batch a unit's shards through one staging buffer laid out rank-major
@@ -78,7 +80,8 @@ class Zero final : public DataParallel {
   struct Param {
     size_t index = 0;                                // into the model's params
     int part = 0;
-    int64_t rows = 0, shard_rows = 0, own_rows = 0;  // R, s = ceil(R/n), this rank's real rows
+    // R (ModelSpec::cut_rows), s = ceil(R/n), this rank's real rows
+    int64_t rows = 0, shard_rows = 0, own_rows = 0;
     int64_t row_numel = 0;                           // elements per row
     int64_t full_off = 0;   // offset in the unit's gathered (spec-order) layout
     int64_t shard_off = 0;  // offset in the shard of the unit's part
@@ -107,6 +110,7 @@ class Zero final : public DataParallel {
   };
 
   int unit_of(int block) const;
+  static Tensor as_rows(Tensor t, const Param& p);
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
   // dst (rank-major, n x shard_numel of the part) <- rows of each of the part's params' views
   // (spec-order `views`); only this rank's block unless `all_ranks`.

@@ -195,6 +195,11 @@ ModelSpec::RowGroup ModelSpec::row_group(size_t i, int size, int rank) const {
   return g;
 }
 
+int64_t ModelSpec::cut_rows(size_t i) const {
+  const Shape& s = params[i].shape;
+  return is_expert(i) && s.ndim() >= 2 ? s[0] * s[1] : s[0];
+}
+
 ModelSpec ModelSpec::shard_ep(int size, int rank) const {
   LLMT_CHECK(ep_size == 1, "shard_ep of a spec already sharded for ep=", ep_size);
   LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "ep rank ", rank, " of ", size);

@@ -99,6 +99,10 @@ struct ModelSpec {
     int size = 1, rank = 0;
   };
   RowGroup row_group(size_t i, int size, int rank) const;
+  // The rows parameter i is cut into over that group: dim 0 of this rank's tensor, but an
+  // expert stack [E, A, ...] is cut in rows of its first two dims (E·A of them), so that a group
+  // of more ranks than experts still shares it out. Each row is contiguous in memory.
+  int64_t cut_rows(size_t i) const;
   // The global layers this spec holds, in order.
   std::vector<int64_t> layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.

@@ -351,8 +351,14 @@ void Transformer::bind_block(int block, Tensor weights, Tensor grads) {
 
 void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begin, uint64_t seed) {
   const ParamSpec& p = spec.params[i];
-  LLMT_CHECK(x.ndim() == p.shape.ndim() && row_begin >= 0 && row_begin + x.shape[0] <= p.shape[0],
-             p.name, ": rows [", row_begin, ", ", row_begin + x.shape[0], ") of ", p.shape.str());
+  // Rows of dim 0, or of ModelSpec::cut_rows (an expert stack's experts x their first dim: x is
+  // then 2-D, its rows cut rows).
+  const bool cut = x.ndim() == 2 && p.shape.ndim() > 2;
+  const int64_t rows = cut ? spec.cut_rows(i) : p.shape[0];
+  LLMT_CHECK(
+      (cut || x.ndim() == p.shape.ndim()) && row_begin >= 0 && row_begin + x.shape[0] <= rows,
+      p.name, ": rows [", row_begin, ", ", row_begin + x.shape[0], ") of ", rows, " (",
+      p.shape.str(), ")");
   if (p.init != InitKind::normal) {
     ops::fill(x, p.init == InitKind::ones ? 1.0f : 0.0f);
     return;
@@ -363,9 +369,11 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
   if (!p.on(Axis::tp).sharded() || spec.tp_size == 1) {
     // Whole, or (expert parallelism) a run of whole experts from the rank's first one.
     const int64_t first = spec.local_slices(i).front().global_start;
-    ops::init_normal(x, p.std, seed, stream, (first + row_begin) * row);
+    const int64_t per_row = p.shape.numel() / rows;  // elements of one of x's rows
+    ops::init_normal(x, p.std, seed, stream, first * row + row_begin * per_row);
     return;
   }
+  LLMT_CHECK(!cut, p.name, ": cut rows of a tp-sharded parameter");
   const int64_t row_end = row_begin + x.shape[0];
   for (const ShardSlice& s : spec.local_slices(i)) {
     if (s.dim == 0) {  // local rows [local_start, +length) are global rows [global_start, +length)

@@ -225,7 +225,8 @@ class Transformer {
 };
 
 // Initialises x = rows [row_begin, row_begin + x.shape[0]) of parameter i as this rank holds it
-// (spec.params[i].shape), with exactly the values of those elements in the single-rank tensor:
+// (spec.params[i].shape; or, x 2-D for a higher-dimensional expert stack, of its
+// ModelSpec::cut_rows), with exactly the values of those elements in the single-rank tensor:
 // each piece from the counter-based generator at its global index, whatever the tp slices
 // (placement.h) and whatever further row split (ZeRO's dp shards) cut it.
 void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begin, uint64_t seed);

@@ -541,7 +541,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     ZeroUnitBytes root_unit;
     for (size_t i = 0; i < rs.params.size(); ++i) {
       const ParamSpec& ps = rs.params[i];
-      const int64_t rows = ps.shape[0], row_numel = ps.shape.numel() / rows;
+      const int64_t rows = rs.cut_rows(i), row_numel = ps.shape.numel() / rows;
       const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
       const int64_t n = rs.row_group(i, group, 0).size;
       const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);

@@ -83,7 +83,7 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
     const ParamSpec& p = spec.params[i];
     // Expert stacks under ep, routed parameters under tp: over their own groups (zero.h).
     const auto [n, d] = spec.row_group(i, group, group_rank);
-    const int64_t rows = p.shape[0], row_numel = p.shape.numel() / rows;
+    const int64_t rows = spec.cut_rows(i), row_numel = p.shape.numel() / rows;
     const int64_t s = (rows + n - 1) / n;
     const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);
     whole += static_cast<double>(p.shape.numel());

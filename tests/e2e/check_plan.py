@@ -116,19 +116,20 @@ def main():
     check(proc.returncode == 2 and "world size 1 is not divisible by tp(1)*cp(1)*pp(2)=2"
           in proc.stderr, "train with pp=2 on one process: exit 2 naming the factors")
 
-    # ZeRO's whole rows: a mixture-of-experts model's 4-expert stacks and router over tp 2 x dp 4
-    # leave 4 of 8 ranks padding only, which plan names; with ep 4 each rank holds one expert,
-    # still replicated over tp 2 (1 row over 2 ranks); without such a parameter plan says nothing.
+    # ZeRO's whole rows: a mixture-of-experts model's 4-row router over tp 2 x dp 4 leaves 4 of
+    # 8 ranks padding only, which plan names (the expert stacks are cut in rows of their experts'
+    # first dim, enough for 8 ranks, also with ep 4's one expert per rank); without such a
+    # parameter plan says nothing.
     moe = pathlib.Path(__file__).resolve().parent.parent / "mpi" / "configs" / "moe-tiny.toml"
     moe_args = argparse.Namespace(llmtrain=args.llmtrain, config=moe)
     tp_zero = ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1"]
     out = plan(moe_args, *tp_zero, schedule=False, extra=["--world", "8"])
-    check("3 parameters have fewer rows than the ranks sharding them" in out and
+    check("1 parameter has fewer rows than the ranks sharding them" in out and
           "layers.*.mlp.router.weight (4 rows over 8 ranks)" in out,
-          "ZeRO under tp x dp 4: the expert stacks and router named as padded")
+          "ZeRO under tp x dp 4: the router named as padded, the expert stacks not")
     out = plan(moe_args, *tp_zero, "parallel.ep=4", schedule=False, extra=["--world", "8"])
-    check("layers.*.mlp.experts.fc1.weight (1 row over 2 ranks)" in out,
-          "with ep 4: one expert per rank over its 2 tp replicas")
+    check("1 parameter has fewer rows" in out and "experts" not in out.split("ZeRO shards")[1],
+          "with ep 4: one expert per rank, cut in rows of its first dim, is not padded")
     out = plan(moe_args, "parallel.zero_stage=1", schedule=False, extra=["--world", "4"])
     check("ZeRO shards whole rows" not in out, "dp 4 over 4 experts: nothing padded, no note")
 

@@ -112,9 +112,10 @@ def main():
                       open(f"{d}/slurmd.log").read()[-2000:])
                 sys.exit(77)
             time.sleep(0.2)
-        # Enough steps that the signal, sent once the job has logged 50, lands mid-run (delivering it
-        # takes Slurm a few hundred steps of this model here).
-        steps = 3000
+        # Enough steps that the signal, sent once the job has logged 50, lands mid-run: delivering it
+        # takes Slurm a few hundred steps of this model (1-2 ms each) on a quiet machine, and under
+        # load it took more than the 3000 steps this test used to run (the job ended first).
+        steps = 10000
         sets = ["--set", f"train.steps={steps}", "--set", "optimizer.warmup_steps=10", "-q"]
         ref = os.path.join(w, "ref")
         sh(["srun", "-n", "2", "--mpi=pmix", args.llmtrain, "--config", args.config,

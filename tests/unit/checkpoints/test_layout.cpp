@@ -153,17 +153,23 @@ TEST(Layout, TpReplicasWriteNothingAndTheDpCpGroupSharesTheRows) {
   EXPECT_EQ(shard_dataset("exp_avg", "wte.weight", 1), "optimizer/exp_avg/wte.weight/1");
 }
 
+// A Llama-shaped model whose MLPs are 8 experts, top-2, of width `d_ff_expert`.
+ModelSpec tiny_moe(int64_t layers, int64_t d_ff_expert) {
+  ModelConfig c = test::tiny_model(
+      Arch::llama,
+      {.vocab = 96, .layers = layers, .d_model = 32, .llama_kv_heads = 4, .seq_len = 8});
+  c.moe.num_experts = 8;
+  c.moe.top_k = 2;
+  c.moe.d_ff_expert = d_ff_expert;
+  return ModelSpec::from_config(c);
+}
+
 // Mixture of experts under tp: the router and the expert stacks are replicated over tp, but their
 // rows are cut over tp x dp x cp (under ep: the expert-data group x tp), every tp rank writing
 // some (ModelSpec::row_group, zero.h); every element is still covered once, with and without ep,
 // and the rows a rank writes are those ZeRO's shards would give it.
 TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
-  ModelConfig c = test::tiny_model(
-      Arch::llama, {.vocab = 96, .layers = 2, .d_model = 32, .llama_kv_heads = 4, .seq_len = 8});
-  c.moe.num_experts = 8;
-  c.moe.top_k = 2;
-  c.moe.d_ff_expert = 24;
-  const ModelSpec spec = ModelSpec::from_config(c);
+  const ModelSpec spec = tiny_moe(2, 24);
   for (const int ep : {1, 2, 4})
     for (const auto& [tp, dp, cp] : {std::tuple{2, 2, 1}, {2, 4, 1}, {4, 2, 2}, {2, 1, 4}}) {
       if ((dp * cp) % ep != 0) continue;
@@ -182,12 +188,48 @@ TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
           continue;
         }
         const int n = tp * dp * cp / (held.is_expert(i) ? ep : 1);
-        const int64_t rows = held.params[i].shape[0], s = (rows + n - 1) / n;
+        const int64_t rows = held.cut_rows(i), s = (rows + n - 1) / n;
         EXPECT_EQ(pc.row_begin, std::min(rows, s)) << held.params[i].name << " n " << n;
         (held.is_expert(i) ? experts : router) = true;
       }
       EXPECT_TRUE(router && experts) << "tp " << tp << " dp " << dp << " cp " << cp << " ep " << ep;
     }
+}
+
+// An expert stack [E, A, B] is cut in rows of (expert, A): any run of an ep rank's rows maps,
+// through global_boxes, to exactly its elements of the global tensor (up to three boxes: the rest
+// of an expert, whole experts, the start of one), so a group larger than the rank's experts still
+// shares them out.
+TEST(Layout, ExpertStacksAreCutInRowsOfTheirExperts) {
+  const ModelSpec spec = tiny_moe(1, 6);
+  for (const int ep : {1, 2, 4}) {
+    const ModelSpec s = spec.shard_ep(ep, ep - 1);
+    bool seen = false;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (!s.is_expert(i)) continue;
+      seen = true;
+      const ParamSpec& p = s.params[i];
+      const int64_t rows = s.cut_rows(i), row_numel = p.shape.numel() / rows;
+      ASSERT_EQ(rows, p.shape[0] * p.shape[1]) << p.name;
+      const std::vector<int64_t> gshape = whole(p.global_shape).count;
+      const int64_t per_expert = p.global_shape.numel() / p.global_shape[0];
+      // Local element k of this rank's stack is global element first_expert * per_expert + k.
+      const int64_t base = (ep - 1) * (8 / ep) * per_expert;
+      for (int64_t a = 0; a < rows; a += 5)
+        for (int64_t b = a; b <= std::min(rows, a + 3 * p.shape[1] + 2); b += 4) {
+          int64_t covered = 0;
+          for (const LocalBox& lb : global_boxes(s, i, a, b)) {
+            for (int64_t k = 0; k < lb.global.numel(); ++k)
+              ASSERT_EQ(base + a * row_numel + lb.local_offset + k,
+                        global_offset(gshape, lb.global, k))
+                  << p.name << " ep " << ep << " rows [" << a << ", " << b << ")";
+            covered += lb.global.numel();
+          }
+          EXPECT_EQ(covered, (b - a) * row_numel) << p.name;
+        }
+    }
+    EXPECT_TRUE(seen);
+  }
 }
 
 // The states are whatever the optimizer lists: an optimizer with one state (SGD's momentum) gets
