@@ -197,7 +197,7 @@ ModelSpec::RowGroup ModelSpec::row_group(size_t i, int size, int rank) const {
 
 int64_t ModelSpec::cut_rows(size_t i) const {
   const Shape& s = params[i].shape;
-  return is_expert(i) && s.ndim() >= 2 ? s[0] * s[1] : s[0];
+  return is_expert(i) && s.ndim() >= 3 ? s[0] * s[1] : s[0];
 }
 
 ModelSpec ModelSpec::shard_ep(int size, int rank) const {

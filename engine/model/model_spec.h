@@ -100,7 +100,7 @@ struct ModelSpec {
   };
   RowGroup row_group(size_t i, int size, int rank) const;
   // The rows parameter i is cut into over that group: dim 0 of this rank's tensor, but an
-  // expert stack [E, A, ...] is cut in rows of its first two dims (E·A of them), so that a group
+  // expert stack [E, A, B] is cut in rows of its first two dims (E·A rows of B), so that a group
   // of more ranks than experts still shares it out. Each row is contiguous in memory.
   int64_t cut_rows(size_t i) const;
   // The global layers this spec holds, in order.
