@@ -33,6 +33,18 @@ std::string concat(const Args&... args) {
 
 }  // namespace llmt
 
+// LLMT_STATUS_CHECK(call, ok, message): throws llmt::Error naming the file, line, call and
+// message(status) when `call` returns a status other than `ok`. The body of the GPU libraries'
+// checks (LLMT_CUDA_CHECK, LLMT_CUBLAS_CHECK, LLMT_CUDNN_CHECK, the NCCL backend's), each a
+// one-line definition beside its library; this header includes none of them.
+#define LLMT_STATUS_CHECK(call, ok, message)                                                 \
+  do {                                                                                       \
+    const auto st_ = (call);                                                                 \
+    if (st_ != (ok))                                                                         \
+      throw ::llmt::Error(                                                                   \
+          ::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", message(st_))); \
+  } while (0)
+
 // LLMT_CHECK(cond, "seq_len=", T, " is not divisible by ", k): throws llmt::Error with file:line.
 #define LLMT_CHECK(cond, ...)                                                              \
   do {                                                                                     \

@@ -22,13 +22,7 @@
 #include "engine/core/check.h"
 #include "engine/core/cuda/cuda_backend.h"
 
-#define LLMT_CUDNN_CHECK(call)                                                               \
-  do {                                                                                       \
-    cudnnStatus_t st_ = (call);                                                              \
-    if (st_ != CUDNN_STATUS_SUCCESS)                                                         \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cudnnGetErrorString(st_)));                 \
-  } while (0)
+#define LLMT_CUDNN_CHECK(call) LLMT_STATUS_CHECK(call, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 
 // The frontend's error_t: throws with its message.
 #define LLMT_CUDNN_FE_CHECK(call)                                                                \

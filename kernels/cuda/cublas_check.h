@@ -6,10 +6,5 @@
 
 #include "engine/core/check.h"
 
-#define LLMT_CUBLAS_CHECK(call)                                                              \
-  do {                                                                                       \
-    cublasStatus_t st_ = (call);                                                             \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cublasGetStatusString(st_)));               \
-  } while (0)
+#define LLMT_CUBLAS_CHECK(call) \
+  LLMT_STATUS_CHECK(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)

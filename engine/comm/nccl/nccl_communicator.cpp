@@ -20,13 +20,7 @@
 #include "engine/core/cuda/cuda_backend.h"
 #include "engine/core/cuda/cuda_check.h"
 
-#define LLMT_NCCL(call)                                                                           \
-  do {                                                                                            \
-    const ncclResult_t llmt_nccl_rc = (call);                                                     \
-    if (llmt_nccl_rc != ncclSuccess)                                                              \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call,            \
-                                                 " failed: ", ncclGetErrorString(llmt_nccl_rc))); \
-  } while (0)
+#define LLMT_NCCL(call) LLMT_STATUS_CHECK(call, ncclSuccess, ncclGetErrorString)
 
 namespace llmt {
 namespace {

@@ -7,10 +7,4 @@
 
 #include "engine/core/check.h"
 
-#define LLMT_CUDA_CHECK(call)                                                                \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess)                                                                 \
-      throw ::llmt::Error(::llmt::detail::concat(__FILE__, ":", __LINE__, ": ", #call, ": ", \
-                                                 cudaGetErrorString(err_)));                 \
-  } while (0)
+#define LLMT_CUDA_CHECK(call) LLMT_STATUS_CHECK(call, cudaSuccess, cudaGetErrorString)
