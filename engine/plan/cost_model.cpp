@@ -262,8 +262,9 @@ class ZeroReplay {
 // Drives a ZeroReplay through one step of pipeline rank `pr` as the trainer and the pipeline
 // executor call Zero's hooks (Transformer::forward/backward and their chunk forms): every
 // micro-batch's forward and backward without pp, the schedule's actions with it (a zero-bubble
-// schedule's hooks come with the weight half). `chunk_layers[c]`: chunk c's global layers.
-void replay_step(ZeroReplay& z, PipeSchedule kind, const ScheduleShape& shape, int pr,
+// schedule's hooks come with the weight half). `actions`: the rank's schedule (null without
+// pp); `chunk_layers[c]`: chunk c's global layers.
+void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
                  const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
                  bool root_params, int64_t L) {
   const int v = static_cast<int>(chunk_layers.size());
@@ -283,19 +284,18 @@ void replay_step(ZeroReplay& z, PipeSchedule kind, const ScheduleShape& shape, i
     for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
     if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
   };
-  if (shape.stages == 1) {
-    for (int mb = 0; mb < shape.micro_batches; ++mb) {
-      z.start_micro_batch(mb + 1 == shape.micro_batches);
+  if (!actions) {
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      z.start_micro_batch(mb + 1 == micro_batches);
       forward(0);
       backward(0);
     }
   } else {
-    const std::vector<Action> actions = make_schedule(kind, shape).ranks[static_cast<size_t>(pr)];
     std::vector<int> last_mb(static_cast<size_t>(v), -1);
-    for (const Action& a : actions)
+    for (const Action& a : *actions)
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
         last_mb[static_cast<size_t>(a.chunk)] = a.mb;
-    for (const Action& a : actions) {
+    for (const Action& a : *actions) {
       if (a.kind == ActionKind::forward) forward(a.chunk);
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
         z.start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
@@ -381,6 +381,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
 
   const ScheduleShape shape{p, v, m};
   out.bubble = p > 1 ? formula_bubble_fraction(par.pp_schedule, shape) : 0.0;
+  // Every pp rank's actions, for the ZeRO replay and the zero-bubble activation peak.
+  const Schedule schedule = p > 1 ? make_schedule(par.pp_schedule, shape) : Schedule{};
   const std::vector<int64_t> stage_layers =
       par.pp_layers.empty() ? std::vector<int64_t>(p * v, mc.n_layers / (p * v)) : par.pp_layers;
   const ckpt::WriteLayout layout{mesh, v, par.pp_layers, static_cast<int>(par.ep)};
@@ -563,8 +565,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
     ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
     if (par.zero_stage >= 1)
-      replay_step(zero, par.pp_schedule, shape, pr, chunk_layers, s.embedding, s.head,
-                  root_unit.whole > 0, mc.n_layers);
+      replay_step(zero, p > 1 ? &schedule.ranks[static_cast<size_t>(pr)] : nullptr, m, chunk_layers,
+                  s.embedding, s.head, root_unit.whole > 0, mc.n_layers);
     AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
     AxisBytes& g_tp = group > 1 ? g : t;
     if (group > 1 || shards_tp > 0) {
@@ -615,8 +617,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       // halves come on top; the embedding's input gradient and the final norm's are stashed too.
       const double stash_mb =
           stash + e * f32_bytes(d.R * C) + h * f32_bytes((d.norm_stats == 2 ? 2 : 1) * C);
-      held = schedule_activation_peak(
-          make_schedule(par.pp_schedule, shape).ranks[static_cast<size_t>(pr)], per_mb, stash_mb);
+      held = schedule_activation_peak(schedule.ranks[static_cast<size_t>(pr)], per_mb, stash_mb);
     }
     s.memory.activations = held + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
     // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
