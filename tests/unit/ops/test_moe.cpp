@@ -4,6 +4,7 @@
 // against one linear per group.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "kernels/ops.h"
@@ -232,11 +233,20 @@ TEST(MoeCombine, GradientsMatchFiniteDifferences) {
   }
 }
 
-// The grouped GEMM equals one linear per group on the group's rows, forward and backward, with an
-// empty group; dweight accumulates. Not bitwise: the grouped kernel hands BLAS tiles of other
-// row counts than the per-group calls, and BLAS may sum in another order for another shape (it
-// does with OpenBLAS on Zen 3: differences up to 2.4e-7 there). 1e-5 is far above that rounding
-// and far below what a wrong weight or row gives (O(0.1)).
+// The grouped GEMM hands BLAS tiles of other row counts than the calls it is compared with, and
+// BLAS may sum a dot product in another order for another shape (OpenBLAS on Zen 3 does: up to
+// 2.4e-7 apart, 7% of the bound), so the two are compared to the bound of that reordering: each sum
+// of the n products a_k·b_k lies within γ_n·Σ|a_k·b_k| of the exact one, γ_n = n·u/(1 - n·u),
+// u = eps/2 (Higham, Accuracy and Stability of Numerical Algorithms, §3.1), so two orders differ
+// by at most (n + 1)·eps·Σ|a_k·b_k| here. A wrong weight or row is off by O(0.1).
+float reorder_bound(const float* a, int64_t stride_a, const float* b, int64_t stride_b, int64_t n) {
+  double s = 0;
+  for (int64_t k = 0; k < n; ++k) s += std::fabs(double{a[k * stride_a]} * b[k * stride_b]);
+  return static_cast<float>((n + 1) * double{std::numeric_limits<float>::epsilon()} * s);
+}
+
+// The grouped GEMM equals one linear per group on the group's rows, forward and backward (to the
+// reordering bound above), with an empty group; dweight accumulates.
 TEST(GroupedLinear, EqualsOneLinearPerGroup) {
   const int64_t IC = 24, OC = 20, G = 4, M = 330;
   const std::vector<int64_t> off{0, 140, 140, 329, 330};
@@ -259,15 +269,22 @@ TEST(GroupedLinear, EqualsOneLinearPerGroup) {
     ops::linear_forward(o.t(), inp.t().rows(off[g], off[g + 1]), w_g, Tensor());
     ops::linear_backward(di.t(), dw.t(), Tensor(), dout.t().rows(off[g], off[g + 1]),
                          inp.t().rows(off[g], off[g + 1]), w_g);
-    for (int64_t i = 0; i < n * OC; ++i) EXPECT_NEAR(out[off[g] * OC + i], o[i], 1e-5);
-    for (int64_t i = 0; i < n * IC; ++i) EXPECT_NEAR(dinp[off[g] * IC + i], di[i], 1e-5);
+    const float* w = weight.f32() + g * OC * IC;  // (OC, IC)
+    for (int64_t i = 0; i < n * OC; ++i) {
+      const int64_t r = off[g] + i / OC, c = i % OC;
+      EXPECT_NEAR(out[r * OC + c], o[i], reorder_bound(inp.f32() + r * IC, 1, w + c * IC, 1, IC));
+    }
+    for (int64_t i = 0; i < n * IC; ++i) {
+      const int64_t r = off[g] + i / IC, c = i % IC;
+      EXPECT_NEAR(dinp[r * IC + c], di[i], reorder_bound(dout.f32() + r * OC, 1, w + c, IC, OC));
+    }
     for (int64_t i = 0; i < OC * IC; ++i) EXPECT_NEAR(dweight[g * OC * IC + i], dw[i], 1e-5);
   }
 }
 
 // Groups sharing a weight (expert parallelism: the rows each peer sent for each local expert):
-// the same as the groups of one weight concatenated, forward and backward (to the summation
-// order's rounding, as above).
+// the same as the groups of one weight concatenated, forward and backward (to the reordering
+// bound).
 TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
   const int64_t IC = 12, OC = 9, M = 300;
   // Peer 0 sends 70 rows of expert 0 and 80 of expert 1, peer 1 60 and 90.
@@ -292,8 +309,15 @@ TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
   ops::grouped_linear_backward(dinp.t(), dw.t(), dout.t(), inp.t(), weight.t(), off, weight_of);
   ops::grouped_linear_backward(dinp2.t(), dw2.t(), dout2.t(), inp2.t(), weight.t(), by_expert);
   for (int64_t r = 0; r < M; ++r) {
-    for (int64_t c = 0; c < OC; ++c) EXPECT_NEAR(out[order[r] * OC + c], out2[r * OC + c], 1e-5);
-    for (int64_t c = 0; c < IC; ++c) EXPECT_NEAR(dinp[order[r] * IC + c], dinp2[r * IC + c], 1e-5);
+    const int64_t o = order[r];  // the row in the peers' order, of expert weight_of[its group]
+    const int64_t g = std::upper_bound(off.begin(), off.end(), o) - off.begin() - 1;
+    const float* w = weight.f32() + weight_of[g] * OC * IC;  // (OC, IC)
+    for (int64_t c = 0; c < OC; ++c)
+      EXPECT_NEAR(out[o * OC + c], out2[r * OC + c],
+                  reorder_bound(inp.f32() + o * IC, 1, w + c * IC, 1, IC));
+    for (int64_t c = 0; c < IC; ++c)
+      EXPECT_NEAR(dinp[o * IC + c], dinp2[r * IC + c],
+                  reorder_bound(dout.f32() + o * OC, 1, w + c, IC, OC));
   }
   for (int64_t i = 0; i < 2 * OC * IC; ++i) EXPECT_NEAR(dw[i], dw2[i], 1e-4);
   EXPECT_THROW(ops::grouped_linear_forward(out.t(), inp.t(), weight.t(), off,
