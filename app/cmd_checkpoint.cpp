@@ -10,7 +10,7 @@
 #include "checkpoints/tools.h"
 #include "data/tokenizer.h"
 #include "engine/model/model_spec.h"
-#include "engine/train/config.h"
+#include "train/config.h"
 
 namespace llmt::app {
 

@@ -4,8 +4,8 @@
 
 #include "app/commands.h"
 #include "engine/model/model_spec.h"
-#include "engine/train/config.h"
-#include "engine/train/shrink.h"
+#include "train/config.h"
+#include "train/shrink.h"
 
 namespace llmt::app {
 

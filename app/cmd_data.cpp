@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
-#include "engine/core/check.h"
-#include "engine/train/metrics.h"
+#include "train/metrics.h"
 
 namespace llmt::app {
 namespace {

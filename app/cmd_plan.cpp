@@ -13,12 +13,12 @@
 
 #include "app/commands.h"
 #include "checkpoints/layout.h"
-#include "engine/core/check.h"
-#include "engine/plan/cost_model.h"
-#include "engine/plan/search.h"
+#include "core/check.h"
 #include "engine/schedule/schedule.h"
-#include "engine/train/config.h"
-#include "engine/train/memory_estimate.h"
+#include "plan/cost_model.h"
+#include "plan/search.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
 
 namespace llmt::app {
 
@@ -68,8 +68,13 @@ std::string pct(double f) {
 
 std::string seconds(double s) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, s >= 1 ? "%.3g s" : s >= 1e-3 ? "%.3g ms" : "%.3g us",
-                s >= 1 ? s : s >= 1e-3 ? s * 1e3 : s * 1e6);
+  std::snprintf(buf, sizeof buf,
+                s >= 1      ? "%.3g s"
+                : s >= 1e-3 ? "%.3g ms"
+                            : "%.3g us",
+                s >= 1      ? s
+                : s >= 1e-3 ? s * 1e3
+                            : s * 1e6);
   return buf;
 }
 
@@ -81,9 +86,10 @@ std::string hardware_line(const HardwareProfile& hw) {
 
 // The cost model's figures per pipeline rank, and the predicted step.
 void print_cost(const StepCost& c, const HardwareProfile& hw) {
-  std::printf("memory per rank (state exact as above; activations at the peak in-flight "
-              "micro-batches and comm buffers estimated), of %s usable on %s:\n",
-              gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), hw.name.c_str());
+  std::printf(
+      "memory per rank (state exact as above; activations at the peak in-flight "
+      "micro-batches and comm buffers estimated), of %s usable on %s:\n",
+      gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), hw.name.c_str());
   // Pipeline ranks whose line equals the one above are counted, not printed.
   auto print_lines = [&](auto line_of) {
     std::string shown;
@@ -121,12 +127,12 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
   });
   const StageCost& w = c.stages[static_cast<size_t>(c.slowest)];
   std::printf("predicted on %s:\n", hardware_line(hw).c_str());
-  std::printf("  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), exposed "
-              "tp %s, cp %s, pp %s; bubble %.4f; dp %s, optimizer %s\n",
-              w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(),
-              c.peak, seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(),
-              seconds(w.comm_s[3]).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
-              seconds(w.optimizer_s).c_str());
+  std::printf(
+      "  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), exposed "
+      "tp %s, cp %s, pp %s; bubble %.4f; dp %s, optimizer %s\n",
+      w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(), c.peak,
+      seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(), seconds(w.comm_s[3]).c_str(),
+      c.bubble, seconds(w.comm_s[2]).c_str(), seconds(w.optimizer_s).c_str());
   std::printf("  step %s, %.4g tokens/s, MFU %s (HFU %s with recompute)%s\n",
               seconds(c.step_s).c_str(), c.tokens_per_s, pct(c.mfu).c_str(), pct(c.hfu).c_str(),
               c.fits ? "" : "; DOES NOT FIT the device memory");
@@ -140,32 +146,31 @@ void print_json(const StepCost& c, const HardwareProfile& hw) {
     std::snprintf(buf, sizeof buf, "%.17g", v);
     return std::string(buf);
   };
-  s += concat(", \"model_flops\": ", num(c.model_flops), ", \"hardware_flops\": ",
-              num(c.hardware_flops), ", \"bubble\": ", num(c.bubble), ", \"step_s\": ",
-              num(c.step_s), ", \"tokens_per_s\": ", num(c.tokens_per_s), ", \"mfu\": ",
-              num(c.mfu), ", \"hfu\": ", num(c.hfu), ", \"peak\": ", num(c.peak),
+  s += concat(", \"model_flops\": ", num(c.model_flops),
+              ", \"hardware_flops\": ", num(c.hardware_flops), ", \"bubble\": ", num(c.bubble),
+              ", \"step_s\": ", num(c.step_s), ", \"tokens_per_s\": ", num(c.tokens_per_s),
+              ", \"mfu\": ", num(c.mfu), ", \"hfu\": ", num(c.hfu), ", \"peak\": ", num(c.peak),
               ", \"fits\": ", c.fits ? "true" : "false", ", \"stages\": [");
   for (size_t i = 0; i < c.stages.size(); ++i) {
     const StageCost& st = c.stages[i];
-    s += concat(i ? ", " : "", "{\"rank\": ", st.rank, ", \"pp_rank\": ", st.pp_rank,
-                ", \"layers\": ", st.layers, ", \"flops\": ", num(st.flops),
-                ", \"in_flight\": ", st.in_flight, ", \"memory\": {\"params\": ",
-                num(st.memory.params), ", \"grads\": ", num(st.memory.grads),
-                ", \"optimizer\": ", num(st.memory.optimizer), ", \"activations\": ",
-                num(st.memory.activations), ", \"comm\": ", num(st.memory.comm),
-                "}, \"bytes\": {");
+    s += concat(
+        i ? ", " : "", "{\"rank\": ", st.rank, ", \"pp_rank\": ", st.pp_rank,
+        ", \"layers\": ", st.layers, ", \"flops\": ", num(st.flops),
+        ", \"in_flight\": ", st.in_flight, ", \"memory\": {\"params\": ", num(st.memory.params),
+        ", \"grads\": ", num(st.memory.grads), ", \"optimizer\": ", num(st.memory.optimizer),
+        ", \"activations\": ", num(st.memory.activations), ", \"comm\": ", num(st.memory.comm),
+        "}, \"bytes\": {");
     for (int a = 0; a < kNumAxes; ++a) {
       const AxisBytes& b = st.bytes[a];
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": {\"all_reduce\": ", num(b.all_reduce),
-                  ", \"reduce_scatter\": ", num(b.reduce_scatter), ", \"all_gather\": ",
-                  num(b.all_gather), ", \"send\": ", num(b.send), ", \"recv\": ", num(b.recv),
-                  ", \"all_to_all\": ", num(b.all_to_all), "}");
+                  ", \"reduce_scatter\": ", num(b.reduce_scatter),
+                  ", \"all_gather\": ", num(b.all_gather), ", \"send\": ", num(b.send),
+                  ", \"recv\": ", num(b.recv), ", \"all_to_all\": ", num(b.all_to_all), "}");
     }
     s += concat("}, \"compute_s\": ", num(st.compute_s), ", \"comm_s\": {");
     for (int a = 0; a < kNumAxes; ++a)
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": ", num(st.comm_s[a]));
-    s += concat("}, \"optimizer_s\": ", num(st.optimizer_s), ", \"step_s\": ",
-                num(st.step_s), "}");
+    s += concat("}, \"optimizer_s\": ", num(st.optimizer_s), ", \"step_s\": ", num(st.step_s), "}");
   }
   s += "]}";
   std::printf("%s\n", s.c_str());
@@ -213,14 +218,15 @@ Run add_plan_command(CLI::App& app) {
   cmd->add_option("--svg", args->svg, "With --schedule: write the timeline here as SVG")
       ->needs(schedule);
   cmd->add_option("--hardware", args->hardware,
-                  concat("Hardware profile for the predicted step time and MFU: a built-in name (",
-                         [] {
-                           std::string n;
-                           for (const std::string& h : hardware_names())
-                             n += (n.empty() ? "" : ", ") + h;
-                           return n;
-                         }(),
-                         ") or a profile file (configs/hardware/*.toml shows the keys)"))
+                  concat(
+                      "Hardware profile for the predicted step time and MFU: a built-in name (",
+                      [] {
+                        std::string n;
+                        for (const std::string& h : hardware_names())
+                          n += (n.empty() ? "" : ", ") + h;
+                        return n;
+                      }(),
+                      ") or a profile file (configs/hardware/*.toml shows the keys)"))
       ->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "Print the cost model's figures (memory, bytes per axis, times, MFU per pipeline "
@@ -242,15 +248,14 @@ Run add_plan_command(CLI::App& app) {
     const Config cfg = parse_config(args->config, args->overrides);
     if (args->search) {
       if (args->world <= 0) throw ConfigError("plan --search needs --world N");
-      const HardwareProfile hw =
-          load_hardware(args->hardware, plan_threads(cfg, args->world));
+      const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, args->world));
       const SearchResult r = search_layouts(args->config, args->overrides, cfg, args->world, hw,
                                             static_cast<size_t>(args->top));
       if (args->json) {
         // {"valid": V, "fitting": F, "ranked": [{"sets": [...], "step_s": ..., ...}, ...]}
-        std::string j = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", args->world,
-                               ", \"valid\": ", r.valid, ", \"fitting\": ", r.fitting,
-                               ", \"ranked\": [");
+        std::string j =
+            concat("{\"hardware\": \"", hw.name, "\", \"world\": ", args->world,
+                   ", \"valid\": ", r.valid, ", \"fitting\": ", r.fitting, ", \"ranked\": [");
         for (size_t i = 0; i < r.ranked.size(); ++i) {
           const Candidate& c = r.ranked[i];
           std::string sets;
@@ -260,8 +265,7 @@ Run add_plan_command(CLI::App& app) {
             sets += concat(sets.empty() ? "" : ", ", "\"", q, "\"");
           }
           char nums[160];
-          std::snprintf(nums, sizeof nums,
-                        "\"step_s\": %.17g, \"mfu\": %.17g, \"memory\": %.17g",
+          std::snprintf(nums, sizeof nums, "\"step_s\": %.17g, \"mfu\": %.17g, \"memory\": %.17g",
                         c.cost.step_s, c.cost.mfu,
                         c.cost.stages[static_cast<size_t>(c.cost.most_memory)].memory.total());
           j += concat(i ? ", " : "", "{\"layout\": \"", layout_text(c.cfg, args->world),
@@ -272,10 +276,11 @@ Run add_plan_command(CLI::App& app) {
       }
       std::printf("search: %s at world %d on %s\n", args->config.c_str(), args->world,
                   hardware_line(hw).c_str());
-      std::printf("%lld valid layouts, %lld fit %s per device; the fastest %zu by predicted "
-                  "step time:\n",
-                  static_cast<long long>(r.valid), static_cast<long long>(r.fitting),
-                  gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), r.ranked.size());
+      std::printf(
+          "%lld valid layouts, %lld fit %s per device; the fastest %zu by predicted "
+          "step time:\n",
+          static_cast<long long>(r.valid), static_cast<long long>(r.fitting),
+          gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), r.ranked.size());
       for (size_t i = 0; i < r.ranked.size(); ++i) {
         const Candidate& c = r.ranked[i];
         const StageCost& m = c.cost.stages[static_cast<size_t>(c.cost.most_memory)];
@@ -352,7 +357,7 @@ Run add_plan_command(CLI::App& app) {
                 spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
     std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld):\n",
                 static_cast<long long>(par.zero_stage));
-    const ckpt::WriteLayout layout{mesh, v, par.pp_layers, static_cast<int>(par.ep)};
+    const ModelLayout layout = model_layout(par, mesh);
     const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp);
     // Ranks whose figures equal the line above are counted, not printed (a 3072-rank mesh has
     // 512 (tp, pp) coordinates but a handful of distinct stages).
@@ -366,8 +371,8 @@ Run add_plan_command(CLI::App& app) {
     for (int r = 0; r < world; ++r) {
       const auto c = mesh.coords(r);
       if (c[static_cast<int>(Axis::dp)] != 0 || c[static_cast<int>(Axis::cp)] != 0) continue;
-      const MemoryEstimate e = rank_state_bytes(ckpt::rank_spec(spec, layout, r), par.zero_stage,
-                                                group, 0, cfg.train.precision != Precision::fp32);
+      const MemoryEstimate e = rank_state_bytes(parallelize(spec, layout, r), par.zero_stage, group,
+                                                0, cfg.train.precision != Precision::fp32);
       if (r > 0 && e.params == shown.params && e.grads == shown.grads &&
           e.optimizer == shown.optimizer) {
         if (same++ == 0) same_first = r;
@@ -385,7 +390,7 @@ Run add_plan_command(CLI::App& app) {
     // group (an expert stack's experts, a router's rows, over a large group) leaves ranks holding
     // padded shards only, so sharding it saves nothing there (rank 0's stage shown).
     if (par.zero_stage >= 1) {
-      const ModelSpec rs = ckpt::rank_spec(spec, layout, 0);
+      const ModelSpec rs = parallelize(spec, layout, 0);
       std::map<std::string, std::string> thin;  // layers.* name -> "R rows over N ranks"
       for (size_t i = 0; i < rs.params.size(); ++i) {
         const int64_t rows = rs.cut_rows(i);
@@ -415,12 +420,13 @@ Run add_plan_command(CLI::App& app) {
                     kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : heads;
       const int u = ulysses_degree(par.cp_impl, cp, static_cast<int>(par.cp_ulysses));
       if (par.cp_impl == CpImpl::hybrid)
-        std::printf("context parallel: all-to-all over %d consecutive cp ranks, ring over %d\n",
-                    u, cp / u);
-      std::printf("context parallel: cp %d, %s; rank r of a cp group holds positions [r*%lld, "
-                  "(r+1)*%lld) and [(2cp-1-r)*%lld, (2cp-r)*%lld) of each sequence\n",
-                  cp, std::string(cp_impl_name(par.cp_impl)).c_str(), static_cast<long long>(c),
-                  static_cast<long long>(c), static_cast<long long>(c), static_cast<long long>(c));
+        std::printf("context parallel: all-to-all over %d consecutive cp ranks, ring over %d\n", u,
+                    cp / u);
+      std::printf(
+          "context parallel: cp %d, %s; rank r of a cp group holds positions [r*%lld, "
+          "(r+1)*%lld) and [(2cp-1-r)*%lld, (2cp-r)*%lld) of each sequence\n",
+          cp, std::string(cp_impl_name(par.cp_impl)).c_str(), static_cast<long long>(c),
+          static_cast<long long>(c), static_cast<long long>(c), static_cast<long long>(c));
       std::string groups;
       int listed = 0;
       for (int r = 0; r < world && groups.size() < 200; ++r) {
@@ -435,14 +441,14 @@ Run add_plan_command(CLI::App& app) {
       if (listed < n_groups) groups += concat(" ... (", n_groups, " groups)");
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t most = *std::max_element(layers.begin(), layers.end());
-      const CpBytes b =
-          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, T,
-                             heads / tp, kv / tp, cfg.model.d_model / heads);
+      const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs,
+                                           T, heads / tp, kv / tp, cfg.model.d_model / heads);
       const double per_step = static_cast<double>(most * m);
-      std::printf("  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "
-                  "recv %.0f, all_to_all %.0f\n",
-                  static_cast<long long>(most), m, b.send * per_step, b.recv * per_step,
-                  b.all_to_all * per_step);
+      std::printf(
+          "  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "
+          "recv %.0f, all_to_all %.0f\n",
+          static_cast<long long>(most), m, b.send * per_step, b.recv * per_step,
+          b.all_to_all * per_step);
     }
     {
       const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));

@@ -3,15 +3,15 @@
 #include <cstdio>
 
 #include "app/commands.h"
+#include "core/allocator.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/allocator.h"
 #include "engine/model/model_spec.h"
-#include "engine/plan/cost_model.h"
-#include "engine/train/config.h"
-#include "engine/train/memory_estimate.h"
-#include "engine/train/shrink.h"
-#include "engine/train/stop.h"
-#include "engine/train/trainer.h"
+#include "plan/cost_model.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
+#include "train/shrink.h"
+#include "train/stop.h"
+#include "train/trainer.h"
 
 namespace llmt::app {
 
@@ -47,9 +47,10 @@ Run add_train_command(CLI::App& app) {
                   "as a job that runs out of time; the LR schedule still spans train.steps")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
-  cmd->add_flag("--shrink", args->shrink,
-                "Train the config shrunk to one machine with its parallel structure (docs/papers.md; "
-                "`config show --shrink` prints it and its world size)");
+  cmd->add_flag(
+      "--shrink", args->shrink,
+      "Train the config shrunk to one machine with its parallel structure (docs/papers.md; "
+      "`config show --shrink` prints it and its world size)");
   cmd->add_flag("--force", args->force,
                 "Start even when the ranks of a node need more memory than it has available");
   return [args]() {
@@ -98,8 +99,9 @@ Run add_train_command(CLI::App& app) {
           gib(need.total()).c_str(), gib(need.params).c_str(), gib(need.grads).c_str(),
           gib(need.optimizer).c_str(), gib(need.activations).c_str(), local_ranks,
           local_ranks > 1 ? "s" : "", gib(have.bytes).c_str(),
-          (have.source + (gpu_free >= 0 ? detail::concat("; GPU ", dev.index, ": ", gib(gpu_free), " free")
-                                        : std::string()))
+          (have.source + (gpu_free >= 0
+                              ? detail::concat("; GPU ", dev.index, ": ", gib(gpu_free), " free")
+                              : std::string()))
               .c_str());
     // The first rank whose node is short, or world_size: every rank learns it.
     int32_t short_rank = !args->force && ((on_host && node_need > have.bytes) ||
@@ -115,10 +117,9 @@ Run add_train_command(CLI::App& app) {
                      "%s, activations >= %s), which has %s free. Use more ranks (parallel."
                      "zero_stage, tp, pp shard the state), a smaller model or micro-batch, or "
                      "--force to start anyway\n",
-                     world->rank(), gib(need.total()).c_str(), dev.index,
-                     gib(need.params).c_str(), gib(need.grads).c_str(),
-                     gib(need.optimizer).c_str(), gib(need.activations).c_str(),
-                     gib(gpu_free).c_str());
+                     world->rank(), gib(need.total()).c_str(), dev.index, gib(need.params).c_str(),
+                     gib(need.grads).c_str(), gib(need.optimizer).c_str(),
+                     gib(need.activations).c_str(), gib(gpu_free).c_str());
       else if (world->rank() == -short_rank)
         std::fprintf(
             stderr,

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "core/allocator.h"
+#include "core/check.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/allocator.h"
-#include "engine/core/check.h"
 
 #ifndef LLMTRAIN_VERSION
 #define LLMTRAIN_VERSION "0.0.0"

@@ -10,7 +10,7 @@
 
 #include "checkpoints/checkpoint_config.h"
 #include "checkpoints/store.h"
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "engine/optim/sharded_optimizer.h"
 #include "engine/parallel/mesh.h"
 

@@ -1,7 +1,7 @@
 // [checkpoint]'s rules, reported through the config's Rules.
 #include "checkpoints/checkpoint_config.h"
 
-#include "engine/config/rules.h"
+#include "config/rules.h"
 
 namespace llmt {
 

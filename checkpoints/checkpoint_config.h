@@ -1,5 +1,5 @@
 // [checkpoint] section: where and how often training saves, and what it resumes from. Lives with
-// the checkpoint code; engine/train parses it (docs/configuration.md).
+// the checkpoint code; train parses it (docs/configuration.md).
 #pragma once
 
 #include <cstdint>

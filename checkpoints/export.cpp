@@ -8,7 +8,7 @@
 #include <set>
 
 #include "checkpoints/h5.h"
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "engine/model/model_spec.h"
 
 namespace llmt::ckpt {

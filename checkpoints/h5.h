@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt::ckpt::h5 {
 

@@ -164,20 +164,6 @@ std::string rank_file_name(int rank) {
 
 namespace llmt::ckpt {
 
-ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank) {
-  const MeshShape& m = layout.mesh;
-  const auto c = m.coords(rank);
-  const int pp = m.size(Axis::pp), tp = m.size(Axis::tp);
-  const ModelSpec stage = pp > 1 ? spec.shard_pp(pp, layout.virtual_stages, layout.pp_layers,
-                                                 c[static_cast<int>(Axis::pp)])
-                                 : spec;
-  const ModelSpec tp_spec = stage.shard_tp(tp, c[static_cast<int>(Axis::tp)]);
-  if (layout.ep == 1) return tp_spec;
-  // The rank's place in the dp x cp group (dp outer, as MeshShape::group orders it) mod ep.
-  const int d = c[static_cast<int>(Axis::dp)] * m.size(Axis::cp) + c[static_cast<int>(Axis::cp)];
-  return tp_spec.shard_ep(layout.ep, d % layout.ep);
-}
-
 std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,
                                     const std::vector<std::string>& states) {
   const size_t n = spec.params.size();
@@ -186,15 +172,16 @@ std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& la
     for (const ParamSpec& p : spec.params)
       out.push_back({tensor_path(st, p.name), whole(p.global_shape).count, {}});
   for (int r = 0; r < layout.mesh.world(); ++r) {
-    const ModelSpec held = rank_spec(spec, layout, r);
+    const ModelSpec held = parallelize(spec, layout, r);
     for (const Piece& pc : pieces_to_write(held, layout.mesh, r, states)) {
       const std::string& name = held.params[pc.param].name;
-      const size_t s = static_cast<size_t>(
-          std::find(states.begin(), states.end(), pc.state) - states.begin());
+      const size_t s =
+          static_cast<size_t>(std::find(states.begin(), states.end(), pc.state) - states.begin());
       IndexTensor& t = out[s * n + spec.index_of(name)];
       const auto boxes = global_boxes(held, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
-        t.mappings.push_back({boxes[b].global, rank_file_name(r), shard_dataset(pc.state, name, b)});
+        t.mappings.push_back(
+            {boxes[b].global, rank_file_name(r), shard_dataset(pc.state, name, b)});
     }
   }
   return out;

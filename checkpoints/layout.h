@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/model/model_spec.h"
+#include "engine/model/parallelize.h"
 #include "engine/optim/sharded_optimizer.h"
 #include "engine/parallel/mesh.h"
 
@@ -94,18 +95,10 @@ struct IndexTensor {
   std::vector<int64_t> shape;
   std::vector<Mapping> mappings;
 };
-// The layout a checkpoint is written in: the mesh and the pipeline split (parallel.virtual_stages
-// and parallel.pp_layers, which decide the layers of each pp rank).
-struct WriteLayout {
-  MeshShape mesh;
-  int virtual_stages = 1;
-  std::vector<int64_t> pp_layers;  // empty: even split
-  int ep = 1;                      // expert parallel degree (parallel.ep)
-};
-// What global rank `rank` of `layout` holds of the whole-model `spec`: its pipeline stage
-// (ModelSpec::shard_pp), its experts (ModelSpec::shard_ep: ep rank = the place in the dp x cp group
-// % ep), then its tp shard.
-ModelSpec rank_spec(const ModelSpec& spec, const WriteLayout& layout, int rank);
+// The layout a checkpoint is written in: the mesh, the pipeline split (parallel.virtual_stages
+// and parallel.pp_layers, which decide the layers of each pp rank) and the ep degree. What each
+// rank of it holds is parallelize(spec, layout, rank) (engine/model/parallelize.h).
+using WriteLayout = ModelLayout;
 
 // Every global tensor of `spec` (whole model, global shapes) for each of `states` and, for each,
 // where every rank of `layout` writes its pieces (the write rule above). Order: states, then spec

@@ -72,7 +72,7 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
   int64_t bytes = 0;
   std::vector<float> buf;
   for (int r = 0; r < mesh.world(); ++r) {
-    const ModelSpec tp_spec = rank_spec(spec, layout, r);
+    const ModelSpec tp_spec = parallelize(spec, layout, r);
     ShardFileWriter w((tmp / rank_file_name(r)).string(), r);
     for (const Piece& pc : pieces_to_write(tp_spec, mesh, r, src.states())) {
       const std::string& name = tp_spec.params[pc.param].name;

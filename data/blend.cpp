@@ -2,7 +2,7 @@
 // demand, and reading a range of blended samples from the sources one sample at a time.
 #include "data/blend.h"
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

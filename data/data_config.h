@@ -1,5 +1,5 @@
 // [data] section: where the training tokens come from (docs/data.md). Lives with the data code;
-// engine/train parses it. Paths written in a config file are relative to that file's folder (as
+// train parses it. Paths written in a config file are relative to that file's folder (as
 // includes are) and are stored resolved; paths given with --set are relative to the current
 // directory. With source = "synthetic" the dataset keys are not used.
 #pragma once
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/loader.h"
+#include "config/loader.h"
 
 namespace llmt {
 

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/core/check.h"
-#include "engine/core/rng.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 namespace llmt {
 

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

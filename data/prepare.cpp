@@ -8,8 +8,8 @@
 #include <chrono>
 #include <filesystem>
 
+#include "core/check.h"
 #include "data/indexed_dataset_writer.h"
-#include "engine/core/check.h"
 
 namespace llmt {
 

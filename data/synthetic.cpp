@@ -1,7 +1,7 @@
 // The synthetic bigram process (see synthetic.h); one counter-based draw per token.
 #include "data/synthetic.h"
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 
 namespace llmt {
 

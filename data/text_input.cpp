@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

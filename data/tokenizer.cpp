@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 
@@ -101,7 +101,8 @@ std::string hf_tokenizer_mismatch(const Tokenizer& tok) {
                         back, "\"): it normalizes text", bytes ? "" : " or has no byte pieces",
                         ", which Hugging Face's LlamaTokenizer does not; retrain it with this "
                         "llmtrain's `data tokenizer-train` (identity normalization, byte "
-                        "fallback at vocab_size >= ", kByteFallbackMinVocab, ")");
+                        "fallback at vocab_size >= ",
+                        kByteFallbackMinVocab, ")");
 }
 
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const Tokenizer& tok) {
@@ -111,14 +112,14 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const Tokeni
   auto special = [&](const char* key, int32_t id) {
     return detail::concat("  \"", key, "\": ", id >= 0 ? json_string(tok.piece(id)) : "null");
   };
-  const std::string specials = detail::concat(special("bos_token", tok.bos_id()), ",\n",
-                                              special("eos_token", tok.eos_id()), ",\n",
-                                              special("unk_token", tok.unk_id()));
-  const std::string config = detail::concat(
-      "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": false,\n",
-      "  \"add_eos_token\": false,\n  \"legacy\": true,\n",
-      "  \"clean_up_tokenization_spaces\": false,\n  \"pad_token\": null,\n",
-      "  \"sp_model_kwargs\": {},\n", specials, "\n}\n");
+  const std::string specials =
+      detail::concat(special("bos_token", tok.bos_id()), ",\n", special("eos_token", tok.eos_id()),
+                     ",\n", special("unk_token", tok.unk_id()));
+  const std::string config =
+      detail::concat("{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": false,\n",
+                     "  \"add_eos_token\": false,\n  \"legacy\": true,\n",
+                     "  \"clean_up_tokenization_spaces\": false,\n  \"pad_token\": null,\n",
+                     "  \"sp_model_kwargs\": {},\n", specials, "\n}\n");
   return {{"tokenizer.model", model},
           {"tokenizer_config.json", config},
           {"special_tokens_map.json", "{\n" + specials + "\n}\n"}};
@@ -209,10 +210,10 @@ void train_tokenizer(const std::vector<std::string>& inputs, const std::string& 
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
       {"allow_whitespace_only_pieces", "true"},
-      {"byte_fallback", (opts.byte_fallback < 0 ? opts.vocab_size >= kByteFallbackMinVocab
-                                                : opts.byte_fallback != 0)
-                            ? "true"
-                            : "false"},
+      {"byte_fallback",
+       (opts.byte_fallback < 0 ? opts.vocab_size >= kByteFallbackMinVocab : opts.byte_fallback != 0)
+           ? "true"
+           : "false"},
   };
   LineIterator lines(inputs, opts.input);
   std::string model;

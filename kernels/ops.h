@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace llmt::ops {
 
@@ -94,11 +94,11 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
 // ---- attention blocks (context parallelism) -----------------------------------------------------
 // One block of a sequence's attention, for a rank that holds some of its positions: queries are
 // heads [0,H) of q_src (B,Tq,Wq,D) (a qkv tensor: Wq = H+2KV), keys heads [kv0, kv0+KV) and
-// values heads [kv0+KV, kv0+2KV) of kv_src (B,Tk,Wk,D) (the same qkv with kv0 = H, or a (B,Tk,2KV,D)
-// K/V buffer received from another rank with kv0 = 0). q_pos (Tq), k_pos (Tk) i32: the global
-// positions of the rows; key j is visible to query i when k_pos[j] <= q_pos[i] (causal by global
-// position). out (B,Tq,H,D) and lse (B,H,Tq) are assigned; a query that sees no key of the block
-// gets out 0 and lse -inf. fp32 operands (the CUDA flash kernel, not cuDNN).
+// values heads [kv0+KV, kv0+2KV) of kv_src (B,Tk,Wk,D) (the same qkv with kv0 = H, or a
+// (B,Tk,2KV,D) K/V buffer received from another rank with kv0 = 0). q_pos (Tq), k_pos (Tk) i32: the
+// global positions of the rows; key j is visible to query i when k_pos[j] <= q_pos[i] (causal by
+// global position). out (B,Tq,H,D) and lse (B,H,Tq) are assigned; a query that sees no key of the
+// block gets out 0 and lse -inf. fp32 operands (the CUDA flash kernel, not cuDNN).
 void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src, int64_t kv0,
                              Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head);
 // The block's backward against the final output `out` and `lse` (merged over every block) and

@@ -22,7 +22,7 @@ ThreadChoice default_cpu_threads(int local_ranks);
 
 // FLOP/s of one thread running independent fp32 FMAs at the widest vector width this build
 // targets (-march), while `threads` threads run them at once (so all-core clocks count), for
-// about `seconds`: the measured half of the CPU peak (engine/core/peak_flops.h, cpu_peak).
+// about `seconds`: the measured half of the CPU peak (core/peak_flops.h, cpu_peak).
 double measure_fma_flops_per_thread(int threads, double seconds = 0.03);
 
 }  // namespace llmt

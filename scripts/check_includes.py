@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-# check_includes: every project `#include "..."` under app/ engine/ kernels/ data/ checkpoints/ must
-# name a header whose library the including file's library links (docs/architecture.md: the link lists are
-# the dependency graph), so an include that points up fails CI instead of building by accident.
-"""Rules (all facts come from a CMake configure; no library list is hard-coded):
+# check_includes: every project `#include "..."` in the source folders must name a header of a folder
+# at or below its own in the layer order (docs/architecture.md, "Layers") and of a library that the
+# including file's library links (the link lists are the dependency graph), so an include that
+# points up fails CI instead of building by accident.
+"""Rules (the layer order below is the design's; all other facts come from a CMake configure):
 
+* Layers, top to bottom: app; train, plan; data, checkpoints; engine; kernels; core, config
+  (LAYERS). A file may include a header of its own layer or one below, never one above, whatever
+  the link lists say: adding an upward link does not make an upward include legal.
 * A compiled .cpp/.cu belongs to the target in its object path (CMakeFiles/<target>.dir/) in
   compile_commands.json. The project's targets are llmt_* and the llmtrain executable.
 * Links: cmake --graphviz (deps.dot), whose edges are solid (PUBLIC), dotted (PRIVATE) or dashed
@@ -23,7 +27,11 @@ import argparse, collections, json, os, re, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCAN_ROOTS = ["app", "engine", "kernels", "data", "checkpoints"]
+# Top-level source folders by layer, highest first: a folder includes only its layer or lower.
+LAYERS = [["app"], ["train", "plan"], ["data", "checkpoints"], ["engine"], ["kernels"],
+          ["core", "config"]]
+LAYER_OF = {folder: len(LAYERS) - i for i, folders in enumerate(LAYERS) for folder in folders}
+SCAN_ROOTS = [folder for folders in LAYERS for folder in folders]
 SOURCE_EXT, HEADER_EXT = {".cpp", ".cc", ".cu"}, {".h", ".hpp", ".cuh", ".inc"}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 OBJ_RE = re.compile(r"(?:^|[\s/])CMakeFiles/([^/\s]+)\.dir/")
@@ -160,15 +168,23 @@ def main():
             lib_of[f] = header_map[f] = lib
 
     n_includes, violations = 0, []
-    for f, lib in lib_of.items():
+    order = " > ".join("/".join(folders) for folders in LAYERS)
+    for f in files:  # every file, compiled here or not: the layer rule needs no library
+        lib = lib_of.get(f)
         for lineno, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
             m = INCLUDE_RE.match(line)
             target = m and resolve(m.group(1), f)
             if not target:
                 continue
             n_includes += 1
-            hlib = sources.get(target) or header_library(target, by_dir)
-            if hlib is None or hlib == lib or hlib in closure.get(lib, ()):
+            top, target_top = f.split("/", 1)[0], target.split("/", 1)[0]
+            if LAYER_OF.get(target_top, 0) > LAYER_OF.get(top, len(LAYERS) + 1):
+                violations.append(f'{f}:{lineno}: includes "{m.group(1)}" of {target_top}/, a '
+                                  f"layer above {top}/ ({order}): move the code down or the "
+                                  "caller up")
+                continue
+            hlib = lib and (sources.get(target) or header_library(target, by_dir))
+            if not hlib or hlib == lib or hlib in closure.get(lib, ()):
                 continue
             violations.append(f'{f}:{lineno}: includes "{m.group(1)}" of {hlib}, but {f}\'s '
                               f"library {lib} does not link {hlib}: add {hlib} to {lib}'s "
@@ -182,7 +198,7 @@ def main():
             print(f"links {t} -> {' '.join(sorted(closure[t] - {t})) or '-'}")
     for v in violations:
         print(v)
-    print(f"check_includes: {len(lib_of)} files, {n_includes} project includes, "
+    print(f"check_includes: {len(files)} files, {n_includes} project includes, "
           f"{len(violations)} violations")
     return 1 if violations else 0
 

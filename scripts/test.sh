@@ -1,39 +1,87 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds and runs the whole test suite (CPU build), then configures
 # and compiles the CUDA build once (when the toolkit is present) and runs its `gpu` tests, which
-# skip cleanly without a GPU. Both builds treat warnings in project C++ code as errors. The unit
-# tests also run under AddressSanitizer + UBSan, the data loader's under ThreadSanitizer.
-# .ci/run calls exactly this.
+# skip cleanly without a GPU. Both builds treat warnings in project C++ and CUDA code as errors.
+# The unit tests (ctest label `unit`: the `unit_tests` build target) also run under
+# AddressSanitizer + UBSan, the data loader's and the checkpoint writer's under ThreadSanitizer.
+# Prints each stage's wall time at the end, then repeats ctest's summary line of the CPU suite so
+# that it closes the output. .ci/run calls exactly this.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-llmt_install_deps test
 cd "$LLMT_ROOT"
 
-llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_WERROR=ON
 status=0
+stage_names=()
+stage_secs=()
+# stage NAME COMMAND...: runs COMMAND, records its wall time, and remembers a failure (the
+# remaining stages still run, so one run reports every failing stage).
+stage() {
+  local name="$1" start=$SECONDS rc=0
+  shift
+  echo "==> stage: $name"
+  "$@" || rc=$?
+  stage_names+=("$name")
+  stage_secs+=($((SECONDS - start)))
+  if [ $rc -ne 0 ]; then
+    echo "==> stage $name failed (exit $rc)"
+    status=1
+  fi
+}
+
+cuda_build() {
+  # Only what the CUDA build adds: the binary (with the CUDA kernels) and the GPU tests.
+  LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" \
+    -DLLMTRAIN_CUDA=ON -DLLMTRAIN_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
+}
+gpu_tests() { (cd build-cuda && ctest -L gpu --output-on-failure); }
+# Sanitizers (LLMTRAIN_SANITIZE) on the unit-test programs: every program of `unit_tests` under
+# AddressSanitizer + UBSan; the data loader's prefetch thread and the background checkpoint
+# writer under ThreadSanitizer (OpenMP's runtime is not instrumented, so TSan runs only tests that
+# start no OpenMP region). ctest's `mpi` label needs the binary and MPI: not built here.
+asan_build() {
+  LLMT_TARGETS="unit_tests" llmt_build "$LLMT_ROOT/build-asan" -DLLMTRAIN_CUDA=OFF \
+    -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
+}
+asan_tests() {
+  (cd build-asan && ctest -L unit -LE mpi -E include_graph -j "$(nproc)" --output-on-failure)
+}
+tsan_build() {
+  LLMT_TARGETS="test_data test_checkpoint_save" llmt_build "$LLMT_ROOT/build-tsan" \
+    -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=thread \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+}
+tsan_tests() { (cd build-tsan && ctest -R "DataLoader|SaveTest" --output-on-failure); }
+cpu_tests() {
+  (cd build && ctest --output-on-failure -j "$(nproc)") 2>&1 | tee "$LLMT_ROOT/build/ctest.log"
+  return "${PIPESTATUS[0]}"
+}
+
+stage deps llmt_install_deps test
+stage cpu-build llmt_build "$LLMT_ROOT/build" -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON \
+  -DLLMTRAIN_WERROR=ON
 nvcc_path="$(llmt_nvcc)"
 if [ -n "$nvcc_path" ]; then
-  # Only what the CUDA build adds: the binary (with the CUDA kernels) and the GPU tests.
-  LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" -DLLMTRAIN_CUDA=ON \
-    -DLLMTRAIN_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
-  (cd build-cuda && ctest -L gpu --output-on-failure) || status=1
+  stage cuda-build cuda_build
+  stage gpu-tests gpu_tests
 else
   echo "==> no CUDA toolkit found: the CUDA build is not compiled"
 fi
-# Sanitizers (LLMTRAIN_SANITIZE), on the unit-test programs only: every unit test under
-# AddressSanitizer + UBSan; the data loader's prefetch thread and the background checkpoint
-# writer under ThreadSanitizer (OpenMP's runtime is not instrumented, so TSan runs only tests that
-# start no OpenMP region).
-unit_targets="test_core test_ops test_model test_optim test_data test_config test_tensor_parallel"
-unit_targets+=" test_mesh test_data_parallel test_checkpoint_layout test_checkpoint_save"
-unit_targets+=" test_schedule test_p2p_matching test_config_loader"
-LLMT_TARGETS="$unit_targets" llmt_build "$LLMT_ROOT/build-asan" -DLLMTRAIN_CUDA=OFF \
-  -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
-(cd build-asan && ctest -L unit -E "include_graph|^mpi_" -j "$(nproc)" --output-on-failure) ||
-  status=1
-LLMT_TARGETS="test_data test_checkpoint_save" llmt_build "$LLMT_ROOT/build-tsan" \
-  -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
-(cd build-tsan && ctest -R "DataLoader|SaveTest" --output-on-failure) || status=1
-# The CPU suite last, so its summary line closes the output.
-(cd build && ctest --output-on-failure -j "$(nproc)") || status=1
+stage asan-build asan_build
+stage asan-tests asan_tests
+stage tsan-build tsan_build
+stage tsan-tests tsan_tests
+# The CPU suite last; its summary line closes the output (repeated after the stage times).
+stage cpu-tests cpu_tests
+
+echo "==> stage times (s):"
+total=0
+for i in "${!stage_names[@]}"; do
+  printf '    %-11s %5d\n' "${stage_names[$i]}" "${stage_secs[$i]}"
+  total=$((total + stage_secs[i]))
+done
+printf '    %-11s %5d\n' total "$total"
+if [ -f build/ctest.log ]; then
+  grep -E "^Total Test time" build/ctest.log || true
+  grep -E "tests passed, [0-9]+ tests failed out of" build/ctest.log || true
+fi
 exit $status

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/check.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/check.h"
 #ifdef LLMTRAIN_HAVE_MPI
 #include "engine/comm/mpi/mpi_communicator.h"
 #endif

@@ -1,7 +1,7 @@
 // [comm]'s rules, reported through the config's Rules.
 #include "engine/comm/comm_config.h"
 
-#include "engine/config/rules.h"
+#include "config/rules.h"
 
 namespace llmt {
 

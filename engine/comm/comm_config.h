@@ -1,5 +1,5 @@
 // [comm] section: how the communicators behave (docs/slurm.md). Lives with the communicators;
-// engine/train parses it.
+// train parses it.
 #pragma once
 
 namespace llmt {

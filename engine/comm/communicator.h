@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace llmt {
 

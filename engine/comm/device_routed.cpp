@@ -2,8 +2,8 @@
 // buffers through MPI (docs/gpu.md). The engine passes tensors of both kinds to the same axis
 // communicator: gradients and activations live on the device, while loss means, norm partial sums
 // and overflow flags are host scalars.
+#include "core/check.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/check.h"
 #ifdef LLMTRAIN_HAVE_NCCL
 #include "engine/comm/nccl/nccl_communicator.h"
 #endif

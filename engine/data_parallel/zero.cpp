@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 #include "engine/data_parallel/tp_params.h"
 #include "kernels/ops.h"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 #include "kernels/ops.h"
 
 namespace llmt {
@@ -693,7 +693,8 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
 
 std::vector<TensorSpec> Layer::full_saved() const {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
-  std::vector<TensorSpec> out{{"res_in", {R, C}}, {"a", {R, C}}, {"res_mid", {R, C}}, {"m", {R, C}}};
+  std::vector<TensorSpec> out{
+      {"res_in", {R, C}}, {"a", {R, C}}, {"res_mid", {R, C}}, {"m", {R, C}}};
   for (const auto& part :
        {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_->saved()})
     out.insert(out.end(), part.begin(), part.end());
@@ -731,12 +732,11 @@ void Layer::residual(Tensor out, Tensor res, Tensor branch, int site, const Step
   if (p > 0.0f) {
     const int64_t C = env_.spec.cfg.d_model;
     const Tensor d_tmp = env_.scratch.d_tmp.view({env_.tp.R, C}), in = branch.view({env_.tp.R, C});
-    env_.seq.for_each_run(ctx.first_sample, env_.tp.row0, env_.tp.R,
-                          [&](int64_t row, int64_t global_row, int64_t n) {
-                            ops::dropout_forward(d_tmp.rows(row, row + n), in.rows(row, row + n),
-                                                 p, ctx.seed, dropout_stream(site, ctx.step),
-                                                 global_row * C);
-                          });
+    env_.seq.for_each_run(
+        ctx.first_sample, env_.tp.row0, env_.tp.R, [&](int64_t row, int64_t global_row, int64_t n) {
+          ops::dropout_forward(d_tmp.rows(row, row + n), in.rows(row, row + n), p, ctx.seed,
+                               dropout_stream(site, ctx.step), global_row * C);
+        });
     branch = env_.scratch.d_tmp;
   }
   ops::add(out, res, branch);
@@ -751,12 +751,11 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
   if (p == 0.0f) return sc.d_res;
   const int64_t C = env_.spec.cfg.d_model;
   const Tensor d_tmp = sc.d_tmp.view({env_.tp.R, C}), d_res = sc.d_res.view({env_.tp.R, C});
-  env_.seq.for_each_run(ctx.first_sample, env_.tp.row0, env_.tp.R,
-                        [&](int64_t row, int64_t global_row, int64_t n) {
-                          ops::dropout_backward(d_tmp.rows(row, row + n), d_res.rows(row, row + n),
-                                                p, ctx.seed, dropout_stream(site, ctx.step),
-                                                global_row * C);
-                        });
+  env_.seq.for_each_run(
+      ctx.first_sample, env_.tp.row0, env_.tp.R, [&](int64_t row, int64_t global_row, int64_t n) {
+        ops::dropout_backward(d_tmp.rows(row, row + n), d_res.rows(row, row + n), p, ctx.seed,
+                              dropout_stream(site, ctx.step), global_row * C);
+      });
   env_.round(sc.d_tmp);
   return sc.d_tmp;
 }

@@ -11,9 +11,10 @@
 // it holds copies in the micro-batch's own memory (Stash).
 //
 // Dims: B micro-batch, T the positions of a sequence this rank holds (seq_len, or seq_len/cp under
-// context parallelism, at the global positions env.seq says), C d_model, H/KV query/kv heads and F ffn hidden as this tp rank
-// holds them, D head dim, Q = (H+2KV)*D, F1 = F (gelu) or 2F (swiglu), N = B*T, R rows of the
-// residual stream this rank holds (N, or N/tp under sequence parallelism), V/tp vocabulary rows.
+// context parallelism, at the global positions env.seq says), C d_model, H/KV query/kv heads and F
+// ffn hidden as this tp rank holds them, D head dim, Q = (H+2KV)*D, F1 = F (gelu) or 2F (swiglu), N
+// = B*T, R rows of the residual stream this rank holds (N, or N/tp under sequence parallelism),
+// V/tp vocabulary rows.
 #pragma once
 
 #include <algorithm>
@@ -25,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/attention_core.h"
 #include "engine/parallel/context_parallel.h"
@@ -77,7 +78,9 @@ class Stash {
   Tensor keep(size_t i, Tensor t);
   Tensor operator[](size_t i) const { return entries_[i]; }
   // Entries [first, first + n), for one block of a layer.
-  Stash part(size_t first, size_t n) const { return Stash(entries_.subspan(first, n), persistent_); }
+  Stash part(size_t first, size_t n) const {
+    return Stash(entries_.subspan(first, n), persistent_);
+  }
 
  private:
   std::span<Tensor> entries_;
@@ -93,10 +96,10 @@ struct ParamViews {
 
 // Backward scratch shared by every block of a model (one micro-batch's worth, reused).
 struct BlockScratch {
-  Tensor d_res, d_tmp;    // (R,C) residual-stream gradient and a branch's
-  Tensor d_c;             // (N,C) a column-parallel linear's partial input gradient
-  Tensor d_qkv, d_att;    // (B,T,H+2KV,D), (B,T,H,D)
-  Tensor d_u, d_g;        // (B,T,F1), (B,T,F)
+  Tensor d_res, d_tmp;        // (R,C) residual-stream gradient and a branch's
+  Tensor d_c;                 // (N,C) a column-parallel linear's partial input gradient
+  Tensor d_qkv, d_att;        // (B,T,H+2KV,D), (B,T,H,D)
+  Tensor d_u, d_g;            // (B,T,F1), (B,T,F)
   Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
   Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
   Tensor stash;               // the non-view stash entries of a back-to-back backward
@@ -168,7 +171,7 @@ struct BlockEnv {
 class Norm {
  public:
   Norm(const BlockEnv& env, const std::string& prefix);  // "layers.3.norm_1", "norm_f"
-  std::vector<TensorSpec> saved() const;  // mean (R) (layernorm), rstd (R)
+  std::vector<TensorSpec> saved() const;                 // mean (R) (layernorm), rstd (R)
   std::vector<TensorSpec> stash() const;  // d weight (C), d bias (C) (layernorm): partial sums
   // out (R,C) = norm(in (R,C)), rounded to the compute type.
   void forward(std::span<const Tensor> s, Tensor out, Tensor in) const;
@@ -204,7 +207,8 @@ class Branch {
 class Attention final : public Branch {
  public:
   Attention(const BlockEnv& env, const std::string& prefix, bool recompute_core);
-  std::vector<TensorSpec> saved() const override;  // qkv (B,T,H+2KV,D) [, att (B,T,H,D), lse (B,H,T)]
+  std::vector<TensorSpec> saved()
+      const override;  // qkv (B,T,H+2KV,D) [, att (B,T,H,D), lse (B,H,T)]
   std::vector<TensorSpec> stash() const override;  // d proj out (N,C), d qkv out (N,Q)
   Tensor forward(std::span<const Tensor> s, Tensor x) override;
   Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;

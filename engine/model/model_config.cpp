@@ -2,7 +2,7 @@
 // tp degree, reported through the config's Rules.
 #include "engine/model/model_config.h"
 
-#include "engine/config/rules.h"
+#include "config/rules.h"
 #include "engine/model/model_spec.h"
 
 namespace llmt {

@@ -1,5 +1,5 @@
 // [model] section: the decoder-only transformer's hyper-parameters (docs/model.md). Lives with
-// the model so the model depends only on its own section; engine/train parses it.
+// the model so the model depends only on its own section; train parses it.
 #pragma once
 
 #include <cstdint>

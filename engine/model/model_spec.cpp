@@ -23,14 +23,22 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   const bool ln = cfg.norm == NormKind::layernorm;
 
   using P = Placement;
+  using K = ParamKind;
+  int64_t layer = -1;  // the layer the next parameters belong to
+  K kind = K::embedding;
   auto add = [&](std::string name, Shape shape, InitKind init, float sd, bool decay, P tp) {
     ParamSpec p{std::move(name), shape, shape, init, sd, decay};
     p.placement[static_cast<int>(Axis::tp)] = std::move(tp);
+    p.layer = layer;
+    p.kind = kind;
     s.params.push_back(std::move(p));
   };
   auto norm = [&](const std::string& prefix) {
+    const K outer = kind;
+    kind = K::norm;
     add(prefix + ".weight", {C}, InitKind::ones, 0, false, P::replicate());
     if (ln) add(prefix + ".bias", {C}, InitKind::zeros, 0, false, P::replicate());
+    kind = outer;
   };
   // Column-parallel: weight rows and bias split (by `segments`); row-parallel: weight columns
   // split, the bias whole (added once, after the partial products are summed).
@@ -48,14 +56,18 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   if (cfg.activation == Activation::swiglu) fc1_segments = {F, F};
 
   add("wte.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
+  kind = K::position;
   if (cfg.position == PositionKind::learned)
     add("wpe.weight", {cfg.seq_len, C}, InitKind::normal, std, true, P::replicate());
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l);
+    layer = l;
     norm(p + ".norm_1");
+    kind = K::attention;
     column(p + ".attn.qkv", s.qkv_dim, C, std, qkv_segments);
     row(p + ".attn.proj", C, H * D, resid_std);
     norm(p + ".norm_2");
+    kind = K::mlp;
     if (!cfg.moe.layer(l)) {
       column(p + ".mlp.fc1", s.fc1_out, C, std, fc1_segments);
       row(p + ".mlp.fc2", C, F, resid_std);
@@ -65,15 +77,19 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     // experts as one dense MLP of width S * d_ff_shared.
     const MoeConfig& e = cfg.moe;
     const int64_t E = e.num_experts, Fe = e.d_ff_expert;
+    kind = K::router;
     add(p + ".mlp.router.weight", {E, C}, InitKind::normal, std, true, P::replicate());
     // Aux-loss-free balancing's bias: not trained by the optimizer (no gradient reaches it); the
     // trainer moves it after each step (docs/model.md).
+    kind = K::router_bias;
     if (e.balance == MoeBalance::bias)
       add(p + ".mlp.router.expert_bias", {E}, InitKind::zeros, 0, false, P::replicate());
+    kind = K::expert;
     add(p + ".mlp.experts.fc1.weight", {E, s.expert_fc1_out, C}, InitKind::normal, std, true,
         P::replicate());
     add(p + ".mlp.experts.fc2.weight", {E, C, Fe}, InitKind::normal, resid_std, true,
         P::replicate());
+    kind = K::mlp;
     if (e.shared_experts > 0) {
       std::vector<int64_t> shared_segments;
       if (cfg.activation == Activation::swiglu) shared_segments = {s.shared_ffn, s.shared_ffn};
@@ -81,7 +97,9 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
       row(p + ".mlp.shared.fc2", C, s.shared_ffn, resid_std);
     }
   }
+  layer = -1;
   norm("norm_f");
+  kind = K::head;
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
   s.chunks = {{0, L}};
   return s;
@@ -118,12 +136,12 @@ ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int6
   out.params.clear();
   for (const ParamSpec& p : params) {
     bool keep = false, copy = false;
-    if (p.name.rfind("layers.", 0) == 0) {
-      keep = held[std::stoll(p.name.substr(7))];
-    } else if (p.name == "wte.weight") {
+    if (p.layer >= 0) {
+      keep = held[static_cast<size_t>(p.layer)];
+    } else if (p.kind == ParamKind::embedding) {
       keep = out.has_embedding || (out.has_head && cfg.tie_embeddings);
       copy = !out.has_embedding;
-    } else if (p.name == "wpe.weight") {
+    } else if (p.kind == ParamKind::position) {
       keep = out.has_embedding;
     } else {  // norm_f, lm_head
       keep = out.has_head;
@@ -152,8 +170,7 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
   ModelSpec s = *this;
   s.tp_size = size;
   s.tp_rank = rank;
-  for (ParamSpec& p : s.params)
-    p.shape = local_shape(p.global_shape, p.on(Axis::tp), size, p.name);
+  for (ParamSpec& p : s.params) p.shape = local_shape(p.global_shape, p.on(Axis::tp), size, p.name);
   return s;
 }
 
@@ -178,14 +195,11 @@ ModelSpec ModelSpec::without_ep() const {
 }
 
 bool ModelSpec::is_expert(size_t i) const {
-  return params[i].name.find(".mlp.experts.") != std::string::npos;
+  return params[i].kind == ParamKind::expert;
 }
 
 bool ModelSpec::is_routed(size_t i) const {
-  const std::string& n = params[i].name;
-  const std::string router = ".mlp.router.weight";
-  return is_expert(i) || (n.size() > router.size() &&
-                          n.compare(n.size() - router.size(), router.size(), router) == 0);
+  return params[i].kind == ParamKind::expert || params[i].kind == ParamKind::router;
 }
 
 ModelSpec::RowGroup ModelSpec::row_group(size_t i, int size, int rank) const {
@@ -260,10 +274,9 @@ size_t ModelSpec::index_of(const std::string& name) const {
 int64_t ModelSpec::num_active_params() const {
   int64_t n = num_params();
   const MoeConfig& e = cfg.moe;
-  for (const auto& p : params) {
-    const bool expert = p.name.find(".mlp.experts.") != std::string::npos;
-    if (expert) n -= p.global_shape.numel() / e.num_experts * (e.num_experts - e.top_k);
-  }
+  for (const auto& p : params)
+    if (p.kind == ParamKind::expert)
+      n -= p.global_shape.numel() / e.num_experts * (e.num_experts - e.top_k);
   return n;
 }
 

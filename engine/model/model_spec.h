@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model/model_config.h"
 #include "engine/parallel/axis.h"
 #include "engine/parallel/placement.h"
@@ -18,6 +18,22 @@
 namespace llmt {
 
 enum class InitKind : uint8_t { normal, ones, zeros };
+
+// What a parameter is, so that no code parses its name: the token embedding (wte, also the tied
+// head), learned positions (wpe), a norm's weight or bias, attention (qkv, proj), a dense MLP's
+// (fc1, fc2, and the shared experts'), an MoE router's weight, its aux-loss-free balancing bias
+// (moved by the trainer, never by the optimizer), an expert stack [E, ...], and the untied head.
+enum class ParamKind : uint8_t {
+  embedding,
+  position,
+  norm,
+  attention,
+  mlp,
+  router,
+  router_bias,
+  expert,
+  head
+};
 
 struct ParamSpec {
   std::string name;  // global name, e.g. "layers.3.mlp.fc1.weight"
@@ -30,14 +46,17 @@ struct ParamSpec {
   // column-parallel qkv/fc1 Shard(0) by head groups / [gate|up], row-parallel proj/fc2 Shard(1)
   // (their biases replicated, added after the all-reduce), vocab-parallel wte/lm_head Shard(0),
   // norms and wpe replicated. pp: Owned(pp rank) once shard_pp placed it (Replicate before;
-  // the last rank's tied copy of wte is Owned(pp-1) beside rank 0's, flagged tied_copy). cp and dp: Replicate (ZeRO's dp shards are the optimizer's and gradients' layout,
-  // zero.h; the parameter a layer computes with is whole).
+  // the last rank's tied copy of wte is Owned(pp-1) beside rank 0's, flagged tied_copy). cp and dp:
+  // Replicate (ZeRO's dp shards are the optimizer's and gradients' layout, zero.h; the parameter a
+  // layer computes with is whole).
   std::array<Placement, kNumAxes> placement{};
   const Placement& on(Axis a) const { return placement[static_cast<int>(a)]; }
   // Pipeline parallelism with tied embeddings: the last stage's copy of wte.weight (the head).
   // Initialised like stage 0's; its gradient is summed with stage 0's before the update, and it
   // counts once (on stage 0) in norms.
   bool tied_copy = false;
+  int64_t layer = -1;  // the global layer ("layers.<layer>."); -1 for wte, wpe, norm_f, lm_head
+  ParamKind kind = ParamKind::mlp;
 };
 
 struct ModelSpec {
@@ -83,7 +102,8 @@ struct ModelSpec {
   // The same rank's spec with whole expert stacks (ep = 1): what gathering the experts over the
   // ep group gives.
   ModelSpec without_ep() const;
-  // Whether parameter i is an expert stack ("layers.3.mlp.experts.fc1.weight"), dim 0 the experts.
+  // Whether parameter i is an expert stack (ParamKind::expert: "layers.3.mlp.experts.fc1.weight"),
+  // dim 0 the experts.
   bool is_expert(size_t i) const;
   // Whether parameter i is a router weight or an expert stack: replicated over tp, but under
   // tensor parallelism each tp rank routes its own tokens (sequence parallelism's rows), so its
@@ -127,7 +147,7 @@ struct LayoutRuleError {
 
 // What [model] must satisfy for tp (and sequence parallelism), the one place these rules are
 // written: one error per violation; empty when the layout fits. shard_tp throws the first;
-// config validation (engine/train/config.cpp) reports them all with the keys' file positions.
+// config validation (train/config.cpp) reports them all with the keys' file positions.
 // Values below 1 are left to the checks of their own keys.
 std::vector<LayoutRuleError> tensor_parallel_errors(const ModelConfig& cfg, int64_t tp,
                                                     bool sequence_parallel);

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <array>
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 #include "kernels/ops.h"
 
 namespace llmt {
@@ -14,7 +14,7 @@ namespace llmt {
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp,
                          RecomputeOptions recompute, ContextParallel cp, Communicator* ep)
-    : spec_(tp.size() > 1 && spec.tp_size == 1 ? spec.shard_tp(tp.size(), tp.rank()) : spec),
+    : spec_(spec),
       alloc_(alloc),
       B_(micro_batch),
       T_(spec.cfg.seq_len / cp.size()),
@@ -30,9 +30,9 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
              " ranks, the spec is sharded for ep=", spec_.ep_size);
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
              "compute type ", dtype_name(compute));
-  LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(),
-             "the model spec is for tp ", "rank ", spec_.tp_rank, " of ", spec_.tp_size,
-             ", the tp group has rank ", tp.rank(), " of ", tp.size());
+  LLMT_CHECK(spec_.tp_size == tp.size() && spec_.tp_rank == tp.rank(), "the model spec is for tp ",
+             "rank ", spec_.tp_rank, " of ", spec_.tp_size, ", the tp group has rank ", tp.rank(),
+             " of ", tp.size());
   LLMT_CHECK(recompute.layers >= 0, "recompute layers ", recompute.layers, " must be >= 0");
   const auto& cfg = spec_.cfg;
   const int p = tp.size();
@@ -76,12 +76,12 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head] (a pipeline stage
   // holds a subsequence; its other blocks are empty).
   const int64_t L = cfg.n_layers;
-  auto block_of = [&](const std::string& name) -> int64_t {
-    if (name.rfind("layers.", 0) == 0) return std::stoll(name.substr(7)) + 1;
-    return name == "wte.weight" || name == "wpe.weight" ? 0 : L + 1;
+  auto block_of = [&](const ParamSpec& p) -> int64_t {
+    if (p.layer >= 0) return p.layer + 1;
+    return p.kind == ParamKind::embedding || p.kind == ParamKind::position ? 0 : L + 1;
   };
   for (int64_t b = 0, i = 0; b <= L + 2; ++b) {
-    while (i < static_cast<int64_t>(spec_.params.size()) && block_of(spec_.params[i].name) < b) ++i;
+    while (i < static_cast<int64_t>(spec_.params.size()) && block_of(spec_.params[i]) < b) ++i;
     block_first_.push_back(static_cast<size_t>(i));
   }
   layers_ = spec_.layers();
@@ -290,8 +290,8 @@ Tensor Transformer::backward_chunk(int chunk, int mb, Tensor dout, Tensor tokens
                                    const StepContext& ctx) {
   Acts& a = acts_of(chunk, mb);
   if (!chunk_has_head(chunk)) {
-    LLMT_CHECK(dout.defined() && dout.shape == scratch_.d_res.shape, "backward_chunk(", chunk,
-               ", ", mb, "): the output gradient must be ", scratch_.d_res.shape.str());
+    LLMT_CHECK(dout.defined() && dout.shape == scratch_.d_res.shape, "backward_chunk(", chunk, ", ",
+               mb, "): the output gradient must be ", scratch_.d_res.shape.str());
     ops::copy(scratch_.d_res, dout);
   }
   backward(chunk, a, tokens, ctx, true);
@@ -306,8 +306,8 @@ Tensor Transformer::backward_input_chunk(int chunk, int mb, Tensor dout, const S
   TensorLayout real(a.stash_buf.tensor({static_cast<int64_t>(count.bytes() / 4)}, DType::f32));
   carve_stash(real, a, chunk);
   if (!chunk_has_head(chunk)) {
-    LLMT_CHECK(dout.defined() && dout.shape == scratch_.d_res.shape, "backward_input_chunk(",
-               chunk, ", ", mb, "): the output gradient must be ", scratch_.d_res.shape.str());
+    LLMT_CHECK(dout.defined() && dout.shape == scratch_.d_res.shape, "backward_input_chunk(", chunk,
+               ", ", mb, "): the output gradient must be ", scratch_.d_res.shape.str());
     ops::copy(scratch_.d_res, dout);
   }
   backward(chunk, a, Tensor(), ctx, false);
@@ -384,7 +384,8 @@ void init_param_rows(const ModelSpec& spec, size_t i, Tensor x, int64_t row_begi
                          (s.global_start + lo - s.local_start) * row);
     } else {  // one column slice of a 2-D weight: every row's columns [global_start, +length)
       LLMT_CHECK(s.dim == 1 && g.ndim() == 2 && s.local_start == 0 && s.length == p.shape[1],
-                 p.name, ": only one column slice of a 2-D tensor is supported, got ", p.on(Axis::tp).str());
+                 p.name, ": only one column slice of a 2-D tensor is supported, got ",
+                 p.on(Axis::tp).str());
       ops::init_normal(x, p.std, seed, stream, row_begin * g[1] + s.global_start, g[1]);
     }
   }

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "engine/model/blocks.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/tensor_parallel.h"
@@ -67,8 +67,8 @@ class Transformer {
  public:
   // compute: f32, or bf16/f16 to emulate 16-bit storage (weights and activations rounded to
   // that type at op boundaries; gradients and master weights stay f32).
-  // tp: the tensor-parallel group (none: the whole model on this rank). `spec` is the global
-  // spec (sharded here for tp) or one already sharded for this tp rank.
+  // tp: the tensor-parallel group (none: the whole model on this rank); `spec` is sharded for
+  // this tp rank (parallelize, or ModelSpec::shard_tp).
   // cp: the context-parallel group (none: whole sequences); with it the model runs this rank's
   // T = seq_len/cp positions of each sequence (context_parallel.h's zigzag split).
   // ep: expert parallelism's group (null: every expert here); `spec` then holds this rank's
@@ -197,7 +197,7 @@ class Transformer {
   std::vector<size_t> block_first_;   // block b owns params [block_first_[b], block_first_[b+1])
   std::vector<int64_t> layers_;       // global index of each local layer
   std::vector<int64_t> chunk_first_;  // chunk k holds local layers [chunk_first_[k], [k+1])
-  int64_t B_, T_;  // T_: the positions this rank holds (seq_len/cp)
+  int64_t B_, T_;                     // T_: the positions this rank holds (seq_len/cp)
   DType compute_;
   ModelStorage storage_;
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "engine/optim/optimizer_config.h"
 
 namespace llmt {

@@ -1,7 +1,7 @@
 // [optimizer]'s rules, reported through the config's Rules.
 #include "engine/optim/optimizer_config.h"
 
-#include "engine/config/rules.h"
+#include "config/rules.h"
 
 namespace llmt {
 

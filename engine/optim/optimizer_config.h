@@ -1,5 +1,5 @@
 // [optimizer] section: AdamW, the LR schedule, gradient clipping and fp16 loss scaling. Lives
-// with the optimizer so it depends only on its own section; engine/train parses it.
+// with the optimizer so it depends only on its own section; train parses it.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "engine/optim/optimizer.h"
 
 namespace llmt {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/dtype.h"
-#include "engine/core/tensor.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace llmt {
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "kernels/ops.h"
 
 namespace llmt {

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
+#include "core/tensor.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/allocator.h"
-#include "engine/core/tensor.h"
 #include "engine/parallel/attention_core.h"
 
 namespace llmt {
@@ -119,8 +119,8 @@ class ContextParallelAttention final : public AttentionCore {
 
   ContextParallel cp_;
   std::unique_ptr<Communicator> own_ring_, own_uly_;  // hybrid: split off the cp group
-  Communicator* ring_ = nullptr;  // the ring: r = cp/u ranks (null when r = 1)
-  Communicator* uly_ = nullptr;   // the all-to-all group: u ranks (null when u = 1)
+  Communicator* ring_ = nullptr;                      // the ring: r = cp/u ranks (null when r = 1)
+  Communicator* uly_ = nullptr;  // the all-to-all group: u ranks (null when u = 1)
   int64_t B_, T_, Tl_, H_, KV_, D_;
   int u_ = 1, r_ = 1;      // Ulysses and ring degrees, u * r = cp
   int64_t Tg_, Hg_, KVg_;  // what the ring attends: u*Tl positions of H/u and KV/u heads

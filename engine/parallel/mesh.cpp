@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 
@@ -166,7 +166,8 @@ Communicator& Mesh::group(std::initializer_list<Axis> axes) {
     name += axis_name(static_cast<Axis>(a));
   }
   const std::vector<int> members = shape_.group(rank_, axes);
-  const int key = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  const int key =
+      static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   auto comm = world_->split(members.front(), key, name);
   return *groups_.emplace(mask, std::move(comm)).first->second;
 }

@@ -1,8 +1,8 @@
 // [parallel]'s rules, reported through the config's Rules (the world-size rules are
-// validate_layout's, engine/train; the model's tp divisibility is check_model_layout's).
+// validate_layout's, train; the model's tp divisibility is check_model_layout's).
 #include "engine/parallel/parallel_config.h"
 
-#include "engine/config/rules.h"
+#include "config/rules.h"
 
 namespace llmt {
 

@@ -1,5 +1,5 @@
 // [parallel] section: the mesh degrees and the data-parallel strategy. Lives with the parallel
-// engine so it depends only on its own section; engine/train parses it and checks it against
+// engine so it depends only on its own section; train parses it and checks it against
 // the world size (validate_layout) before anything is allocated.
 #pragma once
 
@@ -7,22 +7,22 @@
 #include <vector>
 
 #include "engine/parallel/context_parallel.h"  // CpImpl
-#include "engine/schedule/schedule.h"           // PipeSchedule
+#include "engine/schedule/schedule.h"          // PipeSchedule
 
 namespace llmt {
 
 class Rules;
 
 struct ParallelConfig {
-  int64_t tp = 1;   // tensor parallel degree
-  int64_t cp = 1;   // context parallel degree (engine/parallel/context_parallel.h)
+  int64_t tp = 1;                 // tensor parallel degree
+  int64_t cp = 1;                 // context parallel degree (engine/parallel/context_parallel.h)
   CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring, ulysses, hybrid
   int64_t cp_ulysses = 0;         // hybrid: all-to-all over this many ranks, ring over cp/it
-  int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
+  int64_t dp = -1;                // data parallel degree; -1 = world / (tp * cp * pp)
   // Expert parallel degree: a mixture of experts' experts split over groups of ep consecutive dp
   // ranks (docs/parallelism.md, "Expert parallelism"); divides dp.
   int64_t ep = 1;
-  int64_t pp = 1;   // pipeline parallel degree (engine/pipeline/executor.h)
+  int64_t pp = 1;  // pipeline parallel degree (engine/pipeline/executor.h)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // model chunks per pp rank (interleaved only: >= 2)
   // Transformer layers per pipeline stage (pp * virtual_stages entries, summing to n_layers);

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 #include "engine/parallel/tensor_parallel.h"
 
 namespace llmt {

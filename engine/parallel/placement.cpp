@@ -3,7 +3,7 @@
 
 #include <numeric>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 namespace {

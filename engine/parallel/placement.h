@@ -1,8 +1,8 @@
 // Placement: how a parameter with a global shape is laid out over one mesh axis — replicated,
 // sharded along one dim, or owned whole by one coordinate of the axis (a pipeline stage's
-// layers; later an expert rank's experts). Every shard is a list of rectangular slices of the global tensor, which
-// is what checkpoints (one hyperslab per slice), initialisation (each slice from its global
-// offset) and resharding rely on (docs/references.md, "Design rules").
+// layers; later an expert rank's experts). Every shard is a list of rectangular slices of the
+// global tensor, which is what checkpoints (one hyperslab per slice), initialisation (each slice
+// from its global offset) and resharding rely on (docs/references.md, "Design rules").
 //
 // A sharded dim may be a concatenation of segments that are split separately: the fused QKV
 // weight's rows are [q heads | k heads | v heads] and SwiGLU's fc1 rows are [gate | up]. Rank r
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace llmt {
 

@@ -10,8 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "core/allocator.h"
 #include "engine/comm/communicator.h"
-#include "engine/core/allocator.h"
 #include "engine/model/transformer.h"
 #include "engine/schedule/schedule.h"
 

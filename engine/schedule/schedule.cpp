@@ -11,7 +11,7 @@
 #include <set>
 #include <tuple>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace llmt {
 

@@ -12,7 +12,7 @@
 #include <new>
 #include <vector>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 
@@ -121,7 +121,8 @@ struct TileBounds {
 };
 TileBounds tile_bounds(const int32_t* pos, int64_t T) {
   const int64_t n = (T + kTile - 1) / kTile;
-  TileBounds b{std::vector<int32_t>(static_cast<size_t>(n)), std::vector<int32_t>(static_cast<size_t>(n))};
+  TileBounds b{std::vector<int32_t>(static_cast<size_t>(n)),
+               std::vector<int32_t>(static_cast<size_t>(n))};
   for (int64_t tb = 0; tb < n; ++tb) {
     const int64_t t0 = tb * kTile, t1 = std::min(T, t0 + kTile);
     b.lo[tb] = *std::min_element(pos + t0, pos + t1);
@@ -177,7 +178,8 @@ void flash_forward(const AttnArgs& a) {
       const int64_t g = h / group, q0 = qb * kTile, mq = std::min(kTile, Tq - q0);
       const int64_t mrows = round_up(mq, kRows);
       pack_transposed(qt, a.q + b * a.q_bs + q0 * a.q_ld + h * D, a.q_ld, mq, D, Dp, scale);
-      for (int64_t i = 0; i < kTile; ++i) qpos[i] = i < mq ? static_cast<float>(qp[q0 + i]) : -1e30f;
+      for (int64_t i = 0; i < kTile; ++i)
+        qpos[i] = i < mq ? static_cast<float>(qp[q0 + i]) : -1e30f;
       std::fill(o, o + mrows * Dp, 0.0f);
       std::fill(m, m + kTile, kNegBig);
       std::fill(l, l + kTile, 0.0f);
@@ -274,18 +276,18 @@ void flash_backward(const AttnArgs& a, const AttnGradViews& gr) {
 #pragma omp parallel
   {
     auto scratch = alloc_scratch(5 * kTile * Dp + 2 * kTile * kTile + Tqp * (3 * Dp + 2));
-    float* k = scratch.get();         // (kTile,Dp) keys
-    float* kt = k + kTile * Dp;       // (Dp,kTile) keys transposed
-    float* vt = kt + Dp * kTile;      // (Dp,kTile) values transposed
-    float* dk = vt + Dp * kTile;      // (kTile,Dp) dK of the key tile
-    float* dv = dk + kTile * Dp;      // (kTile,Dp) dV of the key tile
-    float* p = dv + kTile * Dp;       // (kTile queries,kTile keys) scores, then P
-    float* ds = p + kTile * kTile;    // (kTile,kTile) dP, then dS
-    float* qa = ds + kTile * kTile;   // (Tqp,Dp) queries of the head, zero-padded
-    float* ga = qa + Tqp * Dp;        // (Tqp,Dp) dout of the head
-    float* dqa = ga + Tqp * Dp;       // (Tqp,Dp) dQ accumulator
-    float* lse_a = dqa + Tqp * Dp;    // (Tqp) lse, 0 on padding rows
-    float* delta = lse_a + Tqp;       // (Tqp) dout . out, 0 on padding rows
+    float* k = scratch.get();        // (kTile,Dp) keys
+    float* kt = k + kTile * Dp;      // (Dp,kTile) keys transposed
+    float* vt = kt + Dp * kTile;     // (Dp,kTile) values transposed
+    float* dk = vt + Dp * kTile;     // (kTile,Dp) dK of the key tile
+    float* dv = dk + kTile * Dp;     // (kTile,Dp) dV of the key tile
+    float* p = dv + kTile * Dp;      // (kTile queries,kTile keys) scores, then P
+    float* ds = p + kTile * kTile;   // (kTile,kTile) dP, then dS
+    float* qa = ds + kTile * kTile;  // (Tqp,Dp) queries of the head, zero-padded
+    float* ga = qa + Tqp * Dp;       // (Tqp,Dp) dout of the head
+    float* dqa = ga + Tqp * Dp;      // (Tqp,Dp) dQ accumulator
+    float* lse_a = dqa + Tqp * Dp;   // (Tqp) lse, 0 on padding rows
+    float* delta = lse_a + Tqp;      // (Tqp) dout . out, 0 on padding rows
     std::vector<int32_t> kpos_tile(kTile);
     int32_t* kpt = kpos_tile.data();  // (kTile) the key tile's positions, int max past Tk
 #pragma omp for schedule(dynamic)

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 #include "kernels/attention_args.h"
 
 namespace llmt::cpu {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace llmt::cpu {
 

@@ -3,7 +3,7 @@
 // index), so forward and backward are the same map and nothing is stored between them.
 #include <cstring>
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 

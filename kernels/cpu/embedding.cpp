@@ -5,7 +5,7 @@
 // read zeros and scatter nothing, so the shards' outputs sum to the whole lookup.
 #include <algorithm>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 

@@ -2,7 +2,7 @@
 // global_offset + i), so a shard initialised on its own equals the same slice of the whole
 // tensor, and any split over threads gives the same bits. A column shard (W of every row's
 // row_stride elements) takes its rows' global indices the same way.
-#include "engine/core/rng.h"
+#include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 

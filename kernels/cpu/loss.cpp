@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 

@@ -5,7 +5,7 @@
 #include <bit>
 #include <cstdint>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 

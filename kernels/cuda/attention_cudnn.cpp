@@ -19,8 +19,8 @@
 #include <memory>
 #include <unordered_map>
 
-#include "engine/core/check.h"
-#include "engine/core/cuda/cuda_backend.h"
+#include "core/check.h"
+#include "core/cuda/cuda_backend.h"
 
 #define LLMT_CUDNN_CHECK(call) LLMT_STATUS_CHECK(call, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace llmt::cuda::cudnn_sdpa {
 

@@ -11,10 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/core/check.h"
-#include "engine/core/cuda/cuda_backend.h"
-#include "engine/core/cuda/cuda_check.h"
-#include "engine/core/rng.h"
+#include "core/check.h"
+#include "core/cuda/cuda_backend.h"
+#include "core/cuda/cuda_check.h"
+#include "core/rng.h"
 
 // After a launch: reports a bad configuration at once (execution errors surface at the next
 // synchronising call).
@@ -117,7 +117,7 @@ void add_column_sums(float* dst, int64_t N, int64_t C, F f) {
   LLMT_CUDA_LAUNCHED();
 }
 
-// ---- random numbers (engine/core/rng.h on the device) ------------------------------------------
+// ---- random numbers (core/rng.h on the device) ------------------------------------------
 // rng::key is constexpr, so device code calls it directly (--expt-relaxed-constexpr); uniform and
 // normal are restated here with the same arithmetic.
 

@@ -4,7 +4,7 @@
 
 #include <cublas_api.h>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 #define LLMT_CUBLAS_CHECK(call) \
   LLMT_STATUS_CHECK(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)

@@ -1,7 +1,7 @@
 // The CUDA kernels behind kernels/ops.h, on raw device pointers, with the same signatures and
 // semantics as kernels/cpu/cpu_ops.h (the CPU kernels are the numerical reference): ops.cpp checks
 // shapes, dtypes and devices and calls these for CUDA tensors. Plain C++: no CUDA type appears
-// here. Every launcher runs on the process's compute stream (engine/core/cuda) and returns
+// here. Every launcher runs on the process's compute stream (core/cuda) and returns
 // without waiting, except where it must read a result or an error back (token and
 // target range checks, sum_squares, has_nonfinite, copies touching host memory).
 //
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace llmt::cuda {
 

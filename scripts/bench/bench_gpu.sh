@@ -2,7 +2,7 @@
 # GPT-2 124M (configs/gpt2-124m.toml, synthetic data) on one GPU: tokens/s and MFU of fp32 and
 # bf16 training, bf16's speedup over fp32 in the same script, and the peak memory the Allocator
 # counted (the kernels' own scratch and cuBLASLt/cuDNN workspaces are not in it). MFU is
-# against the GPU's dense peak for the precision (engine/core/peak_flops.h: tensor cores for
+# against the GPU's dense peak for the precision (core/peak_flops.h: tensor cores for
 # bf16, fp32 CUDA cores for fp32).
 # Steps 1-2 are warm-up (cuBLASLt heuristics, cuDNN graph builds); figures are medians of the
 # remaining steps, the best of LLMT_BENCH_REPEAT runs (default 2).

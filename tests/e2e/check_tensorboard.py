@@ -6,10 +6,11 @@ a venv made with --system-site-packages in the work folder, reused between runs.
 (skipped) when pip cannot install it here.
 
 1. A 10-step run with validation every 5 steps: TensorBoard's EventAccumulator (which checks each
-   record's CRC-32C) lists train/loss, lr, grad_norm, tokens_per_s, mfu, loss_scale, step_time_s,
-   memory/peak_<category>_bytes and val/loss, at steps 1..10 (val at 5 and 10), each equal to metrics.jsonl's value as a
-   float32 (relative 1e-6; 1e-5 for tokens_per_s, mfu and step_time_s, which metrics.jsonl
-   prints to 6 digits).
+   record's CRC-32C) lists exactly the numeric values of metrics.jsonl under the same names
+   (nested keys joined with '/': loss, lr, grad_norm, tokens_per_s, mfu, loss_scale,
+   step_time_s, skipped, data_wait_s, peak_bytes/<category>, val_loss), each at every step it
+   appears in metrics.jsonl (val_loss at 5 and 10), equal to metrics.jsonl's value as a float32
+   (relative 1e-6; 1e-5 for the timings, which metrics.jsonl prints to 6 digits).
 2. A run killed (SIGKILL) during step 8 with checkpoints every 3 steps, resumed from step 6: the
    event files of both runs in one folder read as steps 1..10 once each, steps 7..10 with the
    resumed run's values (the resumed writer's SessionLog START at step 7 purges the killed run's
@@ -28,9 +29,6 @@ ea = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
 ea.Reload()
 print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}))
 """
-TAGS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm",
-        "train/tokens_per_s": "tokens_per_s", "train/mfu": "mfu", "train/loss_scale": "loss_scale",
-        "train/step_time_s": "step_time_s"}
 
 
 def venv_python(work):
@@ -68,7 +66,18 @@ def read(py, folder):
     return json.loads(r.stdout)
 
 
-SIX_DIGITS = {"tokens_per_s", "mfu", "step_time_s"}
+SIX_DIGITS = {"tokens_per_s", "mfu", "step_time_s", "data_wait_s", "checkpoint_s", "comm_wait_s"}
+
+
+def flatten(obj, prefix=""):
+    """{tag: value} of a metrics line's numbers (booleans as 0/1), nested keys joined with '/'."""
+    out = {}
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        elif k != "step" or prefix:
+            out[prefix + k] = float(v) if v is not None else float("nan")
+    return out
 
 
 def f32_equal(a, b, rel=1e-6):
@@ -89,29 +98,27 @@ def main():
     shutil.rmtree(run1, ignore_errors=True)
     metrics = train(args, run1, ["train.steps=10", "train.eval_interval=5", "train.eval_iters=1"])
     got = read(py, os.path.join(run1, "tensorboard"))
-    for tag, key in TAGS.items():
-        series = got.get(tag, [])
-        if [s for s, _ in series] != list(range(1, 11)):
-            failures.append(f"{tag}: steps {[s for s, _ in series]}, expected 1..10")
-            continue
-        rel = 1e-5 if key in SIX_DIGITS else 1e-6
-        bad = [(s, v, m[key]) for (s, v), m in zip(series, metrics)
-               if not f32_equal(v, m[key], rel)]
-        if bad:
-            failures.append(f"{tag}: differs from metrics.jsonl at {bad[:3]}")
-    for cat in ("params", "grads", "optimizer", "activations", "comm", "total"):
-        series = got.get(f"memory/peak_{cat}_bytes", [])
-        want = [m["peak_bytes"][cat] for m in metrics]
-        if [v for _, v in series] != [float(w) for w in want] and not all(
-                f32_equal(v, w) for (_, v), w in zip(series, want)):
-            failures.append(f"memory/peak_{cat}_bytes {series[:2]}..., metrics.jsonl {want[:2]}...")
-    val = got.get("val/loss", [])
-    want_val = [[m["step"], m["val_loss"]] for m in metrics if "val_loss" in m]
-    if [s for s, _ in val] != [5, 10] or not all(
-            f32_equal(v, w) for (_, v), (_, w) in zip(val, want_val)):
-        failures.append(f"val/loss {val}, metrics.jsonl {want_val}")
+    want = {}  # tag -> [(step, value)] from metrics.jsonl
+    for m in metrics:
+        for tag, v in flatten(m).items():
+            want.setdefault(tag, []).append((m["step"], v))
+    if sorted(got) != sorted(want):
+        failures.append(f"TensorBoard tags {sorted(got)} are not metrics.jsonl's {sorted(want)}")
+    for tag in sorted(set(got) & set(want)):
+        series = [(s, v) for s, v in got[tag]]
+        rel = 1e-5 if tag in SIX_DIGITS else 1e-6
+        if [s for s, _ in series] != [s for s, _ in want[tag]]:
+            failures.append(f"{tag}: steps {[s for s, _ in series]}, metrics.jsonl "
+                            f"{[s for s, _ in want[tag]]}")
+        elif not all(f32_equal(v, w, rel) for (_, v), (_, w) in zip(series, want[tag])):
+            failures.append(f"{tag}: TensorBoard {series[:3]}..., metrics.jsonl {want[tag][:3]}...")
+    for tag in ["loss", "lr", "grad_norm", "peak_bytes/activations", "peak_bytes/total"]:
+        if [s for s, _ in got.get(tag, [])] != list(range(1, 11)):
+            failures.append(f"{tag}: not at steps 1..10: {got.get(tag)}")
+    if [s for s, _ in got.get("val_loss", [])] != [5, 10]:
+        failures.append(f"val_loss at steps {[s for s, _ in got.get('val_loss', [])]}, not 5, 10")
     print(f"run of 10 steps: {len(got)} scalar tags read back by TensorBoard "
-          f"{sorted(got)}; loss at step 10 {got['train/loss'][-1][1]:.6f}")
+          f"{sorted(got)}; loss at step 10 {got['loss'][-1][1]:.6f}")
 
     run2 = os.path.join(args.workdir, "resumed")
     shutil.rmtree(run2, ignore_errors=True)
@@ -121,7 +128,7 @@ def main():
     train(args, run2, sets, env=env, expect_rc=-9)
     resumed = train(args, run2, sets + ["checkpoint.load=latest"])
     files = sorted(os.listdir(os.path.join(run2, "tensorboard")))
-    loss = read(py, os.path.join(run2, "tensorboard")).get("train/loss", [])
+    loss = read(py, os.path.join(run2, "tensorboard")).get("loss", [])
     steps = [s for s, _ in loss]
     by_step = {m["step"]: m["loss"] for m in resumed}
     if steps != list(range(1, 11)):

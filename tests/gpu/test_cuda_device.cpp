@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
-#include "engine/core/cuda/cuda_backend.h"
+#include "core/allocator.h"
+#include "core/cuda/cuda_backend.h"
 
 namespace llmt {
 namespace {

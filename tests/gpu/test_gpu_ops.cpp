@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
-#include "engine/core/cuda/cuda_backend.h"
+#include "core/allocator.h"
+#include "core/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "tests/unit/ops/op_cases.h"

@@ -10,9 +10,9 @@
 #include <ostream>
 #include <string>
 
-#include "engine/core/cuda/cuda_backend.h"
-#include "engine/train/config.h"
-#include "engine/train/trainer.h"
+#include "core/cuda/cuda_backend.h"
+#include "train/config.h"
+#include "train/trainer.h"
 
 namespace llmt {
 namespace {
@@ -21,7 +21,7 @@ struct TrainRun {
   const char* name;
   const char* arch;
   const char* precision;
-  int micro_batch;  // of a global batch of 4
+  int micro_batch;         // of a global batch of 4
   const char* extra = "";  // more TOML (a [model.moe] section)
 };
 

@@ -35,6 +35,9 @@ def main():
     for name, (ranks, sets) in LAYOUTS.items():
         sets = sets + ["train.steps=3", "log.progress=false", "train.threads=1"]
         steps = harness.train(args, f"{args.workdir}/{name}", ranks, sets)
+        if [s["step"] for s in steps] != [1, 2, 3]:
+            failures.append(f"{name}: metrics lines for steps {[s['step'] for s in steps]}, "
+                            "expected 1..3")
         ep = int([s for s in sets if s.startswith("parallel.ep=")][0].split("=")[1])
         gbs = int(next((s.split("=")[1] for s in sets if s.startswith("train.global_batch_size=")),
                        cfg["train"]["global_batch_size"]))
@@ -49,7 +52,9 @@ def main():
                 failures.append(f"{name} step {s['step']}: counted {got} B, analytic {want} B, "
                                 f"rows {rows}")
     plain = harness.train(args, f"{args.workdir}/dp2", 2, ["train.steps=2", "log.progress=false"])
-    if "ep" in plain[-1].get("comm_bytes", {}):
+    if len(plain) != 2:
+        failures.append(f"dp2: {len(plain)} metrics lines, expected 2")
+    elif "ep" in plain[-1].get("comm_bytes", {}):
         failures.append(f"dp2 without ep has ep traffic: {plain[-1]['comm_bytes']}")
     harness.finish(failures)
 

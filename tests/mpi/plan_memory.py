@@ -81,6 +81,11 @@ LAYOUTS = {  # name: (ranks, sets)
     "ep2-dp4": (4, ["parallel.dp=4", "parallel.ep=2"]),
     "ep2-zero1-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=1"]),
     "ep2-zero3-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3"]),
+    # ep with full recompute (Mixtral's shipped combination): the experts' rows of every MoE layer
+    # stay from the forward to the backward, the replay returns them instead of recomputing.
+    "ep2-full": (4, ["parallel.dp=4", "parallel.ep=2", "train.recompute=\"full\""]),
+    "ep2-tp2-sp-full": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                            "parallel.ep=2", "train.recompute=\"full\""]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -88,7 +93,8 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "cp2-ring", "cp2-ulysses-dp2-zero1", "capacity-cp2", "ep2-dp4", "ep2-zero1-dp4",
                "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
                "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
-               "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2"]
+               "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
+               "ep2-tp2-sp-full"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]

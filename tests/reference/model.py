@@ -77,7 +77,7 @@ class ModelCfg:
             c.n_kv_heads = c.n_heads
         if c.d_ff == 0:
             # Preset default by arch (docs/model.md lists d_ff in the arch's activation cell;
-            # engine/train/config.h: "4*d_model (gpt2), 256-multiple of 8/3*d_model (llama)").
+            # train/config.h: "4*d_model (gpt2), 256-multiple of 8/3*d_model (llama)").
             if gpt2:
                 c.d_ff = 4 * c.d_model
             else:

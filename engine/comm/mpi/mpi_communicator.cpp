@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 #define LLMT_MPI(call)                                                                         \
   do {                                                                                         \

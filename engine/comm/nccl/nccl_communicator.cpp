@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/check.h"
+#include "core/cuda/cuda_backend.h"
+#include "core/cuda/cuda_check.h"
 #include "engine/comm/mpi/mpi_communicator.h"
-#include "engine/core/check.h"
-#include "engine/core/cuda/cuda_backend.h"
-#include "engine/core/cuda/cuda_check.h"
 
 #define LLMT_NCCL(call) LLMT_STATUS_CHECK(call, ncclSuccess, ncclGetErrorString)
 

@@ -10,8 +10,7 @@ namespace llmt::ckpt {
 namespace {
 
 ModelSpec tiny(Arch arch) {
-  return ModelSpec::from_config(
-      test::tiny_model(arch, {.vocab = 96, .d_model = 32, .seq_len = 8}));
+  return ModelSpec::from_config(test::tiny_model(arch, {.vocab = 96, .d_model = 32, .seq_len = 8}));
 }
 
 // AdamW's, as a run lists them (TrainingState::state_names).
@@ -179,7 +178,7 @@ TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
                                    std::to_string(cp) + " ep " + std::to_string(ep));
       // Rank 1 (tp rank 1, dp x cp place 0) writes rows of the router and of the expert stacks:
       // place 1 of the tp x dp x cp group (of the edp x tp group under ep).
-      const ModelSpec held = rank_spec(spec, layout, 1);
+      const ModelSpec held = parallelize(spec, layout, 1);
       bool router = false, experts = false;
       for (const Piece& pc : pieces_to_write(held, layout.mesh, 1, kAdam)) {
         const size_t i = pc.param;

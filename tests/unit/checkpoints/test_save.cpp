@@ -5,7 +5,9 @@
 // lists (here an optimizer with one state, "momentum"), and loads back bitwise.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "checkpoints/checkpoint.h"
 #include "engine/comm/communicator.h"
@@ -23,8 +25,8 @@ class FakeState final : public TrainingState {
     for (size_t i = 0; i < spec.params.size(); ++i)
       for (const char* s : {kMasterState, "momentum"}) {
         storage_.emplace_back(static_cast<size_t>(spec.params[i].shape.numel()));
-        tensors_.push_back({s, i, Tensor(storage_.back().data(), spec.params[i].shape, DType::f32),
-                            0});
+        tensors_.push_back(
+            {s, i, Tensor(storage_.back().data(), spec.params[i].shape, DType::f32), 0});
       }
   }
   std::vector<std::string> state_names() const override { return {kMasterState, "momentum"}; }
@@ -49,8 +51,8 @@ struct SaveTest : ::testing::TestWithParam<bool> {
       : spec(ModelSpec::from_config(test::tiny_model(Arch::llama, {}))),
         mesh(Mesh::create(MeshShape{}, make_local_communicator())),
         backend(make_cpu_backend()),
-        dir((fs::temp_directory_path() / ("llmt_test_save_" + std::to_string(::getpid()) +
-                                          (GetParam() ? "_async" : "_sync")))
+        dir((fs::temp_directory_path() /
+             ("llmt_test_save_" + std::to_string(::getpid()) + (GetParam() ? "_async" : "_sync")))
                 .string()) {
     fs::remove_all(dir);
     cfg.dir = dir;
@@ -74,7 +76,12 @@ TEST_P(SaveTest, HoldsTheValuesAtTheSaveAndLoadsThemBack) {
   {
     PendingSave save(cfg, run, spec, spec, state, mesh, *backend, background);
     state.fill(-3.0f);  // the next step's update, while the writer thread runs
+    // poll(false) only asks; the writer finishes on its own thread. A minute is far beyond a
+    // few-kilobyte write, so a writer that never finishes fails here instead of hanging ctest.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!save.poll(false)) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the save did not finish in 60 s";
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     EXPECT_EQ(save.result().path, (fs::path(dir) / "step_00000007").string());
   }

@@ -1,11 +1,11 @@
-// The config library on a schema of its own (engine/config): it knows no section of llmtrain's,
+// The config library on a schema of its own (config): it knows no section of llmtrain's,
 // so a component with a new section ([moe] here) gets merging, --set, did-you-mean, typed reads
 // and Rules with origins from it unchanged. The full parse is tested in tests/unit/train.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "engine/config/loader.h"
+#include "config/loader.h"
 
 namespace llmt {
 namespace {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <utility>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 
 namespace llmt {
 namespace {

@@ -2,8 +2,8 @@
 // 0 for the rest; tensor-core peaks only for 16-bit compute (our fp32 GEMMs use no TF32).
 #include <gtest/gtest.h>
 
-#include "engine/core/check.h"
-#include "engine/core/peak_flops.h"
+#include "core/check.h"
+#include "core/peak_flops.h"
 
 namespace llmt {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "engine/core/rng.h"
+#include "core/rng.h"
 
 namespace llmt {
 namespace {

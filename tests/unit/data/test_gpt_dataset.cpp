@@ -10,9 +10,9 @@
 #include <random>
 #include <set>
 
+#include "core/check.h"
 #include "data/gpt_dataset.h"
 #include "dataset_files.h"
-#include "engine/core/check.h"
 
 namespace llmt {
 namespace {

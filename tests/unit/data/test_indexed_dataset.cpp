@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "data/indexed_dataset_writer.h"
-#include "engine/core/check.h"
 #include "tests/unit/data/dataset_files.h"
 
 namespace llmt {

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <thread>
 
+#include "core/check.h"
 #include "data/blend.h"
 #include "data/gpt_dataset.h"
 #include "data/loader.h"
 #include "dataset_files.h"
-#include "engine/core/check.h"
 
 namespace llmt {
 namespace {

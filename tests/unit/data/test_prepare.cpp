@@ -5,9 +5,9 @@
 
 #include <fstream>
 
+#include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
-#include "engine/core/check.h"
 #include "tests/unit/data/dataset_files.h"
 #include "tests/unit/data/tiny_corpus.h"
 

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
+#include "core/check.h"
 #include "data/tokenizer.h"
-#include "engine/core/check.h"
 #include "tests/unit/data/dataset_files.h"
 #include "tests/unit/data/tiny_corpus.h"
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/data_parallel/data_parallel.h"
-#include "engine/train/config.h"
+#include "train/config.h"
 
 namespace llmt {
 namespace {

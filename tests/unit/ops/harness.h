@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/rng.h"
-#include "engine/core/tensor.h"
+#include "core/rng.h"
+#include "core/tensor.h"
 
 namespace llmt::test {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "tests/unit/ops/harness.h"
 
 namespace llmt::test {

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 #include "kernels/ops.h"
 #include "tests/unit/ops/op_cases.h"
 

@@ -1,5 +1,5 @@
 // The measured half of the CPU peak (kernels/threads.h): the FMA loop keeps the vector units
-// busy, so the clock it implies with this CPU's FMA width (engine/core/peak_flops.h) is a real
+// busy, so the clock it implies with this CPU's FMA width (core/peak_flops.h) is a real
 // clock: above 0.4 GHz even with the tests of a loaded machine running beside it (the best of
 // three samples), below 6. A loop bound by latency, or not vectorised, implies a fraction of a
 // real clock (scalar: 1/16).
@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "engine/core/peak_flops.h"
+#include "core/peak_flops.h"
 #include "kernels/threads.h"
 
 namespace llmt {

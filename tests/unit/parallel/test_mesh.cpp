@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "engine/parallel/mesh.h"
-#include "engine/train/config.h"
+#include "train/config.h"
 
 namespace llmt {
 namespace {
@@ -190,10 +190,10 @@ TEST(Layout, ParseTimeRules) {
   // Context parallelism: seq_len 32 splits into 2cp chunks at cp 2 and 4, not at cp 3; Ulysses
   // needs the heads divisible by cp; hybrid needs cp_ulysses.
   EXPECT_EQ(parse_error({"parallel.cp=2"}), "");
-  EXPECT_EQ(parse_error({"parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"}),
-            "");
-  EXPECT_NE(parse_error({"parallel.cp=3"}).find("model.seq_len=32 is not divisible by "
-                                                "2*parallel.cp=6"),
+  EXPECT_EQ(parse_error({"parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"}), "");
+  EXPECT_NE(parse_error({"parallel.cp=3"})
+                .find("model.seq_len=32 is not divisible by "
+                      "2*parallel.cp=6"),
             std::string::npos);
   EXPECT_NE(parse_error({"parallel.cp=8", "parallel.cp_impl=ulysses", "model.seq_len=64"})
                 .find("heads per tp rank, not divisible by parallel.cp=8"),

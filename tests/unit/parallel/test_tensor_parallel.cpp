@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
-#include "tests/unit/tiny_model.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "tests/unit/parallel/thread_group.h"
+#include "tests/unit/tiny_model.h"
 
 namespace llmt {
 namespace {
@@ -43,8 +43,13 @@ TEST(Placement, QkvShardIsThreeSlicesOfTheGlobalRows) {
 // init_std 0.2: large enough that every gradient is well above f32 noise.
 ModelConfig tiny(Arch arch) {
   const bool llama = arch == Arch::llama;
-  return test::tiny_model(arch, {.vocab = 64, .d_model = 32, .heads = 8, .llama_kv_heads = 4,
-                                 .seq_len = 8, .d_ff = 64, .init_std = 0.2f,
+  return test::tiny_model(arch, {.vocab = 64,
+                                 .d_model = 32,
+                                 .heads = 8,
+                                 .llama_kv_heads = 4,
+                                 .seq_len = 8,
+                                 .d_ff = 64,
+                                 .init_std = 0.2f,
                                  .dropout = llama ? 0.0f : 0.1f});
 }
 
@@ -62,8 +67,7 @@ TEST(ModelSpecTp, LocalShapesAndDivisibility) {
   bad.vocab_size = 66;
   const auto errors = tensor_parallel_errors(bad, 4, true);
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_EQ(errors[0].message.rfind("model.n_kv_heads=2 is not divisible by parallel.tp=4", 0),
-            0u);
+  EXPECT_EQ(errors[0].message.rfind("model.n_kv_heads=2 is not divisible by parallel.tp=4", 0), 0u);
   EXPECT_EQ(errors[1].message.rfind("model.vocab_size=66 is not divisible by parallel.tp=4", 0),
             0u);
   EXPECT_EQ(errors[1].keys, (std::vector<std::string>{"model.vocab_size", "parallel.tp"}));
@@ -133,8 +137,8 @@ struct RankRun {
   static constexpr int64_t B = 2;
 
   RankRun(const ModelConfig& c, TensorParallel tp) {
-    model = std::make_unique<Transformer>(ModelSpec::from_config(c), alloc, B, DType::f32,
-                                          ModelStorage{}, tp);
+    model = std::make_unique<Transformer>(ModelSpec::from_config(c).shard_tp(tp.size(), tp.rank()),
+                                          alloc, B, DType::f32, ModelStorage{}, tp);
     model->init(7);
     model->zero_grads();
     Buffer buf = alloc.allocate_tensor({2, B, c.seq_len}, DType::i32, MemCategory::other);

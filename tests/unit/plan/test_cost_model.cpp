@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/core/check.h"
-#include "engine/core/peak_flops.h"
+#include "core/check.h"
+#include "core/peak_flops.h"
 #include "engine/model/model_spec.h"
-#include "engine/plan/cost_model.h"
-#include "engine/plan/hardware.h"
-#include "engine/plan/search.h"
+#include "plan/cost_model.h"
+#include "plan/hardware.h"
+#include "plan/search.h"
 
 namespace llmt {
 namespace {
@@ -90,12 +90,12 @@ TEST(Hardware, BadProfilesAreRefusedNamingTheKey) {
     t.replace(t.find(from), from.size(), to);
     return t;
   };
-  EXPECT_NE(error_of(replace("memory_bandwidth = 1e12\n", "")).find(
-                "hardware.memory_bandwidth is missing"),
+  EXPECT_NE(error_of(replace("memory_bandwidth = 1e12\n", ""))
+                .find("hardware.memory_bandwidth is missing"),
             std::string::npos);
-  EXPECT_NE(error_of(replace("matmul_efficiency = 0.5", "matmul_efficiency = 1.5"))
-                .find("at most 1"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(replace("matmul_efficiency = 0.5", "matmul_efficiency = 1.5")).find("at most 1"),
+      std::string::npos);
   EXPECT_NE(error_of(replace("intra_node_bandwidth = 100e9", "intra_node_bandwidth = 0"))
                 .find("hardware.intra_node_bandwidth=0 must be > 0"),
             std::string::npos);
@@ -118,9 +118,9 @@ TEST(Hardware, BadProfilesAreRefusedNamingTheKey) {
 }
 
 Config tiny(const std::vector<std::string>& sets) {
-  std::vector<std::string> all{"model.arch=\"gpt2\"", "model.n_layers=4", "model.d_model=64",
-                               "model.n_heads=4", "model.vocab_size=256", "model.seq_len=32",
-                               "train.global_batch_size=8"};
+  std::vector<std::string> all{
+      "model.arch=\"gpt2\"",  "model.n_layers=4", "model.d_model=64",         "model.n_heads=4",
+      "model.vocab_size=256", "model.seq_len=32", "train.global_batch_size=8"};
   all.insert(all.end(), sets.begin(), sets.end());
   return parse_config_string("", "tiny", all);
 }
@@ -157,7 +157,8 @@ TEST(CostModel, BandwidthFollowsTheNode) {
   const StepCost tp4 = predict_step(tiny({"parallel.tp=4", "parallel.dp=1"}), 4, hw);
   const StageCost& s = tp4.stages[0];
   EXPECT_DOUBLE_EQ(s.comm_s[0], s.bytes[0].total() / 100e9);
-  const StepCost dp8 = predict_step(tiny({"parallel.tp=2", "parallel.dp=4", "train.micro_batch_size=1"}), 8, hw);
+  const StepCost dp8 =
+      predict_step(tiny({"parallel.tp=2", "parallel.dp=4", "train.micro_batch_size=1"}), 8, hw);
   const StageCost& d = dp8.stages[0];
   const double ddp_s = d.bytes[static_cast<int>(Axis::dp)].all_reduce / 10e9;
   EXPECT_DOUBLE_EQ(d.comm_s[static_cast<int>(Axis::dp)],

@@ -9,7 +9,7 @@
 #include <string>
 #include <tuple>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 #include "engine/schedule/schedule.h"
 #include "tests/unit/schedule/schedule_cases.h"
 

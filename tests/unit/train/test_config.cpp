@@ -10,15 +10,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "engine/core/check.h"
-#include "engine/train/config.h"
-#include "engine/train/memory_estimate.h"
+#include "core/check.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
 
 namespace llmt {
 namespace {
@@ -66,61 +69,140 @@ uint32_t bits(float f) {
   return u;
 }
 
-// Every field, floats compared bit for bit.
-void expect_same(const Config& a, const Config& b) {
-  EXPECT_EQ(a.model.arch, b.model.arch);
-  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
-  EXPECT_EQ(a.model.n_layers, b.model.n_layers);
-  EXPECT_EQ(a.model.d_model, b.model.d_model);
-  EXPECT_EQ(a.model.n_heads, b.model.n_heads);
-  EXPECT_EQ(a.model.n_kv_heads, b.model.n_kv_heads);
-  EXPECT_EQ(a.model.d_ff, b.model.d_ff);
-  EXPECT_EQ(a.model.seq_len, b.model.seq_len);
-  EXPECT_EQ(a.model.norm, b.model.norm);
-  EXPECT_EQ(a.model.activation, b.model.activation);
-  EXPECT_EQ(a.model.position, b.model.position);
-  EXPECT_EQ(a.model.bias, b.model.bias);
-  EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
-  EXPECT_EQ(bits(a.model.norm_eps), bits(b.model.norm_eps));
-  EXPECT_EQ(bits(a.model.rope_theta), bits(b.model.rope_theta));
-  EXPECT_EQ(bits(a.model.dropout), bits(b.model.dropout));
-  EXPECT_EQ(bits(a.model.init_std), bits(b.model.init_std));
-  EXPECT_EQ(a.train.steps, b.train.steps);
-  EXPECT_EQ(a.train.global_batch_size, b.train.global_batch_size);
-  EXPECT_EQ(a.train.micro_batch_size, b.train.micro_batch_size);
-  EXPECT_EQ(a.train.precision, b.train.precision);
-  EXPECT_EQ(a.train.seed, b.train.seed);
-  EXPECT_EQ(a.train.run_dir, b.train.run_dir);
-  EXPECT_EQ(a.train.device, b.train.device);
-  EXPECT_EQ(a.train.threads, b.train.threads);
-  EXPECT_EQ(a.train.eval_interval, b.train.eval_interval);
-  EXPECT_EQ(a.train.eval_iters, b.train.eval_iters);
-  EXPECT_EQ(bits(a.optimizer.lr), bits(b.optimizer.lr));
-  EXPECT_EQ(bits(a.optimizer.min_lr), bits(b.optimizer.min_lr));
-  EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
-  EXPECT_EQ(a.optimizer.decay, b.optimizer.decay);
-  EXPECT_EQ(a.optimizer.decay_steps, b.optimizer.decay_steps);
-  EXPECT_EQ(bits(a.optimizer.beta1), bits(b.optimizer.beta1));
-  EXPECT_EQ(bits(a.optimizer.beta2), bits(b.optimizer.beta2));
-  EXPECT_EQ(bits(a.optimizer.eps), bits(b.optimizer.eps));
-  EXPECT_EQ(bits(a.optimizer.weight_decay), bits(b.optimizer.weight_decay));
-  EXPECT_EQ(bits(a.optimizer.grad_clip), bits(b.optimizer.grad_clip));
-  EXPECT_EQ(bits(a.optimizer.initial_loss_scale), bits(b.optimizer.initial_loss_scale));
-  EXPECT_EQ(a.optimizer.loss_scale_window, b.optimizer.loss_scale_window);
-  EXPECT_EQ(a.data.source, b.data.source);
-  EXPECT_EQ(a.data.seed, b.data.seed);
-  EXPECT_EQ(a.data.path, b.data.path);
-  ASSERT_EQ(a.data.sources.size(), b.data.sources.size());
-  for (size_t i = 0; i < a.data.sources.size(); ++i) {
-    EXPECT_EQ(a.data.sources[i].path, b.data.sources[i].path);
-    EXPECT_EQ(a.data.sources[i].weight, b.data.sources[i].weight);
+uint64_t bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+// How expect_same compares one key's member in two configs: exactly, floats bit for bit.
+template <typename T>
+bool same(const T& a, const T& b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return bits(a) == bits(b);
+  } else {
+    return a == b;
   }
-  EXPECT_EQ(a.data.split, b.data.split);
-  EXPECT_EQ(a.data.tokenizer, b.data.tokenizer);
-  EXPECT_EQ(a.log.interval, b.log.interval);
-  EXPECT_EQ(a.log.progress, b.log.progress);
-  EXPECT_EQ(a.log.metrics, b.log.metrics);
-  EXPECT_EQ(a.log.peak_flops, b.log.peak_flops);
+}
+bool same(const std::vector<DataSourceConfig>& a, const std::vector<DataSourceConfig>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+           return x.path == y.path && bits(x.weight) == bits(y.weight);
+         });
+}
+
+// One comparison per config key, named by its dotted key; EqualityCoversEveryKey checks that the
+// names are exactly config_keys(), so a new key without a comparison here fails the suite.
+using SameFn = std::function<bool(const Config&, const Config&)>;
+#define LLMT_KEY(key, member)                                                      \
+  {                                                                                \
+    key, [](const Config& a, const Config& b) { return same(a.member, b.member); } \
+  }
+const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
+  static const std::vector<std::pair<std::string, SameFn>> table{
+      LLMT_KEY("model.arch", model.arch),
+      LLMT_KEY("model.vocab_size", model.vocab_size),
+      LLMT_KEY("model.n_layers", model.n_layers),
+      LLMT_KEY("model.d_model", model.d_model),
+      LLMT_KEY("model.n_heads", model.n_heads),
+      LLMT_KEY("model.n_kv_heads", model.n_kv_heads),
+      LLMT_KEY("model.d_ff", model.d_ff),
+      LLMT_KEY("model.seq_len", model.seq_len),
+      LLMT_KEY("model.norm", model.norm),
+      LLMT_KEY("model.activation", model.activation),
+      LLMT_KEY("model.position", model.position),
+      LLMT_KEY("model.bias", model.bias),
+      LLMT_KEY("model.tie_embeddings", model.tie_embeddings),
+      LLMT_KEY("model.norm_eps", model.norm_eps),
+      LLMT_KEY("model.rope_theta", model.rope_theta),
+      LLMT_KEY("model.dropout", model.dropout),
+      LLMT_KEY("model.init_std", model.init_std),
+      LLMT_KEY("model.moe.num_experts", model.moe.num_experts),
+      LLMT_KEY("model.moe.top_k", model.moe.top_k),
+      LLMT_KEY("model.moe.d_ff_expert", model.moe.d_ff_expert),
+      LLMT_KEY("model.moe.router", model.moe.router),
+      LLMT_KEY("model.moe.normalize", model.moe.normalize),
+      LLMT_KEY("model.moe.balance", model.moe.balance),
+      LLMT_KEY("model.moe.aux_loss_coef", model.moe.aux_loss_coef),
+      LLMT_KEY("model.moe.bias_update_rate", model.moe.bias_update_rate),
+      LLMT_KEY("model.moe.z_loss_coef", model.moe.z_loss_coef),
+      LLMT_KEY("model.moe.capacity_factor", model.moe.capacity_factor),
+      LLMT_KEY("model.moe.shared_experts", model.moe.shared_experts),
+      LLMT_KEY("model.moe.d_ff_shared", model.moe.d_ff_shared),
+      LLMT_KEY("model.moe.first_dense_layers", model.moe.first_dense_layers),
+      LLMT_KEY("model.moe.every", model.moe.every),
+      LLMT_KEY("train.steps", train.steps),
+      LLMT_KEY("train.global_batch_size", train.global_batch_size),
+      LLMT_KEY("train.micro_batch_size", train.micro_batch_size),
+      LLMT_KEY("train.precision", train.precision),
+      LLMT_KEY("train.seed", train.seed),
+      LLMT_KEY("train.run_dir", train.run_dir),
+      LLMT_KEY("train.device", train.device),
+      LLMT_KEY("train.threads", train.threads),
+      LLMT_KEY("train.eval_interval", train.eval_interval),
+      LLMT_KEY("train.eval_iters", train.eval_iters),
+      LLMT_KEY("train.recompute", train.recompute),
+      LLMT_KEY("train.recompute_layers", train.recompute_layers),
+      LLMT_KEY("train.on_nonfinite", train.on_nonfinite),
+      LLMT_KEY("train.max_skipped_steps", train.max_skipped_steps),
+      LLMT_KEY("train.time_limit", train.time_limit),
+      LLMT_KEY("optimizer.lr", optimizer.lr),
+      LLMT_KEY("optimizer.min_lr", optimizer.min_lr),
+      LLMT_KEY("optimizer.warmup_steps", optimizer.warmup_steps),
+      LLMT_KEY("optimizer.decay", optimizer.decay),
+      LLMT_KEY("optimizer.decay_steps", optimizer.decay_steps),
+      LLMT_KEY("optimizer.beta1", optimizer.beta1),
+      LLMT_KEY("optimizer.beta2", optimizer.beta2),
+      LLMT_KEY("optimizer.eps", optimizer.eps),
+      LLMT_KEY("optimizer.weight_decay", optimizer.weight_decay),
+      LLMT_KEY("optimizer.grad_clip", optimizer.grad_clip),
+      LLMT_KEY("optimizer.initial_loss_scale", optimizer.initial_loss_scale),
+      LLMT_KEY("optimizer.loss_scale_window", optimizer.loss_scale_window),
+      LLMT_KEY("parallel.tp", parallel.tp),
+      LLMT_KEY("parallel.cp", parallel.cp),
+      LLMT_KEY("parallel.cp_impl", parallel.cp_impl),
+      LLMT_KEY("parallel.cp_ulysses", parallel.cp_ulysses),
+      LLMT_KEY("parallel.dp", parallel.dp),
+      LLMT_KEY("parallel.ep", parallel.ep),
+      LLMT_KEY("parallel.pp", parallel.pp),
+      LLMT_KEY("parallel.pp_schedule", parallel.pp_schedule),
+      LLMT_KEY("parallel.virtual_stages", parallel.virtual_stages),
+      LLMT_KEY("parallel.pp_layers", parallel.pp_layers),
+      LLMT_KEY("parallel.zero_stage", parallel.zero_stage),
+      LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
+      LLMT_KEY("parallel.bucket_mb", parallel.bucket_mb),
+      LLMT_KEY("data.source", data.source),
+      LLMT_KEY("data.seed", data.seed),
+      LLMT_KEY("data.path", data.path),
+      LLMT_KEY("data.sources", data.sources),
+      LLMT_KEY("data.split", data.split),
+      LLMT_KEY("data.tokenizer", data.tokenizer),
+      LLMT_KEY("checkpoint.dir", checkpoint.dir),
+      LLMT_KEY("checkpoint.interval", checkpoint.interval),
+      LLMT_KEY("checkpoint.keep_last", checkpoint.keep_last),
+      LLMT_KEY("checkpoint.load", checkpoint.load),
+      LLMT_KEY("checkpoint.async", checkpoint.async),
+      LLMT_KEY("comm.timeout_s", comm.timeout_s),
+      LLMT_KEY("log.interval", log.interval),
+      LLMT_KEY("log.progress", log.progress),
+      LLMT_KEY("log.metrics", log.metrics),
+      LLMT_KEY("log.tensorboard", log.tensorboard),
+      LLMT_KEY("log.peak_flops", log.peak_flops),
+  };
+  return table;
+}
+#undef LLMT_KEY
+
+// Every key's member equal, floats bit for bit.
+void expect_same(const Config& a, const Config& b) {
+  for (const auto& [key, equal] : key_comparisons()) {
+    EXPECT_TRUE(equal(a, b)) << key << " differs";
+  }
+}
+
+TEST(ConfigToToml, EqualityCoversEveryKey) {
+  std::vector<std::string> names;
+  for (const auto& kv : key_comparisons()) names.push_back(kv.first);
+  EXPECT_EQ(names, config_keys());
 }
 
 Config round_trip(const Config& c) {
@@ -398,12 +480,12 @@ TEST(ConfigToToml, EveryKeyNonDefaultRoundTrips) {
 [model]
 arch = "llama"
 vocab_size = 32000
-n_layers = 3
+n_layers = 4
 d_model = 192
-n_heads = 6
-n_kv_heads = 2
+n_heads = 8
+n_kv_heads = 4
 d_ff = 500
-seq_len = 77
+seq_len = 80
 norm = "layernorm"
 activation = "gelu"
 position = "learned"
@@ -413,6 +495,21 @@ norm_eps = 1e-6
 rope_theta = 500000.0
 dropout = 0.1
 init_std = 0.006
+[model.moe]
+num_experts = 4
+top_k = 1
+d_ff_expert = 96
+router = "sigmoid"
+normalize = false
+balance = "bias"
+aux_loss_coef = 0.02
+bias_update_rate = 0.002
+z_loss_coef = 0.001
+capacity_factor = 1.25
+shared_experts = 1
+d_ff_shared = 64
+first_dense_layers = 1
+every = 2
 [train]
 steps = 1000
 global_batch_size = 24
@@ -424,6 +521,11 @@ device = "cuda"
 threads = 3
 eval_interval = 25
 eval_iters = 4
+recompute = "selective"
+recompute_layers = 1
+on_nonfinite = "skip"
+max_skipped_steps = 7
+time_limit = 3600.5
 [optimizer]
 lr = 3e-4
 min_lr = 3.3e-5
@@ -437,6 +539,28 @@ weight_decay = 0.0
 grad_clip = 0.5
 initial_loss_scale = 1024
 loss_scale_window = 50
+[parallel]
+tp = 2
+cp = 4
+cp_impl = "hybrid"
+cp_ulysses = 2
+dp = 2
+ep = 2
+pp = 2
+pp_schedule = "interleaved"
+virtual_stages = 2
+pp_layers = [1, 1, 1, 1]
+zero_stage = 2
+sequence_parallel = true
+bucket_mb = 12.5
+[checkpoint]
+dir = "ck"
+interval = 10
+keep_last = 3
+load = "auto"
+async = true
+[comm]
+timeout_s = 120.5
 [data]
 source = "synthetic"
 seed = 11
@@ -453,6 +577,7 @@ weight = 2
 interval = 10
 progress = false
 metrics = ""
+tensorboard = true
 peak_flops = 989.5e12
 )",
                                        "all.toml");
@@ -461,8 +586,31 @@ peak_flops = 989.5e12
   const Config back = round_trip(c);
   expect_same(back, c);
   const std::string text = to_toml(c);
+  // Every key is set away from its default (the llama preset's, for the keys the preset sets), so
+  // the round trip above exercises every key; but data.source, whose other value needs dataset
+  // files.
+  const std::vector<std::string> keys = config_keys();
+  const auto values = [&keys](const std::string& toml) {  // key -> its line, in key order
+    std::vector<std::string> out;
+    size_t next = 0;
+    for (const std::string& line : lines_of(toml)) {
+      if (line.empty() || line[0] == '#' || line[0] == '[' || next == keys.size()) continue;
+      out.push_back(keys[next++] + ": " + line);
+    }
+    return out;
+  };
+  const std::vector<std::string> set = values(text);
+  const std::vector<std::string> gpt2 = values(to_toml(parse_config_string("", "d.toml")));
+  const std::vector<std::string> llama =
+      values(to_toml(parse_config_string("[model]\narch = \"llama\"\n", "d.toml")));
+  ASSERT_EQ(set.size(), keys.size());
+  ASSERT_EQ(gpt2.size(), keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (keys[k] == "data.source") continue;
+    EXPECT_NE(set[k], keys[k] == "model.arch" ? gpt2[k] : llama[k]) << "left at default";
+  }
   for (const char* line :
-       {"[model]\narch = \"llama\"\n", "\nn_kv_heads = 2\n", "\nlr = 0.0003\n", "\ndropout = 0.1\n",
+       {"[model]\narch = \"llama\"\n", "\nn_kv_heads = 4\n", "\nlr = 0.0003\n", "\ndropout = 0.1\n",
         "\nweight_decay = 0.0\n", "\nseed = 9223372036854775807\n", "\ndecay = \"linear\"\n",
         "\nsources = [{path = \"corpus/b\", weight = 0.3}, {path = \"/abs/c\", weight = 2.0}]\n"}) {
     expect_contains(text, {line});

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/train/tensorboard.h"
+#include "train/tensorboard.h"
 
 namespace llmt {
 namespace {

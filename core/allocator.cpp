@@ -1,0 +1,144 @@
+// CPU backend (64-byte aligned host memory) and the accounting Allocator.
+#include "core/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace llmt {
+
+std::string_view category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::params:
+      return "params";
+    case MemCategory::grads:
+      return "grads";
+    case MemCategory::optimizer:
+      return "optimizer";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::comm:
+      return "comm";
+    case MemCategory::other:
+      return "other";
+  }
+  return "?";
+}
+
+namespace {
+void* aligned_host(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
+  return p;
+}
+
+class CpuBackend final : public DeviceBackend {
+ public:
+  Device device() const override { return {DeviceKind::cpu, 0}; }
+  void* allocate(size_t bytes) override { return aligned_host(bytes); }
+  void deallocate(void* p) override { std::free(p); }
+  void memset_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void synchronize() override {}
+};
+}  // namespace
+
+void* DeviceBackend::allocate_host(size_t bytes) {
+  return aligned_host(bytes);
+}
+void DeviceBackend::deallocate_host(void* p) {
+  std::free(p);
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    backend_ = std::exchange(o.backend_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void HostBuffer::reserve(DeviceBackend& backend, size_t bytes) {
+  if (backend_ == &backend && bytes_ >= bytes) return;
+  reset();
+  data_ = backend.allocate_host(bytes);
+  backend_ = &backend;
+  bytes_ = bytes;
+}
+
+void HostBuffer::reset() {
+  if (data_) backend_->deallocate_host(data_);
+  backend_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+std::unique_ptr<DeviceBackend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    category_ = o.category_;
+    o.owner_ = nullptr;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (owner_ && data_) owner_->release(data_, bytes_, category_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Tensor Buffer::tensor(Shape s, DType t, size_t offset) const {
+  size_t need = offset + static_cast<size_t>(s.numel()) * dtype_size(t);
+  LLMT_CHECK(need <= bytes_, "view ", s.str(), " at offset ", offset, " needs ", need,
+             " bytes, buffer has ", bytes_);
+  return Tensor(static_cast<char*>(data_) + offset, s, t, owner_ ? owner_->device() : Device{});
+}
+
+Buffer Allocator::allocate(size_t bytes, MemCategory category) {
+  Buffer b;
+  b.owner_ = this;
+  b.data_ = backend_.allocate(bytes);
+  b.bytes_ = bytes;
+  b.category_ = category;
+  backend_.memset_zero(b.data_, bytes);
+  int c = static_cast<int>(category);
+  stats_.live[c] += static_cast<int64_t>(bytes);
+  stats_.peak[c] = std::max(stats_.peak[c], stats_.live[c]);
+  stats_.live_total += static_cast<int64_t>(bytes);
+  stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
+  return b;
+}
+
+void Allocator::release(void* p, size_t bytes, MemCategory category) {
+  backend_.deallocate(p);
+  stats_.live[static_cast<int>(category)] -= static_cast<int64_t>(bytes);
+  stats_.live_total -= static_cast<int64_t>(bytes);
+}
+
+void Allocator::reset_peaks() {
+  stats_.peak = stats_.live;
+  stats_.peak_total = stats_.live_total;
+}
+
+}  // namespace llmt

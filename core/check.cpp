@@ -1,0 +1,20 @@
+// Formats a failed LLMT_CHECK into one line: file:line, the condition, the context.
+#include "core/check.h"
+
+namespace llmt::detail {
+
+void check_failed(const char* file, int line, const char* cond, const std::string& msg) {
+  std::string where = file;
+  // Report paths relative to the source tree, not the build machine.
+  for (const char* root : {"/engine/", "/kernels/", "/data/", "/checkpoints/", "/app/"}) {
+    auto pos = where.rfind(root);
+    if (pos != std::string::npos) {
+      where = where.substr(pos + 1);
+      break;
+    }
+  }
+  throw Error(
+      concat(where, ":", line, ": check failed (", cond, ")", msg.empty() ? "" : ": ", msg));
+}
+
+}  // namespace llmt::detail

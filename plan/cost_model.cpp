@@ -1,0 +1,720 @@
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <numeric>
+
+#include "checkpoints/layout.h"
+#include "engine/model/model_spec.h"
+#include "engine/parallel/context_parallel.h"
+#include "engine/schedule/schedule.h"
+#include "train/trainer.h"
+
+namespace llmt {
+
+namespace {
+
+using detail::concat;
+
+// Bytes of one f32 tensor of n elements in a TensorLayout (64-byte boundaries).
+double f32_bytes(double n) {
+  return std::ceil(n * 4 / 64) * 64;
+}
+
+double sum_bytes(std::initializer_list<double> numels) {
+  double b = 0;
+  for (double n : numels) b += f32_bytes(n);
+  return b;
+}
+
+// The shapes of one rank's blocks (blocks.h): N positions of a micro-batch on this rank (B x T/cp),
+// R of them in the residual stream (N/tp with sequence parallelism), local head and width counts.
+struct Dims {
+  double B, T, N, R, C, H, KV, D, F, F1, V;
+  int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
+  // Mixture of experts: E experts, k per token, an expert's hidden width Fe and fc1 rows Fe1,
+  // the shared experts' Fs and Fs1 (0 without), and the expert parallel degree; the rows the
+  // MoE layers route on the rank (R) in Sr segments (blocks.h, MoeRows).
+  double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0, ep = 1, Sr = 0;
+};
+
+// Under ep the experts' side of an MoE layer lives in memory of its own per micro-batch
+// (MoeMlp::EpRows), from the layer's forward to its backward whatever the recompute (a
+// full-recompute replay gets the experts' outputs back from it): the rows received (R k at
+// balanced routing) with their fc1 output, activation, output and the gradients of the output
+// and of fc1's output.
+double ep_rows_bytes(const Dims& d) {
+  return d.ep > 1 ? 4 * d.R * d.k * (3 * d.C + 2 * d.Fe1 + d.Fe) : 0.0;
+}
+
+// What an MoE MLP saves (MoeMlp::saved): the router's logits, the routing and the dispatch plan,
+// the permuted inputs, the experts' fc1 output, activation and output (M = N k rows), the shared
+// experts' u and g; under ep the experts' side is EpRows instead.
+double moe_saved_bytes(const Dims& d) {
+  const double M = d.R * d.k, Mh = d.ep > 1 ? 0 : M;
+  double b = sum_bytes({d.R * d.E, d.R * d.k, d.R * d.k, d.Sr * d.E, d.E + 1, M, d.R * d.k, M * d.C,
+                        Mh * d.Fe1, Mh * d.Fe, M * d.C}) +
+             ep_rows_bytes(d);
+  if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
+  return b;
+}
+
+// What a layer saves for backward (Layer::saved): the residual-stream tensors and norm
+// statistics, qkv, the attention output and LSE, the MLP's u and g (an MoE MLP's set); under
+// full recompute only its input (and under ep an MoE layer's EpRows); under selective recompute
+// no attention output or LSE.
+double layer_saved_bytes(const Dims& d, Recompute r, bool moe = false) {
+  if (r == Recompute::full) return f32_bytes(d.R * d.C) + (moe ? ep_rows_bytes(d) : 0.0);
+  double b = 4 * f32_bytes(d.R * d.C) + 2 * d.norm_stats * f32_bytes(d.R) +
+             f32_bytes(d.N * (d.H + 2 * d.KV) * d.D) +
+             (moe ? moe_saved_bytes(d) : f32_bytes(d.N * d.F1) + f32_bytes(d.N * d.F));
+  if (r != Recompute::selective) b += f32_bytes(d.N * d.H * d.D) + f32_bytes(d.B * d.H * d.T);
+  return b;
+}
+
+// Head::saved: the gathered final-norm output, its statistics, the logits, the losses.
+double head_saved_bytes(const Dims& d) {
+  return f32_bytes(d.N * d.C) + d.norm_stats * f32_bytes(d.R) + f32_bytes(d.N * d.V) +
+         f32_bytes(d.N);
+}
+
+// What a layer's backward_input leaves for its backward_weight under a zero-bubble schedule
+// (Layer::stash, every entry memory of the micro-batch's own): the MLP's output and fc1-output
+// gradients (an MoE MLP's router, combine and fc1-output gradients, and its shared experts'), each
+// norm's weight (and bias) gradient, the attention's projection and qkv output gradients.
+double layer_stash_bytes(const Dims& d, bool moe) {
+  const double norm = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
+  const double M = d.R * d.k;
+  const double mlp = moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) +
+                               (d.Fs > 0 ? sum_bytes({d.N * d.C, d.N * d.Fs1}) : 0.0)
+                         : sum_bytes({d.N * d.C, d.N * d.F1});
+  return mlp + 2 * norm + sum_bytes({d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D});
+}
+
+// The peak of one rank's saved activations and zero-bubble stashes over its schedule's actions:
+// a micro-batch's saved set lives from its forward to its (weight) backward, its stash from
+// backward_input to backward_weight. `per_mb`, `stash_mb`: one micro-batch's of the rank's chunk.
+double schedule_activation_peak(const std::vector<Action>& actions, double per_mb,
+                                double stash_mb) {
+  double live = 0, peak = 0;
+  for (const Action& a : actions) {
+    switch (a.kind) {
+      case ActionKind::forward:
+        live += per_mb;
+        break;
+      case ActionKind::backward_input:
+        live += stash_mb;
+        break;
+      case ActionKind::backward:
+        live -= per_mb;
+        break;
+      case ActionKind::backward_weight:
+        live -= per_mb + stash_mb;
+        break;
+      default:
+        break;
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+// The model's scratch shared by every micro-batch (Transformer's constructor): gradient buffers
+// of one layer (the widest MLP's), the MoE layers' buffers, the tp staging buffers, the
+// cross-entropy statistics, the back-to-back stash (the largest kind's non-view entries: the
+// norms' partial gradients, an MoE MLP's router, combine and fc1 output gradients), and the
+// recompute buffers: under full recompute one layer's full set per kind of layer that replays
+// (its input read in place) + its output.
+double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool full_dense,
+                     bool full_moe) {
+  const double M = d.R * d.k;  // an MoE layer's routed rows (R: its rows under SP)
+  const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
+  const double stash = std::max(
+      2 * norm_stash,
+      moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash : 0.0);
+  double b =
+      sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D, d.N * d.H * d.D,
+                 d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs), d.N * d.C}) +
+      stash;
+  if (moe)
+    b += sum_bytes(
+        {d.R * d.E, d.R * d.C, d.R * d.C, d.R * d.C, d.R * d.k, M * d.Fe, M * d.C, d.Sr, d.R});
+  // ep: the experts' side's backward buffers (their fc2 input and fc1 input gradients).
+  if (moe && d.ep > 1) b += 4 * M * (d.Fe + d.C);
+  if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
+  if (sp) b += sum_bytes({d.N * d.C, d.R * d.C});
+  if (r == Recompute::selective) b += sum_bytes({d.N * d.H * d.D, d.B * d.H * d.T});
+  if (full_dense) b += layer_saved_bytes(d, Recompute::none) - f32_bytes(d.R * d.C);
+  if (full_moe)  // the replay set: EpRows are the forward's own, not the replay's
+    b += layer_saved_bytes(d, Recompute::none, true) - f32_bytes(d.R * d.C) - ep_rows_bytes(d);
+  if (full_dense || full_moe) b += f32_bytes(d.R * d.C);
+  return b;
+}
+
+// ZeRO's buffers and traffic for one unit (zero.h): a gathered copy or gradient staging (its whole
+// parameters), the all-gather staging (every rank's padded shards), a reduce-scatter's packed
+// input plus output shard, and the bytes the communicators count for one all-gather of its shards,
+// over dp x cp (and edp) and over the groups with tp (MoE's routed parameters).
+struct ZeroUnitBytes {
+  double whole = 0, gather = 0, reduce = 0;
+  double gather_pass = 0, gather_pass_tp = 0;
+};
+
+// Zero's hooks replayed over one rank's step, with what each allocates and frees and the
+// all-gathers it starts: the peak of ZeRO's comm buffers and stage 3's all-gather bytes, exactly
+// as Zero runs them (under pp a unit may stay gathered from one micro-batch to the next, so the
+// count depends on the schedule). units[0] is the root, units[l] layer l (1..L, global), empty
+// (whole = 0) when this rank does not hold it. Each method mirrors Zero's of the same name.
+class ZeroReplay {
+ public:
+  ZeroReplay(int stage, std::vector<ZeroUnitBytes> units)
+      : stage_(stage),
+        L_(static_cast<int>(units.size()) - 1),
+        units_(std::move(units)),
+        gathered_(units_.size(), 0),
+        gathering_(units_.size(), 0),
+        staged_(units_.size(), 0) {}
+
+  double peak() const { return peak_; }
+  double gather_bytes() const { return gathers_; }
+  double gather_bytes_tp() const { return gathers_tp_; }
+
+  void start_micro_batch(bool last) {
+    last_micro_ = last;
+    if (stage_ == 3) start_gather(0);
+  }
+  void before_forward(int block) {
+    if (stage_ != 3) return;
+    if (block == L_ + 1) {
+      finish_gather(0);
+      if (L_ >= 1) {
+        release(L_);
+        start_gather(L_);
+      }
+      return;
+    }
+    finish_gather(unit_of(block));
+    if (block >= 2) release(block - 1);
+    if (block + 1 <= L_) start_gather(block + 1);
+  }
+  void before_backward(int block) {
+    const int k = unit_of(block);
+    if (stage_ == 3 && block >= 1 && block <= L_) {
+      finish_gather(k);
+      if (block - 1 >= 1) start_gather(block - 1);
+    }
+    if (stage_ == 3 && k == 0) finish_gather(0);
+    if (stage_ >= 2 && has(k) && (k != 0 || !staged_[0])) {
+      take(at(k).whole);
+      staged_[k] = 1;
+    }
+  }
+  void after_backward(int block) {
+    if (block == L_ + 1) return;
+    const int k = unit_of(block);
+    if (stage_ >= 2 || last_micro_) start_reduce(k);
+    if (stage_ == 3) release(k);
+    if (block == 0 && stage_ >= 2) complete(0);
+  }
+  void finish_backward() { complete(0); }
+
+ private:
+  int unit_of(int block) const { return block == L_ + 1 ? 0 : block; }
+  bool has(int k) const { return at(k).whole > 0; }
+  const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
+  void take(double b) { peak_ = std::max(peak_, live_ += b); }
+  void give(double b) { live_ -= b; }
+  void start_gather(int k) {
+    if (stage_ < 3 || !has(k) || gathered_[k] || gathering_[k]) return;
+    take(at(k).gather);
+    gathers_ += at(k).gather_pass;
+    gathers_tp_ += at(k).gather_pass_tp;
+    gathering_[k] = 1;
+  }
+  void finish_gather(int k) {
+    if (stage_ < 3 || !has(k) || gathered_[k]) return;
+    start_gather(k);
+    take(at(k).whole);
+    give(at(k).gather);
+    gathering_[k] = 0;
+    gathered_[k] = 1;
+  }
+  void release(int k) {
+    if (gathering_[k]) give(at(k).gather);
+    if (gathered_[k]) give(at(k).whole);
+    gathering_[k] = gathered_[k] = 0;
+  }
+  void start_reduce(int k) {
+    if (!has(k)) return;
+    take(at(k).reduce);
+    if (staged_[k]) give(at(k).whole);  // the gradients now live in the packed input
+    staged_[k] = 0;
+    reducing_.push_back(k);
+    complete(2);
+  }
+  // Completes the oldest reductions until those of at most `keep` units are in flight.
+  void complete(size_t keep) {
+    for (; reducing_.size() > keep; reducing_.pop_front()) give(at(reducing_.front()).reduce);
+  }
+
+  int stage_, L_;
+  std::vector<ZeroUnitBytes> units_;
+  std::vector<char> gathered_, gathering_, staged_;
+  std::deque<int> reducing_;
+  bool last_micro_ = true;
+  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0;
+};
+
+// Drives a ZeroReplay through one step of pipeline rank `pr` as the trainer and the pipeline
+// executor call Zero's hooks (Transformer::forward/backward and their chunk forms): every
+// micro-batch's forward and backward without pp, the schedule's actions with it (a zero-bubble
+// schedule's hooks come with the weight half). `actions`: the rank's schedule (null without
+// pp); `chunk_layers[c]`: chunk c's global layers.
+void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
+                 const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
+                 bool root_params, int64_t L) {
+  const int v = static_cast<int>(chunk_layers.size());
+  const auto forward = [&](int c) {
+    if (c == 0 && embedding) z.before_forward(0);
+    for (int64_t l : chunk_layers[static_cast<size_t>(c)])
+      z.before_forward(static_cast<int>(l) + 1);
+    if (c + 1 == v && head) z.before_forward(static_cast<int>(L) + 1);
+  };
+  const auto backward = [&](int c) {
+    const auto pair = [&](int64_t block) {
+      z.before_backward(static_cast<int>(block));
+      z.after_backward(static_cast<int>(block));
+    };
+    if (c + 1 == v && head) pair(L + 1);
+    const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
+    for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
+    if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
+  };
+  if (!actions) {
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      z.start_micro_batch(mb + 1 == micro_batches);
+      forward(0);
+      backward(0);
+    }
+  } else {
+    std::vector<int> last_mb(static_cast<size_t>(v), -1);
+    for (const Action& a : *actions)
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+        last_mb[static_cast<size_t>(a.chunk)] = a.mb;
+    for (const Action& a : *actions) {
+      if (a.kind == ActionKind::forward) forward(a.chunk);
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
+        z.start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
+        backward(a.chunk);
+      }
+    }
+  }
+  z.finish_backward();
+}
+
+bool within_node(const HardwareProfile& hw, int span) {
+  return hw.devices_per_node == 0 || span <= hw.devices_per_node;
+}
+
+}  // namespace
+
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
+  validate_layout(cfg, world);
+  const ParallelConfig& par = cfg.parallel;
+  const MeshShape mesh = mesh_shape(par, world);
+  const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), dp = mesh.size(Axis::dp),
+            p = mesh.size(Axis::pp), v = static_cast<int>(par.virtual_stages);
+  const int group = dp * cp;  // DDP and ZeRO reduce over dp x cp
+  const int64_t gbs = cfg.train.global_batch_size, mbs = cfg.train.micro_batch_size;
+  const int m = static_cast<int>(gbs / (mbs * dp));
+  const bool sp = par.sequence_parallel && tp > 1;
+  const Recompute rc = cfg.train.recompute;
+  const ModelSpec spec = ModelSpec::from_config(cfg.model);
+  const ModelConfig& mc = spec.cfg;
+
+  StepCost out;
+  out.world = world;
+  out.micro_batches = m;
+  out.peak = hw.peak(compute_dtype(cfg.train.precision));
+  const double eff_peak = out.peak * hw.matmul_efficiency;
+  const double T = static_cast<double>(mc.seq_len), C = static_cast<double>(mc.d_model);
+  const double tokens = static_cast<double>(gbs) * T;
+  out.model_flops = spec.flops_per_token() * tokens;
+
+  Dims d{};
+  d.B = static_cast<double>(mbs);
+  d.T = T / cp;
+  d.N = d.B * d.T;
+  d.R = sp ? d.N / tp : d.N;
+  d.C = C;
+  d.H = static_cast<double>(mc.n_heads) / tp;
+  d.KV = static_cast<double>(spec.n_kv_heads) / tp;
+  d.D = static_cast<double>(spec.head_dim);
+  d.F = static_cast<double>(spec.ffn_dim) / tp;
+  d.F1 = static_cast<double>(spec.fc1_out) / tp;
+  d.V = static_cast<double>(mc.vocab_size) / tp;
+  d.norm_stats = mc.norm == NormKind::layernorm ? 2 : 1;
+  if (mc.moe.enabled()) {
+    d.E = static_cast<double>(mc.moe.num_experts);
+    d.k = static_cast<double>(mc.moe.top_k);
+    d.Fe = static_cast<double>(mc.moe.d_ff_expert);
+    d.Fe1 = static_cast<double>(spec.expert_fc1_out);
+    d.Fs = static_cast<double>(spec.shared_ffn) / tp;
+    d.Fs1 = static_cast<double>(spec.shared_fc1_out) / tp;
+    d.ep = static_cast<double>(par.ep);
+    const int64_t R = static_cast<int64_t>(d.R), Tl = static_cast<int64_t>(d.T);
+    d.Sr = static_cast<double>(R / std::gcd(R, Tl));
+  }
+  const int ep = static_cast<int>(par.ep);
+
+  // One layer's parameters (global) and FLOPs per token: 6 x params + 6CT of attention, the
+  // forward a third; selective recompute repeats the attention core's forward (2CT), full
+  // recompute the layer's forward.
+  // An MoE layer counts its active parameters: of its experts' stacks k of E.
+  std::vector<double> layer_params(static_cast<size_t>(mc.n_layers), 0.0);
+  for (const ParamSpec& ps : spec.params) {
+    if (ps.layer < 0) continue;
+    double n = static_cast<double>(ps.shape.numel());
+    if (ps.kind == ParamKind::expert) n *= d.k / d.E;
+    layer_params[static_cast<size_t>(ps.layer)] += n;
+  }
+  auto layer_fpt = [&](int64_t l) { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; };
+  auto recompute_fpt = [&](int64_t l) {
+    return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
+  };
+  const double head_fpt = 6 * static_cast<double>(mc.vocab_size) * C;
+  const double attn_fpt = 6 * C * T;  // the attention core, forward and backward
+
+  const ScheduleShape shape{p, v, m};
+  out.bubble = p > 1 ? formula_bubble_fraction(par.pp_schedule, shape) : 0.0;
+  // Every pp rank's actions, for the ZeRO replay and the zero-bubble activation peak.
+  const Schedule schedule = p > 1 ? make_schedule(par.pp_schedule, shape) : Schedule{};
+  const std::vector<int64_t> stage_layers =
+      par.pp_layers.empty() ? std::vector<int64_t>(p * v, mc.n_layers / (p * v)) : par.pp_layers;
+  const ModelLayout layout = model_layout(par, mesh);
+  const bool sixteen = cfg.train.precision != Precision::fp32;
+
+  // Bandwidth of each axis's group (rank 0's: every group of an axis spans as many ranks).
+  std::array<double, kNumAxes> bw{};
+  int stride = 1;
+  for (int a = 0; a < kNumAxes; ++a) {
+    const int span = stride * mesh.degree[a];
+    bw[a] = within_node(hw, span) ? hw.intra_node_bandwidth : hw.inter_node_bandwidth;
+    stride = span;
+  }
+  const double bw_dp =
+      within_node(hw, tp * cp * dp) ? hw.intra_node_bandwidth : hw.inter_node_bandwidth;
+
+  const double per_rank_tokens = tokens / (dp * cp);  // positions of a step on one rank
+  const double E = 4 * d.N * C;                       // one (N, C) f32 activation, bytes
+  const double f_tp = (tp - 1.0) / tp, f_dp = (group - 1.0) / group;
+  for (int pr = 0; pr < p; ++pr) {
+    StageCost s;
+    s.pp_rank = pr;
+    s.rank = mesh.rank_of({0, 0, 0, pr});
+    const ModelSpec rs = parallelize(spec, layout, s.rank);
+    s.embedding = rs.has_embedding;
+    s.head = rs.has_head;
+    // Layers, and those under recompute (the first recompute_layers of each chunk): their
+    // FLOPs per token and saved bytes, each layer by its kind (dense or MoE).
+    int64_t recomputed = 0;
+    double fpt = 0, recompute_fpt_sum = 0, saved = 0, stash = 0;
+    bool moe = false, full_dense = false, full_moe = false;
+    double moe_layers = 0, moe_replays = 0, unreplayed_last = 0;
+    std::vector<std::vector<int64_t>> chunk_layers(static_cast<size_t>(v));  // global layers
+    for (int c = 0; c < v; ++c) {
+      const int st = stage_of(shape, pr, c);
+      const int64_t first =
+          std::accumulate(stage_layers.begin(), stage_layers.begin() + st, int64_t{0});
+      const int64_t n = stage_layers[static_cast<size_t>(st)];
+      s.layers += n;
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t l = first + j;
+        chunk_layers[static_cast<size_t>(c)].push_back(l);
+        const bool is_moe = mc.moe.layer(l);
+        const bool re = rc != Recompute::none &&
+                        (cfg.train.recompute_layers == 0 || j < cfg.train.recompute_layers);
+        moe = moe || is_moe;
+        moe_layers += is_moe;
+        recomputed += re;
+        fpt += layer_fpt(l);
+        if (re) recompute_fpt_sum += recompute_fpt(l);
+        saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
+        stash += layer_stash_bytes(d, is_moe);
+        if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
+        const bool replayed = re && rc == Recompute::full;
+        moe_replays += is_moe && replayed;
+        // Without pp the last layer's forward leaves its replay set valid for its backward,
+        // which then runs no replay (Layer::full_set); under pp other micro-batches' forwards
+        // come between, so every recomputed layer is counted.
+        if (replayed && p == 1 && j == n - 1) {
+          unreplayed_last = 1;
+          moe_replays -= is_moe;
+        }
+      }
+    }
+    const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
+    const double e = s.embedding ? 1 : 0, h = s.head ? 1 : 0;
+    // Layers replayed per micro-batch under full recompute: each runs its forward's tp
+    // collectives again (two all-reduces, or two all-gathers and two reduce-scatters under SP).
+    const double full_replays = rc == Recompute::full ? Lrc - unreplayed_last : 0;
+
+    // FLOPs and compute time.
+    s.flops = per_rank_tokens * (fpt + recompute_fpt_sum + h * head_fpt) / tp;
+    s.recompute_flops = per_rank_tokens * recompute_fpt_sum / tp;
+    s.compute_s = s.flops / eff_peak;
+
+    // tp: per micro-batch, the Megatron collectives of each layer (2 forward, 2 backward; with
+    // sp all-gathers before and reduce-scatters after the parallel linears, 6 AG + 4 RS), one
+    // more each for the embedding's output and the head's input gradient, the cross-entropy's
+    // 3 floats per position; a full-recompute replay runs the layer's forward up to the MLP's
+    // saved tensors: the attention's output collective (and with sp the MLP's all-gather).
+    // MoE layers whose sequences lie on several ranks (cp chunks, tp rows) sum per-sequence
+    // counts over them in each forward and full-recompute replay: (mbs, E) i32 of expert loads,
+    // and with capacity (mbs, E, k, chunks) i32 that rank the assignments (MoeMlp::rank_base:
+    // chunks of L positions, L dividing the rank's segments and the cp chunks).
+    double moe_counts = mbs * d.E;
+    if (mc.moe.capacity_factor > 0 && (cp > 1 || sp)) {
+      const int64_t Tg = mc.seq_len, Tcp = Tg / cp, R = static_cast<int64_t>(d.R);
+      const int64_t Lrun = std::gcd(std::gcd(R, Tcp), cp > 1 ? Tg / (2 * cp) : Tg);
+      moe_counts += mbs * d.E * d.k * static_cast<double>(Tg / Lrun);
+    }
+    AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
+    if (tp > 1) {
+      if (!sp) {
+        t.all_reduce = m * 2 * f_tp * (E * (4 * L + 2 * full_replays + e + h) + h * 4 * 3 * d.N);
+      } else {
+        // An MoE layer without shared experts routes its own rows: its MLP has no collective
+        // (forward: a gather and a reduce-scatter; backward: two gathers and a reduce-scatter).
+        const double bare = mc.moe.shared_experts == 0 ? moe_layers : 0,
+                     bare_replays = mc.moe.shared_experts == 0 ? moe_replays : 0;
+        t.reduce_scatter =
+            m * f_tp * E * (4 * L - 2 * bare + 2 * full_replays - bare_replays + e + h);
+        t.all_gather = m * f_tp * E * (6 * L - 3 * bare + 2 * full_replays - bare_replays + e + h);
+        // (+ MoE layers: their per-sequence counts.)
+        t.all_reduce =
+            m * 2 * f_tp *
+            (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C * (2 * L + h) +
+             (moe_layers + moe_replays) * 4 * moe_counts);
+      }
+    }
+    // cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer.
+    AxisBytes& k = s.bytes[static_cast<int>(Axis::cp)];
+    if (cp > 1) {
+      const CpBytes b =
+          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, mc.seq_len,
+                             mc.n_heads / tp, spec.n_kv_heads / tp, spec.head_dim);
+      k.send = b.send * L * m;
+      k.recv = b.recv * L * m;
+      k.all_to_all = b.all_to_all * L * m;
+      // (+ MoE layers: their per-sequence counts.)
+      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * moe_counts;
+    }
+    // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
+    // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
+    // head's copy of wte's gradient between the first and the last stage.
+    AxisBytes& q = s.bytes[static_cast<int>(Axis::pp)];
+    int boundaries_back = 0;  // chunks that send their input gradient back
+    if (p > 1) {
+      int boundaries = 0;
+      for (int c = 0; c < v; ++c) {
+        const int st = stage_of(shape, pr, c);
+        boundaries += (st < p * v - 1) + (st > 0);
+        boundaries_back += st > 0;
+      }
+      q.send = q.recv = m * boundaries * 4 * d.R * C;
+      // (ZeRO reduces the tied gradient after its reduce-scatter: this rank's rows only.)
+      if (mc.tie_embeddings && (s.embedding || s.head)) {
+        const double rows = static_cast<double>(mc.vocab_size / tp);
+        q.all_reduce = 4 * C * (par.zero_stage >= 1 ? std::ceil(rows / group) : rows);
+      }
+    }
+    // dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded
+    // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
+    // after the update; stage 3 before each forward and backward, the root unit once). Under
+    // ep the expert stacks do all of it over the edp group (group / ep ranks) instead; MoE
+    // under tp reduces the routed parameters (router, expert stacks) over their groups times
+    // tp (ModelSpec::row_group), counted with dp (with tp when dp x cp is one rank: the group
+    // is then the tp axis's own).
+    const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
+    const double edp = static_cast<double>(group / ep);
+    double whole = 0, whole_experts = 0;
+    // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
+    double whole_routed = 0;
+    // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
+    // groups with tp.
+    double shards = 0, shards_tp = 0;
+    // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
+    std::map<int64_t, ZeroUnitBytes> layer_units;
+    ZeroUnitBytes root_unit;
+    for (size_t i = 0; i < rs.params.size(); ++i) {
+      const ParamSpec& ps = rs.params[i];
+      const int64_t rows = rs.cut_rows(i), row_numel = ps.shape.numel() / rows;
+      const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
+      const int64_t n = rs.row_group(i, group, 0).size;
+      const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
+      ZeroUnitBytes& zu = ps.layer < 0 ? root_unit : layer_units[ps.layer];
+      zu.whole += 4 * static_cast<double>(ps.shape.numel());
+      zu.gather += 4 * pad;
+      zu.reduce += 4 * pad * (1 + 1.0 / n);
+      whole += static_cast<double>(ps.shape.numel());
+      if (over_tp && !expert) whole_routed += static_cast<double>(ps.shape.numel());
+      if (expert) whole_experts += static_cast<double>(ps.shape.numel());
+      const double pass = (n - 1.0) / n * 4 * pad;
+      (over_tp ? shards_tp : shards) += pass;
+      (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
+    }
+    // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
+    std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(mc.n_layers) + 1);
+    zero_units[0] = root_unit;
+    for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
+    ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
+    if (par.zero_stage >= 1)
+      replay_step(zero, p > 1 ? &schedule.ranks[static_cast<size_t>(pr)] : nullptr, m, chunk_layers,
+                  s.embedding, s.head, root_unit.whole > 0, mc.n_layers);
+    AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
+    AxisBytes& g_tp = group > 1 ? g : t;
+    if (group > 1 || shards_tp > 0) {
+      switch (par.zero_stage) {
+        case 0: {
+          // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
+          const double n_e = edp * (moe && tp > 1 ? tp : 1), n_r = static_cast<double>(tp) * group;
+          g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts - whole_routed) +
+                         2 * (n_e - 1) / n_e * 4 * whole_experts;
+          g_tp.all_reduce += 2 * (n_r - 1) / n_r * 4 * whole_routed;
+          break;
+        }
+        case 1:
+          g.reduce_scatter = g.all_gather = shards;
+          g_tp.reduce_scatter += shards_tp;
+          g_tp.all_gather += shards_tp;
+          break;
+        case 2:
+          g.reduce_scatter = m * shards;
+          g.all_gather = shards;
+          g_tp.reduce_scatter += m * shards_tp;
+          g_tp.all_gather += shards_tp;
+          break;
+        default:
+          g.reduce_scatter = m * shards;
+          g.all_gather = zero.gather_bytes();
+          g_tp.reduce_scatter += m * shards_tp;
+          g_tp.all_gather += zero.gather_bytes_tp();
+      }
+    }
+
+    // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
+    // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts
+    // and of those received, at balanced routing (each a fraction (ep-1)/ep of the N k); a
+    // full-recompute replay of an MoE layer brings the experts' outputs back once more (one
+    // crossing; MoeMlp::ep_forward).
+    if (ep > 1) {
+      const double crossing = d.R * d.k * (ep - 1.0) / ep * C * 4;  // of the rank's R rows
+      g.all_to_all += m * moe_layers * (4 * crossing + (ep - 1.0) * (d.E / ep) * 4) +
+                      m * moe_replays * crossing;
+    }
+    // Memory: the exact state, the in-flight activations, the buffers.
+    s.memory = state;
+    s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
+    // One micro-batch's saved activations of the rank's average chunk: its layers (the
+    // recomputed ones keep less), the chunk's output, the head's share.
+    const double per_mb = (saved + h * head_saved_bytes(d)) / v + f32_bytes(d.R * C);
+    double held = s.in_flight * per_mb;
+    if (p > 1 && par.pp_schedule == PipeSchedule::zb_h1) {
+      // Zero-bubble (one chunk): the stashes of the micro-batches between their two backward
+      // halves come on top; the embedding's input gradient and the final norm's are stashed too.
+      const double stash_mb =
+          stash + e * f32_bytes(d.R * C) + h * f32_bytes((d.norm_stats == 2 ? 2 : 1) * C);
+      held = schedule_activation_peak(schedule.ranks[static_cast<size_t>(pr)], per_mb, stash_mb);
+    }
+    s.memory.activations = held + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
+    // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
+    // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
+    // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
+    double comm = zero.peak();
+    // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
+    if (ep > 1 && moe) comm += 2 * 4 * d.E;
+    // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
+    // gradients computed and being sent, each (R, C).
+    if (p > 1) comm += 4 * d.R * C * (1 + (boundaries_back > 0 ? 2 : 0));
+    comm += static_cast<double>(cp_buffer_bytes(par.cp_impl, cp, static_cast<int>(par.cp_ulysses),
+                                                mbs, mc.seq_len, mc.n_heads / tp,
+                                                spec.n_kv_heads / tp, spec.head_dim));
+    s.memory.comm = comm;
+
+    // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
+    // attention blocks as far as they last; Ulysses' all-to-alls do not hide.
+    const auto axis_s = [&](Axis a) {
+      return s.bytes[static_cast<int>(a)].total() / bw[static_cast<int>(a)];
+    };
+    s.comm_s[static_cast<int>(Axis::tp)] = axis_s(Axis::tp);
+    s.comm_s[static_cast<int>(Axis::pp)] = (q.send + q.all_reduce) / bw[static_cast<int>(Axis::pp)];
+    const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak * hw.comm_overlap;
+    s.comm_s[static_cast<int>(Axis::cp)] =
+        std::max(0.0, k.send / bw[static_cast<int>(Axis::cp)] - attn_s) +
+        (k.all_to_all + k.all_reduce) / bw[static_cast<int>(Axis::cp)];
+    // dp: DDP's buckets and ZeRO-2/3's per-micro-batch collectives overlap the backward (two
+    // thirds of a micro-batch's compute) or, for ZeRO-3's gathers, the whole micro-batch;
+    // ZeRO-1's reduce-scatter and every stage's final all-gather wait. (Each window times the
+    // profile's comm_overlap: 0 on CPUs, whose MPI transfers hide behind nothing.)
+    const double mb_s = s.compute_s / m * hw.comm_overlap, bwd_s = mb_s * 2 / 3;
+    const double rs_s = g.reduce_scatter / bw_dp, ag_s = g.all_gather / bw_dp;
+    double dp_s = 0;
+    switch (par.zero_stage) {
+      case 0:
+        dp_s = std::max(0.0, g.all_reduce / bw_dp - bwd_s);
+        break;
+      case 1:
+        dp_s = rs_s + ag_s;
+        break;
+      case 2:
+        dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;
+        break;
+      default:
+        dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
+    }
+    s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
+    // AdamW reads the parameter, gradient and both moments and writes three (4 bytes each) of
+    // what the rank owns, and refreshes the 16-bit copy of what it holds.
+    const double owned = state.optimizer / 8;
+    s.optimizer_s = (28 * owned + (sixteen ? 4 * whole : 0)) / hw.memory_bandwidth;
+    out.stages.push_back(s);
+  }
+
+  // The pipeline runs at its slowest stage's pace, idle for the bubble.
+  double busy = 0;
+  for (const StageCost& s : out.stages)
+    busy = std::max(busy, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
+                              s.comm_s[static_cast<int>(Axis::cp)] +
+                              s.comm_s[static_cast<int>(Axis::pp)]);
+  out.hardware_flops = out.model_flops;
+  for (size_t i = 0; i < out.stages.size(); ++i) {
+    StageCost& s = out.stages[i];
+    s.pipeline_s = busy * (1 + out.bubble);
+    s.step_s = s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s;
+    out.hardware_flops += s.recompute_flops * tp * cp * dp;
+    if (s.step_s > out.stages[static_cast<size_t>(out.slowest)].step_s)
+      out.slowest = static_cast<int>(i);
+    if (s.memory.total() > out.stages[static_cast<size_t>(out.most_memory)].memory.total())
+      out.most_memory = static_cast<int>(i);
+    if (s.memory.total() > kUsableMemoryFraction * hw.memory_bytes) out.fits = false;
+  }
+  out.step_s = out.stages[static_cast<size_t>(out.slowest)].step_s;
+  out.tokens_per_s = tokens / out.step_s;
+  out.mfu = out.model_flops / (out.step_s * world * out.peak);
+  out.hfu = out.hardware_flops / (out.step_s * world * out.peak);
+  return out;
+}
+
+std::vector<MemoryEstimate> stage_memory(const Config& cfg, int world) {
+  HardwareProfile any;  // the times are not read: any positive figures do
+  any.peak_fp32 = any.peak_bf16 = any.peak_fp16 = 1;
+  any.memory_bandwidth = any.intra_node_bandwidth = any.inter_node_bandwidth = 1;
+  std::vector<MemoryEstimate> out;
+  for (const StageCost& s : predict_step(cfg, world, any).stages) out.push_back(s.memory);
+  return out;
+}
+
+}  // namespace llmt

@@ -1,0 +1,82 @@
+// The cost model behind `llmtrain plan`: from a config, a world size and a hardware profile,
+// what one step of each pipeline stage computes, moves on each mesh axis and holds in memory,
+// and the step time and MFU that follow. Everything is a formula of the config (nothing is
+// allocated, MPI is not started). The bytes per axis are the communicator's counters of a real
+// run (tests/mpi/plan_comm.py checks them); the memory is the exact training state of
+// rank_state_bytes plus estimates of the activations and communication buffers; the time is a
+// model with the assumptions listed in docs/papers.md ("The cost model").
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "engine/parallel/axis.h"
+#include "plan/hardware.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
+
+namespace llmt {
+
+// Bytes one rank moves on one mesh axis in a step, by collective, as Communicator counts them
+// (communicator.h): all-reduce 2(g-1)/g x the buffer, reduce-scatter and all-gather (g-1)/g x
+// the whole buffer, send and recv the message, all-to-all (g-1)/g x the buffer. Control
+// messages (the gradient norm, the non-finite flag: a few floats a step) are left out.
+struct AxisBytes {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0, send = 0, recv = 0, all_to_all = 0;
+  double total() const {
+    return all_reduce + reduce_scatter + all_gather + send + recv + all_to_all;
+  }
+};
+
+// One pipeline rank (tp, cp and dp coordinate 0; the others of its stage do the same).
+struct StageCost {
+  int rank = 0, pp_rank = 0;
+  int64_t layers = 0;
+  bool embedding = false, head = false;
+  double flops = 0;                         // FLOPs this rank runs in a step, recompute included
+  double recompute_flops = 0;               // of which the recompute's
+  std::array<AxisBytes, kNumAxes> bytes{};  // by Axis
+  // Training state exactly (rank_state_bytes), activations and comm buffers estimated.
+  MemoryEstimate memory;
+  int in_flight = 1;  // micro-batches (interleaved: (micro-batch, chunk) pairs) held at the peak
+  // Seconds of a step: compute, the exposed communication of each axis (tp and the pp sends on
+  // the critical path; cp ring transfers hidden behind attention; dp/ZeRO behind backward as far
+  // as it goes), the optimizer (memory bound).
+  double compute_s = 0, optimizer_s = 0;
+  std::array<double, kNumAxes> comm_s{};
+  double pipeline_s = 0;  // m micro-batches of (compute + tp + cp + pp) x (1 + bubble)
+  double step_s = 0;      // pipeline_s + exposed dp + optimizer
+};
+
+struct StepCost {
+  int world = 1;
+  int micro_batches = 1;      // per dp rank per step
+  double model_flops = 0;     // per step, all ranks: 6N + 6LCT per token (no recompute)
+  double hardware_flops = 0;  // model_flops + the recompute's
+  double bubble = 0;          // the schedule's bubble formula (idle / busy)
+  double step_s = 0;          // the slowest stage's
+  double tokens_per_s = 0;
+  double mfu = 0, hfu = 0;        // model / hardware FLOPs per second over world x peak
+  double peak = 0;                // FLOP/s of one device at the config's precision
+  std::vector<StageCost> stages;  // one per pp rank
+  int slowest = 0;                // index into stages
+  int most_memory = 0;            // index into stages
+  bool fits = true;               // every stage's memory within the device's
+};
+
+// The axis a group of consecutive-in-mesh-order ranks lives on decides its bandwidth: a group
+// whose ranks lie within one node uses intra_node_bandwidth, else inter_node_bandwidth.
+// Throws ConfigError for a layout that validate_layout refuses.
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw);
+
+// Each pipeline rank's memory as predict_step reports it (the state exactly, activations and comm
+// buffers estimated), indexed by pp coordinate; it does not depend on the hardware. Builds the
+// model's spec: call it once a lower bound (estimate_rank_memory) has shown the model fits.
+std::vector<MemoryEstimate> stage_memory(const Config& cfg, int world);
+
+// The fraction of a device's memory a plan may fill (the rest: the CUDA context, allocator
+// fragmentation, library workspaces).
+constexpr double kUsableMemoryFraction = 0.9;
+
+}  // namespace llmt

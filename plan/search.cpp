@@ -1,0 +1,185 @@
+#include "plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/parallel/context_parallel.h"
+#include "engine/schedule/schedule.h"
+
+namespace llmt {
+
+namespace {
+
+using detail::concat;
+
+constexpr const char* kRecompute[] = {"none", "selective", "full"};
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) out.push_back(i);
+  return out;
+}
+
+// A structural layout: what the parse-time rules of [model] and [parallel] judge.
+struct LayoutShape {
+  int tp, cp, pp, v;
+  bool sp;
+  PipeSchedule schedule;
+  CpImpl cp_impl;
+};
+
+std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
+  std::vector<std::string> sets{
+      concat("parallel.tp=", s.tp),
+      concat("parallel.cp=", s.cp),
+      concat("parallel.pp=", s.pp),
+      concat("parallel.dp=", dp),
+      concat("parallel.sequence_parallel=", s.sp ? "true" : "false"),
+      concat("parallel.pp_schedule=\"", schedule_name(s.schedule), "\""),
+      concat("parallel.virtual_stages=", s.v),
+      concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
+      "parallel.cp_ulysses=0",
+      "parallel.pp_layers=[]",
+      "parallel.ep=1"};
+  return sets;
+}
+
+}  // namespace
+
+std::string layout_text(const Config& cfg, int world) {
+  const ParallelConfig& p = cfg.parallel;
+  const MeshShape mesh = mesh_shape(p, world);
+  std::string s = concat("tp ", p.tp, p.sequence_parallel && p.tp > 1 ? " sp" : "", ", cp ", p.cp);
+  if (p.cp > 1) s += concat(" ", std::string(cp_impl_name(p.cp_impl)));
+  s += concat(", pp ", p.pp);
+  if (p.pp > 1) {
+    s += concat(" ", schedule_name(p.pp_schedule));
+    if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
+  }
+  s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
+              ", zero ", p.zero_stage, ", recompute ",
+              kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
+              cfg.train.micro_batch_size);
+  return s;
+}
+
+SearchResult search_layouts(const std::string& path, const std::vector<std::string>& overrides,
+                            const Config& base, int world, const HardwareProfile& hw, size_t keep) {
+  SearchResult out;
+  const int per_node = hw.devices_per_node > 0 ? hw.devices_per_node : world;
+  const int64_t L = base.model.n_layers, T = base.model.seq_len, gbs = base.train.global_batch_size;
+  // Context parallelism pays from long sequences on: cp > 1 is tried from 8192 positions.
+  std::vector<LayoutShape> shapes;
+  for (int tp : divisors(world)) {
+    if (tp > per_node) continue;
+    for (int cp : divisors(world / tp)) {
+      if (cp > 1 && T < 8192) continue;
+      for (int pp : divisors(world / (tp * cp))) {
+        if (pp > L) continue;
+        for (bool sp : {false, true}) {
+          if (sp && tp == 1) continue;
+          std::vector<std::pair<PipeSchedule, int>> schedules{{PipeSchedule::one_f_one_b, 1}};
+          if (pp > 1) {
+            schedules.push_back({PipeSchedule::zb_h1, 1});
+            for (int v : {2, 4})
+              if (L % (pp * v) == 0) schedules.push_back({PipeSchedule::interleaved, v});
+          }
+          std::vector<CpImpl> impls{CpImpl::ring};
+          if (cp > 1) impls.push_back(CpImpl::ulysses);
+          for (auto [sched, v] : schedules)
+            for (CpImpl impl : impls) shapes.push_back({tp, cp, pp, v, sp, sched, impl});
+        }
+      }
+    }
+  }
+  // Keep the best `keep` by step time.
+  auto better = [](const Candidate& a, const Candidate& b) {
+    return a.cost.step_s < b.cost.step_s;
+  };
+  for (const LayoutShape& s : shapes) {
+    const int dp = world / (s.tp * s.cp * s.pp);
+    Config shaped;
+    std::vector<std::string> sets = shape_sets(s, dp);
+    try {
+      std::vector<std::string> all = overrides;
+      all.insert(all.end(), sets.begin(), sets.end());
+      all.push_back("parallel.zero_stage=0");
+      shaped = parse_config(path, all);
+    } catch (const ConfigError&) {
+      continue;  // a rule of [model] or [parallel] refuses this shape
+    }
+    // Expert parallelism: every ep dividing dp x cp and the experts.
+    std::vector<int> eps{1};
+    if (shaped.model.moe.enabled())
+      for (int ep : divisors(dp * s.cp))
+        if (ep > 1 && shaped.model.moe.num_experts % ep == 0) eps.push_back(ep);
+    for (int64_t mbs = 1; mbs <= gbs / dp && mbs <= 16; mbs *= 2) {
+      if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
+      for (int ep : eps)
+        for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
+          for (int rc = 0; rc < 3; ++rc) {
+            Candidate c{sets, shaped, {}};
+            c.cfg.parallel.ep = ep;
+            c.cfg.parallel.zero_stage = zero;
+            c.cfg.train.micro_batch_size = mbs;
+            c.cfg.train.recompute = static_cast<Recompute>(rc);
+            c.cfg.train.recompute_layers = 0;
+            try {
+              c.cost = predict_step(c.cfg, world, hw);
+            } catch (const ConfigError&) {
+              continue;
+            }
+            ++out.valid;
+            if (!c.cost.fits) continue;
+            ++out.fitting;
+            c.sets.push_back(concat("parallel.ep=", ep));
+            c.sets.push_back(concat("parallel.zero_stage=", zero));
+            c.sets.push_back(concat("train.micro_batch_size=", mbs));
+            c.sets.push_back(concat("train.recompute=\"", kRecompute[rc], "\""));
+            c.sets.push_back("train.recompute_layers=0");
+            out.ranked.push_back(std::move(c));
+            if (out.ranked.size() > 4 * keep + 64) {
+              std::sort(out.ranked.begin(), out.ranked.end(), better);
+              out.ranked.resize(2 * keep);
+            }
+          }
+        }
+    }
+  }
+  std::sort(out.ranked.begin(), out.ranked.end(), better);
+  // The survivors through every rule of a real run (the ZeRO stage, recompute and micro-batch
+  // size were set directly above).
+  std::vector<Candidate> checked;
+  for (Candidate& c : out.ranked) {
+    if (checked.size() == keep) break;
+    std::vector<std::string> all = overrides;
+    all.insert(all.end(), c.sets.begin(), c.sets.end());
+    try {
+      c.cfg = parse_config(path, all);
+    } catch (const ConfigError&) {
+      continue;
+    }
+    checked.push_back(std::move(c));
+  }
+  out.ranked = std::move(checked);
+  return out;
+}
+
+std::string layout_fragment(const Candidate& c, int world, const HardwareProfile& hw) {
+  const ParallelConfig& p = c.cfg.parallel;
+  std::string s = concat("# llmtrain plan --search at world ", world, " on ", hw.name,
+                         ": predicted ", c.cost.step_s, " s per step, MFU ", c.cost.mfu, "\n# ",
+                         layout_text(c.cfg, world), "\n[parallel]\n");
+  s += concat("tp = ", p.tp, "\ncp = ", p.cp, "\n");
+  if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
+  s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
+              schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
+              "\npp_layers = []\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
+              "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
+  s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
+              kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");
+  return s;
+}
+
+}  // namespace llmt

@@ -1,0 +1,98 @@
+// Typed configuration: one struct per TOML section, so each component takes only its own
+// section (AdamW takes OptimizerConfig, not the whole Config). parse_config() reads TOML (with
+// `include = [...]` bases and `--set section.key=value` overrides) strictly: an unknown key, a
+// wrong type or an impossible value throws llmt::ConfigError naming the dotted key, the file and
+// line:column, and the numbers involved.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoints/checkpoint_config.h"
+#include "core/dtype.h"
+#include "data/data_config.h"
+#include "engine/comm/comm_config.h"
+#include "engine/model/model_config.h"
+#include "engine/optim/optimizer_config.h"
+#include "engine/parallel/mesh.h"
+#include "engine/parallel/parallel_config.h"
+
+namespace llmt {
+
+enum class Precision : uint8_t { fp32, bf16, fp16 };
+// What a step whose loss or gradient norm is not finite does (fp16 overflow aside, which the
+// loss scaler skips): stop the run before the update (exit 1), or skip the update.
+enum class OnNonfinite : uint8_t { stop, skip };
+
+// [train]
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t global_batch_size = 8;  // sequences per optimizer step
+  int64_t micro_batch_size = 0;   // sequences per forward/backward; 0 = global_batch_size
+  Precision precision = Precision::fp32;
+  uint64_t seed = 1234;
+  std::string run_dir = "runs/default";
+  // "auto": cuda when built in and a GPU is visible, else cpu; "cpu"; "cuda" (one GPU per rank)
+  std::string device = "auto";
+  int64_t threads = 0;                    // OpenMP threads per rank; 0 = all cores
+  int64_t eval_interval = 0;              // validation loss every this many steps; 0 = never
+  int64_t eval_iters = 10;                // global batches of the valid split per validation
+  Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
+  int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
+  OnNonfinite on_nonfinite = OnNonfinite::stop;
+  // Stop (exit 1) after this many skipped steps in a row (fp16 overflow, on_nonfinite = "skip");
+  // 0 = never.
+  int64_t max_skipped_steps = 25;
+  // Wall-clock seconds the run may take: it stops, saves and exits 75 before the next step would
+  // end past it (as on SIGTERM); 0 = no limit.
+  double time_limit = 0;
+};
+
+// [log]
+struct LogConfig {
+  int64_t interval = 1;                   // progress line every `interval` steps
+  bool progress = true;                   // print the progress line
+  std::string metrics = "metrics.jsonl";  // relative to train.run_dir; "" disables
+  bool tensorboard = false;               // TensorBoard event files in <train.run_dir>/tensorboard
+  double peak_flops = 0;  // FLOP/s of one rank for MFU; 0 = this CPU's fp32 FMA peak estimate
+};
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  ParallelConfig parallel;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  CommConfig comm;
+  std::string source_path;  // the top-level TOML file
+};
+
+// Reads `path`, applies includes and `overrides` ("section.key=value", value in TOML syntax or a
+// bare string), fills preset defaults, validates. Throws ConfigError.
+Config parse_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from TOML text (tests); `name` is used in messages.
+Config parse_config_string(const std::string& text, const std::string& name,
+                           const std::vector<std::string>& overrides = {});
+// The fully resolved config as TOML (every key, defaults included).
+std::string to_toml(const Config& c);
+// Every key of every section, dotted ("model.moe.top_k"), in the order to_toml prints them.
+std::vector<std::string> config_keys();
+
+// Checks the [parallel] layout against the world size (before MPI starts or anything is
+// allocated): tp*cp*dp*pp == world, heads / kv heads / vocab divisible by tp, seq_len by tp with
+// sequence_parallel, global_batch_size by dp*micro_batch_size. Throws ConfigError listing every
+// problem with all its factors.
+void validate_layout(const Config& c, int world);
+// The mesh degrees of a validated layout (dp = -1 resolved against `world`).
+MeshShape mesh_shape(const ParallelConfig& p, int world);
+// "rank  tp cp dp pp" lines, one per global rank.
+std::string rank_map(const MeshShape& shape);
+
+// Derived numbers.
+int64_t grad_accum_steps(const Config& c);  // global_batch_size / micro_batch_size
+std::string_view precision_name(Precision p);
+
+}  // namespace llmt

@@ -1,0 +1,41 @@
+#include "train/fault.h"
+
+#include <csignal>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace llmt {
+
+FaultInjector::FaultInjector(int world_rank) {
+  const char* v = std::getenv("LLMTRAIN_FAULT");
+  if (!v || !*v) return;
+  std::string phase, step, rank, sig;
+  std::istringstream in(v);
+  std::getline(in, phase, ':');
+  std::getline(in, step, ':');
+  std::getline(in, rank, ':');
+  std::getline(in, sig, ':');
+  const bool known_phase = phase == "forward" || phase == "backward" || phase == "optimizer" ||
+                           phase == "save" || phase == "load";
+  const int s = sig == "TERM"   ? SIGTERM
+                : sig == "USR1" ? SIGUSR1
+                : sig == "INT"  ? SIGINT
+                : sig == "KILL" ? SIGKILL
+                                : 0;
+  if (!known_phase || s == 0 || step.empty() || rank.empty())
+    throw ConfigError(std::string("LLMTRAIN_FAULT=\"") + v +
+                      "\": expected PHASE:STEP:RANK:SIGNAL with PHASE forward, backward, "
+                      "optimizer, save or load and SIGNAL TERM, USR1, INT or KILL");
+  armed_ = std::atoi(rank.c_str()) == world_rank;
+  phase_ = phase;
+  step_ = std::atoll(step.c_str());
+  signal_ = s;
+}
+
+void FaultInjector::at(const char* phase, int64_t step) const {
+  if (armed_ && phase_ == phase && (phase_ == "load" || step == step_)) std::raise(signal_);
+}
+
+}  // namespace llmt

@@ -1,0 +1,136 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "engine/model/model_spec.h"
+
+namespace llmt {
+
+namespace {
+
+// Parameters of the whole model, without building a spec of n_layers layers: the embeddings and
+// head, plus a dense layer's count for each dense layer and an MoE layer's for each MoE layer.
+double total_params(const ModelConfig& m, int64_t ep = 1) {
+  auto params = [](ModelConfig c, int64_t layers, bool moe) {
+    c.n_layers = layers;
+    if (moe) {
+      c.moe.first_dense_layers = 0;
+      c.moe.every = 1;
+    } else {
+      c.moe.num_experts = 0;
+    }
+    return static_cast<double>(ModelSpec::from_config(c).num_params());
+  };
+  const double p1 = params(m, 1, false), dense = params(m, 2, false) - p1, root = p1 - dense;
+  const MoeConfig& e = m.moe;
+  const int64_t n_moe = e.enabled() && m.n_layers > e.first_dense_layers
+                            ? (m.n_layers - 1 - e.first_dense_layers) / e.every + 1
+                            : 0;
+  double total = root + static_cast<double>(m.n_layers - n_moe) * dense;
+  if (n_moe > 0) {
+    // An MoE layer: its E experts' fc1 (Fe or 2Fe rows) and fc2 (1/ep of them on a rank), and
+    // the rest (attention, norms, router, shared experts).
+    const double moe = params(m, 1, true) - root;
+    const double experts = static_cast<double>(e.num_experts * m.d_model * e.d_ff_expert) *
+                           (m.activation == Activation::swiglu ? 3 : 2);
+    total += static_cast<double>(n_moe) * (moe - experts + experts / static_cast<double>(ep));
+  }
+  return total;
+}
+
+// The first number in `path`, or nullopt ("max" and missing files: no limit).
+bool read_number(const std::string& path, double& out) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return false;
+  try {
+    out = std::stod(word);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
+  const double tp = mesh.size(Axis::tp), pp = mesh.size(Axis::pp);
+  const double dp = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+  const int64_t zero = c.parallel.zero_stage;
+  const double P = total_params(c.model, c.parallel.ep) / (tp * pp);
+  MemoryEstimate e;
+  e.params =
+      4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);
+  e.grads = 4 * P / (zero >= 2 ? dp : 1);
+  e.optimizer = 8 * P / (zero >= 1 ? dp : 1);
+  // Context parallelism: each rank holds seq_len/cp positions of every sequence.
+  const double s = static_cast<double>(c.model.seq_len) / mesh.size(Axis::cp),
+               b = c.train.micro_batch_size, h = static_cast<double>(c.model.d_model);
+  e.activations = 4 * s * b * h * static_cast<double>(c.model.n_layers) / pp /
+                  (c.parallel.sequence_parallel ? tp : 1);
+  return e;
+}
+
+MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
+                                int group_rank, bool sixteen_bit) {
+  double whole = 0, padded = 0, owned = 0;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    // Expert stacks under ep, routed parameters under tp: over their own groups (zero.h).
+    const auto [n, d] = spec.row_group(i, group, group_rank);
+    const int64_t rows = spec.cut_rows(i), row_numel = p.shape.numel() / rows;
+    const int64_t s = (rows + n - 1) / n;
+    const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);
+    whole += static_cast<double>(p.shape.numel());
+    padded += static_cast<double>(s * row_numel);
+    owned += static_cast<double>(own * row_numel);
+  }
+  MemoryEstimate e;
+  // 16-bit: a compute copy of what the rank holds beside the fp32 masters, which ZeRO-1/2 shard.
+  e.params = zero_stage == 3                  ? 4 * padded
+             : sixteen_bit && zero_stage >= 1 ? 4 * whole + 4 * padded
+                                              : 4 * whole * (sixteen_bit ? 2 : 1);
+  e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
+  e.optimizer = 8 * (zero_stage >= 1 ? owned : whole);
+  return e;
+}
+
+AvailableMemory host_memory_available() {
+  AvailableMemory out{std::numeric_limits<double>::infinity(), "unknown"};
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    double kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lf kB", &kb) == 1) {
+      out = {kb * 1024, "MemAvailable"};
+      break;
+    }
+  }
+  double limit = 0, usage = 0;
+  if (read_number("/sys/fs/cgroup/memory.max", limit) &&
+      read_number("/sys/fs/cgroup/memory.current", usage)) {
+    if (limit - usage < out.bytes) out = {limit - usage, "cgroup memory.max - memory.current"};
+  } else if (read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes", limit) &&
+             read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes", usage) && limit < 1e18) {
+    if (limit - usage < out.bytes)
+      out = {limit - usage, "cgroup memory.limit_in_bytes - memory.usage_in_bytes"};
+  }
+  return out;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  const double g = bytes / (1024.0 * 1024 * 1024);
+  if (g >= 1024)
+    std::snprintf(buf, sizeof buf, "%.4g TiB", g / 1024);
+  else if (g >= 1)
+    std::snprintf(buf, sizeof buf, "%.4g GiB", g);
+  else
+    std::snprintf(buf, sizeof buf, "%.4g MiB", g * 1024);
+  return buf;
+}
+
+}  // namespace llmt

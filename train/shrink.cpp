@@ -1,0 +1,58 @@
+#include "train/shrink.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace llmt {
+
+using detail::concat;
+
+Shrunk shrink_overrides(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  const int64_t tp = std::min<int64_t>(p.tp, 2), cp = std::min<int64_t>(p.cp, 2),
+                pp = std::min<int64_t>(p.pp, 2);
+  const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
+  const int64_t v = interleaved ? 2 : 1;
+  // dp: 2 when the setup has data parallelism and the world stays within 8 ranks.
+  const int64_t rest = tp * cp * pp, dp = p.dp != 1 && rest * 2 <= 8 ? 2 : 1;
+  const int64_t mbs = 1, micro = interleaved ? 2 * pp : 2;  // micro-batches per dp rank
+  // Expert parallelism: over the shrunk dp x cp group when the setup has it (2 of its ranks when
+  // the experts do not divide over all of them).
+  const int64_t g = dp * cp, E = c.model.moe.num_experts;
+  const int64_t ep = p.ep == 1 || g == 1 ? 1 : E % g == 0 ? g : (g % 2 == 0 && E % 2 == 0 ? 2 : 1);
+  const bool gqa = c.model.n_kv_heads > 0 && c.model.n_kv_heads != c.model.n_heads;
+  // Hybrid context parallelism needs an all-to-all group of 1 < u < cp: at cp 2 it is a ring.
+  const CpImpl impl = p.cp_impl == CpImpl::hybrid ? CpImpl::ring : p.cp_impl;
+  Shrunk s;
+  s.world = static_cast<int>(rest * dp);
+  s.overrides = {
+      "model.n_layers=4",
+      "model.d_model=64",
+      "model.n_heads=8",
+      concat("model.n_kv_heads=", gqa ? 4 : 0),
+      "model.d_ff=0",
+      "model.seq_len=64",
+      "model.vocab_size=256",
+      concat("parallel.tp=", tp),
+      concat("parallel.cp=", cp),
+      concat("parallel.cp_impl=\"", cp_impl_name(impl), "\""),
+      "parallel.cp_ulysses=0",
+      concat("parallel.pp=", pp),
+      concat("parallel.virtual_stages=", pp > 1 ? v : 1),
+      "parallel.pp_layers=[]",
+      concat("parallel.dp=", dp),
+      concat("parallel.ep=", ep),
+      concat("train.micro_batch_size=", mbs),
+      concat("train.global_batch_size=", dp * mbs * micro),
+      "train.steps=4",
+      "train.eval_interval=0",
+      "train.recompute_layers=0",
+      "optimizer.warmup_steps=1",
+      "optimizer.decay_steps=0",
+  };
+  if (pp == 1 && interleaved) s.overrides.push_back("parallel.pp_schedule=\"1f1b\"");
+  return s;
+}
+
+}  // namespace llmt

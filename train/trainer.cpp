@@ -1,0 +1,900 @@
+// Single-rank trainer. Everything is allocated once before the first step; the loop only calls
+// into the model, the optimizer and the metrics writer.
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <vector>
+
+#include "checkpoints/checkpoint.h"
+#include "core/peak_flops.h"
+#include "data/blend.h"
+#include "data/gpt_dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "engine/data_parallel/data_parallel.h"
+#include "engine/model/parallelize.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "engine/pipeline/executor.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+#include "train/fault.h"
+#include "train/metrics.h"
+#include "train/run_lock.h"
+#include "train/stop.h"
+#include "train/tensorboard.h"
+
+namespace llmt {
+
+namespace fs = std::filesystem;
+
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::fp32:
+      return DType::f32;
+    case Precision::bf16:
+      return DType::bf16;
+    case Precision::fp16:
+      return DType::f16;
+  }
+  return DType::f32;
+}
+
+namespace {
+
+// Writes every parameter (`flat`: all of them at global shape, spec order) as params.json +
+// params.bin (docs/model.md, "Debug dump").
+void dump_params(const fs::path& dir, const ModelSpec& spec, const std::vector<float>& flat) {
+  fs::create_directories(dir);
+  std::ofstream js(dir / "params.json");
+  std::ofstream bin(dir / "params.bin", std::ios::binary);
+  js << "{\"params\": [";
+  int64_t offset = 0;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    js << (i ? ",\n  " : "\n  ") << "{\"name\": \"" << p.name << "\", \"shape\": [";
+    for (int d = 0; d < p.shape.ndim(); ++d) js << (d ? ", " : "") << p.shape[d];
+    js << "], \"offset\": " << offset << "}";
+    offset += p.shape.numel();
+  }
+  bin.write(reinterpret_cast<const char*>(flat.data()),
+            static_cast<std::streamsize>(flat.size() * 4));
+  js << "\n]}\n";
+  if (!js || !bin) throw Error("writing the parameter dump to " + dir.string() + " failed");
+}
+
+// The train and valid samples of [data]: the synthetic process, or GPT samples of one dataset or
+// of a blend. Each dataset's token ids are checked against model.vocab_size first.
+struct DataSources {
+  std::shared_ptr<const SampleSource> train;
+  std::shared_ptr<const SampleSource> valid;  // only with train.eval_interval > 0
+};
+
+DataSources make_data_sources(const Config& cfg, bool verbose) {
+  const DataConfig& d = cfg.data;
+  const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
+  const bool eval = cfg.train.eval_interval > 0;
+  DataSources out;
+  if (d.source == DataSource::synthetic) {
+    out.train = std::make_shared<SyntheticSamples>(d.seed, V, T + 1);
+    // Validation: samples of the same process from 2^40 on, which no run trains on.
+    if (eval) out.valid = std::make_shared<SyntheticSamples>(d.seed, V, T + 1, int64_t{1} << 40);
+    return out;
+  }
+  std::optional<Tokenizer> tok;
+  if (!d.tokenizer.empty()) {
+    tok.emplace(d.tokenizer);
+    if (tok->vocab_size() > V)
+      throw ConfigError(
+          detail::concat("model.vocab_size=", V, " is smaller than the vocabulary of ",
+                         "data.tokenizer=", d.tokenizer, " (", tok->vocab_size(), ")"));
+  }
+  std::vector<DataSourceConfig> entries = d.sources;
+  if (!d.path.empty()) entries.push_back({d.path, 1.0});
+  const SplitWeights split = *parse_split(d.split);
+  double total_weight = 0;
+  for (const DataSourceConfig& e : entries) total_weight += e.weight;
+  std::vector<std::shared_ptr<const SampleSource>> train, valid;
+  std::vector<double> weights;
+  for (const DataSourceConfig& e : entries) {
+    std::shared_ptr<const IndexedDataset> data = IndexedDataset::open(e.path);
+    try {
+      data->verify_tokens(V);
+    } catch (const Error& err) {
+      throw ConfigError(detail::concat("model.vocab_size=", V, " is too small for dataset ", e.path,
+                                       ": ", err.what(),
+                                       "; set model.vocab_size to at least the tokenizer's "
+                                       "vocabulary size"));
+    }
+    auto t = std::make_shared<GptDataset>(data, Split::train, split, d.seed, T);
+    if (verbose) {
+      const double run_samples = static_cast<double>(cfg.train.steps * cfg.train.global_batch_size);
+      std::printf(
+          "data: %s: %lld documents, %lld tokens; train split: %lld documents, %lld "
+          "tokens, %lld samples per epoch; this run reads %.2f epochs of it\n",
+          e.path.c_str(), static_cast<long long>(data->num_sequences()),
+          static_cast<long long>(data->num_tokens()), static_cast<long long>(t->num_documents()),
+          static_cast<long long>(t->tokens_per_epoch()),
+          static_cast<long long>(t->samples_per_epoch()),
+          run_samples * e.weight / total_weight / static_cast<double>(t->samples_per_epoch()));
+    }
+    train.push_back(t);
+    if (eval) valid.push_back(std::make_shared<GptDataset>(data, Split::valid, split, d.seed, T));
+    weights.push_back(e.weight);
+  }
+  auto combine = [&](const std::vector<std::shared_ptr<const SampleSource>>& parts)
+      -> std::shared_ptr<const SampleSource> {
+    if (parts.size() == 1) return parts[0];
+    return std::make_shared<Blend>(parts, weights);
+  };
+  out.train = combine(train);
+  if (eval) out.valid = combine(valid);
+  if (tok && verbose) {
+    std::vector<int32_t> sample(static_cast<size_t>(T + 1));
+    out.train->fill(sample.data(), 0, 1);
+    std::string text = tok->decode(sample);
+    size_t cut = std::min<size_t>(text.size(), 160);
+    while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    if (cut < text.size()) text = text.substr(0, cut) + "...";  // at a UTF-8 character boundary
+    for (char& ch : text)
+      if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // one log line
+    std::printf("data: sample 0: \"%s\"\n", text.c_str());
+  }
+  return out;
+}
+
+// Every pp rank's stage parameters (host f32, global shapes, its stage spec's order) -> the
+// whole model in `spec` order on pp rank 0 (blocking sends to it; a tied copy of wte is left
+// out). Other ranks' `out` is left empty.
+void gather_pp_params(Communicator& pp, const ModelSpec& spec, const ParallelConfig& par,
+                      const std::vector<float>& local, std::vector<float>& out) {
+  const int p = pp.size();
+  if (pp.rank() != 0) {
+    pp.send(Tensor(const_cast<float*>(local.data()), {static_cast<int64_t>(local.size())},
+                   DType::f32),
+            0, 0)
+        .wait();
+    out.clear();
+    return;
+  }
+  std::vector<int64_t> offset(spec.params.size() + 1, 0);
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    offset[i + 1] = offset[i] + spec.params[i].global_shape.numel();
+  out.assign(static_cast<size_t>(offset.back()), 0.0f);
+  std::vector<float> part;
+  for (int r = 0; r < p; ++r) {
+    const ModelSpec stage =
+        spec.shard_pp(p, static_cast<int>(par.virtual_stages), par.pp_layers, r);
+    const std::vector<float>* src = &local;
+    if (r != 0) {
+      part.resize(static_cast<size_t>(stage.num_params()));
+      pp.recv(Tensor(part.data(), {static_cast<int64_t>(part.size())}, DType::f32), r, 0).wait();
+      src = &part;
+    }
+    LLMT_CHECK(src->size() == static_cast<size_t>(stage.num_params()), "pp rank ", r, " sent ",
+               src->size(), " parameter values, its stage holds ", stage.num_params());
+    int64_t off = 0;
+    for (const ParamSpec& ps : stage.params) {
+      const int64_t n = ps.global_shape.numel();
+      if (!ps.tied_copy) {
+        const size_t i = spec.index_of(ps.name);
+        std::copy(src->begin() + off, src->begin() + off + n, out.begin() + offset[i]);
+      }
+      off += n;
+    }
+  }
+}
+
+// This step's traffic per mesh axis and axis group, then per group the model split off (groups of
+// one rank move nothing and are left out).
+std::vector<std::pair<std::string, CommCounters>> take_comm_counters(
+    Mesh& mesh, const std::vector<Communicator*>& more) {
+  std::vector<std::pair<std::string, CommCounters>> out;
+  std::vector<Communicator*> all = mesh.communicators();
+  all.insert(all.end(), more.begin(), more.end());
+  for (Communicator* c : all) {
+    if (c->size() > 1) out.emplace_back(c->name(), c->counters());
+    c->reset_counters();
+  }
+  return out;
+}
+
+}  // namespace
+
+// Everything one rank's run holds, built in the order the old single function built it (the
+// collectives of construction — mesh groups, checkpoint load, the embedding group — run in the
+// same order on every rank).
+struct Trainer::State {
+  State(const Config& c, const TrainOptions& o, Mesh& m)
+      : cfg(c),
+        opts(o),
+        mesh(m),
+        rank0(m.rank() == 0),
+        dp(m.size(Axis::dp)),
+        dp_rank(m.coord(Axis::dp)),
+        cp(m.size(Axis::cp)),
+        pp(m.size(Axis::pp)),
+        pp_rank(m.coord(Axis::pp)),
+        thread_choice(c.train.threads > 0
+                          ? ThreadChoice{static_cast<int>(c.train.threads), "train.threads"}
+                          : default_cpu_threads(local_size_from_env())),
+        threads(set_cpu_threads(thread_choice.threads)),
+        // One GPU per rank: the rank's index on its node (0 when not launched by mpirun/srun).
+        // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
+        // (make_device_routed, built by the app before the mesh).
+        backend(make_device_backend(select_device(c.train.device, local_rank_from_env()))),
+        alloc(*backend),
+        spec(ModelSpec::from_config(c.model)),
+        T(c.model.seq_len),
+        positions(zigzag_shard(c.model.seq_len, m.size(Axis::cp), m.coord(Axis::cp)).positions()),
+        Tl(static_cast<int64_t>(positions.size())),
+        gbs(c.train.global_batch_size),
+        mbs(c.train.micro_batch_size),
+        accum(grad_accum_steps(c) / dp),
+        scaler(c.optimizer, c.train.precision == Precision::fp16),
+        created(std::chrono::steady_clock::now()),
+        fault(m.rank()) {}
+
+  // From construction on, so that a signal while loading a checkpoint stops the run too.
+  const StopRequests stop_requests;
+  const Config cfg;  // copies: a Trainer outlives the arguments it was built from
+  const TrainOptions opts;
+  Mesh& mesh;
+  // Rank 0's locks on train.run_dir and checkpoint.dir, held for the run's life (run_lock.h).
+  std::vector<std::unique_ptr<RunLock>> locks;
+  const bool rank0;
+  const int64_t dp, dp_rank;
+  const int64_t cp;  // context parallel: each rank of a cp group holds Tl of a sequence's T
+  const int pp, pp_rank;
+  const ThreadChoice thread_choice;  // train.threads, or what 0 means for this rank
+  const int threads;
+  std::unique_ptr<DeviceBackend> backend;
+  Allocator alloc;
+  const ModelSpec spec;
+  // T seq_len, gbs global batch; each dp rank runs `accum` micro-batches of mbs sequences of its
+  // slice of the global batch; of each sequence this rank holds the Tl = T/cp `positions`
+  // (context_parallel.h's zigzag chunks; all of them without cp).
+  const int64_t T;
+  const std::vector<int32_t> positions;
+  const int64_t Tl, gbs, mbs, accum;
+  std::optional<ckpt::Checkpoint> resume;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<DataParallel> data_parallel;
+  std::optional<PipelineExecutor> pipeline;
+  double predicted_bubble = 0;
+  // Tied embeddings under pp: stage 0's wte and the last stage's copy form the embedding group,
+  // whose gradients are summed before the update (Megatron's embedding group).
+  std::unique_ptr<Communicator> embedding_group;
+  LossScaler scaler;
+  int64_t start_step = 0, updates = 0, consumed = 0;
+  int64_t skipped_in_a_row = 0;
+  const std::chrono::steady_clock::time_point created;  // train.time_limit counts from here
+  const FaultInjector fault;                            // LLMTRAIN_FAULT (tests)
+  // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
+  std::string failure;
+  std::string last_checkpoint;
+  DataSources data;
+  std::unique_ptr<DataLoader> loader;
+  // Token staging: the device inputs/targets (mbs, Tl), cut from a micro-batch's windows
+  // (mbs, T+1) on the host at this rank's positions; under pp one pair per micro-batch of the step
+  // (every pp rank of a dp group reads the same ones; the first and last stage use them).
+  Buffer tok_buf;
+  std::vector<int32_t> host_in, host_tg;
+  std::vector<PipelineMicroBatch> pipe_mbs;
+  std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // log.tensorboard, rank 0
+  std::ofstream dump_tokens;
+  std::vector<float> host_params;
+  std::vector<int32_t> global_window;
+  double peak = 0, flops_per_step = 0;
+  // Checkpoints: at most one save in flight (checkpoint.async writes in the background and is
+  // polled at every step end; a synchronous one completes where it starts). The staging is
+  // declared first so that it outlives a save still writing from it when the run unwinds.
+  HostBuffer ckpt_staging;  // async saves' snapshot (pinned on a GPU), reused from save to save
+  std::unique_ptr<ckpt::PendingSave> pending;
+
+  // Construction after the members: the checkpoint to resume from, the model, its state, the
+  // data, the FLOP/s peak.
+  void init();
+  void build_model();
+  void restore();
+  void build_data();
+  // One micro-batch's windows (mbs, T+1) -> the device tokens and targets of slot `slot`.
+  void stage(const MicroBatch& mb, int64_t slot);
+  void gather_params();
+  double device_peak();
+  double world_mean(double v);
+  // The step's mixture-of-experts metrics from the model's MoeStats, over all ranks; keeps each
+  // layer's assignments per expert over the global batch in moe_loads.
+  StepMetrics::Moe moe_metrics();
+  std::vector<double> moe_loads;  // [layer * E + expert], the step's, every rank
+  // Aux-loss-free balancing: moves each MoE layer's bias against the step's load (moe_loads).
+  void balance_experts();
+  double evaluate(int64_t step);
+  void report_save(const ckpt::SaveResult& r);
+  void poll_checkpoint(bool wait);
+  // Starts the save of `step` (a synchronous one writes every rank file here, and commits at
+  // the next poll_checkpoint); false when the state is not finite (`failure` says why).
+  bool start_checkpoint(int64_t step);
+  double forward_backward(int64_t step, float dloss);
+  void train_step(int64_t step, StepMetrics& m);
+  TrainResult run();
+
+  Tensor inputs_of(int64_t slot) const {
+    return tok_buf.tensor({mbs, Tl}, DType::i32, static_cast<size_t>(2 * slot * mbs * Tl) * 4);
+  }
+  Tensor targets_of(int64_t slot) const {
+    return tok_buf.tensor({mbs, Tl}, DType::i32,
+                          static_cast<size_t>((2 * slot + 1) * mbs * Tl) * 4);
+  }
+};
+
+void Trainer::State::init() {
+  State& s = *this;
+  if (s.rank0 && !s.opts.quiet) {
+    const Device dev = s.backend->device();
+    std::printf("launch: %s, %d rank%s (%d per node), %d thread%s per rank (%s), device %s%s\n",
+                launcher_name(), s.mesh.world().size(), s.mesh.world().size() > 1 ? "s" : "",
+                local_size_from_env(), s.threads, s.threads > 1 ? "s" : "",
+                s.thread_choice.source.c_str(), std::string(device_name(dev.kind)).c_str(),
+                dev.kind == DeviceKind::cuda ? detail::concat(" ", dev.index).c_str() : "");
+  }
+  // Before anything reads or writes the directories (the leftover removal below included).
+  std::string lock_error;
+  if (s.rank0) {
+    try {
+      s.locks.push_back(std::make_unique<RunLock>(cfg.train.run_dir, "train.run_dir"));
+      std::error_code ec;
+      if (!cfg.checkpoint.dir.empty() && !fs::equivalent(cfg.checkpoint.dir, cfg.train.run_dir, ec))
+        s.locks.push_back(std::make_unique<RunLock>(cfg.checkpoint.dir, "checkpoint.dir"));
+    } catch (const ConfigError& e) {
+      lock_error = e.what();
+    }
+  }
+  int32_t locked_out = lock_error.empty() ? 0 : 1;
+  if (s.mesh.world().size() > 1)
+    s.mesh.world().all_reduce(Tensor(&locked_out, {1}, DType::i32), ReduceOp::max).wait();
+  if (locked_out)
+    throw ConfigError(s.rank0 ? lock_error
+                              : "the run's directories are locked (rank 0 says by whom)");
+  // The checkpoint to resume from, checked against the model before anything is allocated.
+  if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
+    s.resume.emplace(*path);
+    ckpt::check_model(*s.resume, s.spec, training_state_names(cfg.optimizer));
+  }
+  if (s.rank0)
+    for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
+      std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
+                  cfg.checkpoint.dir.c_str(), name.c_str());
+  build_model();
+  restore();
+  build_data();
+  const double rank_peak = cfg.log.peak_flops > 0 ? cfg.log.peak_flops : s.device_peak();
+  // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
+  // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
+  if (rank_peak <= 0 && s.rank0 && !opts.quiet)
+    std::printf(
+        "note: the peak FLOP/s of this GPU is not known; MFU reads 0 until log.peak_flops "
+        "is set\n");
+  s.peak = rank_peak * static_cast<double>(mesh.shape().world());
+  s.flops_per_step = s.spec.flops_per_token() * static_cast<double>(s.gbs * s.T);
+}
+
+// The peak FLOP/s of this rank's device: a GPU's from its model (0 when unknown); a CPU's from
+// its FMA width (vendor, family, model) x the clock x the threads, the clock measured when the
+// kernel does not expose it (cpu_peak). Rank 0 prints how it was found.
+double Trainer::State::device_peak() {
+  const Device dev = backend->device();
+  if (dev.kind != DeviceKind::cpu)
+    return default_gpu_peak_flops(dev, compute_dtype(cfg.train.precision));
+  const double max_hz = cpufreq_max_hz();
+  const CpuPeak p = cpu_peak(read_cpuinfo(), threads,
+                             max_hz > 0 ? 0.0 : measure_fma_flops_per_thread(threads), max_hz);
+  if (rank0 && !opts.quiet)
+    std::printf("peak: %s per rank, for MFU (log.peak_flops overrides)\n", p.text().c_str());
+  return p.flops;
+}
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Mesh& mesh)
+    : s_(std::make_unique<State>(cfg, opts, mesh)) {
+  s_->init();
+}
+
+Trainer::~Trainer() {
+  if (s_->model) s_->model->set_hooks(nullptr);
+}
+
+TrainResult Trainer::run() {
+  return s_->run();
+}
+
+// This rank's part of the model (parallelize: its pipeline stage's chunks, the embeddings on pp
+// rank 0 and the head on the last, its tp shards, its experts) and the executor that runs the
+// schedule's actions for it. Every rank of a tp group reads the same micro-batches.
+void Trainer::State::build_model() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  const int ep = static_cast<int>(cfg.parallel.ep);
+  const int virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
+  const ModelSpec stage_spec =
+      parallelize(s.spec, model_layout(cfg.parallel, s.mesh.shape()), s.mesh.rank());
+  // Expert parallelism: the ep group (ep consecutive ranks of the dp x cp group), whose rank is
+  // the one parallelize gave this rank's experts.
+  Communicator* ep_group = ep > 1 ? &s.mesh.expert_group(ep) : nullptr;
+  LLMT_CHECK(ep_group == nullptr || ep_group->rank() == stage_spec.ep_rank, "expert group rank ",
+             ep_group ? ep_group->rank() : 0, ", the spec holds the experts of ep rank ",
+             stage_spec.ep_rank);
+  const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
+  s.model = std::make_unique<Transformer>(
+      stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
+      model_storage(cfg.parallel.zero_stage, compute_dtype(cfg.train.precision)), tp,
+      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
+      ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl,
+                      static_cast<int>(cfg.parallel.cp_ulysses)},
+      ep_group);
+  if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
+  s.data_parallel =
+      make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
+  s.model->set_hooks(s.data_parallel.get());
+  if (s.pp == 1) return;
+  s.pipeline.emplace(
+      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, static_cast<int>(s.accum)}),
+      *s.model, s.mesh.comm(Axis::pp), s.alloc);
+  s.predicted_bubble = simulate(s.pipeline->schedule()).bubble_fraction;
+  if (cfg.model.tie_embeddings) {
+    const bool ends = s.pp_rank == 0 || s.pp_rank == s.pp - 1;
+    s.embedding_group = s.mesh.comm(Axis::pp).split(ends ? 0 : 1, s.pp_rank, "embedding");
+    if (!ends) s.embedding_group.reset();
+  }
+}
+
+// Loads the checkpoint to resume from into what build_model made (resharding when the layout
+// differs): weights, optimizer state, loss scale, step and loader position.
+void Trainer::State::restore() {
+  State& s = *this;
+  if (!s.resume) return;
+  const ckpt::RunState& rs = s.resume->state();
+  const auto t_load = std::chrono::steady_clock::now();
+  const int64_t bytes = ckpt::load(*s.resume, s.model->spec(), *s.data_parallel, *s.backend);
+  s.fault.at("load", 0);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
+  s.start_step = rs.step;
+  s.updates = rs.updates;
+  s.consumed = rs.consumed_samples;
+  if (s.rank0 && !s.opts.quiet)
+    std::printf(
+        "checkpoint: resumed from %s (step %lld, written at %s; rank 0 read %.1f MB in "
+        "%.2f s, %.2f GB/s)\n",
+        s.resume->dir().c_str(), static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str(),
+        static_cast<double>(bytes) / 1e6, load_s,
+        static_cast<double>(bytes) / 1e9 / std::max(load_s, 1e-9));
+  LLMT_CHECK(s.consumed <= s.cfg.train.steps * s.gbs || s.start_step >= s.cfg.train.steps,
+             "checkpoint ", s.resume->dir(), " consumed ", s.consumed, " samples");
+}
+
+// The loader at the resumed position, the token staging, the metrics file and the debug dump.
+void Trainer::State::build_data() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  s.data = make_data_sources(cfg, s.rank0 && !s.opts.quiet);
+  const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
+  s.loader = std::make_unique<DataLoader>(s.data.train, layout,
+                                          std::min(s.consumed, cfg.train.steps * s.gbs),
+                                          std::max(s.consumed, cfg.train.steps * s.gbs));
+  const int64_t slots = s.pp > 1 ? s.accum : 1;
+  s.tok_buf = s.alloc.allocate_tensor({slots, 2, s.mbs, s.Tl}, DType::i32, MemCategory::other);
+  s.host_in.resize(static_cast<size_t>(s.mbs * s.Tl));
+  s.host_tg.resize(s.host_in.size());
+  s.pipe_mbs.resize(static_cast<size_t>(slots));
+  if (s.rank0) fs::create_directories(cfg.train.run_dir);
+  s.metrics = std::make_unique<MetricsWriter>(
+      cfg.log.metrics.empty() || !s.rank0
+          ? ""
+          : (fs::path(cfg.train.run_dir) / cfg.log.metrics).string(),
+      s.start_step);
+  s.tensorboard = std::make_unique<TensorBoardWriter>(
+      cfg.log.tensorboard && s.rank0 ? (fs::path(cfg.train.run_dir) / "tensorboard").string() : "",
+      s.start_step);
+  if (!s.opts.dump_dir.empty()) {
+    gather_params();
+    if (s.rank0) {
+      dump_params(s.opts.dump_dir, s.spec, s.host_params);
+      s.dump_tokens.open(fs::path(s.opts.dump_dir) / "tokens.bin", std::ios::binary);
+    }
+  }
+}
+
+void Trainer::State::stage(const MicroBatch& mb, int64_t slot) {
+  State& s = *this;
+  for (int64_t b = 0; b < s.mbs; ++b)
+    for (int64_t t = 0; t < s.Tl; ++t) {
+      const int64_t at = b * (s.T + 1) + s.positions[static_cast<size_t>(t)];
+      s.host_in[b * s.Tl + t] = mb.tokens[at];
+      s.host_tg[b * s.Tl + t] = mb.tokens[at + 1];
+    }
+  const size_t bytes = s.host_in.size() * 4;
+  s.backend->copy_from_host(s.inputs_of(slot).data, s.host_in.data(), bytes);
+  s.backend->copy_from_host(s.targets_of(slot).data, s.host_tg.data(), bytes);
+}
+
+// Every parameter at global shape into host_params on rank 0 (dumps).
+void Trainer::State::gather_params() {
+  State& s = *this;
+  s.data_parallel->gather_params(s.host_params);
+  if (s.pp > 1) {
+    std::vector<float> local;
+    local.swap(s.host_params);
+    gather_pp_params(s.mesh.comm(Axis::pp), s.spec, s.cfg.parallel, local, s.host_params);
+  }
+}
+
+// Losses are averaged over the world: every rank of a dp group saw different samples, tp/cp
+// ranks of one group the same.
+double Trainer::State::world_mean(double v) {
+  Communicator& world = mesh.world();
+  if (world.size() == 1) return v;
+  float x = static_cast<float>(v);
+  world.all_reduce(Tensor(&x, {1}, DType::f32)).wait();
+  return static_cast<double>(x) / world.size();
+}
+
+StepMetrics::Moe Trainer::State::moe_metrics() {
+  const MoeStats& st = model->moe_stats();
+  const int64_t L = cfg.model.n_layers, E = cfg.model.moe.num_experts;
+  // [aux, z, dropped, assigned, then each layer's E counts]: summed over the world, each layer's
+  // counts are the local ones of its pp stage's ranks (each routes its own tokens).
+  std::vector<double> v(static_cast<size_t>(4 + L * E), 0.0);
+  v[0] = st.aux / static_cast<double>(accum);
+  v[1] = st.z / static_cast<double>(accum);
+  v[2] = static_cast<double>(st.dropped);
+  v[3] = static_cast<double>(st.assigned);
+  for (int64_t l = 0; l < L; ++l)
+    for (size_t e = 0; e < st.load[static_cast<size_t>(l)].size(); ++e)
+      v[static_cast<size_t>(4 + l * E) + e] =
+          static_cast<double>(st.load[static_cast<size_t>(l)][e]);
+  Communicator& world = mesh.world();
+  if (world.size() > 1)
+    world.all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f64)).wait();
+  moe_loads.assign(v.begin() + 4, v.end());
+  StepMetrics::Moe m;
+  m.aux = v[0] / static_cast<double>(dp);  // each dp rank's sum over the pp stages, averaged
+  m.z = v[1] / static_cast<double>(dp);
+  m.dropped = v[3] > 0 ? v[2] / v[3] : 0.0;
+  m.ep_rows = st.ep_rows;  // this rank's
+  m.load_min = 1.0;
+  for (int64_t l = 0; l < L; ++l) {
+    const auto first = v.begin() + 4 + l * E;
+    const double total = std::accumulate(first, first + E, 0.0);
+    if (total == 0) continue;  // a dense layer
+    m.load_max = std::max(m.load_max, *std::max_element(first, first + E) / total);
+    m.load_min = std::min(m.load_min, *std::min_element(first, first + E) / total);
+  }
+  return m;
+}
+
+// DeepSeek-V3's rule (docs/model.md): b_e += rate * sign(mean load - load_e) per MoE layer, the
+// loads counted over the step's global batch (the same on every rank, so every replica and shard
+// of a bias moves alike).
+void Trainer::State::balance_experts() {
+  const MoeConfig& e = cfg.model.moe;
+  const ModelSpec& ms = model->spec();
+  const int64_t E = e.num_experts;
+  const float rate = e.bias_update_rate;
+  for (int64_t l : ms.layers()) {
+    if (!e.layer(l)) continue;
+    const double* load = moe_loads.data() + l * E;
+    const double mean = std::accumulate(load, load + E, 0.0) / static_cast<double>(E);
+    const size_t i = ms.index_of("layers." + std::to_string(l) + ".mlp.router.expert_bias");
+    data_parallel->update_owned(i, [&](Tensor rows, int64_t row0) {
+      std::vector<float> delta(static_cast<size_t>(rows.numel()));
+      for (size_t r = 0; r < delta.size(); ++r) {
+        const double d = mean - load[row0 + static_cast<int64_t>(r)];
+        delta[r] = d > 0 ? rate : d < 0 ? -rate : 0.0f;
+      }
+      Buffer buf = alloc.allocate(delta.size() * 4, MemCategory::other);
+      backend->copy_from_host(buf.data(), delta.data(), delta.size() * 4);
+      ops::add_inplace(rows, buf.tensor(rows.shape, DType::f32));
+    });
+  }
+}
+
+// Validation: the mean loss over train.eval_iters global batches of the valid split (the same
+// ones every time), each rank taking its slices as in training.
+double Trainer::State::evaluate(int64_t step) {
+  State& s = *this;
+  const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
+  DataLoader valid(s.data.valid, layout, 0, s.cfg.train.eval_iters * s.gbs);
+  const int64_t n = s.cfg.train.eval_iters * layout.micro_batches();
+  const Tensor inputs = s.inputs_of(0), targets = s.targets_of(0);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const MicroBatch& mb = valid.next();
+    stage(mb, 0);
+    const StepContext ctx{s.cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
+    sum += s.pipeline ? s.pipeline->forward_loss({inputs, targets, ctx})
+                      : s.model->forward_loss(inputs, targets, ctx);
+  }
+  return world_mean(sum / static_cast<double>(n));
+}
+
+void Trainer::State::report_save(const ckpt::SaveResult& r) {
+  if (rank0 && !opts.quiet)
+    std::printf(
+        "checkpoint: saved %s (%.1f MB; rank 0 wrote its file in %.2f s, %.2f GB/s over all "
+        "ranks; training blocked %.2f s)\n",
+        r.path.c_str(), static_cast<double>(r.bytes) / 1e6, r.write_seconds,
+        static_cast<double>(r.bytes) / 1e9 / std::max(r.write_seconds, 1e-9), r.blocked_seconds);
+}
+
+void Trainer::State::poll_checkpoint(bool wait) {
+  State& s = *this;
+  if (s.pending && s.pending->poll(wait)) {
+    report_save(s.pending->result());
+    s.last_checkpoint = s.pending->result().path;
+    s.pending.reset();
+  }
+}
+
+bool Trainer::State::start_checkpoint(int64_t step) {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  poll_checkpoint(true);
+  // Never a checkpoint with inf/nan in it: it would verify, resume and replace a good one.
+  std::vector<Tensor> held;
+  for (const StateTensor& t : s.data_parallel->state_tensors()) held.push_back(t.local);
+  int32_t bad = ops::has_nonfinite(held) ? 1 : 0;
+  if (s.mesh.world().size() > 1)
+    s.mesh.world().all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  if (bad) {
+    s.failure = detail::concat(
+        "step ", step,
+        ": not saving a checkpoint: the parameters or the optimizer state hold "
+        "inf/nan (the loss and gradient norm of the step were finite; the update made them so). "
+        "Lower optimizer.lr or raise optimizer.warmup_steps, and resume from the last checkpoint");
+    return false;
+  }
+  const LossScaler::State sc = s.scaler.state();
+  ckpt::RunState rs;
+  rs.step = step;
+  rs.updates = s.updates;
+  rs.consumed_samples = s.consumed + (step - s.start_step) * s.gbs;
+  rs.loss_scale = sc.scale;
+  rs.loss_scale_clean_steps = sc.clean_steps;
+  rs.seed = static_cast<int64_t>(cfg.train.seed);
+  rs.config = to_toml(cfg);
+  rs.mesh = s.mesh.shape();
+  rs.zero_stage = cfg.parallel.zero_stage;
+  rs.sequence_parallel = cfg.parallel.sequence_parallel;
+  rs.virtual_stages = cfg.parallel.virtual_stages;
+  rs.pp_layers = cfg.parallel.pp_layers;
+  rs.ep = cfg.parallel.ep;
+  s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
+                                                  *s.data_parallel, s.mesh, *s.backend,
+                                                  cfg.checkpoint.async, &s.ckpt_staging);
+  return true;
+}
+
+// The step's forward and backward over this rank's micro-batches (or the pipeline schedule);
+// returns the sum of the micro-batches' mean losses.
+double Trainer::State::forward_backward(int64_t step, float dloss) {
+  State& s = *this;
+  const uint64_t seed = s.cfg.train.seed;
+  if (!s.pipeline) {
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < s.accum; ++micro) {
+      // This dp rank's slice of the step's global batch (BatchLayout).
+      const MicroBatch& mb = s.loader->next();
+      stage(mb, 0);
+      const StepContext ctx{seed, step, mb.first_sample};
+      s.data_parallel->start_micro_batch(micro + 1 == s.accum);
+      loss_sum += s.model->forward_backward(s.inputs_of(0), s.targets_of(0), dloss, ctx);
+    }
+    return loss_sum;
+  }
+  for (int64_t micro = 0; micro < s.accum; ++micro) {
+    const MicroBatch& mb = s.loader->next();
+    stage(mb, micro);
+    s.pipe_mbs[static_cast<size_t>(micro)] = {s.inputs_of(micro), s.targets_of(micro),
+                                              StepContext{seed, step, mb.first_sample}};
+  }
+  return static_cast<double>(s.accum) * s.pipeline->run(s.pipe_mbs, dloss, [&](bool last) {
+    s.data_parallel->start_micro_batch(last);
+  });
+}
+
+// One optimizer step: forward/backward, gradient sync, overflow check, norm, clip, AdamW;
+// fills the step's loss, norm and scale metrics.
+void Trainer::State::train_step(int64_t step, StepMetrics& m) {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  s.data_parallel->start_step();
+  const float scale = s.scaler.scale();
+  if (s.dump_tokens.is_open()) {
+    s.global_window.resize(static_cast<size_t>(s.gbs * (s.T + 1)));
+    s.data.train->fill(s.global_window.data(), (step - 1) * s.gbs, s.gbs);
+    s.dump_tokens.write(reinterpret_cast<const char*>(s.global_window.data()),
+                        static_cast<std::streamsize>(s.global_window.size() * 4));
+  }
+  // Pre-scaled by 1/(dp*cp) as well: the sum over dp x cp of the gradients is the global-batch
+  // mean (each cp rank's loss is the mean over its Tl of every sequence).
+  const float dloss = scale / static_cast<float>(s.accum * s.dp * s.cp);
+  s.fault.at("forward", step);
+  const bool moe = cfg.model.moe.enabled();
+  if (moe) s.model->moe_stats().reset();
+  const double loss_sum = forward_backward(step, dloss);
+  if (moe) m.moe = moe_metrics();
+  s.fault.at("backward", step);
+  s.data_parallel->finish_backward();
+  if (s.embedding_group) {
+    // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows on
+    // both ends, whose dp coordinates are the same.
+    Tensor g = s.data_parallel->owned_grad(s.model->spec().index_of("wte.weight"));
+    if (g.defined()) s.embedding_group->all_reduce(g).wait();
+  }
+  m.loss = world_mean(loss_sum / static_cast<double>(s.accum));
+  m.lr = lr_at(cfg.optimizer, step);
+  m.loss_scale = scale;
+  // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm is
+  // divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
+  bool overflow = cfg.train.precision == Precision::fp16 && s.data_parallel->grads_nonfinite();
+  double grad_norm = s.data_parallel->grad_norm();
+  if (s.pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
+    double v[2] = {grad_norm * grad_norm, overflow ? 1.0 : 0.0};
+    s.mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f64)).wait();
+    grad_norm = std::sqrt(v[0]);
+    overflow = v[1] > 0;
+  }
+  m.grad_norm = grad_norm / scale;
+  // fp16 overflow is the loss scaler's to skip; any other inf/nan loss or norm stops the run
+  // before the update (the parameters stay those of the previous step), or skips the update.
+  const bool nonfinite = !overflow && (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm));
+  m.skipped = nonfinite || s.scaler.update(overflow);
+  if (nonfinite && cfg.train.on_nonfinite == OnNonfinite::stop)
+    s.failure = detail::concat(
+        "step ", step, ": loss = ", m.loss, ", grad_norm = ", m.grad_norm,
+        ": not finite; stopped before the update, so the parameters (and the last checkpoint) are "
+        "those of step ",
+        step - 1,
+        ". Lower optimizer.lr, raise optimizer.warmup_steps or "
+        "optimizer.grad_clip, or set train.on_nonfinite = \"skip\" to skip such steps");
+  s.skipped_in_a_row = m.skipped ? s.skipped_in_a_row + 1 : 0;
+  if (s.failure.empty() && cfg.train.max_skipped_steps > 0 &&
+      s.skipped_in_a_row >= cfg.train.max_skipped_steps)
+    s.failure = detail::concat(
+        "step ", step, ": ", s.skipped_in_a_row,
+        " steps skipped in a row (train.max_skipped_steps=", cfg.train.max_skipped_steps, "; ",
+        nonfinite ? "non-finite loss or gradient norm"
+                  : detail::concat("fp16 overflow at loss scale ", scale),
+        "): the run is not training. Lower optimizer.lr, or use train.precision = \"bf16\"");
+  if (!m.skipped) {
+    s.fault.at("optimizer", step);
+    const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
+    if (moe && cfg.model.moe.balance == MoeBalance::bias) s.balance_experts();
+    s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
+  }
+  s.backend->synchronize();
+}
+
+TrainResult Trainer::State::run() {
+  State& s = *this;
+  const Config& cfg = s.cfg;
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  TrainResult result;
+  if (s.rank0 && !s.opts.quiet && s.start_step >= cfg.train.steps)
+    std::printf("checkpoint: step %lld is already >= train.steps=%lld; nothing to train\n",
+                static_cast<long long>(s.start_step), static_cast<long long>(cfg.train.steps));
+  const int64_t last_step =
+      s.opts.stop_after > 0 ? std::min(s.opts.stop_after, cfg.train.steps) : cfg.train.steps;
+  double max_step_s = 0, last_save_s = 0;
+  for (int64_t step = s.start_step + 1; step <= last_step; ++step) {
+    const auto t0 = clock::now();
+    StepMetrics m;
+    m.step = step;
+    m.steps = cfg.train.steps;
+    train_step(step, m);
+    const auto t1 = clock::now();
+    m.step_time_s = std::chrono::duration<double>(t1 - t0).count();
+    m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
+    m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
+    m.mem = s.alloc.stats();
+    // The groups the model and the trainer split off count too: context parallelism's hybrid
+    // groups, the tied embeddings' first-and-last-stage group.
+    std::vector<Communicator*> more = s.model->own_communicators();
+    if (s.embedding_group) more.push_back(s.embedding_group.get());
+    m.comm = take_comm_counters(s.mesh, more);
+    m.comm_wait_s = s.data_parallel->take_wait_seconds();
+    if (s.pipeline) {
+      float idle = static_cast<float>((s.pipeline->total_seconds() - s.pipeline->busy_seconds()) /
+                                      s.pipeline->busy_seconds());
+      s.mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
+      m.pp_bubble = idle / static_cast<float>(s.pp);
+      m.pp_bubble_predicted = s.predicted_bubble;
+    }
+    m.data_wait_s = s.loader->take_wait_seconds();
+    if (s.failure.empty() && cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
+      m.val_loss = evaluate(step);
+    // A stop request (a signal on any rank, or the time limit before the next step would end
+    // past it): every rank learns it here, with one all-reduce.
+    std::string stop;
+    if (s.failure.empty() && step < last_step) {
+      max_step_s = std::max(max_step_s, m.step_time_s);
+      const double elapsed = std::chrono::duration<double>(clock::now() - s.created).count();
+      const bool time_up =
+          cfg.train.time_limit > 0 && elapsed + max_step_s + last_save_s >= cfg.train.time_limit;
+      int32_t req[2] = {stop_requests.signal(), time_up ? 1 : 0};
+      if (s.mesh.world().size() > 1)
+        s.mesh.world().all_reduce(Tensor(req, {2}, DType::i32), ReduceOp::max).wait();
+      if (req[0])
+        stop = signal_name(req[0]);
+      else if (req[1])
+        stop = "train.time_limit";
+    }
+    const CheckpointConfig& ck = cfg.checkpoint;
+    const bool save_due =
+        s.failure.empty() && !ck.dir.empty() &&
+        ((ck.interval > 0 && step % ck.interval == 0) || step == last_step || !stop.empty());
+    bool started = false;
+    if (save_due || s.pending) {
+      const auto tc = clock::now();
+      if (save_due)
+        started = start_checkpoint(step);
+      else
+        poll_checkpoint(false);
+      m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
+      if (save_due) last_save_s = *m.checkpoint_s;
+    }
+    // The step's metrics line is on disk before its checkpoint commits (a synchronous save
+    // commits just below, an async one at a later step's poll): `latest` never runs ahead of
+    // metrics.jsonl.
+    s.metrics->write(m);
+    s.tensorboard->write(m);
+    if (started) s.fault.at("save", step);
+    if (started && !ck.async) poll_checkpoint(true);
+    if (s.rank0 && !s.opts.quiet && cfg.log.progress &&
+        (step % cfg.log.interval == 0 || step == 1 || step == cfg.train.steps || m.val_loss ||
+         m.skipped)) {
+      const double elapsed = std::chrono::duration<double>(t1 - t_start).count();
+      const double eta =
+          elapsed / static_cast<double>(step) * static_cast<double>(cfg.train.steps - step);
+      std::printf("%s\n", progress_line(m, eta).c_str());
+      std::fflush(stdout);
+    }
+    result.steps = step;
+    result.final_loss = m.loss;
+    if (!s.failure.empty() || !stop.empty()) {
+      result.stopped = stop;
+      break;
+    }
+  }
+  poll_checkpoint(true);  // an async save completes before the run ends, whatever ended it
+  result.error = s.failure;
+  result.last_checkpoint = s.last_checkpoint;
+  if (!s.opts.dump_final.empty() && s.failure.empty()) {
+    gather_params();
+    if (s.rank0) dump_params(s.opts.dump_final, s.spec, s.host_params);
+  }
+  return result;
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& opts) {
+  Mesh mesh = Mesh::create(MeshShape{}, make_local_communicator("world"));
+  validate_layout(cfg, 1);
+  return train(cfg, opts, mesh);
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& opts, Mesh& mesh) {
+  Trainer trainer(cfg, opts, mesh);
+  return trainer.run();
+}
+
+}  // namespace llmt
