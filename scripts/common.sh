@@ -37,10 +37,14 @@ llmt_install_deps() {
 }
 
 # Configures and builds into $1 with extra CMake args after it; LLMT_TARGETS (space-separated)
-# limits the build to those targets.
+# limits the build to those targets. ccache sees paths relative to the checkout (CCACHE_BASEDIR)
+# and ignores the working directory (CCACHE_NOHASHDIR: debug info may then name the folder of the
+# build that filled the cache), so a fresh clone in another folder reuses what an earlier build
+# of the same sources compiled.
 llmt_build() {
   local dir="$1"
   shift
+  export CCACHE_BASEDIR="$LLMT_ROOT" CCACHE_NOHASHDIR=1
   cmake -S "$LLMT_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
   # shellcheck disable=SC2086
   cmake --build "$dir" -j "$(nproc)" ${LLMT_TARGETS:+--target $LLMT_TARGETS}

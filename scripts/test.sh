@@ -33,7 +33,7 @@ cuda_build() {
   LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" \
     -DLLMTRAIN_CUDA=ON -DLLMTRAIN_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
 }
-gpu_tests() { (cd build-cuda && ctest -L gpu --output-on-failure); }
+gpu_tests() { (cd build-cuda && ctest -L gpu -j "$(nproc)" --output-on-failure); }
 # Sanitizers (LLMTRAIN_SANITIZE) on the unit-test programs: every program of `unit_tests` under
 # AddressSanitizer + UBSan; the data loader's prefetch thread and the background checkpoint
 # writer under ThreadSanitizer (OpenMP's runtime is not instrumented, so TSan runs only tests that

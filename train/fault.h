@@ -3,22 +3,28 @@
 // USR1, INT or KILL) in itself when it reaches PHASE of step STEP: forward (before the step's
 // forward), backward (after the backward, before the gradients are synchronised), optimizer
 // (before the update), save (the step's checkpoint files written, not yet committed) or load
-// (a checkpoint read, before the first step; STEP is ignored). Without the variable it does
-// nothing.
+// (a checkpoint read, before the first step; STEP is ignored). SIGNAL WAIT raises nothing: the
+// rank waits there until a stop signal reaches the process from outside (the others wait in
+// their next collective), so a test can deliver a signal mid-run however slowly it travels
+// (tests/e2e/check_slurm.py). Without the variable it does nothing.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "train/stop.h"
+
 namespace llmt {
 
 class FaultInjector {
  public:
-  // Reads LLMTRAIN_FAULT; throws ConfigError on a malformed value.
-  explicit FaultInjector(int world_rank);
+  // Reads LLMTRAIN_FAULT; throws ConfigError on a malformed value. `stops`: the process's stop
+  // requests, which WAIT polls.
+  FaultInjector(int world_rank, const StopRequests& stops);
   void at(const char* phase, int64_t step) const;
 
  private:
+  const StopRequests& stops_;
   bool armed_ = false;
   std::string phase_;
   int64_t step_ = 0;

@@ -240,7 +240,7 @@ struct Trainer::State {
         accum(grad_accum_steps(c) / dp),
         scaler(c.optimizer, c.train.precision == Precision::fp16),
         created(std::chrono::steady_clock::now()),
-        fault(m.rank()) {}
+        fault(m.rank(), stop_requests) {}
 
   // From construction on, so that a signal while loading a checkpoint stops the run too.
   const StopRequests stop_requests;

@@ -4,8 +4,9 @@ AutoTokenizer.from_pretrained(OUT) encodes text to exactly the ids llmtrain trai
 
 A SentencePiece tokenizer trained by `llmtrain data tokenizer-train`, a dataset from `data
 prepare --append-eod`, a 2-step run on it with a checkpoint, then `checkpoint export`. transformers
-comes from pip into a venv (transformers, protobuf and sentencepiece all from pip) in the work
-folder, reused between runs; exit 77 (skipped) when pip cannot install it. Checked: every
+comes from pip into a venv (transformers, protobuf and sentencepiece all from pip) outside the
+checkout (tests/e2e/pip_venv.py), reused between runs; exit 77 (skipped) when pip cannot install
+it. Checked: every
 document's AutoTokenizer ids (slow and fast tokenizers, special tokens on) equal the dataset's
 ids without the end-of-document token (no BOS is added, as the dataset has none), decode gives
 the text back, and config.json and the tokenizer agree on the bos/eos ids; `--tokenizer none`
@@ -21,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from check_megatron_format import read_dataset  # noqa: E402  (the independent numpy reader)
+from pip_venv import venv_python  # noqa: E402
 
 ENCODE = r"""
 import json, sys
@@ -44,26 +46,13 @@ def run(cmd, expect_rc=0):
     return r.stdout + r.stderr
 
 
-def venv_python(work):
-    venv = os.path.join(work, "hfvenv")
-    py = os.path.join(venv, "bin", "python")
-    ok = os.path.exists(py) and subprocess.run(
-        [py, "-c", "import transformers, google.protobuf, sentencepiece\n"
-         "assert not sentencepiece.__file__.startswith('/usr/')"],
-        capture_output=True).returncode == 0
-    if not ok:
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-                       check=True)
-        # --ignore-installed: Debian's sentencepiece (seen through the system site packages)
-        # carries protobuf code that today's protobuf refuses to load.
-        r = subprocess.run([py, "-m", "pip", "install", "-q", "--ignore-installed",
-                            "transformers", "protobuf", "sentencepiece"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"SKIP: pip cannot install transformers here:\n{r.stdout}{r.stderr}")
-            sys.exit(77)
-    return py
+def hf_python():
+    # --ignore-installed: Debian's sentencepiece (seen through the system site packages) carries
+    # protobuf code that today's protobuf refuses to load.
+    return venv_python("hfvenv", ["transformers", "protobuf", "sentencepiece"],
+                       "import transformers, google.protobuf, sentencepiece\n"
+                       "assert not sentencepiece.__file__.startswith('/usr/')",
+                       ["--ignore-installed"])
 
 
 def main():
@@ -74,7 +63,7 @@ def main():
     args = ap.parse_args()
     work = args.workdir
     os.makedirs(work, exist_ok=True)
-    py = venv_python(work)
+    py = hf_python()
     for d in ("ds", "run", "out", "out-none", "out-nfkc"):
         shutil.rmtree(os.path.join(work, d), ignore_errors=True)
 

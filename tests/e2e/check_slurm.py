@@ -112,10 +112,11 @@ def main():
                       open(f"{d}/slurmd.log").read()[-2000:])
                 sys.exit(77)
             time.sleep(0.2)
-        # Enough steps that the signal, sent once the job has logged 50, lands mid-run: delivering it
-        # takes Slurm a few hundred steps of this model (1-2 ms each) on a quiet machine, and under
-        # load it took more than the 3000 steps this test used to run (the job ended first).
-        steps = 10000
+        # The signal lands mid-run however long Slurm takes to deliver it (a few hundred steps of
+        # this model on a quiet machine, more than 3000 under load): the job's rank 0 waits in
+        # step 60 until a stop signal arrives (LLMTRAIN_FAULT=forward:60:0:WAIT, train/fault.h),
+        # and the test signals once it has logged 50 steps.
+        steps = 200
         sets = ["--set", f"train.steps={steps}", "--set", "optimizer.warmup_steps=10", "-q"]
         ref = os.path.join(w, "ref")
         sh(["srun", "-n", "2", "--mpi=pmix", args.llmtrain, "--config", args.config,
@@ -126,7 +127,8 @@ def main():
         job = sh(["sbatch", "--parsable", "--chdir", run, f"--output={run}/job.out",
                   args.sbatch_script, args.config, "--set", f"train.run_dir={run}",
                   "--set", f"checkpoint.dir={run}/ckpt"] + sets,
-                 {**env, "LLMTRAIN": args.llmtrain}).strip().split(";")[0]
+                 {**env, "LLMTRAIN": args.llmtrain,
+                  "LLMTRAIN_FAULT": "forward:60:0:WAIT"}).strip().split(";")[0]
         def started():
             if len(metrics(run)) >= 50:
                 return True

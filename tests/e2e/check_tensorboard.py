@@ -2,8 +2,8 @@
 """log.tensorboard: the event files llmtrain writes are read by TensorBoard itself.
 
 TensorBoard comes from pip (Debian has no package; docs REFERENCE: a test-side package may), into
-a venv made with --system-site-packages in the work folder, reused between runs. Exit 77
-(skipped) when pip cannot install it here.
+a venv outside the checkout (tests/e2e/pip_venv.py), reused between runs. Exit 77 (skipped) when pip
+cannot install it here.
 
 1. A 10-step run with validation every 5 steps: TensorBoard's EventAccumulator (which checks each
    record's CRC-32C) lists exactly the numeric values of metrics.jsonl under the same names
@@ -22,6 +22,8 @@ import shutil
 import subprocess
 import sys
 
+from pip_venv import venv_python
+
 READ = r"""
 import json, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -29,23 +31,6 @@ ea = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
 ea.Reload()
 print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}))
 """
-
-
-def venv_python(work):
-    venv = os.path.join(work, "tbvenv")
-    py = os.path.join(venv, "bin", "python")
-    ok = os.path.exists(py) and subprocess.run(
-        [py, "-c", "import tensorboard"], capture_output=True).returncode == 0
-    if not ok:
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-                       check=True)
-        r = subprocess.run([py, "-m", "pip", "install", "-q", "tensorboard"], capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            print(f"SKIP: pip cannot install tensorboard here:\n{r.stdout}{r.stderr}")
-            sys.exit(77)
-    return py
 
 
 def train(args, run_dir, sets, env=None, expect_rc=0):
@@ -91,7 +76,7 @@ def main():
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
-    py = venv_python(args.workdir)
+    py = venv_python("tbvenv", ["tensorboard"], "import tensorboard")
     failures = []
 
     run1 = os.path.join(args.workdir, "run")
