@@ -1,9 +1,12 @@
 // Parameter names, shapes and counts against published model sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "engine/model/model_spec.h"
+#include "engine/model/parallelize.h"
 
 namespace llmt {
 namespace {
@@ -125,6 +128,102 @@ TEST(ModelSpec, PlacementOnEveryAxis) {
   }
   EXPECT_EQ(r1.params[r1.index_of("layers.3.mlp.fc1.weight")].on(Axis::tp).str(), "Shard(0)");
   EXPECT_TRUE(r1.params[r1.index_of("wte.weight")].tied_copy);
+}
+
+// Every parameter's layer and kind against its name (the one place names are parsed, to check
+// what from_config declares): a GPT-2 model with learned positions, biases and an untied head,
+// and a Llama MoE model with a dense first layer, bias balancing and a shared expert.
+TEST(ModelSpec, LayerAndKindOfEveryParameter) {
+  ModelConfig gpt = model_preset(Arch::gpt2);
+  gpt.vocab_size = 64;
+  gpt.n_layers = 2;
+  gpt.d_model = 32;
+  gpt.n_heads = 4;
+  gpt.tie_embeddings = false;
+  ModelConfig moe = model_preset(Arch::llama);
+  moe.vocab_size = 64;
+  moe.n_layers = 3;
+  moe.d_model = 32;
+  moe.n_heads = 4;
+  moe.d_ff = 64;
+  moe.moe.num_experts = 4;
+  moe.moe.d_ff_expert = 32;
+  moe.moe.first_dense_layers = 1;
+  moe.moe.balance = MoeBalance::bias;
+  moe.moe.shared_experts = 1;
+  moe.moe.d_ff_shared = 16;
+  auto has = [](const std::string& n, const char* part) {
+    return n.find(part) != std::string::npos;
+  };
+  int experts = 0, routers = 0, biases = 0;
+  for (const ModelConfig& c : {gpt, moe}) {
+    const ModelSpec s = ModelSpec::from_config(c);
+    for (const ParamSpec& p : s.params) {
+      const bool in_layer = p.name.rfind("layers.", 0) == 0;
+      EXPECT_EQ(p.layer, in_layer ? std::stoll(p.name.substr(7)) : -1) << p.name;
+      ParamKind want = ParamKind::mlp;
+      if (p.name == "wte.weight")
+        want = ParamKind::embedding;
+      else if (p.name == "wpe.weight")
+        want = ParamKind::position;
+      else if (p.name == "lm_head.weight")
+        want = ParamKind::head;
+      else if (has(p.name, "norm"))
+        want = ParamKind::norm;
+      else if (has(p.name, ".attn."))
+        want = ParamKind::attention;
+      else if (has(p.name, ".router.expert_bias"))
+        want = ParamKind::router_bias;
+      else if (has(p.name, ".router."))
+        want = ParamKind::router;
+      else if (has(p.name, ".experts."))
+        want = ParamKind::expert;
+      EXPECT_EQ(static_cast<int>(p.kind), static_cast<int>(want)) << p.name;
+      experts += p.kind == ParamKind::expert;
+      routers += p.kind == ParamKind::router;
+      biases += p.kind == ParamKind::router_bias;
+    }
+  }
+  EXPECT_EQ(experts, 4);  // fc1 and fc2 stacks of layers 1 and 2
+  EXPECT_EQ(routers, 2);
+  EXPECT_EQ(biases, 2);
+}
+
+// parallelize composes the stage, the tp shard and the experts in that order, the ep rank being
+// the rank's place in its dp x cp group (as MeshShape::group lists it, which is how
+// Mesh::expert_group splits it) mod ep: tp 2, cp 2, dp 2, pp 2 with ep 2 (16 ranks).
+TEST(Parallelize, StageThenTpThenExperts) {
+  ModelConfig c = model_preset(Arch::llama);
+  c.vocab_size = 64;
+  c.n_layers = 4;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.d_ff = 64;
+  c.moe.num_experts = 4;
+  c.moe.d_ff_expert = 32;
+  c.moe.first_dense_layers = 1;
+  const ModelSpec spec = ModelSpec::from_config(c);
+  ModelLayout layout;
+  layout.mesh.degree = {2, 2, 2, 2};  // tp, cp, dp, pp
+  layout.ep = 2;
+  for (int r = 0; r < layout.mesh.world(); ++r) {
+    const auto at = layout.mesh.coords(r);
+    const std::vector<int> group = layout.mesh.group(r, {Axis::dp, Axis::cp});
+    const int place = static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin());
+    EXPECT_EQ(expert_rank(layout.mesh, 2, r), place % 2) << "rank " << r;
+    const ModelSpec want = spec.shard_pp(2, 1, {}, at[static_cast<int>(Axis::pp)])
+                               .shard_tp(2, at[static_cast<int>(Axis::tp)])
+                               .shard_ep(2, place % 2);
+    const ModelSpec got = parallelize(spec, layout, r);
+    EXPECT_EQ(got.tp_rank, want.tp_rank);
+    EXPECT_EQ(got.ep_rank, want.ep_rank);
+    EXPECT_EQ(got.chunks, want.chunks);
+    ASSERT_EQ(got.params.size(), want.params.size());
+    for (size_t i = 0; i < got.params.size(); ++i) {
+      EXPECT_EQ(got.params[i].name, want.params[i].name);
+      EXPECT_EQ(got.params[i].shape, want.params[i].shape) << got.params[i].name;
+    }
+  }
 }
 
 }  // namespace
