@@ -33,22 +33,37 @@ cuda_build() {
   LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" \
     -DLLMTRAIN_CUDA=ON -DLLMTRAIN_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
 }
-gpu_tests() { (cd build-cuda && ctest -L gpu -j "$(nproc)" --output-on-failure); }
+# With a GPU, ctest runs every case as its own test. Without one, each case would only skip, and
+# a process that loads the CUDA libraries takes ~0.4 s to start (219 cases: 85 s): each program
+# runs once instead, its cases skipping with the message.
+gpu_tests() {
+  if nvidia-smi -L >/dev/null 2>&1; then
+    (cd build-cuda && ctest -L gpu -j "$(nproc)" --output-on-failure)
+  else
+    echo "==> no GPU visible: each GPU test program runs once, its cases skipping"
+    local t
+    for t in test_gpu test_gpu_ops test_gpu_train; do
+      build-cuda/tests/gpu/$t --gtest_brief=1 || return 1
+    done
+  fi
+}
 # Sanitizers (LLMTRAIN_SANITIZE) on the unit-test programs: every program of `unit_tests` under
 # AddressSanitizer + UBSan; the data loader's prefetch thread and the background checkpoint
 # writer under ThreadSanitizer (OpenMP's runtime is not instrumented, so TSan runs only tests that
-# start no OpenMP region). ctest's `mpi` label needs the binary and MPI: not built here.
+# start no OpenMP region). ctest's `mpi` label needs the binary and MPI: not built here. -O1 -g1
+# (line tables: reports keep file and line) compiles in half the time of -O2 -g (trainer.cpp
+# under ASan + UBSan: 17.6 s against 34.7 s).
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 asan_build() {
   LLMT_TARGETS="unit_tests" llmt_build "$LLMT_ROOT/build-asan" -DLLMTRAIN_CUDA=OFF \
-    -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=address,undefined "${sanitizer_flags[@]}"
 }
 asan_tests() {
   (cd build-asan && ctest -L unit -LE mpi -E include_graph -j "$(nproc)" --output-on-failure)
 }
 tsan_build() {
   LLMT_TARGETS="test_data test_checkpoint_save" llmt_build "$LLMT_ROOT/build-tsan" \
-    -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=thread \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DLLMTRAIN_CUDA=OFF -DLLMTRAIN_TESTS=ON -DLLMTRAIN_SANITIZE=thread "${sanitizer_flags[@]}"
 }
 tsan_tests() { (cd build-tsan && ctest -R "DataLoader|SaveTest" --output-on-failure); }
 cpu_tests() {

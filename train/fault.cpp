@@ -47,7 +47,7 @@ void FaultInjector::at(const char* phase, int64_t step) const {
     std::raise(signal_);
     return;
   }
-  while (stops_.signal() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (wait_ && stops_.signal() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 }  // namespace llmt

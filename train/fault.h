@@ -3,10 +3,11 @@
 // USR1, INT or KILL) in itself when it reaches PHASE of step STEP: forward (before the step's
 // forward), backward (after the backward, before the gradients are synchronised), optimizer
 // (before the update), save (the step's checkpoint files written, not yet committed) or load
-// (a checkpoint read, before the first step; STEP is ignored). SIGNAL WAIT raises nothing: the
-// rank waits there until a stop signal reaches the process from outside (the others wait in
-// their next collective), so a test can deliver a signal mid-run however slowly it travels
-// (tests/e2e/check_slurm.py). Without the variable it does nothing.
+// (a checkpoint read, before the first step; STEP is ignored). SIGNAL WAIT raises nothing: in a
+// run that started from scratch the rank waits there until a stop signal reaches the process
+// from outside (the others wait in their next collective), so a test can deliver a signal
+// mid-run however slowly it travels (tests/e2e/check_slurm.py); a resumed run (the same
+// environment, requeued) passes. Without the variable it does nothing.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +23,13 @@ class FaultInjector {
   // requests, which WAIT polls.
   FaultInjector(int world_rank, const StopRequests& stops);
   void at(const char* phase, int64_t step) const;
+  // The run resumed from a checkpoint: WAIT no longer waits.
+  void resumed() { wait_ = false; }
 
  private:
   const StopRequests& stops_;
   bool armed_ = false;
+  bool wait_ = true;
   std::string phase_;
   int64_t step_ = 0;
   int signal_ = 0;

@@ -276,7 +276,7 @@ struct Trainer::State {
   int64_t start_step = 0, updates = 0, consumed = 0;
   int64_t skipped_in_a_row = 0;
   const std::chrono::steady_clock::time_point created;  // train.time_limit counts from here
-  const FaultInjector fault;                            // LLMTRAIN_FAULT (tests)
+  FaultInjector fault;                                  // LLMTRAIN_FAULT (tests)
   // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
   std::string failure;
   std::string last_checkpoint;
@@ -464,6 +464,7 @@ void Trainer::State::restore() {
   const auto t_load = std::chrono::steady_clock::now();
   const int64_t bytes = ckpt::load(*s.resume, s.model->spec(), *s.data_parallel, *s.backend);
   s.fault.at("load", 0);
+  s.fault.resumed();
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
