@@ -130,6 +130,20 @@ TEST(ModelSpec, PlacementOnEveryAxis) {
   EXPECT_TRUE(r1.params[r1.index_of("wte.weight")].tied_copy);
 }
 
+// A Llama-style model of `layers` layers whose layers from 1 on are MoE MLPs (4 experts).
+ModelConfig tiny_moe(int64_t layers) {
+  ModelConfig c = model_preset(Arch::llama);
+  c.vocab_size = 64;
+  c.n_layers = layers;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.d_ff = 64;
+  c.moe.num_experts = 4;
+  c.moe.d_ff_expert = 32;
+  c.moe.first_dense_layers = 1;
+  return c;
+}
+
 // Every parameter's layer and kind against its name (the one place names are parsed, to check
 // what from_config declares): a GPT-2 model with learned positions, biases and an untied head,
 // and a Llama MoE model with a dense first layer, bias balancing and a shared expert.
@@ -140,15 +154,7 @@ TEST(ModelSpec, LayerAndKindOfEveryParameter) {
   gpt.d_model = 32;
   gpt.n_heads = 4;
   gpt.tie_embeddings = false;
-  ModelConfig moe = model_preset(Arch::llama);
-  moe.vocab_size = 64;
-  moe.n_layers = 3;
-  moe.d_model = 32;
-  moe.n_heads = 4;
-  moe.d_ff = 64;
-  moe.moe.num_experts = 4;
-  moe.moe.d_ff_expert = 32;
-  moe.moe.first_dense_layers = 1;
+  ModelConfig moe = tiny_moe(3);
   moe.moe.balance = MoeBalance::bias;
   moe.moe.shared_experts = 1;
   moe.moe.d_ff_shared = 16;
@@ -193,16 +199,7 @@ TEST(ModelSpec, LayerAndKindOfEveryParameter) {
 // the rank's place in its dp x cp group (as MeshShape::group lists it, which is how
 // Mesh::expert_group splits it) mod ep: tp 2, cp 2, dp 2, pp 2 with ep 2 (16 ranks).
 TEST(Parallelize, StageThenTpThenExperts) {
-  ModelConfig c = model_preset(Arch::llama);
-  c.vocab_size = 64;
-  c.n_layers = 4;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.d_ff = 64;
-  c.moe.num_experts = 4;
-  c.moe.d_ff_expert = 32;
-  c.moe.first_dense_layers = 1;
-  const ModelSpec spec = ModelSpec::from_config(c);
+  const ModelSpec spec = ModelSpec::from_config(tiny_moe(4));
   ModelLayout layout;
   layout.mesh.degree = {2, 2, 2, 2};  // tp, cp, dp, pp
   layout.ep = 2;
