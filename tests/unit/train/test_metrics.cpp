@@ -44,8 +44,12 @@ StepMetrics full_step() {
   return m;
 }
 
+// The line MetricsWriter writes for `m`, through a file of the running test's own (ctest -j runs
+// the tests of this program side by side, as processes).
 std::string written_line(const StepMetrics& m) {
-  const std::string path = ::testing::TempDir() + "/metrics_line.jsonl";
+  const std::string path = ::testing::TempDir() + "/metrics_line_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                           ".jsonl";
   std::filesystem::remove(path);
   MetricsWriter(path).write(m);
   std::ifstream in(path);
