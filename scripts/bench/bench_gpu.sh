@@ -26,7 +26,9 @@ for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   done
 done
 
-/usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" "$device" "$batch" <<'PY'
+python=/usr/bin/python3  # Debian's; elsewhere (a GPU machine's image) whichever python3 is first
+[[ -x "$python" ]] || python=python3
+"$python" - "$work" "$(dirname "${BASH_SOURCE[0]}")" "$device" "$batch" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[2])
 from runs import conditions, load

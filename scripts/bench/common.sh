@@ -48,6 +48,10 @@ bench_run() {
   shift 2
   local cmd=("$llmtrain" train --config "$work/bench.toml" -q --set "train.run_dir=$work/$name" "$@")
   local timer=(/usr/bin/time -f "%U %S" -o "$work/$name.cpu")
+  if [[ ! -x /usr/bin/time ]]; then  # GNU time is missing (a GPU machine's image): no CPU seconds
+    echo "0 0" > "$work/$name.cpu"
+    timer=()
+  fi
   if [[ "$ranks" -gt 1 ]]; then
     "${timer[@]}" mpirun --oversubscribe --bind-to core -np "$ranks" "${cmd[@]}"
   else
