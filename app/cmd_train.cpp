@@ -30,6 +30,7 @@ Run add_train_command(CLI::App& app) {
     std::string dump_final;
     bool quiet = false;
     bool force = false;
+    bool overwrite = false;
     bool shrink = false;
     int64_t stop_after = 0;
   };
@@ -53,6 +54,10 @@ Run add_train_command(CLI::App& app) {
       "`config show --shrink` prints it and its world size)");
   cmd->add_flag("--force", args->force,
                 "Start even when the ranks of a node need more memory than it has available");
+  cmd->add_flag("--overwrite", args->overwrite,
+                "Start over in a train.run_dir / checkpoint.dir that holds an earlier run: "
+                "truncates its metrics and deletes its checkpoints (without it, such a start is "
+                "refused)");
   return [args]() {
     Config cfg = parse_config(args->config, args->overrides);
     if (args->shrink) {
@@ -222,6 +227,7 @@ Run add_train_command(CLI::App& app) {
     opts.dump_final = args->dump_final;
     opts.quiet = args->quiet;
     opts.stop_after = args->stop_after;
+    opts.overwrite = args->overwrite;
     TrainResult r;
     try {
       r = train(cfg, opts, mesh);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds llmtrain (CPU), prepares the real-text quickstart corpus
 # (scripts/corpus.sh: cached in .cache/corpus) and trains configs/quickstart.toml on it under
-# mpirun. Extra arguments go to `llmtrain train` (e.g. --set train.steps=50).
+# mpirun, starting over (--overwrite) in runs/quickstart each time. Extra arguments go to
+# `llmtrain train` (e.g. --set train.steps=50).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 llmt_install_deps
@@ -14,4 +15,4 @@ declare -A corpus
 while IFS='=' read -r key value; do corpus[$key]=$value; done <<< "$made"
 llmt_mpirun -np "${LLMT_RANKS:-1}" ./build/app/llmtrain train --config configs/quickstart.toml \
   --set "model.vocab_size=${corpus[vocab_size]}" --set "data.path=${corpus[data_prefix]}" \
-  --set "data.tokenizer=${corpus[tokenizer]}" "$@"
+  --set "data.tokenizer=${corpus[tokenizer]}" --overwrite "$@"

@@ -276,6 +276,9 @@ const Schema& schema() {
 
 // Fills what the arch preset decides (unless given explicitly) and the 0 = "same as" defaults.
 void resolve(Config& c, const std::set<std::string>& given) {
+  // Each config its own run directory unless it names one: runs/<the config file's stem>.
+  if (!given.count("train.run_dir") && !fs::path(c.source_path).stem().empty())
+    c.train.run_dir = (fs::path("runs") / fs::path(c.source_path).stem()).string();
   ModelConfig& m = c.model;
   const ModelConfig preset = model_preset(m.arch);
   if (!given.count("model.norm")) m.norm = preset.norm;

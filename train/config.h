@@ -32,7 +32,7 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;   // sequences per forward/backward; 0 = global_batch_size
   Precision precision = Precision::fp32;
   uint64_t seed = 1234;
-  std::string run_dir = "runs/default";
+  std::string run_dir = "runs/default";  // unless given: runs/<config file stem>
   // "auto": cuda when built in and a GPU is visible, else cpu; "cpu"; "cuda" (one GPU per rank)
   std::string device = "auto";
   int64_t threads = 0;                    // OpenMP threads per rank; 0 = all cores

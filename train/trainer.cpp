@@ -27,6 +27,7 @@
 #include "kernels/threads.h"
 #include "train/fault.h"
 #include "train/metrics.h"
+#include "train/run_guard.h"
 #include "train/run_lock.h"
 #include "train/stop.h"
 #include "train/tensorboard.h"
@@ -354,6 +355,8 @@ void Trainer::State::init() {
       std::error_code ec;
       if (!cfg.checkpoint.dir.empty() && !fs::equivalent(cfg.checkpoint.dir, cfg.train.run_dir, ec))
         s.locks.push_back(std::make_unique<RunLock>(cfg.checkpoint.dir, "checkpoint.dir"));
+      // Nothing of an earlier run is overwritten unless the user says so.
+      check_run_dirs(cfg, ckpt::resolve_load(cfg.checkpoint).has_value(), s.opts.overwrite);
     } catch (const ConfigError& e) {
       lock_error = e.what();
     }
@@ -496,7 +499,10 @@ void Trainer::State::build_data() {
   s.host_in.resize(static_cast<size_t>(s.mbs * s.Tl));
   s.host_tg.resize(s.host_in.size());
   s.pipe_mbs.resize(static_cast<size_t>(slots));
-  if (s.rank0) fs::create_directories(cfg.train.run_dir);
+  if (s.rank0) {
+    fs::create_directories(cfg.train.run_dir);
+    record_run_config(cfg);
+  }
   s.metrics = std::make_unique<MetricsWriter>(
       cfg.log.metrics.empty() || !s.rank0
           ? ""

@@ -17,6 +17,9 @@ struct TrainOptions {
   // > 0: stop after this step (saving a checkpoint there when [checkpoint] dir is set), as if
   // the job had been interrupted; the LR schedule still runs to train.steps.
   int64_t stop_after = 0;
+  // Start over in directories that hold an earlier run: its checkpoints in checkpoint.dir are
+  // deleted and its metrics truncated (train/run_guard.h). Without it such a start is refused.
+  bool overwrite = false;
 };
 
 struct TrainResult {
