@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -92,31 +93,6 @@ __device__ inline float block_max(float v) {
   return block_reduce(v, MaxOp{}, -INFINITY);
 }
 
-// dst (C) += sum over rows n of f(n, c): a block of 32 columns x 8 row groups, the groups'
-// partial sums added in shared memory in a fixed order (deterministic, no atomics).
-template <typename F>
-__global__ void add_column_sums_kernel(float* dst, int64_t N, int64_t C, F f) {
-  __shared__ float part[8][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float s = 0.0f;
-  if (c < C)
-    for (int64_t n = threadIdx.y; n < N; n += 8) s += f(n, c);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int g = 1; g < 8; ++g) s += part[g][threadIdx.x];
-    dst[c] += s;
-  }
-}
-
-template <typename F>
-void add_column_sums(float* dst, int64_t N, int64_t C, F f) {
-  if (C <= 0) return;
-  add_column_sums_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, 8), 0, stream()>>>(dst, N,
-                                                                                             C, f);
-  LLMT_CUDA_LAUNCHED();
-}
-
 // ---- random numbers (core/rng.h on the device) ------------------------------------------
 // rng::key is constexpr, so device code calls it directly (--expt-relaxed-constexpr); uniform and
 // normal are restated here with the same arithmetic.
@@ -155,6 +131,60 @@ class Scratch {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// dst (C) += sum over rows n of f(n, c), deterministic: no atomics, and an order of additions
+// that depends on N and C only. The rows are cut into R chunks of at least 256 rows (R <= 64);
+// a block of 32 columns x 8 row groups sums one chunk, its groups' partial sums added in shared
+// memory in a fixed order, and with R > 1 writes the chunk's sums to scratch (R, C), which a
+// second kernel adds column by column in chunk order. One chunk per column block left a
+// (8192, 768) LayerNorm gradient 24 blocks for 132 SMs (12% of a bf16 GPT-2 step, docs/gpu.md).
+template <typename F>
+__global__ void column_partials_kernel(float* out, int64_t N, int64_t C, int64_t rows, F f) {
+  __shared__ float part[8][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  const int64_t n0 = blockIdx.y * rows, n1 = n0 + rows < N ? n0 + rows : N;
+  float s = 0.0f;
+  if (c < C)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) s += f(n, c);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int g = 1; g < 8; ++g) s += part[g][threadIdx.x];
+    if (gridDim.y == 1)
+      out[c] += s;
+    else
+      out[blockIdx.y * C + c] = s;
+  }
+}
+
+template <typename T>  // a template only to be defined in a header: T = float
+__global__ void add_column_partials_kernel(T* dst, const T* partials, int64_t R, int64_t C) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += int64_t{gridDim.x} * blockDim.x) {
+    T s = 0;
+    for (int64_t r = 0; r < R; ++r) s += partials[r * C + c];
+    dst[c] += s;
+  }
+}
+
+template <typename F>
+void add_column_sums(float* dst, int64_t N, int64_t C, F f) {
+  if (C <= 0) return;
+  constexpr int64_t kMinRows = 256, kMaxChunks = 64;
+  const int64_t R = N <= kMinRows ? 1 : std::min(kMaxChunks, (N + kMinRows - 1) / kMinRows);
+  const int64_t rows = R == 1 ? N : (N + R - 1) / R;
+  static Scratch scratch;  // per call site (F): the (R, C) partial sums
+  float* out = R == 1 ? dst : static_cast<float*>(scratch.reserve(sizeof(float) * R * C));
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(R));
+  column_partials_kernel<<<grid, dim3(32, 8), 0, stream()>>>(out, N, C, rows, f);
+  LLMT_CUDA_LAUNCHED();
+  if (R > 1) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((C + 255) / 256, 1024));
+    add_column_partials_kernel<<<blocks, 256, 0, stream()>>>(dst, out, R, C);
+    LLMT_CUDA_LAUNCHED();
+  }
+}
+
 
 // ---- data-dependent argument checks -----------------------------------------------------------
 

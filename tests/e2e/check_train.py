@@ -6,12 +6,15 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 
 def train(llmtrain, config, run_dir, *sets):
-    # Checkpoints (the quickstart config saves them) stay inside the run's folder.
+    # A fresh run each time (an earlier test run's files would be refused: docs/configuration.md,
+    # "Run directories"). Checkpoints (the quickstart config saves them) stay inside the run's folder.
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [llmtrain, "train", "--config", str(config), "--set", f"train.run_dir={run_dir}",
            "--set", f"checkpoint.dir={run_dir}/checkpoints"]
     for s in sets:

@@ -88,7 +88,8 @@ void add_norms(std::vector<OpCase>& cases) {
   struct Shape2 {
     int64_t N, C;
   };
-  for (const auto [N, C] : {Shape2{15, 100}, Shape2{33, 1030}}) {
+  // 700 and 2000 rows: the CUDA column sums of the weight gradients in 3 and 8 row chunks.
+  for (const auto [N, C] : {Shape2{15, 100}, Shape2{33, 1030}, Shape2{700, 96}, Shape2{2000, 40}}) {
     const std::string dims = "_N" + std::to_string(N) + "_C" + std::to_string(C);
     HostTensor inp = uniform({N, C}, 1, -2.0f, 3.0f), weight = uniform({C}, 2, 0.5f, 1.5f);
     HostTensor bias = uniform({C}, 3), mean({N}), rstd({N}), out({N, C});
