@@ -47,7 +47,8 @@ Run add_train_command(CLI::App& app) {
                   "Stop after this step (saving a checkpoint there when [checkpoint] dir is set), "
                   "as a job that runs out of time; the LR schedule still spans train.steps")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("-q,--quiet", args->quiet, "No progress lines");
+  cmd->add_flag("-q,--quiet", args->quiet,
+                "No progress lines (the final `done:` line, warnings and errors still print)");
   cmd->add_flag(
       "--shrink", args->shrink,
       "Train the config shrunk to one machine with its parallel structure (docs/papers.md; "
@@ -258,7 +259,7 @@ Run add_train_command(CLI::App& app) {
                     kExitStopped);
       return kExitStopped;
     }
-    if (!args->quiet && rank0)
+    if (rank0)  // also with -q: the one line that says how the run ended
       std::printf("done: %lld steps, final loss %.4f, metrics in %s\n",
                   static_cast<long long>(r.steps), r.final_loss, cfg.train.run_dir.c_str());
     return 0;

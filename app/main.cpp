@@ -2,6 +2,7 @@
 // C.toml` is `llmtrain train --config C.toml`, as job scripts write it. Exit codes (docs/slurm.md):
 // 0 success, 1 runtime failure, 2 usage or configuration error, 75 stopped early by a signal or
 // train.time_limit after saving a checkpoint (resume with checkpoint.load = "auto").
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -35,6 +36,53 @@ std::vector<char*> with_default_command(int argc, char** argv) {
   return out;
 }
 
+// Edit distance (insertions, deletions, substitutions) between a and b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The words of argv naming (sub)commands, checked against the commands `app` knows: for the first
+// unknown one where a command was expected, the error line ("unknown command ...; did you mean
+// ...?"), else "". CLI11 alone says only "A subcommand is required" for `llmtrain trian`.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* cur = &app;
+  std::string path = "llmtrain";
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::vector<CLI::App*> subs = cur->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";  // a positional argument of a leaf command
+    const std::string word = argv[i];
+    CLI::App* next = nullptr;
+    std::string names, best;
+    size_t best_d = 3;  // suggest only within 2 edits
+    for (CLI::App* sub : subs) {
+      if (sub->get_name() == word) next = sub;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (const size_t d = edit_distance(word, sub->get_name()); d < best_d) {
+        best_d = d;
+        best = sub->get_name();
+      }
+    }
+    if (!next)
+      return "unknown command '" + word + "' for " + path +
+             (best.empty() ? "" : "; did you mean '" + best + "'?") + " (commands: " + names +
+             "; " + path + " --help)";
+    cur = next;
+    path += " " + word;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc_in, char** argv_in) {
@@ -46,12 +94,21 @@ int main(int argc_in, char** argv_in) {
       "  llmtrain --config C.toml [--set k=v]...   is   llmtrain train --config C.toml ...",
       "llmtrain"};
   app.set_version_flag("--version", version_text());
+  app.footer(
+      "Exit codes: 0 success; 1 runtime failure (a failing rank, a non-finite loss); 2 usage or "
+      "configuration error (the message names the key, file and line); 75 stopped early by "
+      "SIGTERM/SIGUSR1/SIGINT or train.time_limit after saving a checkpoint (resume with "
+      "checkpoint.load = \"auto\"; docs/slurm.md).\n");
   app.require_subcommand(1);
   llmt::app::Run run_train = llmt::app::add_train_command(app);
   llmt::app::Run run_config = llmt::app::add_config_command(app);
   llmt::app::Run run_data = llmt::app::add_data_command(app);
   llmt::app::Run run_checkpoint = llmt::app::add_checkpoint_command(app);
   llmt::app::Run run_plan = llmt::app::add_plan_command(app);
+  if (const std::string e = unknown_command(app, argc, argv); !e.empty()) {
+    std::fprintf(stderr, "error: %s\n", e.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -69,7 +69,9 @@ void check_data_config(const DataConfig& d, int64_t eval_interval, Rules& r) {
                    " must be three comma-separated non-negative numbers with a positive sum, the "
                    "shares of train,valid,test, e.g. \"98,1,1\""));
   if (d.source != DataSource::indexed) return;
-  const std::string where_hint = " (a path in a config file is relative to that file's folder)";
+  const std::string where_hint =
+      " (a path written in a config file is relative to that file's folder; one given with "
+      "--set, to the current directory)";
   r.require(!d.path.empty() || !d.sources.empty(), {"data.source"},
             "data.source=\"indexed\" needs data.path (one dataset prefix) or [[data.sources]] "
             "entries {path, weight} (a blend)");

@@ -126,6 +126,17 @@ TEST(Layout, WorldSizeMismatchPrintsEveryFactor) {
             "parallel.dp=-1: world size 6 is not divisible by tp(4)*cp(1)*pp(1)=4");
 }
 
+TEST(Layout, TooFewRanksSayHowToLaunchEnough) {
+  EXPECT_EQ(layout_error({"parallel.tp=2"}, 1),
+            "parallel.dp=-1: world size 1 is not divisible by tp(2)*cp(1)*pp(1)=2; this layout "
+            "needs 2 ranks: run it under `mpirun -np 2 llmtrain ...` (or `srun -n 2`) — started "
+            "without a launcher, llmtrain runs 1 rank");
+  EXPECT_EQ(layout_error({"parallel.tp=2", "parallel.dp=2"}, 2),
+            "tp(2)*cp(1)*dp(2)*pp(1)=4 != world size 2: set [parallel] degrees whose product is "
+            "the number of ranks, or dp = -1; this layout needs 4 ranks: run it under `mpirun -np "
+            "4 llmtrain ...` (or `srun -n 4`)");
+}
+
 TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
   // 8 / (dp 1 * 2) = 4 micro-batches: fine for pp 2 and 4, not for pp 4 with dp 2 (m = 2).
   const std::vector<std::string> il{"parallel.pp_schedule=interleaved", "parallel.virtual_stages=2",

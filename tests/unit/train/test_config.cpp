@@ -896,9 +896,15 @@ TEST_F(ConfigFiles, DataPathsAreRelativeToTheirConfigFile) {
   const std::string abs = (dir_ / "corpus/books").string();
   EXPECT_EQ(parse_config(one.string(), {"data.path=" + abs}).data.path, abs);
   EXPECT_EQ(file_error_of(one, {"data.path=corpus/web"}),
-            "data.path=\"corpus/web\": corpus/web.idx not found (a path in a config file is "
-            "relative to that file's folder) (data.path at --set)");
+            "data.path=\"corpus/web\": corpus/web.idx not found (a path written in a config "
+            "file is relative to that file's folder; one given with --set, to the current "
+            "directory) (data.path at --set)");
 }
+
+// What every missing data file's message says of relative paths.
+const std::string kPathHint =
+    " (a path written in a config file is relative to that file's folder; one given with --set, "
+    "to the current directory)";
 
 TEST_F(ConfigFiles, MissingDataFilesNameTheKeyAndFile) {
   touch_dataset(dir_ / "d/ok");
@@ -914,17 +920,11 @@ TEST_F(ConfigFiles, MissingDataFilesNameTheKeyAndFile) {
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines[0], "data.sources entry 2: weight=0.0 must be > 0 (data.sources at " + at + ")");
   EXPECT_EQ(lines[1], "data.sources entry 2: path=\"" + d + "/half\": " + d +
-                          "/half.bin not found (a path in a config file is relative to that "
-                          "file's folder) (data.sources at " +
-                          at + ")");
+                          "/half.bin not found" + kPathHint + " (data.sources at " + at + ")");
   EXPECT_EQ(lines[2], "data.sources entry 3: path=\"" + d + "/none\": " + d +
-                          "/none.idx not found (a path in a config file is relative to that "
-                          "file's folder) (data.sources at " +
-                          at + ")");
-  EXPECT_EQ(lines[3], "data.tokenizer=\"" + d +
-                          "/tok.model\": file not found (a path in a config file is relative to "
-                          "that file's folder) (data.tokenizer at " +
-                          cfg.string() + ":3:1)");
+                          "/none.idx not found" + kPathHint + " (data.sources at " + at + ")");
+  EXPECT_EQ(lines[3], "data.tokenizer=\"" + d + "/tok.model\": file not found" + kPathHint +
+                          " (data.tokenizer at " + cfg.string() + ":3:1)");
   // A validation run needs documents in the valid split.
   const fs::path no_valid = write("nv.toml",
                                   "[train]\neval_interval = 10\n[data]\nsource = \"indexed\"\n"
