@@ -53,9 +53,16 @@ Run add_config_command(CLI::App& app) {
       }
       std::printf("%s", to_toml(cfg).c_str());
       ModelSpec spec = ModelSpec::from_config(cfg.model);
-      std::printf("# parameters: %lld, gradient accumulation steps: %lld\n",
+      // Micro-batches per step on each dp rank: the global batch is shared over dp (1 without
+      // --world, which leaves dp unknown when it is -1).
+      const int64_t dp = args->world > 0 ? mesh_shape(cfg.parallel, args->world).size(Axis::dp)
+                                         : std::max<int64_t>(cfg.parallel.dp, 1);
+      std::printf("# parameters: %lld, gradient accumulation steps per dp rank: %lld (dp %lld%s)\n",
                   static_cast<long long>(spec.num_params()),
-                  static_cast<long long>(grad_accum_steps(cfg)));
+                  static_cast<long long>(grad_accum_steps(cfg) / dp), static_cast<long long>(dp),
+                  args->world > 0 || cfg.parallel.dp > 0
+                      ? ""
+                      : "; dp = -1 is counted as 1 without --world");
       if (args->world > 0) {
         const MeshShape shape = mesh_shape(cfg.parallel, args->world);
         std::printf("# mesh for world size %d: tp %d, cp %d, dp %d, pp %d (tp fastest)\n",
