@@ -110,13 +110,14 @@ std::optional<std::string> resolve_load(const CheckpointConfig& cfg) {
       std::sort(steps.begin(), steps.end());
       if (cfg.load == "auto" && steps.empty()) return std::nullopt;
       if (!steps.empty())
-        throw ConfigError("checkpoint.load=\"" + cfg.load + "\": " + cfg.dir + " has " +
-                          std::to_string(steps.size()) + " checkpoint directories (" +
-                          steps.front() + (steps.size() > 1 ? " ... " + steps.back() : "") +
-                          ") but no " + kLatestFile + " file naming the one to resume; refusing "
-                          "to start from initialisation over them. Resume one explicitly "
-                          "(checkpoint.load = \"" + (fs::path(cfg.dir) / steps.back()).string() +
-                          "\"), or restore " + kLatestFile);
+        throw ConfigError(
+            "checkpoint.load=\"" + cfg.load + "\": " + cfg.dir + " has " +
+            std::to_string(steps.size()) + " checkpoint directories (" + steps.front() +
+            (steps.size() > 1 ? " ... " + steps.back() : "") + ") but no " + kLatestFile +
+            " file naming the one to resume; refusing "
+            "to start from initialisation over them. Resume one explicitly "
+            "(checkpoint.load = \"" +
+            (fs::path(cfg.dir) / steps.back()).string() + "\"), or restore " + kLatestFile);
       throw ConfigError("checkpoint.load=\"latest\": " + cfg.dir +
                         " has no complete checkpoint (no " + kLatestFile +
                         " file); use load = \"none\" to start from initialisation, or \"auto\"");
@@ -162,14 +163,16 @@ void check_model(const Checkpoint& ckpt, const ModelSpec& spec,
     return std::find(v.begin(), v.end(), x) != v.end();
   };
   std::vector<std::string> expected_states = states;
-  if (!has(expected_states, kMasterState)) expected_states.insert(expected_states.begin(), kMasterState);
+  if (!has(expected_states, kMasterState))
+    expected_states.insert(expected_states.begin(), kMasterState);
   std::vector<std::string> problems;
   // A state one side keeps and the other does not is one problem, not one per tensor.
   for (const std::string& st : expected_states)
     if (!has(ckpt.states(), st))
-      problems.push_back(state_group(st) + "/: missing from the checkpoint (this run keeps the "
-                         "state \"" + st + "\"; the checkpoint stores " +
-                         join_quoted(ckpt.states()) + ")");
+      problems.push_back(state_group(st) +
+                         "/: missing from the checkpoint (this run keeps the "
+                         "state \"" +
+                         st + "\"; the checkpoint stores " + join_quoted(ckpt.states()) + ")");
   for (const std::string& st : ckpt.states())
     if (!has(expected_states, st))
       problems.push_back(state_group(st) + "/: the checkpoint stores the state \"" + st +
@@ -356,17 +359,19 @@ bool PendingSave::poll(bool wait) {
 }
 
 SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
-                const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh, DeviceBackend& backend) {
+                const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh,
+                DeviceBackend& backend) {
   PendingSave s(cfg, run, spec, tp_spec, state, mesh, backend, /*background=*/false);
   s.poll(true);
   return s.result();
 }
 
 int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, TrainingState& state,
-             DeviceBackend& backend) {
+             DeviceBackend& backend, bool weights_only) {
   HostBuffer host;  // one state tensor at a time (pinned on a GPU)
   int64_t bytes = 0;
   for (const StateTensor& st : state.state_tensors()) {
+    if (weights_only && st.state != kMasterState) continue;
     const ParamSpec& p = tp_spec.params[st.param];
     const int64_t rows = st.local.numel() / (p.shape.numel() / tp_spec.cut_rows(st.param));
     const size_t n = static_cast<size_t>(st.local.numel());

@@ -109,9 +109,10 @@ class PendingSave {
 SaveResult save(const CheckpointConfig& cfg, const RunState& run, const ModelSpec& spec,
                 const ModelSpec& tp_spec, TrainingState& state, Mesh& mesh, DeviceBackend& backend);
 
-// Reads every state tensor this rank holds from `ckpt` (whatever layout it was written in) and
-// lets `state` refresh what derives from them. Returns the bytes read.
+// Reads every state tensor this rank holds from `ckpt` (whatever layout it was written in), or
+// with `weights_only` the master weights alone (the optimizer's state stays as it is), and lets
+// `state` refresh what derives from them. Returns the bytes read.
 int64_t load(const Checkpoint& ckpt, const ModelSpec& tp_spec, TrainingState& state,
-             DeviceBackend& backend);
+             DeviceBackend& backend, bool weights_only = false);
 
 }  // namespace llmt::ckpt

@@ -17,6 +17,11 @@ struct CheckpointConfig {
   // none); "auto": "latest" when it exists, else start from initialisation; anything else: the
   // path of a checkpoint directory (or of a dir holding a `latest` file).
   std::string load = "none";
+  // Fine-tuning: the weights of this checkpoint (a checkpoint directory, or a directory holding a
+  // `latest` file), at any layout, when the run starts fresh (load found no checkpoint to resume):
+  // step 0, a fresh optimizer, schedule and data order. The model must be the same (its shapes,
+  // and every [model] key but dropout, init_std, seq_len and the MoE loss and capacity settings).
+  std::string init_from;
   // Write in the background: the state this rank writes is copied to host memory, training goes
   // on, and the checkpoint completes at a later step (costs one host copy of that state).
   bool async = false;

@@ -234,6 +234,7 @@ const std::vector<Section>& sections() {
                     .add("interval", &C::interval)
                     .add("keep_last", &C::keep_last)
                     .add("load", &C::load)
+                    .add("init_from", &C::init_from)
                     .add("async", &C::async)
                     .build());
     s.push_back(SectionBuilder<CommConfig>("comm", &Config::comm)

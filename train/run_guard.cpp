@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -36,9 +37,15 @@ std::map<std::string, std::string> identity_map(const std::string& identity) {
   return m;
 }
 
-// "model.d_model 128 -> 256, data.path a -> b": what `now` changes of `before`.
-std::string differences(const std::string& before, const std::string& now) {
-  const auto a = identity_map(before), b = identity_map(now);
+// "model.d_model 128 -> 256, data.path a -> b": what `now` changes of `before`, but for the
+// keys in `ignored`.
+std::string differences(const std::string& before, const std::string& now,
+                        const std::set<std::string>& ignored = {}) {
+  auto a = identity_map(before), b = identity_map(now);
+  for (const std::string& k : ignored) {
+    a.erase(k);
+    b.erase(k);
+  }
   std::vector<std::string> out;
   for (const auto& [k, v] : a) {
     auto it = b.find(k);
@@ -215,6 +222,18 @@ void check_run_dirs(const Config& cfg, bool resuming, bool overwrite) {
                     " an earlier run: " + left_text + ", of " + who + ". This run (" +
                     describe(mine) + ", checkpoint.load = \"" + cfg.checkpoint.load +
                     "\") would overwrite them." + ways);
+}
+
+std::string finetune_model_differences(const std::string& other_toml, const Config& cfg) {
+  static const std::set<std::string> kMayChange = {"model.dropout",
+                                                   "model.init_std",
+                                                   "model.seq_len",
+                                                   "model.moe.aux_loss_coef",
+                                                   "model.moe.z_loss_coef",
+                                                   "model.moe.capacity_factor",
+                                                   "model.moe.bias_update_rate"};
+  return differences(run_identity(other_toml, false), run_identity(to_toml(cfg), false),
+                     kMayChange);
 }
 
 void record_run_config(const Config& cfg) {

@@ -28,6 +28,12 @@ std::string run_identity(const std::string& resolved_toml, bool with_data);
 // Throws ConfigError naming both runs, what they differ in, and the ways out.
 void check_run_dirs(const Config& cfg, bool resuming, bool overwrite);
 
+// The [model] keys in which `cfg` differs from the resolved config `other_toml` (a checkpoint's),
+// except those a fine-tuning run may change: dropout, init_std, seq_len (shapes that depend on it
+// are checked with the tensors) and the MoE loss coefficients and capacity factor.
+// "model.d_model 128 -> 256, ..." or "" (checkpoint.init_from).
+std::string finetune_model_differences(const std::string& other_toml, const Config& cfg);
+
 // Writes to_toml(cfg) to run_dir/config.toml (rank 0, once the check passed).
 void record_run_config(const Config& cfg);
 

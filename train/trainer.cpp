@@ -266,6 +266,7 @@ struct Trainer::State {
   const std::vector<int32_t> positions;
   const int64_t Tl, gbs, mbs, accum;
   std::optional<ckpt::Checkpoint> resume;
+  std::optional<ckpt::Checkpoint> init_from;  // checkpoint.init_from, when the run starts fresh
   std::unique_ptr<Transformer> model;
   std::unique_ptr<DataParallel> data_parallel;
   std::optional<PipelineExecutor> pipeline;
@@ -371,6 +372,21 @@ void Trainer::State::init() {
   if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
     s.resume.emplace(*path);
     ckpt::check_model(*s.resume, s.spec, training_state_names(cfg.optimizer));
+  } else if (!cfg.checkpoint.init_from.empty()) {
+    // Fine-tuning: the weights alone, from a run of the same model.
+    const std::string key = "checkpoint.init_from=\"" + cfg.checkpoint.init_from + "\": ";
+    try {
+      s.init_from.emplace(ckpt::resolve_checkpoint_dir(cfg.checkpoint.init_from));
+    } catch (
+        const std::runtime_error& e) {  // ConfigError (no such directory) or Error (unreadable)
+      throw ConfigError(key + e.what());
+    }
+    const std::string diff = finetune_model_differences(s.init_from->state().config, cfg);
+    if (!diff.empty())
+      throw ConfigError(key + "the checkpoint's model differs from this run's: " + diff +
+                        " (fine-tuning may change only model.dropout, init_std, seq_len and the "
+                        "MoE loss and capacity settings)");
+    ckpt::check_model(*s.init_from, s.spec, s.init_from->states());  // shapes; states read: param
   }
   if (s.rank0)
     for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
@@ -462,6 +478,17 @@ void Trainer::State::build_model() {
 // differs): weights, optimizer state, loss scale, step and loader position.
 void Trainer::State::restore() {
   State& s = *this;
+  if (s.init_from) {
+    const int64_t bytes = ckpt::load(*s.init_from, s.model->spec(), *s.data_parallel, *s.backend,
+                                     /*weights_only=*/true);
+    if (s.rank0 && !s.opts.quiet)
+      std::printf(
+          "checkpoint: weights from %s (step %lld of the run that wrote it, at %s; %.1f MB); "
+          "step, optimizer, schedule and data start fresh\n",
+          s.init_from->dir().c_str(), static_cast<long long>(s.init_from->state().step),
+          ckpt::layout_text(s.init_from->state()).c_str(), static_cast<double>(bytes) / 1e6);
+    return;
+  }
   if (!s.resume) return;
   const ckpt::RunState& rs = s.resume->state();
   const auto t_load = std::chrono::steady_clock::now();
@@ -470,6 +497,13 @@ void Trainer::State::restore() {
   s.fault.resumed();
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  if (rs.step > s.cfg.train.steps)
+    throw ConfigError(
+        detail::concat("checkpoint ", s.resume->dir(), " is at step ", rs.step,
+                       ", past train.steps=", s.cfg.train.steps,
+                       ": nothing to train. Raise train.steps to train on, or fine-tune from "
+                       "its weights in a new run: checkpoint.init_from = \"",
+                       s.resume->dir(), "\" (step 0, a fresh optimizer and schedule)"));
   s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
   s.start_step = rs.step;
   s.updates = rs.updates;

@@ -67,6 +67,7 @@ def main():
     a, b = args.pair.split(":")
     base = sorted(set(LAYOUTS[a][2] + LAYOUTS[b][2]))
     w = os.path.join(args.workdir, args.pair.replace(":", "_to_"))
+    shutil.rmtree(w, ignore_errors=True)  # an earlier test run's checkpoints would be refused
     os.makedirs(w, exist_ok=True)
     ckpt = os.path.join(w, "ckpt_a")
     failures = []

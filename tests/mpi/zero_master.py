@@ -10,6 +10,7 @@ says: the params bytes of stage 1 are the compute copy plus a half of the master
 Usage: zero_master.py --llmtrain BIN --mpirun MPIRUN --config C --workdir W"""
 import json
 import os
+import shutil
 
 from harness import finish, parse_args, run, train
 
@@ -57,6 +58,9 @@ def main():
         # Checkpoints of the master rows across stages.
         for a, b in [(1, 3), (3, 2)]:
             ckpt = os.path.join(args.workdir, precision, f"ckpt_zero{a}")
+            shutil.rmtree(ckpt, ignore_errors=True)  # an earlier test run's checkpoints
+            shutil.rmtree(os.path.join(args.workdir, precision, f"first_zero{a}"),
+                          ignore_errors=True)
             cmd_sets = base + [f"parallel.zero_stage={a}", f"checkpoint.dir={ckpt}",
                                "checkpoint.interval=1"]
             first = os.path.join(args.workdir, precision, f"first_zero{a}")

@@ -180,6 +180,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("checkpoint.interval", checkpoint.interval),
       LLMT_KEY("checkpoint.keep_last", checkpoint.keep_last),
       LLMT_KEY("checkpoint.load", checkpoint.load),
+      LLMT_KEY("checkpoint.init_from", checkpoint.init_from),
       LLMT_KEY("checkpoint.async", checkpoint.async),
       LLMT_KEY("comm.timeout_s", comm.timeout_s),
       LLMT_KEY("log.interval", log.interval),

@@ -1,6 +1,6 @@
 // Runs never overwrite each other (train/run_guard.h): real two-step trainings of a tiny model
-// in fresh temporary directories, started over, resumed and restarted in the ways a user does,
-// and the shipped configs' directories.
+// in fresh temporary directories, started over, resumed, restarted and fine-tuned
+// (checkpoint.init_from) in the ways a user does, and the shipped configs' directories.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -145,6 +145,50 @@ TEST_F(RunGuard, AutoRestartsTheSameRunButNotAnother) {
   fs::remove_all(dir_ / "ck");
   const std::string e = refusal("run", "ck", 2, {"checkpoint.load=\"auto\"", "data.seed=9"});
   EXPECT_NE(e.find("data.seed 1234 -> 9"), std::string::npos) << e;
+}
+
+TEST_F(RunGuard, PastTheLastStepIsRefusedAndPointsToFineTuning) {
+  run("run", "ck", 4);
+  const std::string e = refusal("run", "ck", 2, {"checkpoint.load=\"latest\""});
+  for (const char* part : {"is at step 4, past train.steps=2: nothing to train", "init_from"})
+    EXPECT_NE(e.find(part), std::string::npos) << "missing \"" << part << "\" in: " << e;
+  // At exactly its step there is nothing left: a requeued job that had finished exits 0.
+  EXPECT_EQ(run("run", "ck", 4, {"checkpoint.load=\"latest\""}).steps, 0);  // none trained
+}
+
+TEST_F(RunGuard, InitFromStartsFreshFromTheWeights) {
+  const TrainResult fresh = run("base", "base_ck", 4);
+  const std::string ck = (dir_ / "base_ck").string();
+  // Dropout may change; the first loss is the trained model's, below the fresh run's first.
+  run("tune", "tune_ck", 2, {"checkpoint.init_from=\"" + ck + "\"", "model.dropout=0.1"});
+  std::ifstream tuned(dir_ / "tune" / "metrics.jsonl"), base(dir_ / "base" / "metrics.jsonl");
+  std::string t1, b1;
+  std::getline(tuned, t1);
+  std::getline(base, b1);
+  auto field = [](const std::string& line, const std::string& key) {
+    return std::stod(line.substr(line.find("\"" + key + "\": ") + key.size() + 4));
+  };
+  EXPECT_EQ(field(t1, "step"), 1);
+  EXPECT_EQ(field(t1, "lr"), field(b1, "lr"));  // a fresh schedule
+  EXPECT_LT(field(t1, "loss"), field(b1, "loss"));
+  EXPECT_GT(fresh.final_loss, 0);
+  // Another model: every differing key named, nothing allocated.
+  const std::string e =
+      refusal("other", "other_ck", 2, {"checkpoint.init_from=\"" + ck + "\"", "model.d_model=32"});
+  EXPECT_NE(e.find("model.d_model 16 -> 32"), std::string::npos) << e;
+  EXPECT_NE(refusal("missing", "missing_ck", 2, {"checkpoint.init_from=\"/nonexistent\""})
+                .find("checkpoint.init_from=\"/nonexistent\": checkpoint directory /nonexistent "
+                      "does not exist"),
+            std::string::npos);
+  // A fine-tuning job requeued after its own checkpoint resumes that, not the base weights.
+  const TrainResult again =
+      run("tune", "tune_ck", 3,
+          {"checkpoint.init_from=\"" + ck + "\"", "model.dropout=0.1", "checkpoint.load=\"auto\""});
+  EXPECT_EQ(again.steps, 3);
+  std::ifstream after(dir_ / "tune" / "metrics.jsonl");
+  std::string first_after;
+  std::getline(after, first_after);
+  EXPECT_EQ(first_after, t1);  // steps 1-2 kept: it resumed at step 2
 }
 
 TEST_F(RunGuard, IdentityIsTheModelAndDataSections) {
