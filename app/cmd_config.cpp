@@ -35,15 +35,10 @@ Run add_config_command(CLI::App& app) {
                   "--world defaults to the shrunk world");
   }
   return [args, cmd]() {
-    Config cfg = parse_config(args->config, args->overrides);
     Shrunk shrunk;
-    if (args->shrink) {
-      shrunk = shrink_overrides(cfg);
-      std::vector<std::string> sets = args->overrides;
-      sets.insert(sets.end(), shrunk.overrides.begin(), shrunk.overrides.end());
-      cfg = parse_config(args->config, sets);
-      if (args->world == 0) args->world = shrunk.world;
-    }
+    Config cfg = args->shrink ? parse_shrunk(args->config, args->overrides, shrunk)
+                              : parse_config(args->config, args->overrides);
+    if (args->shrink && args->world == 0) args->world = shrunk.world;
     if (args->world > 0) validate_layout(cfg, args->world);
     if (cmd->got_subcommand("show")) {
       if (args->shrink) {

@@ -60,13 +60,9 @@ Run add_train_command(CLI::App& app) {
                 "truncates its metrics and deletes its checkpoints (without it, such a start is "
                 "refused)");
   return [args]() {
-    Config cfg = parse_config(args->config, args->overrides);
-    if (args->shrink) {
-      std::vector<std::string> sets = args->overrides;
-      const Shrunk shrunk = shrink_overrides(cfg);
-      sets.insert(sets.end(), shrunk.overrides.begin(), shrunk.overrides.end());
-      cfg = parse_config(args->config, sets);
-    }
+    Shrunk shrunk;
+    Config cfg = args->shrink ? parse_shrunk(args->config, args->overrides, shrunk)
+                              : parse_config(args->config, args->overrides);
     // Stop signals are caught from here to the exit (the trainer acts on them while it runs): one
     // that arrives after the last step, while the run writes its end or MPI shuts down, must not
     // kill the process (a preemption notice for a run that has just finished; it exits 0).

@@ -55,4 +55,18 @@ Shrunk shrink_overrides(const Config& c) {
   return s;
 }
 
+Config parse_shrunk(const std::string& path, const std::vector<std::string>& overrides,
+                    Shrunk& shrunk) {
+  Config full;
+  try {
+    full = parse_config(path, overrides);
+  } catch (const ConfigError&) {
+    full = parse_config(path);  // the file alone; the final parse below reports what stays wrong
+  }
+  shrunk = shrink_overrides(full);
+  std::vector<std::string> sets = shrunk.overrides;
+  sets.insert(sets.end(), overrides.begin(), overrides.end());
+  return parse_config(path, sets);
+}
+
 }  // namespace llmt

@@ -23,4 +23,12 @@ struct Shrunk {
 };
 Shrunk shrink_overrides(const Config& c);
 
+// `--shrink` of the config at `path` with the user's `overrides`: the shrink is computed from the
+// config with those overrides (or from the file alone when they do not validate before shrinking,
+// e.g. --set train.steps=6 under a paper's 2000 warmup steps), then the user's overrides apply
+// after the shrink's, so that they win (--shrink --set train.steps=6 trains 6 steps). Sets
+// `shrunk` to what was applied.
+Config parse_shrunk(const std::string& path, const std::vector<std::string>& overrides,
+                    Shrunk& shrunk);
+
 }  // namespace llmt

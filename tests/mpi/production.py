@@ -366,6 +366,7 @@ def test_watchdog(args, w):
 def test_memory(args, w):
     unit = {"MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
     run_dir = os.path.join(w, "tiny")
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier test run's would be refused
     r = subprocess.run([c for c in cmd_of(args, run_dir, ["train.steps=2"]) if c != "-q"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     m = re.search(r"params ([\d.e+]+) (\wiB), grads ([\d.e+]+) (\wiB), optimizer ([\d.e+]+) "

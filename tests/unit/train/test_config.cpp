@@ -559,6 +559,7 @@ dir = "ck"
 interval = 10
 keep_last = 3
 load = "auto"
+init_from = "runs/base/checkpoints"
 async = true
 [comm]
 timeout_s = 120.5
