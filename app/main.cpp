@@ -2,13 +2,14 @@
 // C.toml` is `llmtrain train --config C.toml`, as job scripts write it. Exit codes (docs/slurm.md):
 // 0 success, 1 runtime failure, 2 usage or configuration error, 75 stopped early by a signal or
 // train.time_limit after saving a checkpoint (resume with checkpoint.load = "auto").
-#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "app/commands.h"
+#include "config/loader.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "engine/comm/communicator.h"
@@ -36,22 +37,6 @@ std::vector<char*> with_default_command(int argc, char** argv) {
   return out;
 }
 
-// Edit distance (insertions, deletions, substitutions) between a and b.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // The words of argv naming (sub)commands, checked against the commands `app` knows: for the first
 // unknown one where a command was expected, the error line ("unknown command ...; did you mean
 // ...?"), else "". CLI11 alone says only "A subcommand is required" for `llmtrain trian`.
@@ -63,20 +48,19 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
     if (subs.empty()) return "";  // a positional argument of a leaf command
     const std::string word = argv[i];
     CLI::App* next = nullptr;
-    std::string names, best;
-    size_t best_d = 3;  // suggest only within 2 edits
+    std::vector<std::string> names;
     for (CLI::App* sub : subs) {
       if (sub->get_name() == word) next = sub;
-      names += (names.empty() ? "" : ", ") + sub->get_name();
-      if (const size_t d = edit_distance(word, sub->get_name()); d < best_d) {
-        best_d = d;
-        best = sub->get_name();
-      }
+      names.push_back(sub->get_name());
     }
-    if (!next)
+    if (!next) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      const std::optional<std::string> best = llmt::closest(word, names);
       return "unknown command '" + word + "' for " + path +
-             (best.empty() ? "" : "; did you mean '" + best + "'?") + " (commands: " + names +
-             "; " + path + " --help)";
+             (best ? "; did you mean '" + *best + "'?" : "") + " (commands: " + list + "; " + path +
+             " --help)";
+    }
     cur = next;
     path += " " + word;
   }

@@ -33,6 +33,8 @@ std::string read_file(const fs::path& path, const std::string& what) {
   return os.str();
 }
 
+}  // namespace
+
 // ---- did-you-mean ----
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -50,7 +52,6 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// The closest candidate, if close enough to be a typo of `name`.
 std::optional<std::string> closest(std::string_view name, const std::vector<std::string>& cands) {
   const size_t limit = std::max<size_t>(2, name.size() / 3);
   std::optional<std::string> best;
@@ -64,8 +65,6 @@ std::optional<std::string> closest(std::string_view name, const std::vector<std:
   }
   return best;
 }
-
-}  // namespace
 
 const Schema::Key* Schema::Section::find(std::string_view key) const {
   for (const Key& k : keys)

@@ -22,6 +22,11 @@
 
 namespace llmt {
 
+// Did-you-mean: the edit distance (insertions, deletions, substitutions), and the candidate
+// closest to `name` when it is near enough to be a typo of it (at most max(2, |name| / 3) edits).
+size_t edit_distance(std::string_view a, std::string_view b);
+std::optional<std::string> closest(std::string_view name, const std::vector<std::string>& cands);
+
 // The sections and keys a config may have.
 struct Schema {
   struct Key {
