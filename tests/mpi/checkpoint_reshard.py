@@ -40,6 +40,20 @@ def train(args, out, layout, base, extra_args=(), extra_sets=()):
         return [json.loads(line) for line in f]
 
 
+def worst_differences(pairs, failures, what, bound=1e-5):
+    """The largest relative differences of loss and grad norm over (got, ref) metric rows; each
+    step past `bound` appends to failures, described by what(key, got, ref)."""
+    worst = {"loss": 0.0, "grad_norm": 0.0}
+    for m, s in pairs:
+        for key in worst:
+            d = abs(m[key] - s[key]) / abs(s[key])
+            worst[key] = max(worst[key], d)
+            if d > bound:
+                failures.append(f"step {m['step']} {key}: {what(key, m, s)} (relative {d:.2e} > "
+                                f"{bound:g})")
+    return worst
+
+
 def reshard(args, src, dst, layout, base):
     ranks, sets, _ = LAYOUTS[layout]
     shutil.rmtree(dst, ignore_errors=True)
@@ -81,15 +95,9 @@ def main():
     moved = [m for m in moved if m["step"] > STOP]
     if [m["step"] for m in moved] != [s["step"] for s in stay if s["step"] > STOP]:
         failures.append(f"resumed steps {[m['step'] for m in moved]}")
-    worst = {"loss": 0.0, "grad_norm": 0.0}
-    for m in moved:
-        s = stay[m["step"] - 1]
-        for key in worst:
-            d = abs(m[key] - s[key]) / abs(s[key])
-            worst[key] = max(worst[key], d)
-            if d > 1e-5:
-                failures.append(f"step {m['step']} {key}: {m[key]!r} at {b} after {a} vs "
-                                f"{s[key]!r} staying at {a} (relative {d:.2e} > 1e-5)")
+    worst = worst_differences(
+        [(m, stay[m["step"] - 1]) for m in moved], failures,
+        lambda key, m, s: f"{m[key]!r} at {b} after {a} vs {s[key]!r} staying at {a}")
 
     # reshard A -> B -> A: bitwise the same files.
     step_dir = os.path.join(ckpt, f"step_{STOP:08d}")

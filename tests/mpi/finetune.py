@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 
-from checkpoint_reshard import LAYOUTS, STOP, launch, train
+from checkpoint_reshard import LAYOUTS, STOP, launch, train, worst_differences
 from harness import finish, parse_args
 
 
@@ -39,14 +39,8 @@ def main():
     if not one[0]["loss"] < fresh[0]["loss"] - 0.05:
         failures.append(f"first loss {one[0]['loss']} is not below a fresh run's "
                         f"{fresh[0]['loss']}: the weights were not loaded")
-    worst = {"loss": 0.0, "grad_norm": 0.0}
-    for m, s in zip(at_b, one):
-        for key in worst:
-            d = abs(m[key] - s[key]) / abs(s[key])
-            worst[key] = max(worst[key], d)
-            if d > 1e-5:
-                failures.append(f"step {m['step']} {key}: {m[key]!r} at {b} vs {s[key]!r} on one "
-                                f"rank (relative {d:.2e} > 1e-5)")
+    worst = worst_differences(zip(at_b, one), failures,
+                              lambda key, m, s: f"{m[key]!r} at {b} vs {s[key]!r} on one rank")
 
     # Another model is refused before anything is allocated.
     ranks, sets, _ = LAYOUTS["single"]
