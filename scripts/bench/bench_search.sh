@@ -17,7 +17,7 @@ worlds=("${@:-2 4}")
 bench_config 2048 256 8 256 16
 
 /usr/bin/python3 - "$llmtrain" "$work" "$(dirname "${BASH_SOURCE[0]}")" ${worlds[*]} <<'PY'
-import json, os, random, statistics, subprocess, sys
+import json, os, random, shutil, statistics, subprocess, sys
 sys.path.insert(0, sys.argv[3])
 from runs import conditions
 llmtrain, work, worlds = sys.argv[1], sys.argv[2], [int(w) for w in sys.argv[4:]]
@@ -31,6 +31,7 @@ def ranks_of(sets):
 
 def measure(world, sets, name):
     out = os.path.join(work, name)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run (an earlier one would be refused)
     cmd = [llmtrain, "train", "--config", config, "-q", "--set", f"train.run_dir={out}"] + \
         ranks_of(sets)
     if world > 1:

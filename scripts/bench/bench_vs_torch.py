@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def flops_per_token(V, L, C, T):
 
 def run_llmtrain(binary, B, T, steps, threads, workdir):
     run_dir = pathlib.Path(workdir) / f"llmtrain_{B}x{T}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run (an earlier one would be refused)
     cmd = [binary, "train", "--config", str(ROOT / "configs" / "gpt2-124m.toml"), "-q",
            "--set", f"train.steps={steps}", "--set", f"train.global_batch_size={B}",
            "--set", f"train.micro_batch_size={B}", "--set", f"model.seq_len={T}",
