@@ -21,11 +21,18 @@ ckpt::Checkpoint open_checkpoint(const std::string& dir) {
 }
 
 // The config stored in the checkpoint, with `overrides` applied. Only [model] and [parallel]
-// matter here: the data files the run read need not exist on this machine.
+// matter here: the data files the run read need not exist on this machine. Its data paths were
+// resolved when the run started (relative ones to the run's working directory), so they are kept
+// as written: the name given to the parser has no folder to resolve them against (a name with
+// the checkpoint's folder made data.tokenizer relative to it, and export found no tokenizer).
 Config stored_config(const ckpt::Checkpoint& ck, std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), "data.source=\"synthetic\"");
-  return parse_config_string(ck.state().config,
-                             ck.dir() + "/" + ckpt::kIndexFile + " (attribute config)", overrides);
+  try {
+    return parse_config_string(ck.state().config,
+                               std::string(ckpt::kIndexFile) + " (attribute config)", overrides);
+  } catch (const ConfigError& e) {
+    throw ConfigError("the config stored in " + ck.dir() + ": " + e.what());
+  }
 }
 
 }  // namespace
