@@ -19,6 +19,7 @@ Run add_config_command(CLI::App& app);
 Run add_data_command(CLI::App& app);
 Run add_checkpoint_command(CLI::App& app);
 Run add_plan_command(CLI::App& app);
+Run add_eval_command(CLI::App& app);
 
 // " (A active: k of E experts per MoE layer)" for a mixture of experts, else "" (the start-up
 // line and plan print it after the parameter count).

@@ -78,15 +78,19 @@ struct DataSources {
   std::shared_ptr<const SampleSource> valid;  // only with train.eval_interval > 0
 };
 
-DataSources make_data_sources(const Config& cfg, bool verbose) {
+// `valid` holds the valid split, or with `test_split` the test split (llmtrain eval).
+DataSources make_data_sources(const Config& cfg, bool verbose, bool test_split) {
   const DataConfig& d = cfg.data;
   const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
   const bool eval = cfg.train.eval_interval > 0;
   DataSources out;
   if (d.source == DataSource::synthetic) {
     out.train = std::make_shared<SyntheticSamples>(d.seed, V, T + 1);
-    // Validation: samples of the same process from 2^40 on, which no run trains on.
-    if (eval) out.valid = std::make_shared<SyntheticSamples>(d.seed, V, T + 1, int64_t{1} << 40);
+    // Validation: samples of the same process from 2^40 on, which no run trains on; the test
+    // split from 2^41 on.
+    if (eval)
+      out.valid = std::make_shared<SyntheticSamples>(d.seed, V, T + 1,
+                                                     int64_t{1} << (test_split ? 41 : 40));
     return out;
   }
   std::optional<Tokenizer> tok;
@@ -127,7 +131,9 @@ DataSources make_data_sources(const Config& cfg, bool verbose) {
           run_samples * e.weight / total_weight / static_cast<double>(t->samples_per_epoch()));
     }
     train.push_back(t);
-    if (eval) valid.push_back(std::make_shared<GptDataset>(data, Split::valid, split, d.seed, T));
+    if (eval)
+      valid.push_back(std::make_shared<GptDataset>(data, test_split ? Split::test : Split::valid,
+                                                   split, d.seed, T));
     weights.push_back(e.weight);
   }
   auto combine = [&](const std::vector<std::shared_ptr<const SampleSource>>& parts)
@@ -434,6 +440,11 @@ TrainResult Trainer::run() {
   return s_->run();
 }
 
+double Trainer::evaluate() {
+  LLMT_CHECK(s_->data.valid != nullptr, "Trainer::evaluate needs train.eval_interval > 0");
+  return s_->evaluate(s_->start_step);
+}
+
 // This rank's part of the model (parallelize: its pipeline stage's chunks, the embeddings on pp
 // rank 0 and the head on the last, its tp shards, its experts) and the executor that runs the
 // schedule's actions for it. Every rank of a tp group reads the same micro-batches.
@@ -523,7 +534,7 @@ void Trainer::State::restore() {
 void Trainer::State::build_data() {
   State& s = *this;
   const Config& cfg = s.cfg;
-  s.data = make_data_sources(cfg, s.rank0 && !s.opts.quiet);
+  s.data = make_data_sources(cfg, s.rank0 && !s.opts.quiet, s.opts.eval_test_split);
   const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
   s.loader = std::make_unique<DataLoader>(s.data.train, layout,
                                           std::min(s.consumed, cfg.train.steps * s.gbs),

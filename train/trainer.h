@@ -20,6 +20,9 @@ struct TrainOptions {
   // Start over in directories that hold an earlier run: its checkpoints in checkpoint.dir are
   // deleted and its metrics truncated (train/run_guard.h). Without it such a start is refused.
   bool overwrite = false;
+  // The validation loss reads the test split instead of the valid one (`llmtrain eval --split
+  // test`).
+  bool eval_test_split = false;
 };
 
 struct TrainResult {
@@ -48,6 +51,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
   // Steps from the resumed step + 1 to train.steps (or TrainOptions::stop_after).
   TrainResult run();
+  // The validation loss of the model as it stands: the mean over train.eval_iters global batches
+  // of the valid split (or the test split, TrainOptions::eval_test_split), what training prints
+  // as `val` (needs train.eval_interval > 0, which builds that split). Collective.
+  double evaluate();
 
  private:
   struct State;  // trainer.cpp: what the run holds, and the step's parts

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `llmtrain eval`: the loss of a checkpoint on the validation split equals the `val` loss the run
+# printed at that step (bitwise at one rank, within 1e-6 relative at tp2 under mpirun), the test
+# split gives another loss.
+#   check_eval.sh LLMTRAIN MPIRUN CONFIG WORKDIR
+set -euo pipefail
+llmtrain="$1" mpirun="$2" config="$3" work="$4"
+rm -rf "$work" && mkdir -p "$work"
+"$llmtrain" train --config "$config" -q --set train.steps=4 --set train.eval_interval=2 \
+  --set train.eval_iters=2 --set train.run_dir=\""$work/run"\" --set checkpoint.dir=\""$work/ck"\" \
+  --set checkpoint.interval=2 --set optimizer.warmup_steps=1 --set train.threads=1 > /dev/null
+val_at() { grep "\"step\": $1," "$work/run/metrics.jsonl" | sed 's/.*"val_loss": \([^,}]*\).*/\1/'; }
+loss_of() { sed -n 's/^eval: .* loss \([^,]*\), perplexity .*/\1/p'; }
+fail=0
+for step in 2 4; do
+  want="$(val_at $step)"
+  got="$("$llmtrain" eval --checkpoint "$work/ck/step_0000000$step" --set train.threads=1 | loss_of)"
+  echo "step $step: val $want, eval $got"
+  [[ -n "$want" && "$got" == "$want" ]] || { echo "FAIL: eval at step $step is not the run's val"; fail=1; }
+done
+tp2="$("$mpirun" --oversubscribe -np 2 "$llmtrain" eval --checkpoint "$work/ck" \
+  --set parallel.tp=2 --set train.threads=1 | loss_of)"
+echo "tp2: eval $tp2"
+awk -v a="$tp2" -v b="$(val_at 4)" 'BEGIN {d = (a - b) / b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' ||
+  { echo "FAIL: eval at tp2 is not within 1e-6 of the run's val"; fail=1; }
+test_loss="$("$llmtrain" eval --checkpoint "$work/ck" --split test --set train.threads=1 | loss_of)"
+echo "test split: $test_loss"
+[[ -n "$test_loss" && "$test_loss" != "$(val_at 4)" ]] || { echo "FAIL: the test split gave the validation loss"; fail=1; }
+[[ $fail -eq 0 ]] && echo "eval: checks passed"
+exit $fail
