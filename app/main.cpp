@@ -2,6 +2,7 @@
 // C.toml` is `llmtrain train --config C.toml`, as job scripts write it. Exit codes (docs/slurm.md):
 // 0 success, 1 runtime failure, 2 usage or configuration error, 75 stopped early by a signal or
 // train.time_limit after saving a checkpoint (resume with checkpoint.load = "auto").
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -70,6 +71,10 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc_in, char** argv_in) {
+  // A write past a file-size limit (`ulimit -f`, a scheduler's quota) then fails with EFBIG, which
+  // a save reports (exit 1 naming the cause, the previous checkpoint kept), instead of SIGXFSZ
+  // ending the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::vector<char*> args = with_default_command(argc_in, argv_in);
   const int argc = static_cast<int>(args.size());
   char** argv = args.data();

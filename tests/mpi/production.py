@@ -431,8 +431,7 @@ def test_diskfull(args, w):
     rc, out = train(args, run_dir, ["train.steps=2", f"checkpoint.dir={ck}"])
     check(rc == 0 and latest_step(ck) == 2, f"the first run: exit {rc}\n{out}")
 
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    def limited():  # SIGXFSZ keeps its default action (subprocess restores it): llmtrain ignores it
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
     r = subprocess.run(cmd_of(args, run_dir, sets), stdout=subprocess.PIPE,
