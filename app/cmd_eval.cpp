@@ -56,7 +56,8 @@ Run add_eval_command(CLI::App& app) {
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());
     char tmpl[] = "/tmp/llmtrain-eval.XXXXXX";
     const bool rank0 = world_rank_from_env() == 0;
-    // Every rank needs the same run_dir name: rank 0's is what counts (only rank 0 writes).
+    // A scratch run_dir: only rank 0 touches it (its lock and config.toml), so only rank 0 makes
+    // one; the other ranks' copy of the name is never used.
     const std::string scratch = rank0 && mkdtemp(tmpl) ? tmpl : "/tmp/llmtrain-eval";
     for (const std::string& s :
          {"checkpoint.init_from=\"" + dir + "\"", std::string("checkpoint.load=\"none\""),

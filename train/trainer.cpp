@@ -377,14 +377,21 @@ void Trainer::State::init() {
   // The checkpoint to resume from, checked against the model before anything is allocated.
   if (std::optional<std::string> path = ckpt::resolve_load(cfg.checkpoint)) {
     s.resume.emplace(*path);
+    const int64_t step = s.resume->state().step;
+    if (step > cfg.train.steps)
+      throw ConfigError(detail::concat(
+          "checkpoint ", *path, " is at step ", step, ", past train.steps=", cfg.train.steps,
+          ": nothing to train. Raise train.steps to train on, or fine-tune from its weights in "
+          "a new run: checkpoint.init_from = \"",
+          *path, "\" (step 0, a fresh optimizer and schedule)"));
     ckpt::check_model(*s.resume, s.spec, training_state_names(cfg.optimizer));
   } else if (!cfg.checkpoint.init_from.empty()) {
     // Fine-tuning: the weights alone, from a run of the same model.
     const std::string key = "checkpoint.init_from=\"" + cfg.checkpoint.init_from + "\": ";
+    // ConfigError (no such directory) or Error (not a readable checkpoint): both name the key.
     try {
       s.init_from.emplace(ckpt::resolve_checkpoint_dir(cfg.checkpoint.init_from));
-    } catch (
-        const std::runtime_error& e) {  // ConfigError (no such directory) or Error (unreadable)
+    } catch (const std::runtime_error& e) {
       throw ConfigError(key + e.what());
     }
     const std::string diff = finetune_model_differences(s.init_from->state().config, cfg);
@@ -508,13 +515,6 @@ void Trainer::State::restore() {
   s.fault.resumed();
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  if (rs.step > s.cfg.train.steps)
-    throw ConfigError(
-        detail::concat("checkpoint ", s.resume->dir(), " is at step ", rs.step,
-                       ", past train.steps=", s.cfg.train.steps,
-                       ": nothing to train. Raise train.steps to train on, or fine-tune from "
-                       "its weights in a new run: checkpoint.init_from = \"",
-                       s.resume->dir(), "\" (step 0, a fresh optimizer and schedule)"));
   s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
   s.start_step = rs.step;
   s.updates = rs.updates;
