@@ -144,7 +144,15 @@ Run add_checkpoint_command(CLI::App& app) {
     // reshard
     const Config cfg = stored_config(ck, args->overrides);
     const int world = args->world > 0 ? args->world : ck.state().mesh.world();
-    validate_layout(cfg, world);
+    try {
+      validate_layout(cfg, world);
+    } catch (const ConfigError& e) {
+      const int64_t ranks = layout_min_ranks(cfg.parallel);
+      throw ConfigError(std::string(e.what()) +
+                        (ranks > world ? detail::concat("; give the target world size: --world ",
+                                                        ranks, " (or a multiple of it)")
+                                       : ""));
+    }
     ckpt::RunState state = ck.state();
     state.mesh = mesh_shape(cfg.parallel, world);
     state.zero_stage = cfg.parallel.zero_stage;

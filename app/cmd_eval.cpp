@@ -77,7 +77,11 @@ Run add_eval_command(CLI::App& app) {
     CommRuntime runtime;
     std::unique_ptr<Communicator> world = make_world_communicator();
     const int world_size = world->size();
-    validate_layout(cfg, world_size);
+    try {
+      validate_layout(cfg, world_size);
+    } catch (const ConfigError& e) {
+      throw ConfigError(e.what() + launch_hint(cfg, world_size));
+    }
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     TrainOptions opts;
     opts.quiet = true;

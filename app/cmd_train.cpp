@@ -22,6 +22,14 @@ std::string active_params_text(const ModelSpec& spec) {
                         " experts per MoE layer)");
 }
 
+std::string launch_hint(const Config& cfg, int world) {
+  const int64_t ranks = layout_min_ranks(cfg.parallel);
+  if (ranks <= world) return "";
+  return detail::concat("; this layout needs ", ranks, " ranks: run it under `mpirun -np ", ranks,
+                        " llmtrain ...` (or `srun -n ", ranks, "`)",
+                        world == 1 ? " — started without a launcher, llmtrain runs 1 rank" : "");
+}
+
 Run add_train_command(CLI::App& app) {
   struct Args {
     std::string config;
@@ -79,7 +87,8 @@ Run add_train_command(CLI::App& app) {
     } catch (const ConfigError& e) {
       // Every rank fails alike: rank 0 alone reports it, and all leave together (a rank that
       // exits first would make mpirun kill rank 0 before it has printed).
-      if (rank0) std::fprintf(stderr, "error: %s\n", e.what());
+      if (rank0)
+        std::fprintf(stderr, "error: %s%s\n", e.what(), launch_hint(cfg, world_size).c_str());
       world->barrier();
       return 2;
     }

@@ -7,8 +7,9 @@
 #include <string>
 
 namespace llmt {
+struct Config;
 struct ModelSpec;
-}
+}  // namespace llmt
 
 namespace llmt::app {
 
@@ -20,6 +21,10 @@ Run add_data_command(CLI::App& app);
 Run add_checkpoint_command(CLI::App& app);
 Run add_plan_command(CLI::App& app);
 Run add_eval_command(CLI::App& app);
+
+// "; this layout needs N ranks: run it under `mpirun -np N llmtrain ...` ..." when the config's
+// layout needs more ranks than `world`, else "" (train and eval append it to layout errors).
+std::string launch_hint(const Config& cfg, int world);
 
 // " (A active: k of E experts per MoE layer)" for a mixture of experts, else "" (the start-up
 // line and plan print it after the parameter count).

@@ -427,15 +427,9 @@ MeshShape mesh_shape(const ParallelConfig& p, int world) {
   return s;
 }
 
-namespace {
-// How to start `ranks` ranks, when this launch has fewer.
-std::string launch_hint(int world, int64_t ranks) {
-  if (ranks <= world) return "";
-  return concat("; this layout needs ", ranks, " ranks: run it under `mpirun -np ", ranks,
-                " llmtrain ...` (or `srun -n ", ranks, "`)",
-                world == 1 ? " — started without a launcher, llmtrain runs 1 rank" : "");
+int64_t layout_min_ranks(const ParallelConfig& p) {
+  return p.tp * p.cp * p.pp * std::max<int64_t>(p.dp, 1);
 }
-}  // namespace
 
 void validate_layout(const Config& c, int world) {
   const ParallelConfig& p = c.parallel;
@@ -443,15 +437,14 @@ void validate_layout(const Config& c, int world) {
   const int64_t rest = p.tp * p.cp * p.pp;
   if (p.dp == -1 && world % rest != 0) {
     errors.push_back(concat("parallel.dp=-1: world size ", world, " is not divisible by tp(", p.tp,
-                            ")*cp(", p.cp, ")*pp(", p.pp, ")=", rest, launch_hint(world, rest)));
+                            ")*cp(", p.cp, ")*pp(", p.pp, ")=", rest));
   } else {
     const MeshShape s = mesh_shape(p, world);
     if (s.world() != world)
       errors.push_back(concat("tp(", p.tp, ")*cp(", p.cp, ")*dp(", s.size(Axis::dp), ")*pp(", p.pp,
                               ")=", s.world(), " != world size ", world,
                               ": set [parallel] degrees whose product is the number of ranks, or "
-                              "dp = -1",
-                              launch_hint(world, s.world())));
+                              "dp = -1"));
     const int64_t dp = s.size(Axis::dp);
     if (p.ep > 1 && dp >= 1 && (dp * p.cp) % p.ep != 0)
       errors.push_back(concat("parallel.ep=", p.ep, " does not divide dp(", dp, ")",

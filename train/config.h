@@ -86,6 +86,9 @@ std::vector<std::string> config_keys();
 // sequence_parallel, global_batch_size by dp*micro_batch_size. Throws ConfigError listing every
 // problem with all its factors.
 void validate_layout(const Config& c, int world);
+// The fewest ranks the [parallel] layout runs on: tp*cp*pp*dp, dp = -1 counted as 1 (the commands
+// that meet a world too small say how to get more: mpirun for train and eval, --world offline).
+int64_t layout_min_ranks(const ParallelConfig& p);
 // The mesh degrees of a validated layout (dp = -1 resolved against `world`).
 MeshShape mesh_shape(const ParallelConfig& p, int world);
 // "rank  tp cp dp pp" lines, one per global rank.

@@ -126,15 +126,14 @@ TEST(Layout, WorldSizeMismatchPrintsEveryFactor) {
             "parallel.dp=-1: world size 6 is not divisible by tp(4)*cp(1)*pp(1)=4");
 }
 
-TEST(Layout, TooFewRanksSayHowToLaunchEnough) {
-  EXPECT_EQ(layout_error({"parallel.tp=2"}, 1),
-            "parallel.dp=-1: world size 1 is not divisible by tp(2)*cp(1)*pp(1)=2; this layout "
-            "needs 2 ranks: run it under `mpirun -np 2 llmtrain ...` (or `srun -n 2`) — started "
-            "without a launcher, llmtrain runs 1 rank");
-  EXPECT_EQ(layout_error({"parallel.tp=2", "parallel.dp=2"}, 2),
-            "tp(2)*cp(1)*dp(2)*pp(1)=4 != world size 2: set [parallel] degrees whose product is "
-            "the number of ranks, or dp = -1; this layout needs 4 ranks: run it under `mpirun -np "
-            "4 llmtrain ...` (or `srun -n 4`)");
+TEST(Layout, FewestRanksOfALayout) {
+  const auto ranks = [](const std::vector<std::string>& sets) {
+    return layout_min_ranks(parse_config_string(kBase, "base.toml", sets).parallel);
+  };
+  EXPECT_EQ(ranks({}), 1);
+  EXPECT_EQ(ranks({"parallel.tp=2"}), 2);  // dp = -1 counted as 1
+  EXPECT_EQ(ranks({"parallel.tp=2", "parallel.dp=2"}), 4);
+  EXPECT_EQ(ranks({"parallel.tp=2", "parallel.pp=2", "parallel.cp=2", "parallel.dp=3"}), 24);
 }
 
 TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
