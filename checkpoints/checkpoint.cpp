@@ -165,6 +165,16 @@ void check_model(const Checkpoint& ckpt, const ModelSpec& spec,
   std::vector<std::string> expected_states = states;
   if (!has(expected_states, kMasterState))
     expected_states.insert(expected_states.begin(), kMasterState);
+  // Another optimizer: one message that says so, not one per tensor whose states differ.
+  const bool muon_run = has(expected_states, kMuonState),
+             muon_ckpt = has(ckpt.states(), kMuonState);
+  if (muon_run != muon_ckpt)
+    throw ConfigError("checkpoint " + ckpt.dir() + " was written by optimizer.type = \"" +
+                      (muon_ckpt ? "muon" : "adamw") + "\" (it stores the states " +
+                      join_quoted(ckpt.states()) + "); this run uses optimizer.type = \"" +
+                      (muon_run ? "muon" : "adamw") + "\" (" + join_quoted(expected_states) +
+                      "). Resume it with optimizer.type = \"" + (muon_ckpt ? "muon" : "adamw") +
+                      "\", or start a new run from its weights with checkpoint.init_from");
   std::vector<std::string> problems;
   // A state one side keeps and the other does not is one problem, not one per tensor.
   for (const std::string& st : expected_states)
@@ -181,7 +191,9 @@ void check_model(const Checkpoint& ckpt, const ModelSpec& spec,
   std::map<std::string, bool> expected;
   for (const std::string& st : expected_states) {
     if (!has(ckpt.states(), st)) continue;
-    for (const ParamSpec& p : spec.params) {
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (!keeps_state(expected_states, st, spec.is_hidden_matrix(i))) continue;
+      const ParamSpec& p = spec.params[i];
       const std::string path = tensor_path(st, p.name);
       expected[path] = true;
       const std::vector<int64_t> want = whole(p.global_shape).count;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 namespace llmt::ckpt {
 
@@ -145,7 +146,8 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
     const int64_t rows = tp_spec.cut_rows(i), s = (rows + gn - 1) / gn;
     const int64_t begin = std::min(rows, gd * s), end = std::min(rows, begin + s);
     if (begin == end) continue;
-    for (const std::string& st : states) out.push_back({st, i, begin, end});
+    for (const std::string& st : states)
+      if (keeps_state(states, st, tp_spec.is_hidden_matrix(i))) out.push_back({st, i, begin, end});
   }
   return out;
 }
@@ -166,18 +168,20 @@ namespace llmt::ckpt {
 
 std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& layout,
                                     const std::vector<std::string>& states) {
-  const size_t n = spec.params.size();
   std::vector<IndexTensor> out;
+  std::map<std::string, size_t> at;  // tensor path -> index in out
   for (const std::string& st : states)
-    for (const ParamSpec& p : spec.params)
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (!keeps_state(states, st, spec.is_hidden_matrix(i))) continue;
+      const ParamSpec& p = spec.params[i];
+      at[tensor_path(st, p.name)] = out.size();
       out.push_back({tensor_path(st, p.name), whole(p.global_shape).count, {}});
+    }
   for (int r = 0; r < layout.mesh.world(); ++r) {
     const ModelSpec held = parallelize(spec, layout, r);
     for (const Piece& pc : pieces_to_write(held, layout.mesh, r, states)) {
       const std::string& name = held.params[pc.param].name;
-      const size_t s =
-          static_cast<size_t>(std::find(states.begin(), states.end(), pc.state) - states.begin());
-      IndexTensor& t = out[s * n + spec.index_of(name)];
+      IndexTensor& t = out[at.at(tensor_path(pc.state, name))];
       const auto boxes = global_boxes(held, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b)
         t.mappings.push_back(

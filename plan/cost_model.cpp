@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "checkpoints/layout.h"
+#include "engine/data_parallel/data_parallel.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/schedule/schedule.h"
@@ -538,7 +539,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // under tp reduces the routed parameters (router, expert stacks) over their groups times
     // tp (ModelSpec::row_group), counted with dp (with tp when dp x cp is one rank: the group
     // is then the tp axis's own).
-    const MemoryEstimate state = rank_state_bytes(rs, par.zero_stage, group, 0, sixteen);
+    const bool muon = cfg.optimizer.type == OptimizerType::muon;
+    const MemoryEstimate state =
+        rank_state_bytes(rs, par.zero_stage, group, 0, sixteen, cfg.optimizer.type);
     const double edp = static_cast<double>(group / ep);
     double whole = 0, whole_experts = 0;
     // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
@@ -546,6 +549,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
     // groups with tp.
     double shards = 0, shards_tp = 0;
+    // Elements the optimizer updates (AdamW's, Muon's); Muon's row all-gathers (as shards).
+    double adam_owned = 0, muon_owned = 0, muon_rows = 0, muon_rows_tp = 0;
     // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
     std::map<int64_t, ZeroUnitBytes> layer_units;
     ZeroUnitBytes root_unit;
@@ -565,6 +570,32 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
       const double pass = (n - 1.0) / n * 4 * pad;
       (over_tp ? shards_tp : shards) += pass;
       (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
+      // What the optimizer updates on rank 0 of the group: all of it under DDP, its rows under
+      // ZeRO. Muon all-gathers each hidden matrix's rows over the row group (ZeRO) once a step.
+      const double own = static_cast<double>(
+          par.zero_stage >= 1 ? std::min(rows, (rows + n - 1) / n) * row_numel : ps.shape.numel());
+      if (muon && rs.is_hidden_matrix(i)) {
+        muon_owned += own;
+        if (par.zero_stage >= 1) (over_tp ? muon_rows_tp : muon_rows) += pass;
+      } else {
+        adam_owned += own;
+      }
+    }
+    // Muon: each hidden matrix all-gathered over tp when tp shards it, and orthogonalised whole
+    // on every rank: ns_steps x (X X^T, A A, B X) on the smaller Gram, 4 k^2 l + 2 k^3 FLOPs
+    // (k, l = the smaller and larger dim).
+    double muon_flops = 0;
+    if (muon) {
+      for (const MuonMatrix& mm : muon_layout(rs, tp).matrices) {
+        const double rows_m = static_cast<double>(mm.whole[-2]),
+                     cols_m = static_cast<double>(mm.whole[-1]);
+        const double kk = std::min(rows_m, cols_m), ll = std::max(rows_m, cols_m);
+        const double count = mm.whole.ndim() == 3 ? static_cast<double>(mm.whole[0]) : 1.0;
+        muon_flops += count * static_cast<double>(cfg.optimizer.muon.ns_steps) *
+                      (4 * kk * kk * ll + 2 * kk * kk * kk);
+        if (!(mm.whole == rs.params[mm.param].shape))
+          t.all_gather += (tp - 1.0) / tp * 4 * static_cast<double>(mm.whole.numel());
+      }
     }
     // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
     std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(mc.n_layers) + 1);
@@ -603,6 +634,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
           g_tp.reduce_scatter += m * shards_tp;
           g_tp.all_gather += zero.gather_bytes_tp();
       }
+      g.all_gather += muon_rows;
+      g_tp.all_gather += muon_rows_tp;
     }
 
     // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
@@ -677,9 +710,12 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     }
     s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
     // AdamW reads the parameter, gradient and both moments and writes three (4 bytes each) of
-    // what the rank owns, and refreshes the 16-bit copy of what it holds.
-    const double owned = state.optimizer / 8;
-    s.optimizer_s = (28 * owned + (sixteen ? 4 * whole : 0)) / hw.memory_bandwidth;
+    // what the rank owns, and refreshes the 16-bit copy of what it holds. Muon's elementwise
+    // work moves about as much (momentum, update, rows, weights: 7 passes of 4 bytes); its
+    // Newton-Schulz GEMMs run at the matmul rate, and its all-gathers wait.
+    s.optimizer_s =
+        (28 * (adam_owned + muon_owned) + (sixteen ? 4 * whole : 0)) / hw.memory_bandwidth +
+        muon_flops / (out.peak * hw.matmul_efficiency);
     out.stages.push_back(s);
   }
 

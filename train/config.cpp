@@ -30,6 +30,7 @@ constexpr std::array<std::string_view, 2> kNormNames{"layernorm", "rmsnorm"};
 constexpr std::array<std::string_view, 2> kActivationNames{"gelu", "swiglu"};
 constexpr std::array<std::string_view, 2> kPositionNames{"learned", "rope"};
 constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "constant"};
+constexpr std::array<std::string_view, 2> kOptimizerTypeNames{"adamw", "muon"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
 constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
@@ -193,6 +194,7 @@ const std::vector<Section>& sections() {
                     .add("time_limit", &T::time_limit)
                     .build());
     s.push_back(SectionBuilder<O>("optimizer", &Config::optimizer)
+                    .add("type", &O::type, kOptimizerTypeNames)
                     .add("lr", &O::lr)
                     .add("min_lr", &O::min_lr)
                     .add("warmup_steps", &O::warmup_steps)
@@ -205,6 +207,11 @@ const std::vector<Section>& sections() {
                     .add("grad_clip", &O::grad_clip)
                     .add("initial_loss_scale", &O::initial_loss_scale)
                     .add("loss_scale_window", &O::loss_scale_window)
+                    .build());
+    s.push_back(SectionBuilder<MuonConfig>("optimizer.muon", &Config::optimizer, &O::muon)
+                    .add("momentum", &MuonConfig::momentum)
+                    .add("nesterov", &MuonConfig::nesterov)
+                    .add("ns_steps", &MuonConfig::ns_steps)
                     .build());
     s.push_back(SectionBuilder<P>("parallel", &Config::parallel)
                     .add("tp", &P::tp)

@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "engine/data_parallel/data_parallel.h"
 #include "engine/model/model_spec.h"
 
 namespace llmt {
@@ -76,8 +77,12 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
 }
 
 MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
-                                int group_rank, bool sixteen_bit) {
-  double whole = 0, padded = 0, owned = 0;
+                                int group_rank, bool sixteen_bit, OptimizerType optimizer) {
+  const bool muon = optimizer == OptimizerType::muon;
+  double whole = 0, padded = 0;
+  double adam_owned = 0;                      // what AdamW updates (all but Muon's matrices)
+  std::vector<int64_t> muon_own;              // Muon: each hidden matrix's slot elements
+  int64_t muon_shard = 0, muon_gathered = 0;  // ZeRO's Muon gather buffers (zero.cpp)
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& p = spec.params[i];
     // Expert stacks under ep, routed parameters under tp: over their own groups (zero.h).
@@ -87,7 +92,16 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
     const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);
     whole += static_cast<double>(p.shape.numel());
     padded += static_cast<double>(s * row_numel);
-    owned += static_cast<double>(own * row_numel);
+    const int64_t slot = zero_stage >= 1 ? own * row_numel : p.shape.numel();
+    if (!muon || !spec.is_hidden_matrix(i)) {
+      adam_owned += static_cast<double>(slot);
+      continue;
+    }
+    muon_own.push_back(slot);
+    if (zero_stage >= 1) {
+      muon_shard = std::max(muon_shard, s * row_numel);
+      muon_gathered = std::max(muon_gathered, s * row_numel * n);
+    }
   }
   MemoryEstimate e;
   // 16-bit: a compute copy of what the rank holds beside the fp32 masters, which ZeRO-1/2 shard.
@@ -95,7 +109,12 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
              : sixteen_bit && zero_stage >= 1 ? 4 * whole + 4 * padded
                                               : 4 * whole * (sixteen_bit ? 2 : 1);
   e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
-  e.optimizer = 8 * (zero_stage >= 1 ? owned : whole);
+  e.optimizer = 8 * adam_owned;
+  if (muon) {
+    const MuonLayout m = muon_layout(spec, spec.tp_size);
+    e.optimizer += 4 * static_cast<double>(muon_buffers(m.matrices, muon_own).elements() +
+                                           m.tp_local + m.tp_staging + muon_shard + muon_gathered);
+  }
   return e;
 }
 

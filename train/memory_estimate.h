@@ -31,7 +31,8 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
 // shards) or, at ZeRO-3, its padded shards; grads 4P, or its padded shards from ZeRO-2;
 // optimizer 8 x what it owns (all of P under DDP, its rows from ZeRO-1).
 MemoryEstimate rank_state_bytes(const ModelSpec& rank_spec, int64_t zero_stage, int group,
-                                int group_rank, bool sixteen_bit);
+                                int group_rank, bool sixteen_bit,
+                                OptimizerType optimizer = OptimizerType::adamw);
 
 // What this process may still allocate on the host: the smaller of /proc/meminfo's MemAvailable
 // and the cgroup's limit minus its usage (v2 memory.max / memory.current, v1

@@ -1,5 +1,6 @@
-// DDP: bucketed all-reduce of the flat gradient buffer over the data-parallel group, started from after_backward on
-// the step's last micro-batch and waited before the optimizer. The factory for every strategy.
+// DDP: bucketed all-reduce of the flat gradient buffer over the data-parallel group, started from
+// after_backward on the step's last micro-batch and waited before the optimizer. The factory for
+// every strategy.
 #include "engine/data_parallel/data_parallel.h"
 
 #include <algorithm>
@@ -21,6 +22,83 @@ std::vector<StateTensor> DataParallel::state_tensors() {
   std::vector<StateTensor> out = master_tensors();
   for (StateTensor& t : opt_->state_tensors()) out.push_back(std::move(t));
   return out;
+}
+
+namespace {
+// The tp placement that Muon has to undo for parameter p: Shard(0) or Shard(1) of a matrix over
+// tp > 1, else replicated (expert stacks and routers are replicated over tp).
+const Placement* tp_shard(const ParamSpec& p, int tp) {
+  const Placement& pl = p.on(Axis::tp);
+  return tp > 1 && pl.sharded() ? &pl : nullptr;
+}
+}  // namespace
+
+MuonLayout muon_layout(const ModelSpec& spec, int tp) {
+  MuonLayout out;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    if (!spec.is_hidden_matrix(i)) continue;
+    const ParamSpec& p = spec.params[i];
+    MuonMatrix mm{i, p.shape, -1};
+    if (const Placement* pl = tp_shard(p, tp)) {
+      mm.whole = p.shape.with_dim(pl->dim, p.shape[pl->dim] * tp);
+      out.tp_local = std::max(out.tp_local, p.shape.numel());
+      if (pl->dim != 0) out.tp_staging = std::max(out.tp_staging, mm.whole.numel());
+    }
+    out.matrices.push_back(mm);
+  }
+  return out;
+}
+
+void DataParallel::make_optimizer(const OptimizerConfig& cfg, std::vector<OptimizerSlot> slots) {
+  MuonLayout muon;
+  if (cfg.type == OptimizerType::muon) {
+    muon = muon_layout(model_.spec(), mesh_.size(Axis::tp));
+    for (MuonMatrix& mm : muon.matrices)
+      for (size_t k = 0; k < slots.size(); ++k)
+        if (slots[k].param == mm.param) mm.slot = static_cast<int>(k);
+    // Both count as the optimizer's (persistent, like Muon's own buffers).
+    tp_local_ = alloc_.allocate(static_cast<size_t>(muon.tp_local) * 4, MemCategory::optimizer);
+    tp_staging_ = alloc_.allocate(static_cast<size_t>(muon.tp_staging) * 4, MemCategory::optimizer);
+  }
+  opt_.emplace(cfg, alloc_, std::move(slots), std::move(muon.matrices), this);
+}
+
+void DataParallel::gather(size_t param, Tensor rows, Tensor whole) {
+  const ParamSpec& p = model_.spec().params[param];
+  const Placement* pl = tp_shard(p, mesh_.size(Axis::tp));
+  if (!pl) {
+    gather_rows(param, rows, whole);
+    return;
+  }
+  Communicator& tp = mesh_.comm(Axis::tp);
+  Tensor local = tp_local_.tensor(p.shape, DType::f32);
+  gather_rows(param, rows, local);
+  if (pl->dim == 0) {  // [shard 0; shard 1; ...]: the rows, each rank's in order
+    tp.all_gather(whole, local).wait();
+    return;
+  }
+  // Shard(1): (tp, m, n/tp) gathered, then rank t's columns into column block t of (m, n).
+  const int64_t m = p.shape[0], nl = p.shape[1], n = tp.size();
+  Tensor staging = tp_staging_.tensor({n, m, nl}, DType::f32);
+  tp.all_gather(staging, local).wait();
+  for (int64_t t = 0; t < n; ++t)
+    ops::copy_heads(whole.view({1, m, n, nl}), t, staging.rows(t, t + 1).view({1, m, 1, nl}), 0, 1);
+}
+
+void DataParallel::take_rows(size_t param, Tensor whole, Tensor rows) {
+  const ParamSpec& p = model_.spec().params[param];
+  const Placement* pl = tp_shard(p, mesh_.size(Axis::tp));
+  if (!pl) {
+    take_local_rows(param, whole, rows);
+    return;
+  }
+  const int64_t t = mesh_.comm(Axis::tp).rank(), m = p.shape[0], nl = p.shape[1];
+  Tensor local = tp_local_.tensor(p.shape, DType::f32);
+  if (pl->dim == 0)
+    ops::copy(local, whole.rows(t * m, (t + 1) * m));
+  else
+    ops::copy_heads(local.view({1, m, 1, nl}), 0, whole.view({1, m, whole.size(1) / nl, nl}), t, 1);
+  take_local_rows(param, local, rows);
 }
 
 double DataParallel::take_wait_seconds() {
@@ -79,9 +157,7 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
                                                  Communicator& group, Transformer& model,
                                                  Allocator& alloc)
-    : DataParallel(mesh, group),
-      model_(model),
-      alloc_(alloc),
+    : DataParallel(mesh, group, model, alloc),
       ep_(cfg.ep > 1 ? &mesh.expert_group(static_cast<int>(cfg.ep)) : nullptr),
       // (under tp the experts' replicas are at every tp coordinate too)
       edp_(cfg.ep > 1 ? &mesh.expert_data_tp_group(static_cast<int>(cfg.ep)) : nullptr) {
@@ -97,7 +173,18 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
   std::vector<OptimizerSlot> slots;
   for (size_t i = 0; i < model.params().size(); ++i)
     slots.push_back({i, 0, model.params()[i], model.grads()[i], model.spec().params[i].decay});
-  opt_.emplace(opt, alloc, std::move(slots));
+  make_optimizer(opt, std::move(slots));
+}
+
+// The optimizer's slot of a parameter is the whole tensor on every rank.
+void DistributedDataParallel::gather_rows(size_t i, Tensor rows, Tensor local) {
+  (void)i;
+  ops::copy(local, rows);
+}
+
+void DistributedDataParallel::take_local_rows(size_t i, Tensor local, Tensor rows) {
+  (void)i;
+  ops::copy(rows, local);
 }
 
 void DistributedDataParallel::start_step() {

@@ -1,7 +1,7 @@
 // Data parallelism: the strategy that turns each rank's gradients of its slice of the global batch
 // into the update of the global model, over the group it reduces over (the mesh's dp axis, and cp
-// once context parallelism splits sequences: parameters replicate over both). DataParallel is the interface
-// the trainer drives; make_data_parallel picks DDP (zero_stage 0, this file) or ZeRO 1-3
+// once context parallelism splits sequences: parameters replicate over both). DataParallel is the
+// interface the trainer drives; make_data_parallel picks DDP (zero_stage 0, this file) or ZeRO 1-3
 // (zero.h). Each is a ModelHooks: it acts per block while backward (and, for ZeRO-3, forward)
 // runs, so communication overlaps compute. The trainer pre-scales each micro-batch's loss
 // gradient by 1/(accumulation steps * dp), so a sum over dp is the global-batch mean.
@@ -23,7 +23,7 @@ namespace llmt {
 
 // Gradient synchronisation (the subclasses: DDP's bucketed all-reduce, ZeRO's reduce-scatter)
 // around a ShardedOptimizer over what this rank owns, which lists the training state.
-class DataParallel : public ModelHooks, public TrainingState {
+class DataParallel : public ModelHooks, public TrainingState, public MatrixGather {
  public:
   // Before the step's first micro-batch: gradients to zero.
   virtual void start_step() = 0;
@@ -56,17 +56,44 @@ class DataParallel : public ModelHooks, public TrainingState {
   void update_owned(size_t i, const std::function<void(Tensor rows, int64_t row_begin)>& update);
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
+  // MatrixGather (Muon): the row group's rows of a hidden matrix (gather_rows), then its tp
+  // shards (all-gathered over tp and, for Shard(1), interleaved into columns).
+  void gather(size_t param, Tensor rows, Tensor whole) override;
+  void take_rows(size_t param, Tensor whole, Tensor rows) override;
 
  protected:
   // group: the ranks holding replicas of the same parameters that see different data.
-  DataParallel(Mesh& mesh, Communicator& group) : mesh_(mesh), group_(group) {}
+  DataParallel(Mesh& mesh, Communicator& group, Transformer& model, Allocator& alloc)
+      : mesh_(mesh), group_(group), model_(model), alloc_(alloc) {}
   // The master weights this rank holds for checkpoints: whole (DDP, ZeRO-1/2, the same on every
   // rank of the group after the step) or its rows (ZeRO-3).
   virtual std::vector<StateTensor> master_tensors() = 0;
+  // Builds opt_ over `slots` (for Muon with the model's hidden matrices, and the tp buffers of
+  // gather()); the subclass's constructor calls it once.
+  void make_optimizer(const OptimizerConfig& cfg, std::vector<OptimizerSlot> slots);
+  // This rank's slot rows of parameter i (undefined: none) -> its tensor `local` (this rank's
+  // tp shard), every rank of the row group taking part; and back.
+  virtual void gather_rows(size_t i, Tensor rows, Tensor local) = 0;
+  virtual void take_local_rows(size_t i, Tensor local, Tensor rows) = 0;
   Mesh& mesh_;
   Communicator& group_;
-  std::optional<ShardedOptimizer> opt_;  // set by the subclass's constructor
+  Transformer& model_;
+  Allocator& alloc_;
+  std::optional<ShardedOptimizer> opt_;  // set by make_optimizer
+
+ private:
+  Buffer tp_local_, tp_staging_;  // Muon under tp: a tp shard, and all tp ranks' (Shard(1))
 };
+
+// Muon's view of a rank's model (spec: this rank's): its hidden matrices in spec order (slot -1,
+// `whole` with the tp shards gathered), and the elements of the tp buffers DataParallel::gather
+// allocates: one tp shard (the largest tp-sharded matrix) and every tp rank's shard of a
+// Shard(1) matrix (the largest).
+struct MuonLayout {
+  std::vector<MuonMatrix> matrices;
+  int64_t tp_local = 0, tp_staging = 0;
+};
+MuonLayout muon_layout(const ModelSpec& spec, int tp);
 
 // What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither; 1-2 in
 // 16-bit `compute`: no fp32 master weights, ZeRO holds their rows).
@@ -103,6 +130,8 @@ class DistributedDataParallel final : public DataParallel {
   void step(double lr, int64_t t, float grad_scale) override;
   void gather_params(std::vector<float>& out) override;
   void after_load() override { model_.sync_compute_weights(); }
+  void gather_rows(size_t i, Tensor rows, Tensor local) override;
+  void take_local_rows(size_t i, Tensor local, Tensor rows) override;
 
   // Which group a bucket reduces over: the data-parallel group; the expert-data-parallel group
   // (expert stacks under ep); the tp x dp x cp group (routed parameters under tp, whose gradients
@@ -117,8 +146,6 @@ class DistributedDataParallel final : public DataParallel {
 
  private:
   std::vector<StateTensor> master_tensors() override { return opt_->master_tensors(); }
-  Transformer& model_;
-  Allocator& alloc_;
   Communicator* ep_ = nullptr;        // ep > 1: the expert group and
   Communicator* edp_ = nullptr;       // the expert-data-parallel group
   Communicator* tp_group_ = nullptr;  // tp > 1 with routed parameters: tp x dp x cp

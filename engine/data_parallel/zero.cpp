@@ -16,10 +16,8 @@ int64_t Zero::Param::own_rows_of(int r) const {
 
 Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Communicator& group,
            Transformer& model, Allocator& alloc, uint64_t seed)
-    : DataParallel(mesh, group),
+    : DataParallel(mesh, group, model, alloc),
       stage_(static_cast<int>(cfg.zero_stage)),
-      model_(model),
-      alloc_(alloc),
       L_(model.num_blocks() - 2) {
   LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
   const ModelSpec& spec = model.spec();
@@ -97,7 +95,45 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
            spec.params[p.index].decay});
     }
   }
-  opt_.emplace(opt, alloc, std::move(slots));
+  param_at_.assign(spec.params.size(), {0, 0});
+  int64_t shard = 0, gathered = 0;  // Muon: the largest hidden matrix's shard, and n of them
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t k = 0; k < units_[u].params.size(); ++k) {
+      const Param& p = units_[u].params[k];
+      param_at_[p.index] = {u, k};
+      if (opt.type == OptimizerType::muon && spec.is_hidden_matrix(p.index)) {
+        shard = std::max(shard, p.shard_rows * p.row_numel);
+        gathered = std::max(gathered, p.shard_rows * p.row_numel * n_[p.part]);
+      }
+    }
+  if (gathered > 0) {  // (counted as the optimizer's, as its other buffers)
+    gather_send_ = alloc.allocate(static_cast<size_t>(shard) * 4, MemCategory::optimizer);
+    gather_staging_ = alloc.allocate(static_cast<size_t>(gathered) * 4, MemCategory::optimizer);
+  }
+  make_optimizer(opt, std::move(slots));
+}
+
+const Zero::Param& Zero::param_of(size_t i) const {
+  const auto [u, k] = param_at_.at(i);
+  return units_[u].params[k];
+}
+
+void Zero::gather_rows(size_t i, Tensor rows, Tensor local) {
+  const Param& p = param_of(i);
+  const int n = n_[p.part];
+  const int64_t shard = p.shard_rows * p.row_numel;
+  Tensor send = gather_send_.tensor({p.shard_rows, p.row_numel}, DType::f32);
+  ops::fill_zero(send);  // the padding rows past the real ones
+  if (rows.defined()) ops::copy(send.rows(0, p.own_rows), rows.view({p.own_rows, p.row_numel}));
+  Tensor all = gather_staging_.tensor({n * shard}, DType::f32);
+  groups_[static_cast<size_t>(p.part)]->all_gather(all, send.view({shard})).wait();
+  ops::copy(local.view({p.rows * p.row_numel}), all.rows(0, p.rows * p.row_numel));
+}
+
+void Zero::take_local_rows(size_t i, Tensor local, Tensor rows) {
+  const Param& p = param_of(i);
+  const int64_t row0 = rank_[p.part] * p.shard_rows;
+  ops::copy(rows.view({p.own_rows, p.row_numel}), as_rows(local, p).rows(row0, row0 + p.own_rows));
 }
 
 int Zero::unit_of(int block) const {

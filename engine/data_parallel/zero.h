@@ -73,16 +73,19 @@ class Zero final : public DataParallel {
 
  private:
   std::vector<StateTensor> master_tensors() override;
+  // Muon: the row group's padded shards all-gathered (gather_staging_), the real rows kept.
+  void gather_rows(size_t i, Tensor rows, Tensor local) override;
+  void take_local_rows(size_t i, Tensor local, Tensor rows) override;
   // Part 0: sharded over the group; part 1: the expert stacks over the edp group (ep > 1; times
   // tp under tp); part 2: the other routed parameters under tp, and the expert stacks without ep,
   // over tp x dp x cp.
   static constexpr int kParts = 3;
   struct Param {
-    size_t index = 0;                                // into the model's params
+    size_t index = 0;  // into the model's params
     int part = 0;
     // R (ModelSpec::cut_rows), s = ceil(R/n), this rank's real rows
     int64_t rows = 0, shard_rows = 0, own_rows = 0;
-    int64_t row_numel = 0;                           // elements per row
+    int64_t row_numel = 0;  // elements per row
     int64_t full_off = 0;   // offset in the unit's gathered (spec-order) layout
     int64_t shard_off = 0;  // offset in the shard of the unit's part
     int64_t own_rows_of(int r) const;
@@ -110,6 +113,7 @@ class Zero final : public DataParallel {
   };
 
   int unit_of(int block) const;
+  const Param& param_of(size_t i) const;
   static Tensor as_rows(Tensor t, const Param& p);
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
   // dst (rank-major, n x shard_numel of the part) <- rows of each of the part's params' views
@@ -128,8 +132,6 @@ class Zero final : public DataParallel {
   void gather_into(const std::vector<Tensor>& dst);
 
   int stage_;
-  Transformer& model_;
-  Allocator& alloc_;
   std::array<Communicator*, kParts> groups_;  // by part (an unused part: the group again)
   std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
   int L_;
@@ -137,6 +139,8 @@ class Zero final : public DataParallel {
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows
   std::deque<Reduction> reductions_;
+  std::vector<std::pair<size_t, size_t>> param_at_;  // by model param: (unit, index in it)
+  Buffer gather_send_, gather_staging_;              // Muon: one shard, and the group's
   bool last_micro_ = true;
 };
 

@@ -198,6 +198,12 @@ bool ModelSpec::is_expert(size_t i) const {
   return params[i].kind == ParamKind::expert;
 }
 
+bool ModelSpec::is_hidden_matrix(size_t i) const {
+  const ParamSpec& p = params.at(i);
+  if (p.kind == ParamKind::expert) return p.global_shape.ndim() == 3;
+  return (p.kind == ParamKind::attention || p.kind == ParamKind::mlp) && p.global_shape.ndim() == 2;
+}
+
 bool ModelSpec::is_routed(size_t i) const {
   return params[i].kind == ParamKind::expert || params[i].kind == ParamKind::router;
 }

@@ -109,6 +109,10 @@ struct ModelSpec {
   // tensor parallelism each tp rank routes its own tokens (sequence parallelism's rows), so its
   // gradient there is this rank's part of a sum over tp.
   bool is_routed(size_t i) const;
+  // Whether parameter i is a hidden weight matrix: a 2-D attention or MLP weight, or an expert
+  // stack (each expert's matrix). Muon updates these (engine/optim/muon.h); biases, norms,
+  // embeddings, the head and routers are not.
+  bool is_hidden_matrix(size_t i) const;
   // The group parameter i's rows are cut over by ZeRO and by the checkpoint write rule: the
   // ranks holding the same rows that see different data. Given this rank's place `rank` in its
   // dp x cp group of `size` ranks (ranks in mesh order): an expert stack under ep, the

@@ -1,4 +1,4 @@
-// AdamW state lives in two flat buffers (m, v) carved like the parameters; updates are ops, one
+// AdamW state lives in two flat buffers (m, v) carved like the slots; updates are ops, one
 // multi-tensor call per step (and per norm).
 #include "engine/optim/optimizer.h"
 
@@ -36,37 +36,40 @@ double clip_coefficient(const OptimizerConfig& cfg, double norm) {
   return std::min(1.0, static_cast<double>(cfg.grad_clip) / (norm + 1e-6));
 }
 
-AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Tensor>& params,
-             std::vector<bool> decay)
-    : cfg_(cfg), decay_(std::move(decay)) {
-  LLMT_CHECK(decay_.size() == params.size(), decay_.size(), " decay flags for ", params.size(),
-             " parameters");
+AdamW::AdamW(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSlot> slots)
+    : cfg_(cfg), slots_(std::move(slots)) {
   size_t bytes = 0;
-  for (const Tensor& p : params) bytes += p.nbytes();
+  for (const OptimizerSlot& s : slots_) bytes += s.value.nbytes();
   m_buf_ = alloc.allocate(bytes, MemCategory::optimizer);
   v_buf_ = alloc.allocate(bytes, MemCategory::optimizer);
   size_t off = 0;
-  for (const Tensor& p : params) {
-    m_.push_back(m_buf_.tensor(p.shape, DType::f32, off));
-    v_.push_back(v_buf_.tensor(p.shape, DType::f32, off));
-    off += p.nbytes();
+  for (const OptimizerSlot& s : slots_) {
+    m_.push_back(m_buf_.tensor(s.value.shape, DType::f32, off));
+    v_.push_back(v_buf_.tensor(s.value.shape, DType::f32, off));
+    off += s.value.nbytes();
   }
 }
 
-void AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-                 int64_t step, float grad_scale) {
+void AdamW::step(double lr, int64_t t, float grad_scale) {
   std::vector<ops::AdamWTensor> ts;
-  ts.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i)
-    ts.push_back({params[i], grads[i], m_[i], v_[i], decay_[i]});
+  ts.reserve(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i)
+    ts.push_back({slots_[i].value, slots_[i].grad, m_[i], v_[i], slots_[i].decay});
   const ops::AdamWParams hp{.lr = static_cast<float>(lr),
                             .beta1 = cfg_.beta1,
                             .beta2 = cfg_.beta2,
                             .eps = cfg_.eps,
                             .weight_decay = cfg_.weight_decay,
-                            .step = step,
+                            .step = t,
                             .grad_scale = grad_scale};
   ops::adamw_update(ts, hp);
+}
+
+std::vector<SlotState> AdamW::state() const {
+  std::vector<SlotState> out;
+  for (size_t i = 0; i < slots_.size(); ++i) out.push_back({kStateNames[0], i, m_[i]});
+  for (size_t i = 0; i < slots_.size(); ++i) out.push_back({kStateNames[1], i, v_[i]});
+  return out;
 }
 
 LossScaler::LossScaler(const OptimizerConfig& cfg, bool enabled)

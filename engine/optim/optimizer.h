@@ -1,5 +1,5 @@
-// AdamW over a model's parameters, the learning-rate schedule, global-norm clipping and the fp16
-// dynamic loss scaler (docs/model.md, "Training step"). Each takes only [optimizer].
+// The optimizer interface and AdamW, the learning-rate schedule, global-norm clipping and the fp16
+// dynamic loss scaler (docs/model.md, "Training step"). Each takes only [optimizer]. Muon: muon.h.
 #pragma once
 
 #include <cstdint>
@@ -21,28 +21,47 @@ double global_norm(const std::vector<Tensor>& tensors);
 // The factor that brings `norm` down to grad_clip: min(1, clip / (norm + 1e-6)); 1 when off.
 double clip_coefficient(const OptimizerConfig& cfg, double norm);
 
-class AdamW {
+// One parameter, or the rows of it this rank owns, that the optimizer updates: rows
+// [row_begin, row_begin + value.size(0)) of parameter `param`, its fp32 master weights `value`
+// and gradient `grad` (same shape), and whether weight decay applies.
+struct OptimizerSlot {
+  size_t param = 0;
+  int64_t row_begin = 0;
+  Tensor value, grad;
+  bool decay = false;
+};
+
+// One tensor of an optimizer's state: state `name` of slot `slot` (the slot's shape).
+struct SlotState {
+  std::string name;
+  size_t slot = 0;
+  Tensor tensor;
+};
+
+// An update rule over a list of slots. Checkpoints store whatever state() lists, by name.
+class Optimizer {
  public:
-  // params/grads: one view per parameter (same order); decay[i]: weight decay applies to i.
-  AdamW(const OptimizerConfig& cfg, Allocator& alloc, const std::vector<Tensor>& params,
-        std::vector<bool> decay);
+  virtual ~Optimizer() = default;
   // One update with learning rate `lr` on gradients multiplied by `grad_scale` as they are read
-  // (clipping and loss unscaling, fused into the update). `step` is the 1-based count of applied
+  // (clipping and loss unscaling, fused into the update). `t` is the 1-based count of applied
   // updates (bias correction).
-  void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-            int64_t step, float grad_scale = 1.0f);
-  // The state, named, one view per parameter in the constructor's order: "exp_avg" (m) and
-  // "exp_avg_sq" (v). Checkpoints store and restore what this lists, in place.
-  struct NamedState {
-    std::string name;
-    std::vector<Tensor> tensors;
-  };
+  virtual void step(double lr, int64_t t, float grad_scale) = 0;
+  // Every state tensor it keeps, by slot.
+  virtual std::vector<SlotState> state() const = 0;
+};
+
+// AdamW with decoupled weight decay on every slot (decay where the slot says so): "exp_avg" (m)
+// and "exp_avg_sq" (v) per slot, in two flat buffers carved like the slots.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSlot> slots);
+  void step(double lr, int64_t t, float grad_scale) override;
+  std::vector<SlotState> state() const override;
   static constexpr const char* kStateNames[] = {"exp_avg", "exp_avg_sq"};
-  std::vector<NamedState> state() const { return {{kStateNames[0], m_}, {kStateNames[1], v_}}; }
 
  private:
   OptimizerConfig cfg_;
-  std::vector<bool> decay_;
+  std::vector<OptimizerSlot> slots_;
   Buffer m_buf_, v_buf_;
   std::vector<Tensor> m_, v_;
 };

@@ -32,6 +32,10 @@ void check_optimizer_config(const OptimizerConfig& o, const OptimizerConfig& raw
   r.positive("optimizer.eps", o.eps);
   r.at_least("optimizer.weight_decay", o.weight_decay, 0.0f);
   r.at_least("optimizer.grad_clip", o.grad_clip, 0.0f);
+  if (o.type == OptimizerType::muon) {
+    r.unit_interval("optimizer.muon.momentum", o.muon.momentum);
+    r.at_least<int64_t>("optimizer.muon.ns_steps", o.muon.ns_steps, 1);
+  }
   if (fp16) {
     r.require(o.initial_loss_scale > 0, {"optimizer.initial_loss_scale", "train.precision"},
               concat("optimizer.initial_loss_scale=", toml_text(o.initial_loss_scale),

@@ -1,15 +1,17 @@
-// The optimizer as the data-parallel strategies use it: AdamW over whatever a rank owns (whole
-// parameters under DDP, row shards under ZeRO), each slot knowing which parameter and rows it is,
-// and the training state listed as named tensors for checkpoints. Checkpoints store whatever
-// state the optimizer lists ("param" plus its state names); nothing about Adam is baked into
-// them (docs/checkpoint-format.md).
+// The optimizer as the data-parallel strategies use it: AdamW or Muon over whatever a rank owns
+// (whole parameters under DDP, row shards under ZeRO), each slot knowing which parameter and rows
+// it is, and the training state listed as named tensors for checkpoints. Checkpoints store
+// whatever state the optimizer lists ("param" plus its state names); nothing about Adam is baked
+// into them (docs/checkpoint-format.md).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/allocator.h"
+#include "engine/optim/muon.h"
 #include "engine/optim/optimizer.h"
 
 namespace llmt {
@@ -19,7 +21,14 @@ constexpr const char* kMasterState = "param";
 
 // Every state a run with optimizer config `cfg` keeps and checkpoints store: kMasterState, then
 // the optimizer's state names (known before anything is allocated, to check a checkpoint early).
+// AdamW: exp_avg, exp_avg_sq. Muon: those (its AdamW parameters) and momentum_buffer.
 std::vector<std::string> training_state_names(const OptimizerConfig& cfg);
+
+// Whether a parameter keeps state `state` in a run (or checkpoint) whose states are `states`:
+// the master weights always; under Muon (momentum_buffer among the states) a hidden matrix
+// (ModelSpec::is_hidden_matrix) keeps momentum_buffer only and every other parameter the rest.
+bool keeps_state(const std::vector<std::string>& states, const std::string& state,
+                 bool hidden_matrix);
 
 // One tensor of training state a rank holds: rows [row_begin, row_begin + local.size(0)) of this
 // tp rank's tensor of parameter `param` (ModelSpec::params[param].shape), f32 on the model's
@@ -44,23 +53,15 @@ class TrainingState {
   virtual void after_load() = 0;
 };
 
-// One parameter, or the rows of it this rank owns, that the optimizer updates: rows
-// [row_begin, row_begin + value.size(0)) of parameter `param`, its fp32 master weights `value`
-// and gradient `grad` (same shape), and whether weight decay applies.
-struct OptimizerSlot {
-  size_t param = 0;
-  int64_t row_begin = 0;
-  Tensor value, grad;
-  bool decay = false;
-};
-
 class ShardedOptimizer {
  public:
-  ShardedOptimizer(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSlot> slots);
-  // One AdamW update of every slot (see AdamW::step).
+  // optimizer.type muon: `matrices` are the hidden matrices (MuonMatrix; slot indices into
+  // `slots`) and `gather` makes them whole; both unused with AdamW.
+  ShardedOptimizer(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSlot> slots,
+                   std::vector<MuonMatrix> matrices = {}, MatrixGather* gather = nullptr);
+  // One update of every slot (see Optimizer::step).
   void step(double lr, int64_t t, float grad_scale);
-  // The optimizer's state names, in the order state_tensors() lists them ("exp_avg",
-  // "exp_avg_sq").
+  // The optimizer's state names (training_state_names without the master weights).
   std::vector<std::string> state_names() const;
   // The optimizer's state of every slot (not the master weights: which rows of those a rank
   // holds is the strategy's business).
@@ -73,8 +74,8 @@ class ShardedOptimizer {
 
  private:
   std::vector<OptimizerSlot> slots_;
-  std::vector<Tensor> values_, grads_;
-  AdamW adamw_;
+  std::vector<std::string> state_names_;
+  std::unique_ptr<Optimizer> opt_;
 };
 
 }  // namespace llmt

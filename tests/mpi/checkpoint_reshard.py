@@ -79,7 +79,7 @@ def datasets(path):
 def main():
     args = parse_args(lambda ap: ap.add_argument("--pair", required=True))
     a, b = args.pair.split(":")
-    base = sorted(set(LAYOUTS[a][2] + LAYOUTS[b][2]))
+    base = sorted(set(LAYOUTS[a][2] + LAYOUTS[b][2])) + args.sets
     w = os.path.join(args.workdir, args.pair.replace(":", "_to_"))
     shutil.rmtree(w, ignore_errors=True)  # an earlier test run's checkpoints would be refused
     os.makedirs(w, exist_ok=True)

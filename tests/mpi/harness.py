@@ -11,12 +11,15 @@ import sys
 
 
 def parse_args(extra=None):
-    """--llmtrain, --mpirun, --config, --workdir; `extra(ap)` adds a script's own arguments."""
+    """--llmtrain, --mpirun, --config, --workdir, --set KEY=VALUE (repeatable: settings for every
+    run a script makes, its single-rank references included); `extra(ap)` adds a script's own
+    arguments."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--llmtrain", required=True)
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE")
     if extra:
         extra(ap)
     return ap.parse_args()

@@ -202,6 +202,7 @@ def main():
 
     os.makedirs(args.workdir, exist_ok=True)
     ranks, sets, base = LAYOUTS[args.layout]
+    base = base + args.sets
     single = "single" + ("-" + "-".join(b.split(".")[-1] for b in base) if base else "")
     ref_steps, ref_params = train_run(args, os.path.join(args.workdir, single), 1, base)
     steps, params = train_run(args, os.path.join(args.workdir, args.layout), ranks, sets + base)

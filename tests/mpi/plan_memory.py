@@ -95,6 +95,11 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
                "ep2-tp2-sp-full"]
+# --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
+# row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
+MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
+                "pp2-dp2-zero2"]
+MUON_MOE_LAYOUTS = ["zero3-dp3", "ep2-zero3-dp4", "tp2-sp-dp2-zero3", "ep2-tp2-sp-zero3"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]
@@ -121,12 +126,14 @@ def counted(comm, axis):
 
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
-        "--layouts", choices=["dense", "moe"], default="dense",
-        help="the dense configs' layout matrix, or the mixture-of-experts one"))
+        "--layouts", choices=["dense", "moe", "muon", "muon-moe"], default="dense",
+        help="the dense configs' layout matrix, the mixture-of-experts one, or Muon's"))
     failures = []
-    for name in MOE_LAYOUTS if args.layouts == "moe" else DENSE_LAYOUTS:
+    names = {"dense": DENSE_LAYOUTS, "moe": MOE_LAYOUTS, "muon": MUON_LAYOUTS,
+             "muon-moe": MUON_MOE_LAYOUTS}[args.layouts]
+    for name in names:
         ranks, sets = LAYOUTS[name]
-        sets = sets + ["train.steps=2", "train.micro_batch_size=1"]
+        sets = sets + ["train.steps=2", "train.micro_batch_size=1"] + args.sets
         cmd = [args.llmtrain, "plan", "--config", args.config, "--world", str(ranks)]
         for s in sets:
             cmd += ["--set", s]

@@ -145,6 +145,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("train.on_nonfinite", train.on_nonfinite),
       LLMT_KEY("train.max_skipped_steps", train.max_skipped_steps),
       LLMT_KEY("train.time_limit", train.time_limit),
+      LLMT_KEY("optimizer.type", optimizer.type),
       LLMT_KEY("optimizer.lr", optimizer.lr),
       LLMT_KEY("optimizer.min_lr", optimizer.min_lr),
       LLMT_KEY("optimizer.warmup_steps", optimizer.warmup_steps),
@@ -157,6 +158,9 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("optimizer.grad_clip", optimizer.grad_clip),
       LLMT_KEY("optimizer.initial_loss_scale", optimizer.initial_loss_scale),
       LLMT_KEY("optimizer.loss_scale_window", optimizer.loss_scale_window),
+      LLMT_KEY("optimizer.muon.momentum", optimizer.muon.momentum),
+      LLMT_KEY("optimizer.muon.nesterov", optimizer.muon.nesterov),
+      LLMT_KEY("optimizer.muon.ns_steps", optimizer.muon.ns_steps),
       LLMT_KEY("parallel.tp", parallel.tp),
       LLMT_KEY("parallel.cp", parallel.cp),
       LLMT_KEY("parallel.cp_impl", parallel.cp_impl),
@@ -528,6 +532,7 @@ on_nonfinite = "skip"
 max_skipped_steps = 7
 time_limit = 3600.5
 [optimizer]
+type = "muon"
 lr = 3e-4
 min_lr = 3.3e-5
 warmup_steps = 100
@@ -540,6 +545,10 @@ weight_decay = 0.0
 grad_clip = 0.5
 initial_loss_scale = 1024
 loss_scale_window = 50
+[optimizer.muon]
+momentum = 0.9
+nesterov = false
+ns_steps = 6
 [parallel]
 tp = 2
 cp = 4
