@@ -21,6 +21,7 @@ Run add_data_command(CLI::App& app);
 Run add_checkpoint_command(CLI::App& app);
 Run add_plan_command(CLI::App& app);
 Run add_eval_command(CLI::App& app);
+Run add_generate_command(CLI::App& app);
 
 // "; this layout needs N ranks: run it under `mpirun -np N llmtrain ...` ..." when the config's
 // layout needs more ranks than `world`, else "" (train and eval append it to layout errors).

@@ -95,6 +95,7 @@ int main(int argc_in, char** argv_in) {
   llmt::app::Run run_checkpoint = llmt::app::add_checkpoint_command(app);
   llmt::app::Run run_plan = llmt::app::add_plan_command(app);
   llmt::app::Run run_eval = llmt::app::add_eval_command(app);
+  llmt::app::Run run_generate = llmt::app::add_generate_command(app);
   if (const std::string e = unknown_command(app, argc, argv); !e.empty()) {
     std::fprintf(stderr, "error: %s\n", e.c_str());
     return 2;
@@ -112,6 +113,7 @@ int main(int argc_in, char** argv_in) {
     if (app.got_subcommand("checkpoint")) return run_checkpoint();
     if (app.got_subcommand("plan")) return run_plan();
     if (app.got_subcommand("eval")) return run_eval();
+    if (app.got_subcommand("generate")) return run_generate();
     return 2;
   } catch (const llmt::ConfigError& e) {
     // Every rank reads the same config and fails alike: rank 0 alone says so.

@@ -49,3 +49,10 @@ if [[ $# -eq 0 && -z "${LLMT_RANKS:-}" ]]; then
   fi
   echo "==> final loss $got, as README.md says ($readme, within 0.05)"
 fi
+
+# What the model writes now: a short sample from the last checkpoint (llmtrain generate).
+if [[ $# -eq 0 ]]; then
+  echo "==> a sample: llmtrain generate --checkpoint runs/quickstart/checkpoints --prompt \"Life is\" --seed 1"
+  ./build/app/llmtrain generate --checkpoint runs/quickstart/checkpoints --prompt "Life is" \
+    --max-new-tokens 48 --seed 1 --top-k 50
+fi

@@ -882,15 +882,21 @@ std::vector<TensorSpec> Head::stash() const {
   return norm_f_.stash();
 }
 
-float Head::forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss) {
-  const int64_t N = env_.tp.N;
+Tensor Head::logits(std::span<const Tensor> s, Tensor x) {
   const size_t k = norm_f_.saved().size();
-  const Tensor xf = s[0], logits = s[1 + k], losses = s[2 + k];
+  const Tensor xf = s[0], logits = s[1 + k];
   // The norm's (R,C) output is xf, or under SP gathered into xf.
   const Tensor out = linear_.input_rows(xf);
   norm_f_.forward(s.subspan(1, k), out, x);
   linear_.forward(logits, linear_.input(out, xf), env_.w(head_), Tensor());
   env_.round(logits);
+  return logits;
+}
+
+float Head::forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss) {
+  const int64_t N = env_.tp.N;
+  const size_t k = norm_f_.saved().size();
+  const Tensor logits = this->logits(s, x), losses = s[2 + k];
   // Fused: the losses and, in place of the logits, d(dloss * mean loss)/d logits.
   loss_.forward_backward(losses.view({N}), logits, targets.view({N}),
                          dloss / static_cast<float>(N));

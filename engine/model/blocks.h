@@ -398,6 +398,8 @@ class Head {
   // The micro-batch's mean loss of the residual stream x (R,C) against targets (B,T); the
   // logits' gradient d(dloss * mean loss)/d logits is computed with it.
   float forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss);
+  // The logits (N,V/tp) of x (R,C), this rank's vocabulary shard (a view of the saved set s).
+  Tensor logits(std::span<const Tensor> s, Tensor x);
   // scratch.d_res (R,C) = the gradient of x.
   void backward_input(std::span<const Tensor> s, Stash& st, Tensor x);
   void backward_weight(std::span<const Tensor> s, const Stash& st);

@@ -13,18 +13,29 @@ namespace llmt {
 
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp,
-                         RecomputeOptions recompute, ContextParallel cp, Communicator* ep)
+                         RecomputeOptions recompute, ContextParallel cp, Communicator* ep,
+                         int64_t decode_len)
     : spec_(spec),
       alloc_(alloc),
-      B_(micro_batch),
-      T_(spec.cfg.seq_len / cp.size()),
+      B_(decode_len > 0 ? 1 : micro_batch),
+      T_(decode_len > 0 ? 1 : spec.cfg.seq_len / cp.size()),
       compute_(compute),
       storage_(storage),
-      seq_(zigzag_shard(spec.cfg.seq_len, cp.size(), cp.rank())),
-      attention_(make_attention_core(cp, alloc, micro_batch, spec.cfg.seq_len,
-                                     spec_.cfg.n_heads / tp.size(), spec_.n_kv_heads / tp.size(),
-                                     spec_.head_dim, compute)),
+      seq_(zigzag_shard(T_ * cp.size(), cp.size(), cp.rank())),
+      attention_(decode_len > 0
+                     ? std::make_unique<KvCacheAttention>(
+                           alloc, static_cast<int64_t>(spec.layers().size()), decode_len,
+                           spec.cfg.n_heads / tp.size(), spec.n_kv_heads / tp.size(), spec.head_dim)
+                     : make_attention_core(cp, alloc, micro_batch, spec.cfg.seq_len,
+                                           spec_.cfg.n_heads / tp.size(),
+                                           spec_.n_kv_heads / tp.size(), spec_.head_dim, compute)),
       env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_, ep} {
+  if (decode_len > 0) {
+    LLMT_CHECK(cp.size() == 1 && !tp.sequence_parallel && spec.chunks.size() == 1 &&
+                   spec.has_embedding && spec.has_head,
+               "decoding runs the whole model, without cp, pp or sequence parallelism");
+    decoder_ = static_cast<KvCacheAttention*>(attention_.get());
+  }
   if (cp.size() > 1) env_.cp = cp.comm;
   LLMT_CHECK(ep == nullptr || ep->size() == spec_.ep_size, "the expert group has ", ep->size(),
              " ranks, the spec is sharded for ep=", spec_.ep_size);
@@ -425,13 +436,11 @@ void Transformer::zero_grads() {
   if (storage_.grads) ops::fill_zero(flat_grads_);
 }
 
-float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets, float dloss,
-                           const StepContext& ctx) {
-  auto is_bt = [&](const Tensor& t) {
-    return t.ndim() == 2 && t.shape[0] == B_ && t.shape[1] == T_;
-  };
-  if (dloss != 0.0f) moe_stats_.dloss = dloss;  // the MoE losses' gradient scale
-  moe_stats_.forward_only = dloss == 0.0f;      // evaluation (forward_loss, pipeline eval)
+bool Transformer::is_bt(const Tensor& t) const {
+  return t.ndim() == 2 && t.shape[0] == B_ && t.shape[1] == T_;
+}
+
+void Transformer::forward_layers(int chunk, Acts& acts, Tensor tokens, const StepContext& ctx) {
   if (chunk_has_embedding(chunk)) {
     LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);
@@ -443,6 +452,13 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
     if (hooks_) hooks_->before_forward(static_cast<int>(layer.index()) + 1);
     layer.forward(acts.layers[j], j + 1 < n ? acts.layers[j + 1][0] : acts.out, ctx);
   }
+}
+
+float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets, float dloss,
+                           const StepContext& ctx) {
+  if (dloss != 0.0f) moe_stats_.dloss = dloss;  // the MoE losses' gradient scale
+  moe_stats_.forward_only = dloss == 0.0f;      // evaluation (forward_loss, pipeline eval)
+  forward_layers(chunk, acts, tokens, ctx);
   if (!chunk_has_head(chunk)) return 0.0f;
   LLMT_CHECK(is_bt(targets), "targets ", targets.shape.str(), " must be (", B_, ", ", T_, ")");
   if (hooks_) hooks_->before_forward(static_cast<int>(spec_.cfg.n_layers) + 1);
@@ -541,6 +557,22 @@ float Transformer::forward_backward(Tensor tokens, Tensor targets, float dloss,
   float loss = forward(0, whole_, tokens, targets, dloss, ctx);
   backward(0, whole_, tokens, ctx, true);
   return loss;
+}
+
+Tensor Transformer::forward_logits(Tensor tokens, const StepContext& ctx) {
+  LLMT_CHECK(whole_.buf.data(), "forward_logits needs the whole model, not a pipeline stage");
+  moe_stats_.forward_only = true;
+  forward_layers(0, whole_, tokens, ctx);
+  if (hooks_) hooks_->before_forward(static_cast<int>(spec_.cfg.n_layers) + 1);
+  return head_->logits(whole_.head, whole_.out);
+}
+
+Tensor Transformer::decode(Tensor token, int64_t pos) {
+  LLMT_CHECK(decoder_, "decode() needs a Transformer built with decode_len > 0");
+  decoder_->start(pos);
+  StepContext ctx;
+  ctx.dropout = false;
+  return forward_logits(token, ctx);
 }
 
 float Transformer::forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx) {

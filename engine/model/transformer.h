@@ -73,9 +73,12 @@ class Transformer {
   // T = seq_len/cp positions of each sequence (context_parallel.h's zigzag split).
   // ep: expert parallelism's group (null: every expert here); `spec` then holds this rank's
   // experts (ModelSpec::shard_ep).
+  // decode_len > 0: a decoder (llmtrain generate) of sequences up to decode_len positions, one
+  // position at a time (B = T = 1, micro_batch ignored) through a KV cache (KvCacheAttention);
+  // forward only (decode()), without cp or sequence parallelism.
   Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute,
               ModelStorage storage = {}, TensorParallel tp = {}, RecomputeOptions recompute = {},
-              ContextParallel cp = {}, Communicator* ep = nullptr);
+              ContextParallel cp = {}, Communicator* ep = nullptr, int64_t decode_len = 0);
   Transformer(const Transformer&) = delete;  // the blocks hold references into the model
   Transformer& operator=(const Transformer&) = delete;
 
@@ -117,6 +120,14 @@ class Transformer {
   float forward_backward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
   // Forward only: the mean loss (no gradients are touched).
   float forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx);
+  // Forward only: the logits (N, V/tp) of tokens (B,T), this rank's vocabulary shard, valid
+  // until the next forward (no loss, no gradients).
+  Tensor forward_logits(Tensor tokens, const StepContext& ctx);
+  // A decoder's step (decode_len > 0): token (1,1) i32 at position pos, after positions
+  // 0..pos-1 of the same sequence (decoding from pos 0 again starts a new one). Returns the
+  // logits (1, V/tp) of the next token, this rank's vocabulary shard, valid until the next call.
+  Tensor decode(Tensor token, int64_t pos);
+  int64_t decode_len() const { return decoder_ ? decoder_->max_len() : 0; }
 
   // ---- Pipeline stages: one model chunk (ModelSpec::chunks) of one micro-batch at a time ----
   // A micro-batch slot `mb`'s activations of chunk `chunk` are allocated by chunk_input (or
@@ -182,6 +193,9 @@ class Transformer {
   Tensor input_of(Acts& a) { return a.layers.empty() ? a.out : a.layers[0][0]; }
   float forward(int chunk, Acts& a, Tensor tokens, Tensor targets, float dloss,
                 const StepContext& ctx);
+  // The embedding (on its chunk) and the chunk's layers.
+  void forward_layers(int chunk, Acts& a, Tensor tokens, const StepContext& ctx);
+  bool is_bt(const Tensor& t) const;  // (B,T)
   // The backward of (chunk, a), leaving the gradient of the chunk's input in scratch d_res. With
   // `then_weight` each block's weight part follows its input part, with the hooks around them;
   // otherwise (zero-bubble) only the input parts run, stashing into a's stash, and
@@ -209,6 +223,7 @@ class Transformer {
   BlockScratch scratch_;
   SequenceShard seq_;
   std::unique_ptr<AttentionCore> attention_;  // LocalAttention, or ContextParallelAttention
+  KvCacheAttention* decoder_ = nullptr;       // attention_ when decoding
   MoeStats moe_stats_;
   BlockEnv env_;
   // Full recompute: one layer's full saved set, of a dense layer [0] and of an MoE layer [1].

@@ -12,8 +12,9 @@
 // O needs the whole matrix, but a rank may hold only rows of it (ZeRO) or a tp shard of it. The
 // strategy that owns the layout gathers it (MatrixGather): every rank of the matrix's groups
 // receives the whole U, runs NS on it (the same values, so the same result) and keeps its rows.
-// That costs one all-gather of U per matrix and step, the size of ZeRO-3's parameter all-gather,
-// and no scatter back; gathering to one owner would add a scatter and serialise the NS work.
+// That costs one all-gather of U per matrix and step (the size of ZeRO-3's parameter
+// all-gather) and NS on every rank of the group; giving each matrix to one owner would cut both
+// (docs/parallelism.md, "Muon under the parallel layouts").
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -42,6 +43,29 @@ class LocalAttention final : public AttentionCore {
  private:
   int64_t H_, KV_;
   DType compute_;
+};
+
+// Decoding with a KV cache (llmtrain generate): one new position of one sequence at a time (B = T
+// = 1). Each layer's keys and values of positions [0, pos] stay in the cache (L, max_len, 2KV, D)
+// f32: forward appends the new position's K/V (qkv after RoPE) and runs its queries against all
+// of them (ops::attention_block_forward, causal by position). The layers call forward in order,
+// once each per position; start(pos) begins a position. Forward only.
+class KvCacheAttention final : public AttentionCore {
+ public:
+  KvCacheAttention(Allocator& alloc, int64_t layers, int64_t max_len, int64_t H, int64_t KV,
+                   int64_t D);
+  // The next forward calls are position `pos` (< max_len) of layers 0, 1, ...
+  void start(int64_t pos);
+  int64_t max_len() const { return max_len_; }
+  Tensor positions() const override { return pos_.rows(pos_at_, pos_at_ + 1); }
+  void forward(Tensor out, Tensor lse, Tensor qkv) override;
+  void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
+
+ private:
+  int64_t layers_, max_len_, H_, KV_, D_;
+  Buffer cache_, pos_buf_;
+  Tensor pos_;  // (max_len) i32: 0, 1, ...
+  int64_t pos_at_ = 0, layer_ = 0;
 };
 
 }  // namespace llmt

@@ -4,6 +4,7 @@
 // accumulation over micro-batches equals one big batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -204,6 +205,55 @@ TEST(Transformer, EvaluationContextTurnsDropoutOff) {
             plain.forward_loss(f.tokens, f.targets, eval));
   EXPECT_NE(dropped.forward_loss(f.tokens, f.targets, {1, 1, 0}),
             plain.forward_loss(f.tokens, f.targets, eval));
+}
+
+// Decoding through the KV cache (llmtrain generate) gives, position by position, the logits of
+// the whole-sequence forward: GPT-2 (learned positions), Llama (RoPE, GQA) and an MoE model, each
+// greedy continuation the argmax of the forward pass over the sequence it has produced.
+TEST(Transformer, KvCacheDecodingEqualsTheWholeSequenceForward) {
+  ModelConfig moe = tiny(Arch::llama);
+  moe.moe.num_experts = 4;
+  moe.moe.top_k = 2;
+  moe.moe.d_ff_expert = 12;
+  for (const ModelConfig& c : {tiny(Arch::gpt2), tiny(Arch::llama), moe}) {
+    const int64_t T = c.seq_len, V = c.vocab_size;
+    Fixture f(1, T, V, 11);
+    const ModelSpec spec = ModelSpec::from_config(c);
+    Transformer whole(spec, f.alloc, 1, DType::f32);
+    whole.init(42);
+    Transformer decoder(spec, f.alloc, 1, DType::f32, ModelStorage{true, false, true}, {}, {}, {},
+                        nullptr, T);
+    std::copy_n(whole.flat_params().f32(), whole.flat_params().numel(),
+                decoder.flat_params().f32());
+    StepContext ctx;
+    ctx.dropout = false;
+    const Tensor logits = whole.forward_logits(f.tokens, ctx);  // (T, V)
+    std::vector<float> expected(logits.f32(), logits.f32() + T * V);
+    Buffer one = f.alloc.allocate(4, MemCategory::other);
+    Tensor token = one.tensor({1, 1}, DType::i32);
+    for (int64_t pos = 0; pos < T; ++pos) {
+      token.i32()[0] = f.tokens.i32()[pos];
+      const Tensor step = decoder.decode(token, pos);  // (1, V)
+      for (int64_t v = 0; v < V; ++v)
+        ASSERT_NEAR(step.f32()[v], expected[static_cast<size_t>(pos * V + v)], 2e-5)
+            << "n_experts " << c.moe.num_experts << " position " << pos << " token " << v;
+    }
+    // Greedy: each position's argmax, fed back; the forward over the produced sequence agrees.
+    std::vector<int32_t> seq{f.tokens.i32()[0]};
+    for (int64_t pos = 0; pos + 1 < T; ++pos) {
+      token.i32()[0] = seq.back();
+      const Tensor step = decoder.decode(token, pos);
+      seq.push_back(
+          static_cast<int32_t>(std::max_element(step.f32(), step.f32() + V) - step.f32()));
+    }
+    std::copy(seq.begin(), seq.end(), f.tokens.i32());
+    const Tensor again = whole.forward_logits(f.tokens, ctx);
+    for (int64_t pos = 0; pos + 1 < T; ++pos) {
+      const float* row = again.f32() + pos * V;
+      EXPECT_EQ(std::max_element(row, row + V) - row, seq[static_cast<size_t>(pos) + 1])
+          << "n_experts " << c.moe.num_experts << " position " << pos;
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `llmtrain generate` on a model trained for a few steps on a text (a tokenizer trained on it):
+# greedy decoding gives the same tokens on one rank and over tp 2 and tp 4 (mpirun; the KV-cache
+# logits against the whole-sequence forward are test_model's KvCacheDecodingEqualsTheWhole...);
+# the same seed samples the same text; a prompt that fills model.seq_len and a checkpoint whose
+# run had no tokenizer are refused (exit 2, saying why).
+#   check_generate.sh LLMTRAIN MPIRUN TEXT WORKDIR
+set -euo pipefail
+llmtrain="$1" mpirun="$2" text="$3" work="$4"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+"$llmtrain" data tokenizer-train --input "$text" --vocab-size 512 --output tok.model > /dev/null
+"$llmtrain" data prepare --input "$text" --tokenizer tok.model --output ds > /dev/null
+"$llmtrain" train --config /dev/stdin -q --set 'data.path="ds"' \
+  --set 'data.tokenizer="tok.model"' > /dev/null <<'TOML'
+[model]
+arch = "llama"
+vocab_size = 512
+n_layers = 2
+d_model = 64
+n_heads = 4
+n_kv_heads = 4
+seq_len = 32
+[train]
+steps = 100
+global_batch_size = 8
+threads = 1
+run_dir = "run"
+[optimizer]
+lr = 1e-2
+warmup_steps = 2
+[data]
+source = "indexed"
+split = "100,0,0"
+[checkpoint]
+dir = "run/ck"
+TOML
+ids() { sed -n 's/^token ids: //p'; }
+gen=(generate --checkpoint run/ck --prompt "The model" --max-new-tokens 12 --ignore-eos)
+fail=0
+one="$("$llmtrain" "${gen[@]}" --temperature 0 2>&1 | ids)"
+echo "tp1 greedy: $one"
+[[ $(wc -w <<< "$one") -eq 12 ]] || { echo "FAIL: not 12 tokens"; fail=1; }
+for n in 2 4; do
+  got="$("$mpirun" --oversubscribe -np $n "$llmtrain" "${gen[@]}" --temperature 0 2>&1 | ids)"
+  echo "tp$n greedy: $got"
+  [[ "$got" == "$one" ]] || { echo "FAIL: greedy at tp$n differs from one rank"; fail=1; }
+done
+a="$("$llmtrain" "${gen[@]}" --seed 5 --top-k 40 --top-p 0.9 2>&1 | ids)"
+b="$("$llmtrain" "${gen[@]}" --seed 5 --top-k 40 --top-p 0.9 2>&1 | ids)"
+echo "sampled (seed 5): $a"
+[[ -n "$a" && "$a" == "$b" ]] || { echo "FAIL: the same seed sampled other tokens"; fail=1; }
+long="$(printf 'word %.0s' {1..40})"
+set +e
+msg="$("$llmtrain" generate --checkpoint run/ck --prompt "$long" 2>&1)"
+rc=$?
+set -e
+echo "long prompt: exit $rc: $msg"
+[[ $rc -eq 2 && "$msg" == *"leaves no room to generate"* ]] || { echo "FAIL: long prompt"; fail=1; }
+set +e
+msg="$("$llmtrain" generate --checkpoint run/ck --set 'data.tokenizer=""' --prompt x 2>&1)"
+rc=$?
+set -e
+echo "no tokenizer: exit $rc: $msg"
+[[ $rc -eq 2 && "$msg" == *"--tokenizer"* ]] || { echo "FAIL: no tokenizer"; fail=1; }
+[[ $fail -eq 0 ]] && echo "generate: checks passed"
+exit $fail
