@@ -292,7 +292,7 @@ PendingSave::~PendingSave() {
 void PendingSave::write_file(DeviceBackend* backend) {
   const std::string path = (fs::path(tmp_) / rank_file_name(mesh_.rank())).string();
   try {
-    ShardFileWriter out(path, mesh_.rank());
+    ShardFileWriter out(path, mesh_.rank(), run_.step);
     for (const PieceData& pd : pieces_) {
       // Background: the snapshot. Synchronous: one piece at a time through the same staging
       // buffer, which a caller that keeps it allocates (and pins) once.

@@ -62,10 +62,10 @@ struct ExportResult {
 };
 
 // Writes OUT/model.safetensors and OUT/config.json from the master weights ("model/...") of
-// `ckpt`, whose resolved [model] is `cfg`, and the tokenizer's files when given. Works in OUT's sibling ".tmp.<name>" and renames it to
-// OUT at the end, so OUT appears complete or not at all. Throws ConfigError when OUT exists or the
-// model cannot be represented, Error when the checkpoint's tensors do not fit `cfg` or a read or
-// write fails (naming the tensor or file).
+// `ckpt`, whose resolved [model] is `cfg`, and the tokenizer's files when given. Works in OUT's
+// sibling ".tmp.<name>" and renames it to OUT at the end, so OUT appears complete or not at all.
+// Throws ConfigError when OUT exists or the model cannot be represented, Error when the
+// checkpoint's tensors do not fit `cfg` or a read or write fails (naming the tensor or file).
 ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
                                 const std::string& out, const HfTokenizer& tokenizer = {});
 

@@ -46,7 +46,7 @@ struct ShardFileWriter::Impl {
   h5::Id file, lcpl;
 };
 
-ShardFileWriter::ShardFileWriter(const std::string& path, int rank)
+ShardFileWriter::ShardFileWriter(const std::string& path, int rank, int64_t step)
     : path_(path), impl_(std::make_unique<Impl>()) {
   h5::quiet();
   impl_->file = h5::create_file(path);
@@ -54,6 +54,7 @@ ShardFileWriter::ShardFileWriter(const std::string& path, int rank)
   h5::write_attr(impl_->file, "format", std::string(kFormat) + "-shard");
   h5::write_attr(impl_->file, "version", kVersion);
   h5::write_attr(impl_->file, "rank", static_cast<int64_t>(rank));
+  h5::write_attr(impl_->file, "step", step);
 }
 
 ShardFileWriter::~ShardFileWriter() = default;
@@ -108,6 +109,7 @@ void write_index(const std::string& dir, const RunState& s,
     if (!s.pp_layers.empty()) h5::write_attr(file, "pp_layers", s.pp_layers);
     if (s.ep > 1) h5::write_attr(file, "ep", s.ep);
     h5::write_attr(file, "layout", layout_text(s));
+    h5::write_attr(file, "state_xxh64", state_checksum(s));
     h5::Id lcpl = parents_lcpl();
     for (size_t t = 0; t < tensors.size(); ++t) {
       const IndexTensor& it = tensors[t];
@@ -137,8 +139,24 @@ void write_index(const std::string& dir, const RunState& s,
 
 struct Checkpoint::Files {
   std::map<std::string, h5::Id> open;
-  std::set<std::string> checked;  // "file/dataset" whose checksum matched
+  std::set<std::string> checked;    // "file/dataset" whose checksum matched
+  std::set<std::string> with_step;  // open files that carry a step (their boxes a checksum)
 };
+
+int64_t state_checksum(const RunState& s) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &s.loss_scale, sizeof bits);
+  std::string text = detail::concat(s.step, ' ', s.updates, ' ', s.consumed_samples, ' ', bits, ' ',
+                                    s.loss_scale_clean_steps, ' ', s.seed, ' ', s.virtual_stages,
+                                    ' ', s.zero_stage, ' ', s.sequence_parallel ? 1 : 0, ' ', s.ep);
+  for (int d : s.mesh.degree) text += detail::concat(" m", d);
+  for (int64_t l : s.pp_layers) text += detail::concat(" l", l);
+  text += '\n' + s.config;
+  const XXH64_hash_t h = XXH64(text.data(), text.size(), 0);
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
 
 int64_t box_checksum(const float* data, int64_t numel) {
   static_assert(sizeof(float) == 4);
@@ -153,6 +171,38 @@ namespace {
 struct VisitState {
   std::vector<std::string> datasets;
 };
+
+// Values no run writes: refused before anything trusts them (a checksum catches edits within
+// range).
+void check_run_state(const RunState& s, const std::string& where) {
+  std::vector<std::string> bad;
+  if (s.step < 0) bad.push_back(detail::concat("step ", s.step, " < 0"));
+  if (s.updates < 0 || s.updates > s.step)
+    bad.push_back(detail::concat("updates ", s.updates, " outside [0, step ", s.step, "]"));
+  if (s.consumed_samples < 0)
+    bad.push_back(detail::concat("consumed_samples ", s.consumed_samples, " < 0"));
+  if (!(s.loss_scale > 0) || !std::isfinite(s.loss_scale))
+    bad.push_back(detail::concat("loss_scale ", s.loss_scale, " is not a positive number"));
+  if (s.loss_scale_clean_steps < 0)
+    bad.push_back(detail::concat("loss_scale_clean_steps ", s.loss_scale_clean_steps, " < 0"));
+  int64_t world = 1;
+  for (int a = 0; a < kNumAxes; ++a) {
+    const int d = s.mesh.degree[a];
+    if (d < 1 || d > (1 << 20))
+      bad.push_back(detail::concat("mesh degree ", d, " outside [1, 2^20]"));
+    world *= std::max(1, d);
+  }
+  if (world > (int64_t{1} << 24)) bad.push_back(detail::concat("mesh of ", world, " ranks"));
+  if (s.zero_stage < 0 || s.zero_stage > 3)
+    bad.push_back(detail::concat("zero_stage ", s.zero_stage));
+  if (s.virtual_stages < 1 || s.ep < 1)
+    bad.push_back(detail::concat("virtual_stages ", s.virtual_stages, ", ep ", s.ep));
+  if (bad.empty()) return;
+  std::string msg = where + ": run-state attributes no run writes:";
+  for (const std::string& b : bad) msg += " " + b + ";";
+  msg.back() = ' ';
+  throw Error(msg + "(the index is corrupt or was edited)");
+}
 
 herr_t visit_link(hid_t group, const char* name, const H5L_info_t* info, void* data) {
   (void)info;
@@ -208,6 +258,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   s.virtual_stages = h5::read_attr_int(file, "virtual_stages", where);
   if (h5::has_attr(file, "pp_layers")) s.pp_layers = h5::read_attr_ints(file, "pp_layers", where);
   if (h5::has_attr(file, "ep")) s.ep = h5::read_attr_int(file, "ep", where);
+  check_run_state(s, where);
+  // Written since the run state carries a checksum; older checkpoints have none to check.
+  if (h5::has_attr(file, "state_xxh64") &&
+      h5::read_attr_int(file, "state_xxh64", where) != state_checksum(s))
+    throw Error(detail::concat(
+        where, ": the run-state attributes (step ", s.step, ", updates ", s.updates,
+        ", consumed_samples ", s.consumed_samples,
+        ", mesh, config, ...) do not match their "
+        "checksum state_xxh64: they were edited or are corrupt, so the step, schedule and data "
+        "position to resume from cannot be trusted"));
 
   VisitState visit;
   h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit_link, &visit),
@@ -218,6 +278,13 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
     h5::Id dcpl = h5::checked(H5Dget_create_plist(d), H5Pclose, "H5Dget_create_plist");
     if (H5Pget_layout(dcpl) != H5D_VIRTUAL)
       throw Error(where + ": dataset " + name + " is not a virtual dataset");
+    {
+      h5::Id type = h5::checked(H5Dget_type(d), H5Tclose, where + ": " + name);
+      if (H5Tequal(type, H5T_IEEE_F32LE) <= 0)
+        throw Error(where + ": dataset " + name +
+                    " is not float32 little-endian (the format stores every tensor so; a reader "
+                    "would convert its values)");
+    }
     IndexTensor t{name, h5::dataset_dims(d), {}};
     size_t n = 0;
     h5::check(H5Pget_virtual_count(dcpl, &n), where + ": " + name);
@@ -263,18 +330,42 @@ const IndexTensor* Checkpoint::find(const std::string& path) const {
   return it == by_path_.end() ? nullptr : &tensors_[it->second];
 }
 
-namespace {
-hid_t open_rank_file(std::map<std::string, h5::Id>& open, const std::string& dir,
-                     const std::string& name, const std::string& tensor) {
-  auto it = open.find(name);
-  if (it != open.end()) return it->second;
-  const std::string path = (fs::path(dir) / name).string();
+hid_t Checkpoint::open_rank_file(const std::string& name, const std::string& tensor) const {
+  auto it = files_->open.find(name);
+  if (it != files_->open.end()) return it->second;
+  const std::string path = (fs::path(dir_) / name).string();
   if (!fs::exists(path))
-    throw Error("checkpoint " + dir + ": rank file " + name + " (holding part of " + tensor +
+    throw Error("checkpoint " + dir_ + ": rank file " + name + " (holding part of " + tensor +
                 ") is missing");
-  return open.emplace(name, h5::open_file(path, false)).first->second;
+  h5::Id file = h5::open_file(path, false);
+  const std::string where = "checkpoint " + dir_ + ": rank file " + name;
+  // Whose and which step's file it is: a file copied or renamed from another rank, step or run
+  // would otherwise be read as this one.
+  int rank = -1;
+  if (std::sscanf(name.c_str(), "rank_%d.h5", &rank) == 1 && h5::has_attr(file, "rank")) {
+    const int64_t holds = h5::read_attr_int(file, "rank", where);
+    if (holds != rank)
+      throw Error(detail::concat(where, " holds rank ", holds, "'s data (its attribute rank is ",
+                                 holds, "): it was copied or renamed from another rank's file"));
+  }
+  if (h5::has_attr(file, "step")) {  // written since rank files carry their step
+    const int64_t step = h5::read_attr_int(file, "step", where);
+    if (step != state_.step)
+      throw Error(detail::concat(where, " is from step ", step, ", the index from step ",
+                                 state_.step, ": the files of two checkpoints were mixed"));
+    files_->with_step.insert(name);
+  }
+  return files_->open.emplace(name, std::move(file)).first->second;
 }
-}  // namespace
+
+void Checkpoint::check_offset(hid_t d, const Mapping& m, const std::string& where) const {
+  if (!h5::has_attr(d, "offset")) return;
+  const std::vector<int64_t> offset = h5::read_attr_ints(d, "offset", where);
+  if (offset != m.dest.start)
+    throw Error(where + " holds the box at " + Box{offset, m.dest.count}.str() +
+                ", the index maps it at " + m.dest.str() +
+                ": a rank file of another rank or layout");
+}
 
 namespace {
 // Copies `part` (global coordinates) from `src`, laid out row-major as the box `from`, into
@@ -302,7 +393,14 @@ void copy_part(const float* src, const Box& from, float* dst, const Box& to, con
 
 std::vector<float> Checkpoint::check_box(int64_t d, const Mapping& m, const std::string& where,
                                          const std::string& tensor) const {
-  if (!h5::has_attr(d, kChecksumAttr)) return {};  // written before boxes carried checksums
+  if (!h5::has_attr(d, kChecksumAttr)) {
+    // Files written since rank files carry their step always have it: a missing one was removed.
+    if (files_->with_step.count(m.file))
+      throw Error(where + " has no " + kChecksumAttr + " attribute (every box of its file's " +
+                  "format carries one): the file was edited, so " + tensor + " " + m.dest.str() +
+                  " cannot be trusted");
+    return {};  // written before boxes carried checksums
+  }
   if (!files_->checked.insert(m.file + "/" + m.dataset).second) return {};
   std::vector<float> all(static_cast<size_t>(m.dest.numel()));
   h5::check(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()),
@@ -329,12 +427,13 @@ void Checkpoint::read(const std::string& path, const Box& box, float* out) const
   for (const Mapping& m : t->mappings) {
     const Box part = intersect(m.dest, box);
     if (part.empty()) continue;
-    const hid_t file = open_rank_file(files_->open, dir_, m.file, path);
+    const hid_t file = open_rank_file(m.file, path);
     const std::string where = "checkpoint " + dir_ + ": " + m.file + ": dataset " + m.dataset;
     h5::Id d = h5::open_dataset(file, m.dataset, "checkpoint " + dir_ + ": " + m.file);
     if (h5::dataset_dims(d) != m.dest.count)
       throw Error(where + " does not have the shape " + Box{m.dest.start, m.dest.count}.str() +
                   " the index maps");
+    check_offset(d, m, where);
     // The first read of a box reads it whole to check it, and serves the part from that copy.
     const std::vector<float> whole = check_box(d, m, where, path);
     if (!whole.empty()) {
@@ -382,11 +481,13 @@ std::vector<std::string> Checkpoint::check_structure() const {
         continue;
       }
       try {
-        const hid_t f = open_rank_file(files_->open, dir_, m.file, t.path);
+        const hid_t f = open_rank_file(m.file, t.path);
         h5::Id d = h5::open_dataset(f, m.dataset, "checkpoint " + dir_ + ": " + m.file);
         if (h5::dataset_dims(d) != m.dest.count)
           errors.push_back(where + ": " + m.file + ": dataset " + m.dataset +
                            " does not have the mapped shape");
+        else
+          check_offset(d, m, "checkpoint " + dir_ + ": " + m.file + ": dataset " + m.dataset);
       } catch (const Error& e) {
         errors.push_back(e.what());
       }

@@ -43,11 +43,17 @@ struct RunState {
 std::string layout_text(const RunState& s);  // "tp=2 cp=1 dp=2 pp=1 zero_stage=1 sp=false"
 WriteLayout write_layout(const RunState& s);
 
+// XXH64 of the run state (every RunState field), stored as index.h5's attribute state_xxh64: an
+// edited step, updates, consumed_samples or mesh no longer matches it.
+int64_t state_checksum(const RunState& s);
+
 // Writes one rank's file: each dataset is a box of a global tensor, f32, chunked (at most 1 Mi
 // elements per chunk) with the Fletcher32 filter; attribute "offset" = the box's global start.
+// The file's attributes "rank" and "step" say whose and which step's it is (readers check both
+// against the file name and the index).
 class ShardFileWriter {
  public:
-  ShardFileWriter(const std::string& path, int rank);
+  ShardFileWriter(const std::string& path, int rank, int64_t step);
   ~ShardFileWriter();
   // data: box.count elements, row-major.
   void write(const std::string& dataset, const Box& box, const float* data);
@@ -89,7 +95,8 @@ class Checkpoint {
   void read(const std::string& path, const Box& box, float* out) const;
 
   // Structural checks (no tensor data read): every tensor's mappings cover each element exactly
-  // once, every rank file and dataset exists with the mapped shape. One message per problem.
+  // once, every rank file exists, is the rank its name says and of the index's step, and holds
+  // each dataset with the mapped shape and offset. One message per problem.
   std::vector<std::string> check_structure() const;
   // check_structure, then every dataset of every rank file read in full (checksums).
   std::vector<std::string> verify() const;
@@ -100,6 +107,11 @@ class Checkpoint {
   // the box has no checksum: the caller reads its part from the file.
   std::vector<float> check_box(int64_t d, const Mapping& m, const std::string& where,
                                const std::string& tensor) const;
+  // The rank file `name` (holding part of `tensor`), opened once: throws when it is missing, or
+  // its rank or step attribute differs from its name's rank or the index's step.
+  int64_t open_rank_file(const std::string& name, const std::string& tensor) const;
+  // Throws when dataset d's offset attribute is not where mapping m puts its box.
+  void check_offset(int64_t d, const Mapping& m, const std::string& where) const;
   std::string dir_;
   RunState state_;
   std::vector<IndexTensor> tensors_;

@@ -73,7 +73,7 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
   std::vector<float> buf;
   for (int r = 0; r < mesh.world(); ++r) {
     const ModelSpec tp_spec = parallelize(spec, layout, r);
-    ShardFileWriter w((tmp / rank_file_name(r)).string(), r);
+    ShardFileWriter w((tmp / rank_file_name(r)).string(), r, state.step);
     for (const Piece& pc : pieces_to_write(tp_spec, mesh, r, src.states())) {
       const std::string& name = tp_spec.params[pc.param].name;
       const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
