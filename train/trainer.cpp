@@ -10,6 +10,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "checkpoints/checkpoint.h"
@@ -353,6 +354,10 @@ void Trainer::State::init() {
                 local_size_from_env(), s.threads, s.threads > 1 ? "s" : "",
                 s.thread_choice.source.c_str(), std::string(device_name(dev.kind)).c_str(),
                 dev.kind == DeviceKind::cuda ? detail::concat(" ", dev.index).c_str() : "");
+    if (std::string_view(launcher_name()) == "mpirun")
+      std::printf(
+          "stop: SIGUSR1 to mpirun stops cleanly (checkpoint, exit 75); SIGTERM to mpirun is Open "
+          "MPI's abort (scripts/mpirun_graceful.sh; docs/slurm.md)\n");
   }
   // Before anything reads or writes the directories (the leftover removal below included).
   std::string lock_error;
