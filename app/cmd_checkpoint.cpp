@@ -1,12 +1,15 @@
-// `llmtrain checkpoint inspect|verify|reshard|export DIR ...`: the offline checkpoint tools
+// `llmtrain checkpoint inspect|verify|reshard|export|import DIR ...`: the offline checkpoint tools
 // (docs/checkpoint-format.md). DIR is a checkpoint directory, or a directory of checkpoints with a
 // `latest` file. Nothing here starts MPI.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "app/commands.h"
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/export.h"
+#include "checkpoints/import.h"
 #include "checkpoints/tools.h"
 #include "data/tokenizer.h"
 #include "engine/model/model_spec.h"
@@ -35,6 +38,81 @@ Config stored_config(const ckpt::Checkpoint& ck, std::vector<std::string> overri
   }
 }
 
+// The target layout `cfg` gives at `world` ranks (validated, with the --world hint), as the run
+// state of a checkpoint written in it.
+ckpt::RunState layout_state(ckpt::RunState state, const Config& cfg, int world) {
+  try {
+    validate_layout(cfg, world);
+  } catch (const ConfigError& e) {
+    const int64_t ranks = layout_min_ranks(cfg.parallel);
+    throw ConfigError(std::string(e.what()) +
+                      (ranks > world ? detail::concat("; give the target world size: --world ",
+                                                      ranks, " (or a multiple of it)")
+                                     : ""));
+  }
+  state.mesh = mesh_shape(cfg.parallel, world);
+  state.zero_stage = cfg.parallel.zero_stage;
+  state.sequence_parallel = cfg.parallel.sequence_parallel;
+  state.virtual_stages = cfg.parallel.virtual_stages;
+  state.pp_layers = cfg.parallel.pp_layers;
+  state.ep = cfg.parallel.ep;
+  state.config = to_toml(cfg);
+  return state;
+}
+
+// `checkpoint import HF_DIR OUT`: the folder's config.json as [model] (then the user's --set),
+// its weights as a one-rank checkpoint, resharded when the layout asks for more ranks.
+int import_hf(const std::string& hf_dir, const std::string& out,
+              const std::vector<std::string>& overrides, int world_arg) {
+  namespace fs = std::filesystem;
+  const fs::path config_path = fs::path(hf_dir) / "config.json";
+  if (!fs::exists(config_path))
+    throw ConfigError("checkpoint import: " + config_path.string() +
+                      " is missing (a Hugging Face model folder has config.json and "
+                      "model.safetensors)");
+  std::ostringstream text;
+  text << std::ifstream(config_path).rdbuf();
+  Config base;
+  base.model = ckpt::hf_model_config(text.str(), config_path.string());
+  // A SentencePiece tokenizer beside the weights (Llama's tokenizer.model) becomes the run's
+  // data.tokenizer, so generate and eval find it.
+  const fs::path spm = fs::path(hf_dir) / "tokenizer.model";
+  if (fs::exists(spm)) base.data.tokenizer = fs::absolute(spm).lexically_normal().string();
+  Config cfg;
+  try {
+    cfg = parse_config_string(to_toml(base), config_path.string() + " (imported)", overrides);
+  } catch (const ConfigError& e) {
+    throw ConfigError("checkpoint import: " + std::string(e.what()));
+  }
+  const int world = world_arg > 0 ? world_arg : 1;
+  ckpt::RunState one;
+  one.seed = static_cast<int64_t>(cfg.train.seed);
+  Config at_one = cfg;
+  at_one.parallel = ParallelConfig{};
+  one = layout_state(one, at_one, 1);
+  one.config = to_toml(cfg);
+  const ckpt::RunState target = layout_state(one, cfg, world);
+  const bool reshard =
+      target.mesh.world() > 1 || ckpt::layout_text(target) != ckpt::layout_text(one);
+  const std::string first = reshard ? out + ".one-rank" : out;
+  const ckpt::ImportResult r = ckpt::import_safetensors(hf_dir, cfg.model, one, first);
+  for (const std::string& u : r.unused)
+    std::fprintf(stderr, "warning: %s: tensor %s is not part of the model; not imported\n",
+                 hf_dir.c_str(), u.c_str());
+  if (reshard) {
+    const ckpt::Checkpoint ck(first);
+    ckpt::reshard(ck, ModelSpec::from_config(cfg.model), target, out);
+    fs::remove_all(first);
+  }
+  std::printf(
+      "imported %s (%s, %s) as %s: %lld tensors, %lld parameters, layout %s, step 0, weights "
+      "only: fine-tune it with checkpoint.init_from = \"%s\"\n",
+      hf_dir.c_str(), ckpt::hf_class(cfg.model), r.dtypes.c_str(), out.c_str(),
+      static_cast<long long>(r.tensors), static_cast<long long>(r.parameters),
+      ckpt::layout_text(target).c_str(), out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 Run add_checkpoint_command(CLI::App& app) {
@@ -45,7 +123,8 @@ Run add_checkpoint_command(CLI::App& app) {
     bool config = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("checkpoint", "Inspect, verify and reshard checkpoints");
+  CLI::App* cmd =
+      app.add_subcommand("checkpoint", "Inspect, verify, reshard, export and import checkpoints");
   cmd->require_subcommand(1);
   CLI::App* inspect = cmd->add_subcommand("inspect",
                                           "Print the step, layout, run state and every tensor with "
@@ -83,7 +162,21 @@ Run add_checkpoint_command(CLI::App& app) {
                        "SentencePiece model written beside the weights so that AutoTokenizer "
                        "loads it (default: the run's data.tokenizer; \"none\": weights only)");
 
+  CLI::App* importer = cmd->add_subcommand(
+      "import",
+      "Write a checkpoint (weights, step 0) from a Hugging Face GPT-2, Llama or Mixtral folder: "
+      "config.json + model.safetensors (or its shards); F32, BF16 or F16");
+  importer->add_option("dir", args->dir, "The Hugging Face model folder")->required();
+  importer->add_option("out", args->out, "New checkpoint directory (must not exist)")->required();
+  importer->add_option("--set", args->overrides,
+                       "A key of the checkpoint's config, e.g. parallel.tp=2 for its layout or "
+                       "model.seq_len (repeatable)");
+  importer->add_option("--world", args->world, "World size of the layout to write (default 1)")
+      ->check(CLI::PositiveNumber);
+
   return [args, cmd]() {
+    if (cmd->got_subcommand("import"))
+      return import_hf(args->dir, args->out, args->overrides, args->world);
     const ckpt::Checkpoint ck = open_checkpoint(args->dir);
     if (cmd->got_subcommand("export")) {
       const Config cfg = stored_config(ck, {});
@@ -144,23 +237,7 @@ Run add_checkpoint_command(CLI::App& app) {
     // reshard
     const Config cfg = stored_config(ck, args->overrides);
     const int world = args->world > 0 ? args->world : ck.state().mesh.world();
-    try {
-      validate_layout(cfg, world);
-    } catch (const ConfigError& e) {
-      const int64_t ranks = layout_min_ranks(cfg.parallel);
-      throw ConfigError(std::string(e.what()) +
-                        (ranks > world ? detail::concat("; give the target world size: --world ",
-                                                        ranks, " (or a multiple of it)")
-                                       : ""));
-    }
-    ckpt::RunState state = ck.state();
-    state.mesh = mesh_shape(cfg.parallel, world);
-    state.zero_stage = cfg.parallel.zero_stage;
-    state.sequence_parallel = cfg.parallel.sequence_parallel;
-    state.virtual_stages = cfg.parallel.virtual_stages;
-    state.pp_layers = cfg.parallel.pp_layers;
-    state.ep = cfg.parallel.ep;
-    state.config = to_toml(cfg);
+    const ckpt::RunState state = layout_state(ck.state(), cfg, world);
     const int64_t bytes = ckpt::reshard(ck, ModelSpec::from_config(cfg.model), state, args->out);
     std::printf("%s -> %s: %s -> %s, %.1f MB\n", ck.dir().c_str(), args->out.c_str(),
                 ckpt::layout_text(ck.state()).c_str(), ckpt::layout_text(state).c_str(),

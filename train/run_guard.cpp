@@ -224,16 +224,40 @@ void check_run_dirs(const Config& cfg, bool resuming, bool overwrite) {
                     "\") would overwrite them." + ways);
 }
 
+namespace {
+// The [model] keys that shape nothing in `m`: d_ff when every layer is a mixture of experts,
+// d_ff_shared without shared experts, the MoE keys without experts, rope_theta with learned
+// positions. (A Mixtral import leaves them at other values than the run that trained it.)
+std::set<std::string> unused_model_keys(const ModelConfig& m) {
+  std::set<std::string> out;
+  if (!m.moe.enabled()) {
+    for (const char* k : {"num_experts", "top_k", "d_ff_expert", "router", "normalize", "balance",
+                          "aux_loss_coef", "bias_update_rate", "z_loss_coef", "capacity_factor",
+                          "shared_experts", "d_ff_shared", "first_dense_layers", "every"})
+      out.insert(std::string("model.moe.") + k);
+  } else {
+    if (m.moe.first_dense_layers == 0 && m.moe.every == 1) out.insert("model.d_ff");
+    if (m.moe.shared_experts == 0) out.insert("model.moe.d_ff_shared");
+  }
+  if (m.position == PositionKind::learned) out.insert("model.rope_theta");
+  return out;
+}
+}  // namespace
+
 std::string finetune_model_differences(const std::string& other_toml, const Config& cfg) {
-  static const std::set<std::string> kMayChange = {"model.dropout",
-                                                   "model.init_std",
-                                                   "model.seq_len",
-                                                   "model.moe.aux_loss_coef",
-                                                   "model.moe.z_loss_coef",
-                                                   "model.moe.capacity_factor",
-                                                   "model.moe.bias_update_rate"};
-  return differences(run_identity(other_toml, false), run_identity(to_toml(cfg), false),
-                     kMayChange);
+  std::set<std::string> ignored = {"model.dropout",
+                                   "model.init_std",
+                                   "model.seq_len",
+                                   "model.moe.aux_loss_coef",
+                                   "model.moe.z_loss_coef",
+                                   "model.moe.capacity_factor",
+                                   "model.moe.bias_update_rate"};
+  // Keys that shape nothing in either model.
+  const std::set<std::string> mine = unused_model_keys(cfg.model);
+  for (const std::string& k :
+       unused_model_keys(parse_config_string(other_toml, "the checkpoint's config").model))
+    if (mine.count(k)) ignored.insert(k);
+  return differences(run_identity(other_toml, false), run_identity(to_toml(cfg), false), ignored);
 }
 
 void record_run_config(const Config& cfg) {
