@@ -376,26 +376,39 @@ std::string safetensors_header(const std::vector<HfTensor>& tensors) {
   return out + json;
 }
 
-ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
-                                const std::string& out_arg, const HfTokenizer& tokenizer) {
+std::string write_directory(const std::string& out_arg, const std::string& what,
+                            const std::function<void(const fs::path& tmp)>& fill) {
   fs::path out = fs::path(out_arg).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "OUT/"
   if (fs::exists(out))
-    throw ConfigError("export output " + out.string() +
+    throw ConfigError(what + " output " + out.string() +
                       " already exists: remove it or give a new directory");
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const fs::path tmp = parent / (".tmp." + out.filename().string());
+  fs::create_directories(parent);
+  fs::remove_all(tmp);  // an interrupted run's leftovers
+  fs::create_directory(tmp);
+  try {
+    fill(tmp);
+    h5::fsync_path(tmp.string());
+    fs::rename(tmp, out);
+    h5::fsync_path(parent.string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return out.string();
+}
+
+ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
+                                const std::string& out_arg, const HfTokenizer& tokenizer) {
   const std::vector<HfTensor> tensors = hf_tensors(cfg);
   const std::string config_json = hf_config_json(cfg, tokenizer);
   const ModelSpec spec = ModelSpec::from_config(cfg);
   check_sources(ckpt, spec, tensors);
-
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  const fs::path tmp = parent / (".tmp." + out.filename().string());
-  fs::create_directories(parent);
-  fs::remove_all(tmp);  // an interrupted export's leftovers
-  fs::create_directory(tmp);
   ExportResult r;
-  r.dir = out.string();
-  try {
+  r.dir = write_directory(out_arg, "export", [&](const fs::path& tmp) {
     {
       const fs::path path = tmp / "config.json";
       File f = create(path);
@@ -434,14 +447,7 @@ ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
       ++r.tensors;
     }
     finish(std::move(f), path);
-    h5::fsync_path(tmp.string());
-    fs::rename(tmp, out);
-    h5::fsync_path(parent.string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
   return r;
 }
 

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,13 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer 
 // from the data start, tensors back to back in the given order) padded with spaces so that N is a
 // multiple of 8.
 std::string safetensors_header(const std::vector<HfTensor>& tensors);
+
+// Creates the directory `out` (its parents as needed) by fill(tmp) in the sibling ".tmp.<name>",
+// synced and renamed to `out` at the end, so `out` appears whole or not at all; tmp is removed
+// when fill throws (and first, left from an interrupted run). `what` names the command in the
+// error when `out` exists. Returns `out`, normalised ("runs/hf/" -> "runs/hf").
+std::string write_directory(const std::string& out, const std::string& what,
+                            const std::function<void(const std::filesystem::path& tmp)>& fill);
 
 struct ExportResult {
   std::string dir;          // OUT

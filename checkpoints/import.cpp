@@ -2,20 +2,16 @@
 
 #include <bit>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
-#include <memory>
 #include <set>
 #include <sstream>
 
-#include "checkpoints/checkpoint.h"
 #include "checkpoints/export.h"
-#include "checkpoints/h5.h"
-#include "checkpoints/json.h"
+#include "config/json.h"
 #include "core/check.h"
 #include "engine/model/model_spec.h"
 
@@ -328,12 +324,7 @@ ModelConfig hf_model_config(const std::string& config_json, const std::string& w
 }
 
 ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cfg,
-                                const RunState& state, const std::string& out_arg) {
-  fs::path out = fs::path(out_arg).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();
-  if (fs::exists(out))
-    throw ConfigError("import output " + out.string() +
-                      " already exists: remove it or give a new directory");
+                                const RunState& state, const std::string& out) {
   LLMT_CHECK(state.mesh.world() == 1, "import writes one rank's checkpoint");
   const std::vector<HfTensor> mapping = hf_tensors(cfg);
   const ModelSpec spec = ModelSpec::from_config(cfg);
@@ -365,13 +356,8 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
     throw Error(msg);
   }
 
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  const fs::path tmp = parent / (std::string(kTempPrefix) + out.filename().string());
-  fs::create_directories(parent);
-  fs::remove_all(tmp);
-  fs::create_directory(tmp);
   ImportResult r;
-  try {
+  write_directory(out, "import", [&](const fs::path& tmp) {
     ShardFileWriter writer((tmp / rank_file_name(0)).string(), 0, state.step);
     std::vector<float> global, piece, rows;
     for (size_t i = 0; i < spec.params.size(); ++i) {
@@ -423,14 +409,7 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
     r.bytes = writer.bytes_written();
     const WriteLayout layout{};  // one rank
     write_index(tmp.string(), state, plan_index(spec, layout, {kMasterState}));
-    h5::fsync_path(tmp.string());
-    fs::rename(tmp, out);
-    h5::fsync_path(parent.string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
   for (const std::string& d : dtypes) r.dtypes += (r.dtypes.empty() ? "" : ", ") + d;
   for (const auto& [name, st] : files)
     if (!used.count(&st) && !is_buffer(name) && !(cfg.tie_embeddings && name == "lm_head.weight"))
