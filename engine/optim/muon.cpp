@@ -161,8 +161,7 @@ void Muon::step(double lr, int64_t t, float grad_scale) {
     if (s.decay) ops::scale_inplace(s.value, static_cast<float>(1.0 - lr * cfg_.weight_decay));
     ops::add_inplace(s.value, update);
   }
-  (void)t;  // Muon has no bias correction
-  adamw_.step(lr, t, grad_scale);
+  adamw_.step(lr, t, grad_scale);  // (Muon itself has no bias correction: t is AdamW's)
 }
 
 std::vector<SlotState> Muon::state() const {
