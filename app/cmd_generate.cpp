@@ -185,7 +185,7 @@ Run add_generate_command(CLI::App& app) {
     Buffer token_buf = alloc.allocate(4, MemCategory::other);
     Buffer gathered = alloc.allocate(static_cast<size_t>(V) * 4, MemCategory::other);
     Tensor token = token_buf.tensor({1, 1}, DType::i32);
-    std::vector<float> logits(static_cast<size_t>(V));
+    std::vector<float> logits;
     std::mt19937_64 rng(args->seed);
     std::vector<int32_t> out_ids;
     // What is printed: the prompt as the tokenizer decodes it, then what each new token adds to
@@ -209,7 +209,11 @@ Run add_generate_command(CLI::App& app) {
         tp.all_gather(all, local.view({Vl})).wait();
       else
         all = local.view({V});
+      logits.resize(static_cast<size_t>(V));
       backend->copy_to_host(logits.data(), all.data, static_cast<size_t>(V) * 4);
+      // A vocabulary padded past the tokenizer's pieces (e.g. 50304 for 50257): those ids decode
+      // to nothing, so they are never drawn.
+      logits.resize(static_cast<size_t>(tok.vocab_size()));
       int32_t next = sample(logits, args->sampling, rng);
       if (world_size > 1)  // every rank continues with rank 0's draw
         mesh.world().broadcast(Tensor(&next, {1}, DType::i32), 0).wait();

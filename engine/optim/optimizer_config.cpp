@@ -35,6 +35,19 @@ void check_optimizer_config(const OptimizerConfig& o, const OptimizerConfig& raw
   if (o.type == OptimizerType::muon) {
     r.unit_interval("optimizer.muon.momentum", o.muon.momentum);
     r.at_least<int64_t>("optimizer.muon.ns_steps", o.muon.ns_steps, 1);
+  } else {
+    // [optimizer.muon] set for AdamW, which would ignore it: most likely optimizer.type was
+    // forgotten.
+    const MuonConfig d;
+    auto unused = [&](const char* key, bool differs) {
+      r.require(!differs, {key, "optimizer.type"},
+                concat(key,
+                       " is set but optimizer.type = \"adamw\" does not use it: set "
+                       "optimizer.type = \"muon\", or remove it"));
+    };
+    unused("optimizer.muon.momentum", raw.muon.momentum != d.momentum);
+    unused("optimizer.muon.nesterov", raw.muon.nesterov != d.nesterov);
+    unused("optimizer.muon.ns_steps", raw.muon.ns_steps != d.ns_steps);
   }
   if (fp16) {
     r.require(o.initial_loss_scale > 0, {"optimizer.initial_loss_scale", "train.precision"},

@@ -2,7 +2,8 @@
 # `llmtrain generate` on a model trained for a few steps on a text (a tokenizer trained on it):
 # greedy decoding gives the same tokens on one rank and over tp 2 and tp 4 (mpirun; the KV-cache
 # logits against the whole-sequence forward are test_model's KvCacheDecodingEqualsTheWhole...);
-# the same seed samples the same text; a prompt that fills model.seq_len and a checkpoint whose
+# the same seed samples the same text; a model vocabulary padded past the tokenizer's never
+# yields a padding id; a prompt that fills model.seq_len and a checkpoint whose
 # run had no tokenizer are refused (exit 2, saying why).
 #   check_generate.sh LLMTRAIN MPIRUN TEXT WORKDIR
 set -euo pipefail
@@ -49,6 +50,17 @@ a="$("$llmtrain" "${gen[@]}" --seed 5 --top-k 40 --top-p 0.9 2>&1 | ids)"
 b="$("$llmtrain" "${gen[@]}" --seed 5 --top-k 40 --top-p 0.9 2>&1 | ids)"
 echo "sampled (seed 5): $a"
 [[ -n "$a" && "$a" == "$b" ]] || { echo "FAIL: the same seed sampled other tokens"; fail=1; }
+# A vocabulary padded past the tokenizer's 512 pieces: the padding ids are never drawn.
+"$llmtrain" train --config run/config.toml -q --set model.vocab_size=576 --set train.steps=5 \
+  --set 'data.path="ds"' --set 'data.tokenizer="tok.model"' --set train.run_dir=\"padded\" \
+  --set checkpoint.dir=\"padded/ck\" > /dev/null
+pad="$("$llmtrain" generate --checkpoint padded/ck --prompt "The model" --max-new-tokens 24 \
+  --ignore-eos --seed 3 --temperature 2 2>&1 | ids)"
+echo "padded vocabulary, temperature 2: $pad"
+for id in $pad; do
+  [[ $id -lt 512 ]] || { echo "FAIL: drew id $id, past the tokenizer's 512 pieces"; fail=1; }
+done
+[[ $(wc -w <<< "$pad") -eq 24 ]] || { echo "FAIL: not 24 tokens"; fail=1; }
 long="$(printf 'word %.0s' {1..40})"
 set +e
 msg="$("$llmtrain" generate --checkpoint run/ck --prompt "$long" 2>&1)"

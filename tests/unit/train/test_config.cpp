@@ -842,6 +842,11 @@ INSTANTIATE_TEST_SUITE_P(
                    "optimizer.initial_loss_scale at t.toml:4:1, train.precision at t.toml:2:1"}},
         ErrorCase{"[train]\nprecision = \"fp16\"\n[optimizer]\nloss_scale_window = 0\n",
                   {"optimizer.loss_scale_window=0 must be >= 1 with train.precision=\"fp16\""}},
+        ErrorCase{"[optimizer.muon]\nns_steps = 3\n",
+                  {"optimizer.muon.ns_steps is set but optimizer.type = \"adamw\" does not use "
+                   "it: set optimizer.type = \"muon\", or remove it"}},
+        ErrorCase{"[optimizer]\ntype = \"muon\"\n[optimizer.muon]\nmomentum = 1.0\n",
+                  {"optimizer.muon.momentum=1.0 must be in [0, 1)"}},
         ErrorCase{"[log]\ninterval = 0\n",
                   {"log.interval=0 must be >= 1 (log.interval at t.toml:2:1)"}},
         ErrorCase{"[log]\npeak_flops = -1\n", {"log.peak_flops=-1.0 must be >= 0.0"}}));
