@@ -113,18 +113,35 @@ std::optional<std::string> checkpoint_config(const fs::path& dir) {
 }
 
 // checkpoint.dir of a resolved config ("" when it has none).
-std::string checkpoint_dir_of(const std::string& resolved_toml) {
+// The value of SECTION.KEY in a resolved config (a string's quotes dropped), "" when absent.
+std::string value_of(const std::string& resolved_toml, const std::string& want_section,
+                     const std::string& key) {
   std::istringstream in(resolved_toml);
   std::string section;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line[0] == '[') section = line.substr(1, line.find(']') - 1);
-    if (section == "checkpoint" && line.rfind("dir = ", 0) == 0) {
-      std::string v = line.substr(6);
+    if (section == want_section && line.rfind(key + " = ", 0) == 0) {
+      std::string v = line.substr(key.size() + 3);
       if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
       return v;
     }
   }
   return "";
+}
+
+// Whether the checkpoints of the run recorded in RECORDED (its resolved config) are the ones in
+// CK_DIR: the same checkpoint.dir, or a run directory moved or copied whole, its checkpoint.dir at
+// the same place under its run_dir then as CK_DIR is under RUN_DIR now.
+bool same_checkpoints(const std::string& recorded, const fs::path& run_dir,
+                      const std::string& ck_dir) {
+  const std::string then_ck = value_of(recorded, "checkpoint", "dir");
+  if (then_ck == ck_dir) return true;
+  const std::string then_run = value_of(recorded, "train", "run_dir");
+  if (then_ck.empty() || then_run.empty() || ck_dir.empty()) return false;
+  const fs::path a =
+      fs::path(then_ck).lexically_normal().lexically_relative(fs::path(then_run).lexically_normal());
+  const fs::path b = fs::path(ck_dir).lexically_normal().lexically_relative(run_dir.lexically_normal());
+  return !a.empty() && a == b && *a.begin() != "..";
 }
 
 }  // namespace
@@ -193,8 +210,9 @@ void check_run_dirs(const Config& cfg, bool resuming, bool overwrite) {
   const bool restart = !resuming && cfg.checkpoint.load == "auto";
   if (resuming && metric_lines > 0 && fs::is_regular_file(run_dir / kRunConfigFile, ec)) {
     // The metrics continue only the run that wrote the checkpoints resumed here.
-    const std::string recorded = checkpoint_dir_of(read_file(run_dir / kRunConfigFile));
-    if (recorded != ck_dir)
+    const std::string config = read_file(run_dir / kRunConfigFile);
+    const std::string recorded = value_of(config, "checkpoint", "dir");
+    if (!same_checkpoints(config, run_dir, ck_dir))
       throw ConfigError("train.run_dir " + run_dir.string() + " holds " + metrics.string() +
                         " of a run that saved its checkpoints in " +
                         (recorded.empty() ? std::string("no checkpoint.dir") : recorded) +

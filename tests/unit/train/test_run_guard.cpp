@@ -137,6 +137,19 @@ TEST_F(RunGuard, ResumingIntoTheRunDirOfAnotherRunIsRefused) {
   EXPECT_EQ(metric_lines("a"), 2);
 }
 
+TEST_F(RunGuard, ARunDirectoryCopiedWholeResumes) {
+  // Its checkpoints under it: copied elsewhere (another file system, another machine), the copy
+  // resumes from its own checkpoints and continues its own metrics; the original is untouched.
+  run("a", "a/checkpoints", 2);
+  fs::copy(dir_ / "a", dir_ / "b", fs::copy_options::recursive);
+  EXPECT_EQ(run("b", "b/checkpoints", 4, {"checkpoint.load=\"latest\""}).steps, 4);
+  EXPECT_EQ(metric_lines("b"), 4);
+  EXPECT_EQ(metric_lines("a"), 2);
+  // Not the checkpoints of the original from the copy's run_dir.
+  const std::string e = refusal("b", "a/checkpoints", 5, {"checkpoint.load=\"latest\""});
+  EXPECT_NE(e.find("would truncate those metrics"), std::string::npos) << e;
+}
+
 TEST_F(RunGuard, AutoRestartsTheSameRunButNotAnother) {
   // A job that ended before its first checkpoint: metrics, no checkpoint.
   run("run", "ck", 2);
