@@ -87,8 +87,8 @@ std::string hardware_line(const HardwareProfile& hw) {
 // The cost model's figures per pipeline rank, and the predicted step.
 void print_cost(const StepCost& c, const HardwareProfile& hw) {
   std::printf(
-      "memory per rank (state exact as above; activations at the peak in-flight "
-      "micro-batches and comm buffers estimated), of %s usable on %s:\n",
+      "memory per rank (state exact as above; activations as each rank's model lays them out, "
+      "at the peak in-flight micro-batches; comm buffers estimated), of %s usable on %s:\n",
       gib(kUsableMemoryFraction * hw.memory_bytes).c_str(), hw.name.c_str());
   // Pipeline ranks whose line equals the one above are counted, not printed.
   auto print_lines = [&](auto line_of) {

@@ -1,9 +1,13 @@
 // CPU backend (64-byte aligned host memory) and the accounting Allocator.
 #include "core/allocator.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 namespace llmt {
@@ -49,7 +53,45 @@ class CpuBackend final : public DeviceBackend {
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 };
+class MetaBackend final : public DeviceBackend {
+ public:
+  ~MetaBackend() override {
+    for (const auto& [p, bytes] : regions_) munmap(p, bytes);
+  }
+  Device device() const override { return {DeviceKind::cpu, 0}; }
+  void* allocate(size_t bytes) override {
+    const size_t n = std::max<size_t>(bytes, 1);
+    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error(detail::concat("meta device: cannot reserve ", bytes, " bytes of address space"));
+    const std::lock_guard<std::mutex> lock(mu_);
+    regions_[p] = n;
+    return p;
+  }
+  void deallocate(void* p) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = regions_.find(p);
+    if (it == regions_.end()) return;
+    munmap(p, it->second);
+    regions_.erase(it);
+  }
+  void memset_zero(void*, size_t) override {}
+  void copy_to_host(void*, const void*, size_t) override {
+    throw Error("the meta device holds no data to copy to the host");
+  }
+  void copy_from_host(void*, const void*, size_t) override {}
+  void copy(void*, const void*, size_t) override {}
+  void synchronize() override {}
+
+ private:
+  std::mutex mu_;
+  std::map<void*, size_t> regions_;
+};
 }  // namespace
+
+std::unique_ptr<DeviceBackend> make_meta_backend() {
+  return std::make_unique<MetaBackend>();
+}
 
 void* DeviceBackend::allocate_host(size_t bytes) {
   return aligned_host(bytes);

@@ -11,6 +11,7 @@
 #include "engine/model/model_spec.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/schedule/schedule.h"
+#include "train/rank_model.h"
 #include "train/trainer.h"
 
 namespace llmt {
@@ -19,80 +20,15 @@ namespace {
 
 using detail::concat;
 
-// Bytes of one f32 tensor of n elements in a TensorLayout (64-byte boundaries).
-double f32_bytes(double n) {
-  return std::ceil(n * 4 / 64) * 64;
-}
-
-double sum_bytes(std::initializer_list<double> numels) {
-  double b = 0;
-  for (double n : numels) b += f32_bytes(n);
-  return b;
-}
-
 // The shapes of one rank's blocks (blocks.h): N positions of a micro-batch on this rank (B x T/cp),
 // R of them in the residual stream (N/tp with sequence parallelism), local head and width counts.
 struct Dims {
   double B, T, N, R, C, H, KV, D, F, F1, V;
-  int norm_stats;  // floats per position a norm saves: 2 (layernorm: mean, rstd) or 1 (rstd)
   // Mixture of experts: E experts, k per token, an expert's hidden width Fe and fc1 rows Fe1,
   // the shared experts' Fs and Fs1 (0 without), and the expert parallel degree; the rows the
   // MoE layers route on the rank (R) in Sr segments (blocks.h, MoeRows).
   double E = 0, k = 0, Fe = 0, Fe1 = 0, Fs = 0, Fs1 = 0, ep = 1, Sr = 0;
 };
-
-// Under ep the experts' side of an MoE layer lives in memory of its own per micro-batch
-// (MoeMlp::EpRows), from the layer's forward to its backward whatever the recompute (a
-// full-recompute replay gets the experts' outputs back from it): the rows received (R k at
-// balanced routing) with their fc1 output, activation, output and the gradients of the output
-// and of fc1's output.
-double ep_rows_bytes(const Dims& d) {
-  return d.ep > 1 ? 4 * d.R * d.k * (3 * d.C + 2 * d.Fe1 + d.Fe) : 0.0;
-}
-
-// What an MoE MLP saves (MoeMlp::saved): the router's logits, the routing and the dispatch plan,
-// the permuted inputs, the experts' fc1 output, activation and output (M = N k rows), the shared
-// experts' u and g; under ep the experts' side is EpRows instead.
-double moe_saved_bytes(const Dims& d) {
-  const double M = d.R * d.k, Mh = d.ep > 1 ? 0 : M;
-  double b = sum_bytes({d.R * d.E, d.R * d.k, d.R * d.k, d.Sr * d.E, d.E + 1, M, d.R * d.k, M * d.C,
-                        Mh * d.Fe1, Mh * d.Fe, M * d.C}) +
-             ep_rows_bytes(d);
-  if (d.Fs > 0) b += sum_bytes({d.N * d.Fs1, d.N * d.Fs});
-  return b;
-}
-
-// What a layer saves for backward (Layer::saved): the residual-stream tensors and norm
-// statistics, qkv, the attention output and LSE, the MLP's u and g (an MoE MLP's set); under
-// full recompute only its input (and under ep an MoE layer's EpRows); under selective recompute
-// no attention output or LSE.
-double layer_saved_bytes(const Dims& d, Recompute r, bool moe = false) {
-  if (r == Recompute::full) return f32_bytes(d.R * d.C) + (moe ? ep_rows_bytes(d) : 0.0);
-  double b = 4 * f32_bytes(d.R * d.C) + 2 * d.norm_stats * f32_bytes(d.R) +
-             f32_bytes(d.N * (d.H + 2 * d.KV) * d.D) +
-             (moe ? moe_saved_bytes(d) : f32_bytes(d.N * d.F1) + f32_bytes(d.N * d.F));
-  if (r != Recompute::selective) b += f32_bytes(d.N * d.H * d.D) + f32_bytes(d.B * d.H * d.T);
-  return b;
-}
-
-// Head::saved: the gathered final-norm output, its statistics, the logits, the losses.
-double head_saved_bytes(const Dims& d) {
-  return f32_bytes(d.N * d.C) + d.norm_stats * f32_bytes(d.R) + f32_bytes(d.N * d.V) +
-         f32_bytes(d.N);
-}
-
-// What a layer's backward_input leaves for its backward_weight under a zero-bubble schedule
-// (Layer::stash, every entry memory of the micro-batch's own): the MLP's output and fc1-output
-// gradients (an MoE MLP's router, combine and fc1-output gradients, and its shared experts'), each
-// norm's weight (and bias) gradient, the attention's projection and qkv output gradients.
-double layer_stash_bytes(const Dims& d, bool moe) {
-  const double norm = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
-  const double M = d.R * d.k;
-  const double mlp = moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) +
-                               (d.Fs > 0 ? sum_bytes({d.N * d.C, d.N * d.Fs1}) : 0.0)
-                         : sum_bytes({d.N * d.C, d.N * d.F1});
-  return mlp + 2 * norm + sum_bytes({d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D});
-}
 
 // The peak of one rank's saved activations and zero-bubble stashes over its schedule's actions:
 // a micro-batch's saved set lives from its forward to its (weight) backward, its stash from
@@ -122,36 +58,57 @@ double schedule_activation_peak(const std::vector<Action>& actions, double per_m
   return peak;
 }
 
-// The model's scratch shared by every micro-batch (Transformer's constructor): gradient buffers
-// of one layer (the widest MLP's), the MoE layers' buffers, the tp staging buffers, the
-// cross-entropy statistics, the back-to-back stash (the largest kind's non-view entries: the
-// norms' partial gradients, an MoE MLP's router, combine and fc1 output gradients), and the
-// recompute buffers: under full recompute one layer's full set per kind of layer that replays
-// (its input read in place) + its output.
-double scratch_bytes(const Dims& d, int tp, bool sp, Recompute r, bool moe, bool full_dense,
-                     bool full_moe) {
-  const double M = d.R * d.k;  // an MoE layer's routed rows (R: its rows under SP)
-  const double norm_stash = f32_bytes((d.norm_stats == 2 ? 2 : 1) * d.C);
-  const double stash = std::max(
-      2 * norm_stash,
-      moe ? sum_bytes({d.R * d.E, M * d.C, (d.ep > 1 ? 0 : M) * d.Fe1}) + 2 * norm_stash : 0.0);
-  double b =
-      sum_bytes({d.R * d.C, d.R * d.C, d.N * d.C, d.N * (d.H + 2 * d.KV) * d.D, d.N * d.H * d.D,
-                 d.N * std::max(d.F1, d.Fs1), d.N * std::max(d.F, d.Fs), d.N * d.C}) +
-      stash;
-  if (moe)
-    b += sum_bytes(
-        {d.R * d.E, d.R * d.C, d.R * d.C, d.R * d.C, d.R * d.k, M * d.Fe, M * d.C, d.Sr, d.R});
-  // ep: the experts' side's backward buffers (their fc2 input and fc1 input gradients).
-  if (moe && d.ep > 1) b += 4 * M * (d.Fe + d.C);
-  if (tp > 1) b += sum_bytes({d.N, 2 * d.N});
-  if (sp) b += sum_bytes({d.N * d.C, d.R * d.C});
-  if (r == Recompute::selective) b += sum_bytes({d.N * d.H * d.D, d.B * d.H * d.T});
-  if (full_dense) b += layer_saved_bytes(d, Recompute::none) - f32_bytes(d.R * d.C);
-  if (full_moe)  // the replay set: EpRows are the forward's own, not the replay's
-    b += layer_saved_bytes(d, Recompute::none, true) - f32_bytes(d.R * d.C) - ep_rows_bytes(d);
-  if (full_dense || full_moe) b += f32_bytes(d.R * d.C);
-  return b;
+// One rank's activation memory as its model lays it out: the model a run builds on that rank
+// (make_rank_model), built on the meta device with groups of the mesh's shape, so the bytes are
+// counted by the code that allocates them. Under ep each MoE layer adds, per micro-batch, the
+// rows its rank receives for its experts (ep_rows_specs, R k rows at balanced routing) from its
+// forward to its backward, and for a moment in its backward their input gradients.
+RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
+                                 const MeshShape& mesh, int64_t moe_layers,
+                                 ActivationCache* cache) {
+  const ParallelConfig& par = cfg.parallel;
+  std::string key;
+  if (cache) {
+    // What the rank's model depends on beyond the model config: its part of the model and the
+    // shapes of its micro-batch and groups.
+    std::string layers;
+    for (const auto& [b, e] : rank_spec.chunks) layers += concat(b, "-", e, ",");
+    key = concat(layers, rank_spec.tp_rank, "/", rank_spec.tp_size, " ep ", rank_spec.ep_rank, "/",
+                 rank_spec.ep_size, " sp ", par.sequence_parallel, " cp ", mesh.size(Axis::cp),
+                 static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
+                 " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, " ",
+                 static_cast<int>(cfg.train.precision), " ", rank_spec.has_embedding,
+                 rank_spec.has_head);
+    if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
+  }
+  const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;
+  const std::unique_ptr<DeviceBackend> meta = make_meta_backend();
+  Allocator alloc(*meta);
+  const std::unique_ptr<Communicator> tp_group =
+      make_shape_communicator(rank_spec.tp_rank, tp, "tp");
+  const std::unique_ptr<Communicator> cp_group =
+      cp > 1 ? make_shape_communicator(0, cp, "cp") : nullptr;
+  const std::unique_ptr<Communicator> ep_group =
+      ep > 1 ? make_shape_communicator(rank_spec.ep_rank, ep, "ep") : nullptr;
+  const std::unique_ptr<Transformer> model =
+      make_rank_model(cfg, rank_spec, alloc, tp_group.get(), cp_group.get(), ep_group.get());
+  RankActivations out;
+  const int chunks = model->num_chunks();
+  for (int c = 0; c < chunks; ++c)
+    out.per_mb += static_cast<double>(model->chunk_activation_bytes(c));
+  out.stash_mb = static_cast<double>(model->chunk_stash_bytes(0));
+  out.scratch = static_cast<double>(model->scratch_bytes());
+  if (ep > 1 && moe_layers > 0) {
+    const int64_t N = cfg.train.micro_batch_size * cfg.model.seq_len / cp;
+    const int64_t routed =
+        (cfg.parallel.sequence_parallel && tp > 1 ? N / tp : N) * cfg.model.moe.top_k;
+    out.per_mb += static_cast<double>(moe_layers) *
+                  static_cast<double>(spec_bytes(ep_rows_specs(rank_spec, routed)));
+    out.scratch += static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
+  }
+  out.per_mb /= chunks;
+  if (cache) cache->by_layout.emplace(key, out);
+  return out;
 }
 
 // ZeRO's buffers and traffic for one unit (zero.h): a gathered copy or gradient staging (its whole
@@ -321,7 +278,8 @@ bool within_node(const HardwareProfile& hw, int span) {
 
 }  // namespace
 
-StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
+                      ActivationCache* cache) {
   validate_layout(cfg, world);
   const ParallelConfig& par = cfg.parallel;
   const MeshShape mesh = mesh_shape(par, world);
@@ -356,7 +314,6 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
   d.F = static_cast<double>(spec.ffn_dim) / tp;
   d.F1 = static_cast<double>(spec.fc1_out) / tp;
   d.V = static_cast<double>(mc.vocab_size) / tp;
-  d.norm_stats = mc.norm == NormKind::layernorm ? 2 : 1;
   if (mc.moe.enabled()) {
     d.E = static_cast<double>(mc.moe.num_experts);
     d.k = static_cast<double>(mc.moe.top_k);
@@ -419,10 +376,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     s.embedding = rs.has_embedding;
     s.head = rs.has_head;
     // Layers, and those under recompute (the first recompute_layers of each chunk): their
-    // FLOPs per token and saved bytes, each layer by its kind (dense or MoE).
+    // FLOPs per token, each layer by its kind (dense or MoE).
     int64_t recomputed = 0;
-    double fpt = 0, recompute_fpt_sum = 0, saved = 0, stash = 0;
-    bool moe = false, full_dense = false, full_moe = false;
+    double fpt = 0, recompute_fpt_sum = 0;
+    bool moe = false;
     double moe_layers = 0, moe_replays = 0, unreplayed_last = 0;
     std::vector<std::vector<int64_t>> chunk_layers(static_cast<size_t>(v));  // global layers
     for (int c = 0; c < v; ++c) {
@@ -442,9 +399,6 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
         recomputed += re;
         fpt += layer_fpt(l);
         if (re) recompute_fpt_sum += recompute_fpt(l);
-        saved += layer_saved_bytes(d, re ? rc : Recompute::none, is_moe);
-        stash += layer_stash_bytes(d, is_moe);
-        if (re && rc == Recompute::full) (is_moe ? full_moe : full_dense) = true;
         const bool replayed = re && rc == Recompute::full;
         moe_replays += is_moe && replayed;
         // Without pp the last layer's forward leaves its replay set valid for its backward,
@@ -651,18 +605,15 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw) {
     // Memory: the exact state, the in-flight activations, the buffers.
     s.memory = state;
     s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
-    // One micro-batch's saved activations of the rank's average chunk: its layers (the
-    // recomputed ones keep less), the chunk's output, the head's share.
-    const double per_mb = (saved + h * head_saved_bytes(d)) / v + f32_bytes(d.R * C);
-    double held = s.in_flight * per_mb;
-    if (p > 1 && par.pp_schedule == PipeSchedule::zb_h1) {
-      // Zero-bubble (one chunk): the stashes of the micro-batches between their two backward
-      // halves come on top; the embedding's input gradient and the final norm's are stashed too.
-      const double stash_mb =
-          stash + e * f32_bytes(d.R * C) + h * f32_bytes((d.norm_stats == 2 ? 2 : 1) * C);
-      held = schedule_activation_peak(schedule.ranks[static_cast<size_t>(pr)], per_mb, stash_mb);
-    }
-    s.memory.activations = held + scratch_bytes(d, tp, sp, rc, moe, full_dense, full_moe);
+    // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
+    // stashes, between their two backward halves, on top), and the model's scratch.
+    const RankActivations act =
+        rank_activations(cfg, rs, mesh, static_cast<int64_t>(moe_layers), cache);
+    double held = s.in_flight * act.per_mb;
+    if (p > 1 && par.pp_schedule == PipeSchedule::zb_h1)
+      held = schedule_activation_peak(schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
+                                      act.stash_mb);
+    s.memory.activations = held + act.scratch;
     // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
     // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
     // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.

@@ -1,13 +1,15 @@
 // The cost model behind `llmtrain plan`: from a config, a world size and a hardware profile,
 // what one step of each pipeline stage computes, moves on each mesh axis and holds in memory,
-// and the step time and MFU that follow. Everything is a formula of the config (nothing is
-// allocated, MPI is not started). The bytes per axis are the communicator's counters of a real
-// run (tests/mpi/plan_comm.py checks them); the memory is the exact training state of
-// rank_state_bytes plus estimates of the activations and communication buffers; the time is a
-// model with the assumptions listed in docs/papers.md ("The cost model").
+// and the step time and MFU that follow. Nothing is allocated and MPI is not started. The bytes
+// per axis are the communicator's counters of a real run (tests/mpi/plan_comm.py checks them);
+// the memory is the exact training state of rank_state_bytes, the activations as each pipeline
+// rank's model lays them out (that model built on the meta device: make_rank_model), and
+// estimates of the communication buffers; the time is a model with the assumptions listed in
+// docs/papers.md ("The cost model").
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,7 +70,20 @@ struct StepCost {
 // The axis a group of consecutive-in-mesh-order ranks lives on decides its bandwidth: a group
 // whose ranks lie within one node uses intra_node_bandwidth, else inter_node_bandwidth.
 // Throws ConfigError for a layout that validate_layout refuses.
-StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw);
+// One pipeline rank's activation memory, counted on its model built on the meta device.
+struct RankActivations {
+  double per_mb = 0;    // one micro-batch's saved set, the average of the rank's chunks
+  double stash_mb = 0;  // one micro-batch's zero-bubble stash (of chunk 0)
+  double scratch = 0;   // shared by every micro-batch
+};
+// The RankActivations of the layouts costed so far, for one model config (a search costs
+// thousands of layouts that differ only in dp, ZeRO stage or schedule, which the model's
+// layout does not depend on).
+struct ActivationCache {
+  std::map<std::string, RankActivations> by_layout;
+};
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
+                      ActivationCache* cache = nullptr);
 
 // Each pipeline rank's memory as predict_step reports it (the state exactly, activations and comm
 // buffers estimated), indexed by pp coordinate; it does not depend on the hardware. Builds the

@@ -97,6 +97,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   auto better = [](const Candidate& a, const Candidate& b) {
     return a.cost.step_s < b.cost.step_s;
   };
+  ActivationCache activations;  // one model config: its rank models' layouts, each built once
   for (const LayoutShape& s : shapes) {
     const int dp = world / (s.tp * s.cp * s.pp);
     Config shaped;
@@ -126,7 +127,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             c.cfg.train.recompute = static_cast<Recompute>(rc);
             c.cfg.train.recompute_layers = 0;
             try {
-              c.cost = predict_step(c.cfg, world, hw);
+              c.cost = predict_step(c.cfg, world, hw, &activations);
             } catch (const ConfigError&) {
               continue;
             }

@@ -28,6 +28,7 @@
 #include "kernels/threads.h"
 #include "train/fault.h"
 #include "train/metrics.h"
+#include "train/rank_model.h"
 #include "train/run_guard.h"
 #include "train/run_lock.h"
 #include "train/stop.h"
@@ -473,14 +474,8 @@ void Trainer::State::build_model() {
   LLMT_CHECK(ep_group == nullptr || ep_group->rank() == stage_spec.ep_rank, "expert group rank ",
              ep_group ? ep_group->rank() : 0, ", the spec holds the experts of ep rank ",
              stage_spec.ep_rank);
-  const TensorParallel tp{&s.mesh.comm(Axis::tp), cfg.parallel.sequence_parallel};
-  s.model = std::make_unique<Transformer>(
-      stage_spec, s.alloc, s.mbs, compute_dtype(cfg.train.precision),
-      model_storage(cfg.parallel.zero_stage, compute_dtype(cfg.train.precision)), tp,
-      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
-      ContextParallel{s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, cfg.parallel.cp_impl,
-                      static_cast<int>(cfg.parallel.cp_ulysses)},
-      ep_group);
+  s.model = make_rank_model(cfg, stage_spec, s.alloc, &s.mesh.comm(Axis::tp),
+                            s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, ep_group);
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);

@@ -1,5 +1,6 @@
 // A group of one rank: all-reduce and broadcast leave the data as it is, reduce-scatter,
-// all-gather and all-to-all are copies, point-to-point has no peer. Counts calls (0 bytes).
+// all-gather and all-to-all are copies, point-to-point has no peer. Counts calls (0 bytes). And
+// a group's shape only (rank and size, no collective), for models built to count their buffers.
 #include "engine/comm/communicator.h"
 #include "kernels/ops.h"
 
@@ -60,7 +61,50 @@ class LocalCommunicator final : public Communicator {
   std::string name_;
 };
 
+class ShapeCommunicator final : public Communicator {
+ public:
+  ShapeCommunicator(int rank, int size, std::string name)
+      : rank_(rank), size_(size), name_(std::move(name)) {}
+  int rank() const override { return known().rank_; }
+  int size() const override { return known().size_; }
+  const std::string& name() const override { return name_; }
+  Handle all_reduce(Tensor, ReduceOp) override { return refuse("all_reduce"); }
+  Handle reduce_scatter(Tensor, Tensor) override { return refuse("reduce_scatter"); }
+  Handle all_gather(Tensor, Tensor) override { return refuse("all_gather"); }
+  Handle broadcast(Tensor, int) override { return refuse("broadcast"); }
+  Handle all_to_all(Tensor, Tensor) override { return refuse("all_to_all"); }
+  Handle all_to_allv(Tensor, std::span<const int64_t>, Tensor, std::span<const int64_t>) override {
+    return refuse("all_to_allv");
+  }
+  Handle send(Tensor, int, int) override { return refuse("send"); }
+  Handle recv(Tensor, int, int) override { return refuse("recv"); }
+  void barrier() override { refuse("barrier"); }
+  // A split group's shape depends on every member's color, which one rank does not know: it
+  // exists (a model may hold it) but its rank and size are errors.
+  std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
+    return std::make_unique<ShapeCommunicator>(-1, -1, name_ + "/" + name);
+  }
+
+ private:
+  const ShapeCommunicator& known() const {
+    if (size_ < 0)
+      throw Error(detail::concat(name_, ": a group split from a group's shape has no known shape"));
+    return *this;
+  }
+  Handle refuse(const char* what) const {
+    throw Error(detail::concat(what, " on ", name_, ", a group's shape only (rank ", rank_, " of ",
+                               size_, "): a model built for counting runs no collective"));
+  }
+  int rank_, size_;
+  std::string name_;
+};
+
 }  // namespace
+
+std::unique_ptr<Communicator> make_shape_communicator(int rank, int size, const std::string& name) {
+  LLMT_CHECK(size >= 1 && rank >= 0 && rank < size, "group shape: rank ", rank, " of ", size);
+  return std::make_unique<ShapeCommunicator>(rank, size, name);
+}
 
 std::unique_ptr<Communicator> make_local_communicator(const std::string& name) {
   return std::make_unique<LocalCommunicator>(name);

@@ -46,13 +46,14 @@ Tensor Stash::keep(size_t i, Tensor t) {
 }
 
 int64_t BlockEnv::param(const std::string& name) const {
-  return static_cast<int64_t>(spec.index_of(name));
+  const int64_t i = param_opt(name);
+  if (i < 0) throw Error("no parameter named " + name);
+  return i;
 }
 
 int64_t BlockEnv::param_opt(const std::string& name) const {
-  for (size_t i = 0; i < spec.params.size(); ++i)
-    if (spec.params[i].name == name) return static_cast<int64_t>(i);
-  return -1;
+  const auto it = index.find(name);
+  return it == index.end() ? -1 : it->second;
 }
 
 namespace {
@@ -326,6 +327,16 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
   }
 }
 
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R) {
+  const int64_t C = spec.cfg.d_model, Fe = spec.cfg.moe.d_ff_expert, Fe1 = spec.expert_fc1_out;
+  return {{"xr", {R, C}}, {"hr", {R, Fe1}}, {"gr", {R, Fe}},
+          {"er", {R, C}}, {"d_er", {R, C}}, {"dh_r", {R, Fe1}}};
+}
+
+std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R) {
+  return {{"dgr", {R, spec.cfg.moe.d_ff_expert}}, {"dxr", {R, spec.cfg.d_model}}};
+}
+
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
@@ -399,15 +410,17 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
         env_.moe_stats.ep_rows +=
             (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
-  r.buf = env_.alloc.allocate(static_cast<size_t>(R * (3 * C + 2 * Fe1_ + Fe_)) * 4,
-                              MemCategory::activations);
-  TensorLayout lay(r.buf.tensor({R * (3 * C + 2 * Fe1_ + Fe_)}, DType::f32));
-  r.xr = lay.take({R, C});
-  r.hr = lay.take({R, Fe1_});
-  r.gr = lay.take({R, Fe_});
-  r.er = lay.take({R, C});
-  r.d_er = lay.take({R, C});
-  r.dh_r = lay.take({R, Fe1_});
+  const std::vector<TensorSpec> specs = ep_rows_specs(env_.spec, R);
+  const size_t bytes = spec_bytes(specs);
+  r.buf = env_.alloc.allocate(bytes, MemCategory::activations);
+  TensorLayout lay(r.buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
+  const std::vector<Tensor> t = lay.take_all(specs);
+  r.xr = t[0];
+  r.hr = t[1];
+  r.gr = t[2];
+  r.er = t[3];
+  r.d_er = t[4];
+  r.dh_r = t[5];
   // The rows to the experts' ranks, the experts (grouped by peer and local expert), and back.
   ep.all_to_allv(r.xr, r.recv, xp, r.send).wait();
   ops::grouped_linear_forward(r.hr, r.xr, env_.w(fc1_w_), r.groups, r.weight_of);
@@ -582,10 +595,12 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
-    Buffer tmp =
-        env_.alloc.allocate(static_cast<size_t>(R * (Fe_ + C)) * 4, MemCategory::activations);
-    const Tensor dgr = tmp.tensor({R, Fe_}, DType::f32),
-                 dxr = tmp.tensor({R, C}, DType::f32, static_cast<size_t>(R * Fe_) * 4);
+    const std::vector<TensorSpec> specs = ep_backward_specs(env_.spec, R);
+    const size_t bytes = spec_bytes(specs);
+    Buffer tmp = env_.alloc.allocate(bytes, MemCategory::activations);
+    TensorLayout lay(tmp.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
+    const std::vector<Tensor> t = lay.take_all(specs);
+    const Tensor dgr = t[0], dxr = t[1];
     ops::grouped_linear_backward(dgr, Tensor(), r.d_er, Tensor(), env_.w(fc2_w_), r.groups,
                                  r.weight_of);
     env_.round(dgr);

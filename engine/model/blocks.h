@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/allocator.h"
@@ -157,6 +158,8 @@ struct BlockEnv {
   // Context parallelism: the group holding the other chunks of these sequences, or null (cp = 1).
   // The mixture of experts sums its per-sequence expert counts over it.
   Communicator* cp = nullptr;
+  // Each parameter's index in spec.params by name (the model fills it before making blocks).
+  std::unordered_map<std::string, int64_t> index = {};
 
   int64_t param(const std::string& name) const;      // index; throws if absent
   int64_t param_opt(const std::string& name) const;  // index or -1
@@ -258,6 +261,14 @@ struct MoeRows {
   int64_t sequence(int64_t segment) const { return (row0 + segment * seg) / T; }
 };
 MoeRows moe_rows(const TpLayers& tp, int64_t T);
+
+// Expert parallelism's memory of an MoE layer of `spec` for the R rows its rank receives for
+// its experts in one micro-batch: what the forward keeps for the backward (MoeMlp::EpRows: the
+// rows xr (R,C), their fc1 output hr (R,Fe1), activation gr (R,Fe) and output er (R,C), the
+// gradients d_er (R,C) and dh_r (R,Fe1)), and what the backward adds for a moment (fc2's and
+// fc1's input gradients dgr (R,Fe), dxr (R,C)). R depends on the routing (R k at balance).
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R);
+std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R);
 
 // A mixture of experts (docs/model.md, "Mixture of experts"): fp32 router logits, top-k routing,
 // the dispatch into expert order (capacity dropping per sequence), the experts' grouped GEMMs

@@ -30,6 +30,8 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
                                            spec_.cfg.n_heads / tp.size(),
                                            spec_.n_kv_heads / tp.size(), spec_.head_dim, compute)),
       env_{spec_, alloc_, B_, T_, tp_, views_, scratch_, seq_, *attention_, moe_stats_, ep} {
+  for (size_t i = 0; i < spec_.params.size(); ++i)
+    env_.index.emplace(spec_.params[i].name, static_cast<int64_t>(i));
   if (decode_len > 0) {
     LLMT_CHECK(cp.size() == 1 && !tp.sequence_parallel && spec.chunks.size() == 1 &&
                    spec.has_embedding && spec.has_head,

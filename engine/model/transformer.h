@@ -170,6 +170,8 @@ class Transformer {
   // and output under full): docs/model.md derives both.
   std::vector<TensorSpec> layer_saved(int64_t local) const;
   size_t recompute_scratch_bytes() const { return recompute_scratch_bytes_; }
+  // The scratch every micro-batch shares (the constructor lays it out once), bytes.
+  size_t scratch_bytes() const { return scratch_buf_.bytes(); }
   // What the mixture-of-experts layers measured since the caller last reset it (MoeStats).
   MoeStats& moe_stats() { return moe_stats_; }
 

@@ -1,0 +1,20 @@
+#include "train/rank_model.h"
+
+#include "engine/data_parallel/data_parallel.h"
+#include "train/trainer.h"
+
+namespace llmt {
+
+std::unique_ptr<Transformer> make_rank_model(const Config& cfg, const ModelSpec& rank_spec,
+                                             Allocator& alloc, Communicator* tp, Communicator* cp,
+                                             Communicator* ep) {
+  const DType compute = compute_dtype(cfg.train.precision);
+  return std::make_unique<Transformer>(
+      rank_spec, alloc, cfg.train.micro_batch_size, compute,
+      model_storage(cfg.parallel.zero_stage, compute),
+      TensorParallel{tp, cfg.parallel.sequence_parallel},
+      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers},
+      ContextParallel{cp, cfg.parallel.cp_impl, static_cast<int>(cfg.parallel.cp_ulysses)}, ep);
+}
+
+}  // namespace llmt
