@@ -276,399 +276,515 @@ bool within_node(const HardwareProfile& hw, int span) {
   return hw.devices_per_node == 0 || span <= hw.devices_per_node;
 }
 
-}  // namespace
+// What predict_step derives once from the config and the profile, read by every pipeline rank's
+// costs: the mesh, the micro-batches, the shapes of a rank's blocks, the schedule, FLOPs per
+// token and each axis's bandwidth.
+struct Job {
+  Job(const Config& c, int world, const HardwareProfile& h)
+      : cfg(c),
+        hw(h),
+        par(c.parallel),
+        spec(ModelSpec::from_config(c.model)),
+        mc(spec.cfg),
+        mesh(mesh_shape(par, world)),
+        tp(mesh.size(Axis::tp)),
+        cp(mesh.size(Axis::cp)),
+        dp(mesh.size(Axis::dp)),
+        p(mesh.size(Axis::pp)),
+        v(static_cast<int>(par.virtual_stages)),
+        ep(static_cast<int>(par.ep)),
+        group(dp * cp),
+        mbs(c.train.micro_batch_size),
+        m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
+        sp(par.sequence_parallel && tp > 1),
+        sixteen(c.train.precision != Precision::fp32),
+        rc(c.train.recompute),
+        shape{p, v, m},
+        layout(model_layout(par, mesh)) {
+    derive();
+  }
 
-StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
-                      ActivationCache* cache) {
-  validate_layout(cfg, world);
-  const ParallelConfig& par = cfg.parallel;
-  const MeshShape mesh = mesh_shape(par, world);
-  const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), dp = mesh.size(Axis::dp),
-            p = mesh.size(Axis::pp), v = static_cast<int>(par.virtual_stages);
-  const int group = dp * cp;  // DDP and ZeRO reduce over dp x cp
-  const int64_t gbs = cfg.train.global_batch_size, mbs = cfg.train.micro_batch_size;
-  const int m = static_cast<int>(gbs / (mbs * dp));
-  const bool sp = par.sequence_parallel && tp > 1;
-  const Recompute rc = cfg.train.recompute;
-  const ModelSpec spec = ModelSpec::from_config(cfg.model);
-  const ModelConfig& mc = spec.cfg;
-
-  StepCost out;
-  out.world = world;
-  out.micro_batches = m;
-  out.peak = hw.peak(compute_dtype(cfg.train.precision));
-  const double eff_peak = out.peak * hw.matmul_efficiency;
-  const double T = static_cast<double>(mc.seq_len), C = static_cast<double>(mc.d_model);
-  const double tokens = static_cast<double>(gbs) * T;
-  out.model_flops = spec.flops_per_token() * tokens;
-
+  const Config& cfg;
+  const HardwareProfile& hw;
+  const ParallelConfig& par;
+  const ModelSpec spec;
+  const ModelConfig& mc;
+  const MeshShape mesh;
+  const int tp, cp, dp, p, v, ep;
+  const int group;  // DDP and ZeRO reduce over dp x cp
+  const int64_t mbs;
+  const int m;  // micro-batches per step per dp rank
+  const bool sp, sixteen;
+  const Recompute rc;
+  const ScheduleShape shape;
+  const ModelLayout layout;
   Dims d{};
-  d.B = static_cast<double>(mbs);
-  d.T = T / cp;
+  double T = 0, C = 0, tokens = 0;
+  double peak = 0, eff_peak = 0;
+  Schedule schedule;                  // every pp rank's actions (pp > 1)
+  std::vector<int64_t> stage_layers;  // layers of each pipeline stage
+  std::vector<double> layer_params;   // each layer's (active) parameters, global
+  double head_fpt = 0, attn_fpt = 0;
+  std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
+  double bw_dp = 0;                   // dp x cp's
+  double per_rank_tokens = 0;         // positions of a step on one rank
+  double E = 0;                       // one (N, C) f32 activation, bytes
+  double f_tp = 0, f_dp = 0;
+
+  // One layer's FLOPs per token: 6 x params + 6CT of attention, the forward a third; selective
+  // recompute repeats the attention core's forward (2CT), full recompute the layer's forward.
+  double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; }
+  double recompute_fpt(int64_t l) const {
+    return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
+  }
+
+ private:
+  void derive();  // the figures after the mesh's
+};
+
+void Job::derive() {
+  Job& j = *this;
+  const ModelConfig& mc = j.mc;
+  const ModelSpec& spec = j.spec;
+  j.T = static_cast<double>(mc.seq_len);
+  j.C = static_cast<double>(mc.d_model);
+  j.tokens = static_cast<double>(j.cfg.train.global_batch_size) * j.T;
+  j.peak = j.hw.peak(compute_dtype(j.cfg.train.precision));
+  j.eff_peak = j.peak * j.hw.matmul_efficiency;
+  Dims& d = j.d;
+  d.B = static_cast<double>(j.mbs);
+  d.T = j.T / j.cp;
   d.N = d.B * d.T;
-  d.R = sp ? d.N / tp : d.N;
-  d.C = C;
-  d.H = static_cast<double>(mc.n_heads) / tp;
-  d.KV = static_cast<double>(spec.n_kv_heads) / tp;
+  d.R = j.sp ? d.N / j.tp : d.N;
+  d.C = j.C;
+  d.H = static_cast<double>(mc.n_heads) / j.tp;
+  d.KV = static_cast<double>(spec.n_kv_heads) / j.tp;
   d.D = static_cast<double>(spec.head_dim);
-  d.F = static_cast<double>(spec.ffn_dim) / tp;
-  d.F1 = static_cast<double>(spec.fc1_out) / tp;
-  d.V = static_cast<double>(mc.vocab_size) / tp;
+  d.F = static_cast<double>(spec.ffn_dim) / j.tp;
+  d.F1 = static_cast<double>(spec.fc1_out) / j.tp;
+  d.V = static_cast<double>(mc.vocab_size) / j.tp;
   if (mc.moe.enabled()) {
     d.E = static_cast<double>(mc.moe.num_experts);
     d.k = static_cast<double>(mc.moe.top_k);
     d.Fe = static_cast<double>(mc.moe.d_ff_expert);
     d.Fe1 = static_cast<double>(spec.expert_fc1_out);
-    d.Fs = static_cast<double>(spec.shared_ffn) / tp;
-    d.Fs1 = static_cast<double>(spec.shared_fc1_out) / tp;
-    d.ep = static_cast<double>(par.ep);
+    d.Fs = static_cast<double>(spec.shared_ffn) / j.tp;
+    d.Fs1 = static_cast<double>(spec.shared_fc1_out) / j.tp;
+    d.ep = static_cast<double>(j.ep);
     const int64_t R = static_cast<int64_t>(d.R), Tl = static_cast<int64_t>(d.T);
     d.Sr = static_cast<double>(R / std::gcd(R, Tl));
   }
-  const int ep = static_cast<int>(par.ep);
-
-  // One layer's parameters (global) and FLOPs per token: 6 x params + 6CT of attention, the
-  // forward a third; selective recompute repeats the attention core's forward (2CT), full
-  // recompute the layer's forward.
   // An MoE layer counts its active parameters: of its experts' stacks k of E.
-  std::vector<double> layer_params(static_cast<size_t>(mc.n_layers), 0.0);
+  j.layer_params.assign(static_cast<size_t>(mc.n_layers), 0.0);
   for (const ParamSpec& ps : spec.params) {
     if (ps.layer < 0) continue;
     double n = static_cast<double>(ps.shape.numel());
     if (ps.kind == ParamKind::expert) n *= d.k / d.E;
-    layer_params[static_cast<size_t>(ps.layer)] += n;
+    j.layer_params[static_cast<size_t>(ps.layer)] += n;
   }
-  auto layer_fpt = [&](int64_t l) { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; };
-  auto recompute_fpt = [&](int64_t l) {
-    return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
-  };
-  const double head_fpt = 6 * static_cast<double>(mc.vocab_size) * C;
-  const double attn_fpt = 6 * C * T;  // the attention core, forward and backward
-
-  const ScheduleShape shape{p, v, m};
-  out.bubble = p > 1 ? formula_bubble_fraction(par.pp_schedule, shape) : 0.0;
-  // Every pp rank's actions, for the ZeRO replay and the zero-bubble activation peak.
-  const Schedule schedule = p > 1 ? make_schedule(par.pp_schedule, shape) : Schedule{};
-  const std::vector<int64_t> stage_layers =
-      par.pp_layers.empty() ? std::vector<int64_t>(p * v, mc.n_layers / (p * v)) : par.pp_layers;
-  const ModelLayout layout = model_layout(par, mesh);
-  const bool sixteen = cfg.train.precision != Precision::fp32;
-
+  j.head_fpt = 6 * static_cast<double>(mc.vocab_size) * j.C;
+  j.attn_fpt = 6 * j.C * j.T;  // the attention core, forward and backward
+  if (j.p > 1) j.schedule = make_schedule(j.par.pp_schedule, j.shape);
+  j.stage_layers = j.par.pp_layers.empty()
+                       ? std::vector<int64_t>(j.p * j.v, mc.n_layers / (j.p * j.v))
+                       : j.par.pp_layers;
   // Bandwidth of each axis's group (rank 0's: every group of an axis spans as many ranks).
-  std::array<double, kNumAxes> bw{};
   int stride = 1;
   for (int a = 0; a < kNumAxes; ++a) {
-    const int span = stride * mesh.degree[a];
-    bw[a] = within_node(hw, span) ? hw.intra_node_bandwidth : hw.inter_node_bandwidth;
+    const int span = stride * j.mesh.degree[a];
+    j.bw[a] = within_node(j.hw, span) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
     stride = span;
   }
-  const double bw_dp =
-      within_node(hw, tp * cp * dp) ? hw.intra_node_bandwidth : hw.inter_node_bandwidth;
+  j.bw_dp =
+      within_node(j.hw, j.tp * j.cp * j.dp) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
+  j.per_rank_tokens = j.tokens / (j.dp * j.cp);
+  j.E = 4 * d.N * j.C;
+  j.f_tp = (j.tp - 1.0) / j.tp;
+  j.f_dp = (j.group - 1.0) / j.group;
+}
 
-  const double per_rank_tokens = tokens / (dp * cp);  // positions of a step on one rank
-  const double E = 4 * d.N * C;                       // one (N, C) f32 activation, bytes
-  const double f_tp = (tp - 1.0) / tp, f_dp = (group - 1.0) / group;
-  for (int pr = 0; pr < p; ++pr) {
-    StageCost s;
-    s.pp_rank = pr;
-    s.rank = mesh.rank_of({0, 0, 0, pr});
-    const ModelSpec rs = parallelize(spec, layout, s.rank);
-    s.embedding = rs.has_embedding;
-    s.head = rs.has_head;
-    // Layers, and those under recompute (the first recompute_layers of each chunk): their
-    // FLOPs per token, each layer by its kind (dense or MoE).
-    int64_t recomputed = 0;
-    double fpt = 0, recompute_fpt_sum = 0;
-    bool moe = false;
-    double moe_layers = 0, moe_replays = 0, unreplayed_last = 0;
-    std::vector<std::vector<int64_t>> chunk_layers(static_cast<size_t>(v));  // global layers
-    for (int c = 0; c < v; ++c) {
-      const int st = stage_of(shape, pr, c);
-      const int64_t first =
-          std::accumulate(stage_layers.begin(), stage_layers.begin() + st, int64_t{0});
-      const int64_t n = stage_layers[static_cast<size_t>(st)];
-      s.layers += n;
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t l = first + j;
-        chunk_layers[static_cast<size_t>(c)].push_back(l);
-        const bool is_moe = mc.moe.layer(l);
-        const bool re = rc != Recompute::none &&
-                        (cfg.train.recompute_layers == 0 || j < cfg.train.recompute_layers);
-        moe = moe || is_moe;
-        moe_layers += is_moe;
-        recomputed += re;
-        fpt += layer_fpt(l);
-        if (re) recompute_fpt_sum += recompute_fpt(l);
-        const bool replayed = re && rc == Recompute::full;
-        moe_replays += is_moe && replayed;
-        // Without pp the last layer's forward leaves its replay set valid for its backward,
-        // which then runs no replay (Layer::full_set); under pp other micro-batches' forwards
-        // come between, so every recomputed layer is counted.
-        if (replayed && p == 1 && j == n - 1) {
-          unreplayed_last = 1;
-          moe_replays -= is_moe;
-        }
-      }
-    }
-    const double L = static_cast<double>(s.layers), Lrc = static_cast<double>(recomputed);
-    const double e = s.embedding ? 1 : 0, h = s.head ? 1 : 0;
-    // Layers replayed per micro-batch under full recompute: each runs its forward's tp
-    // collectives again (two all-reduces, or two all-gathers and two reduce-scatters under SP).
-    const double full_replays = rc == Recompute::full ? Lrc - unreplayed_last : 0;
+// One pipeline rank's layers (its chunks' global layers, the first recompute_layers of each
+// chunk under recompute), counted by what the axes' costs read.
+struct RankLayers {
+  double L = 0, e = 0, h = 0;         // layers; whether the rank holds the embedding, the head
+  double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
+  bool moe = false;
+  double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
+  double moe_replays = 0;
+  // Layers replayed per micro-batch under full recompute: each runs its forward's tp
+  // collectives again (two all-reduces, or two all-gathers and two reduce-scatters under SP).
+  double full_replays = 0;
+  std::vector<std::vector<int64_t>> chunk_layers;  // global layers of each chunk
+  int boundaries = 0, boundaries_back = 0;         // chunk ends that send forward; that send back
+};
 
-    // FLOPs and compute time.
-    s.flops = per_rank_tokens * (fpt + recompute_fpt_sum + h * head_fpt) / tp;
-    s.recompute_flops = per_rank_tokens * recompute_fpt_sum / tp;
-    s.compute_s = s.flops / eff_peak;
+RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
+  RankLayers r;
+  r.e = rs.has_embedding ? 1 : 0;
+  r.h = rs.has_head ? 1 : 0;
+  r.chunk_layers.resize(static_cast<size_t>(j.v));
+  int64_t layers = 0, recomputed = 0;
+  double unreplayed_last = 0;
+  for (int c = 0; c < j.v; ++c) {
+    const int st = stage_of(j.shape, pr, c);
+    if (j.p > 1) {
+      r.boundaries += (st < j.p * j.v - 1) + (st > 0);
+      r.boundaries_back += st > 0;
+    }
+    const int64_t first =
+        std::accumulate(j.stage_layers.begin(), j.stage_layers.begin() + st, int64_t{0});
+    const int64_t n = j.stage_layers[static_cast<size_t>(st)];
+    layers += n;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t l = first + k;
+      r.chunk_layers[static_cast<size_t>(c)].push_back(l);
+      const bool is_moe = j.mc.moe.layer(l);
+      const bool re = j.rc != Recompute::none &&
+                      (j.cfg.train.recompute_layers == 0 || k < j.cfg.train.recompute_layers);
+      r.moe = r.moe || is_moe;
+      r.moe_layers += is_moe;
+      recomputed += re;
+      r.fpt += j.layer_fpt(l);
+      if (re) r.recompute_fpt += j.recompute_fpt(l);
+      const bool replayed = re && j.rc == Recompute::full;
+      r.moe_replays += is_moe && replayed;
+      // Without pp the last layer's forward leaves its replay set valid for its backward, which
+      // then runs no replay (Layer::full_set); under pp other micro-batches' forwards come
+      // between, so every recomputed layer is counted.
+      if (replayed && j.p == 1 && k == n - 1) {
+        unreplayed_last = 1;
+        r.moe_replays -= is_moe;
+      }
+    }
+  }
+  r.L = static_cast<double>(layers);
+  r.full_replays = j.rc == Recompute::full ? static_cast<double>(recomputed) - unreplayed_last : 0;
+  return r;
+}
 
-    // tp: per micro-batch, the Megatron collectives of each layer (2 forward, 2 backward; with
-    // sp all-gathers before and reduce-scatters after the parallel linears, 6 AG + 4 RS), one
-    // more each for the embedding's output and the head's input gradient, the cross-entropy's
-    // 3 floats per position; a full-recompute replay runs the layer's forward up to the MLP's
-    // saved tensors: the attention's output collective (and with sp the MLP's all-gather).
-    // MoE layers whose sequences lie on several ranks (cp chunks, tp rows) sum per-sequence
-    // counts over them in each forward and full-recompute replay: (mbs, E) i32 of expert loads,
-    // and with capacity (mbs, E, k, chunks) i32 that rank the assignments (MoeMlp::rank_base:
-    // chunks of L positions, L dividing the rank's segments and the cp chunks).
-    double moe_counts = mbs * d.E;
-    if (mc.moe.capacity_factor > 0 && (cp > 1 || sp)) {
-      const int64_t Tg = mc.seq_len, Tcp = Tg / cp, R = static_cast<int64_t>(d.R);
-      const int64_t Lrun = std::gcd(std::gcd(R, Tcp), cp > 1 ? Tg / (2 * cp) : Tg);
-      moe_counts += mbs * d.E * d.k * static_cast<double>(Tg / Lrun);
-    }
-    AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
-    if (tp > 1) {
-      if (!sp) {
-        t.all_reduce = m * 2 * f_tp * (E * (4 * L + 2 * full_replays + e + h) + h * 4 * 3 * d.N);
-      } else {
-        // An MoE layer without shared experts routes its own rows: its MLP has no collective
-        // (forward: a gather and a reduce-scatter; backward: two gathers and a reduce-scatter).
-        const double bare = mc.moe.shared_experts == 0 ? moe_layers : 0,
-                     bare_replays = mc.moe.shared_experts == 0 ? moe_replays : 0;
-        t.reduce_scatter =
-            m * f_tp * E * (4 * L - 2 * bare + 2 * full_replays - bare_replays + e + h);
-        t.all_gather = m * f_tp * E * (6 * L - 3 * bare + 2 * full_replays - bare_replays + e + h);
-        // (+ MoE layers: their per-sequence counts.)
-        t.all_reduce =
-            m * 2 * f_tp *
-            (h * 4 * 3 * d.N + 4 * (mc.norm == NormKind::layernorm ? 2 : 1) * C * (2 * L + h) +
-             (moe_layers + moe_replays) * 4 * moe_counts);
-      }
-    }
-    // cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer.
-    AxisBytes& k = s.bytes[static_cast<int>(Axis::cp)];
-    if (cp > 1) {
-      const CpBytes b =
-          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, mc.seq_len,
-                             mc.n_heads / tp, spec.n_kv_heads / tp, spec.head_dim);
-      k.send = b.send * L * m;
-      k.recv = b.recv * L * m;
-      k.all_to_all = b.all_to_all * L * m;
-      // (+ MoE layers: their per-sequence counts.)
-      k.all_reduce = m * (moe_layers + moe_replays) * 2 * (cp - 1.0) / cp * 4 * moe_counts;
-    }
-    // pp: each chunk's output activation forward and its input gradient backward, (R, C) f32
-    // per micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the
-    // head's copy of wte's gradient between the first and the last stage.
-    AxisBytes& q = s.bytes[static_cast<int>(Axis::pp)];
-    int boundaries_back = 0;  // chunks that send their input gradient back
-    if (p > 1) {
-      int boundaries = 0;
-      for (int c = 0; c < v; ++c) {
-        const int st = stage_of(shape, pr, c);
-        boundaries += (st < p * v - 1) + (st > 0);
-        boundaries_back += st > 0;
-      }
-      q.send = q.recv = m * boundaries * 4 * d.R * C;
-      // (ZeRO reduces the tied gradient after its reduce-scatter: this rank's rows only.)
-      if (mc.tie_embeddings && (s.embedding || s.head)) {
-        const double rows = static_cast<double>(mc.vocab_size / tp);
-        q.all_reduce = 4 * C * (par.zero_stage >= 1 ? std::ceil(rows / group) : rows);
-      }
-    }
-    // dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded
-    // shards (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2
-    // after the update; stage 3 before each forward and backward, the root unit once). Under
-    // ep the expert stacks do all of it over the edp group (group / ep ranks) instead; MoE
-    // under tp reduces the routed parameters (router, expert stacks) over their groups times
-    // tp (ModelSpec::row_group), counted with dp (with tp when dp x cp is one rank: the group
-    // is then the tp axis's own).
-    const bool muon = cfg.optimizer.type == OptimizerType::muon;
-    const MemoryEstimate state =
-        rank_state_bytes(rs, par.zero_stage, group, 0, sixteen, cfg.optimizer.type);
-    const double edp = static_cast<double>(group / ep);
-    double whole = 0, whole_experts = 0;
-    // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
-    double whole_routed = 0;
-    // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
-    // groups with tp.
-    double shards = 0, shards_tp = 0;
-    // Elements the optimizer updates (AdamW's, Muon's); Muon's row all-gathers (as shards).
-    double adam_owned = 0, muon_owned = 0, muon_rows = 0, muon_rows_tp = 0;
-    // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
-    std::map<int64_t, ZeroUnitBytes> layer_units;
-    ZeroUnitBytes root_unit;
-    for (size_t i = 0; i < rs.params.size(); ++i) {
-      const ParamSpec& ps = rs.params[i];
-      const int64_t rows = rs.cut_rows(i), row_numel = ps.shape.numel() / rows;
-      const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
-      const int64_t n = rs.row_group(i, group, 0).size;
-      const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
-      ZeroUnitBytes& zu = ps.layer < 0 ? root_unit : layer_units[ps.layer];
-      zu.whole += 4 * static_cast<double>(ps.shape.numel());
-      zu.gather += 4 * pad;
-      zu.reduce += 4 * pad * (1 + 1.0 / n);
-      whole += static_cast<double>(ps.shape.numel());
-      if (over_tp && !expert) whole_routed += static_cast<double>(ps.shape.numel());
-      if (expert) whole_experts += static_cast<double>(ps.shape.numel());
-      const double pass = (n - 1.0) / n * 4 * pad;
-      (over_tp ? shards_tp : shards) += pass;
-      (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
-      // What the optimizer updates on rank 0 of the group: all of it under DDP, its rows under
-      // ZeRO. Muon all-gathers each hidden matrix's rows over the row group (ZeRO) once a step.
-      const double own = static_cast<double>(
-          par.zero_stage >= 1 ? std::min(rows, (rows + n - 1) / n) * row_numel : ps.shape.numel());
-      if (muon && rs.is_hidden_matrix(i)) {
-        muon_owned += own;
-        if (par.zero_stage >= 1) (over_tp ? muon_rows_tp : muon_rows) += pass;
-      } else {
-        adam_owned += own;
-      }
-    }
-    // Muon: each hidden matrix all-gathered over tp when tp shards it, and orthogonalised whole
-    // on every rank: ns_steps x (X X^T, A A, B X) on the smaller Gram, 4 k^2 l + 2 k^3 FLOPs
-    // (k, l = the smaller and larger dim).
-    double muon_flops = 0;
-    if (muon) {
-      for (const MuonMatrix& mm : muon_layout(rs, tp).matrices) {
-        const double rows_m = static_cast<double>(mm.whole[-2]),
-                     cols_m = static_cast<double>(mm.whole[-1]);
-        const double kk = std::min(rows_m, cols_m), ll = std::max(rows_m, cols_m);
-        const double count = mm.whole.ndim() == 3 ? static_cast<double>(mm.whole[0]) : 1.0;
-        muon_flops += count * static_cast<double>(cfg.optimizer.muon.ns_steps) *
-                      (4 * kk * kk * ll + 2 * kk * kk * kk);
-        if (!(mm.whole == rs.params[mm.param].shape))
-          t.all_gather += (tp - 1.0) / tp * 4 * static_cast<double>(mm.whole.numel());
-      }
-    }
-    // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
-    std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(mc.n_layers) + 1);
-    zero_units[0] = root_unit;
-    for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
-    ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
-    if (par.zero_stage >= 1)
-      replay_step(zero, p > 1 ? &schedule.ranks[static_cast<size_t>(pr)] : nullptr, m, chunk_layers,
-                  s.embedding, s.head, root_unit.whole > 0, mc.n_layers);
-    AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
-    AxisBytes& g_tp = group > 1 ? g : t;
-    if (group > 1 || shards_tp > 0) {
-      switch (par.zero_stage) {
-        case 0: {
-          // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
-          const double n_e = edp * (moe && tp > 1 ? tp : 1), n_r = static_cast<double>(tp) * group;
-          g.all_reduce = 2 * f_dp * 4 * (whole - whole_experts - whole_routed) +
-                         2 * (n_e - 1) / n_e * 4 * whole_experts;
-          g_tp.all_reduce += 2 * (n_r - 1) / n_r * 4 * whole_routed;
-          break;
-        }
-        case 1:
-          g.reduce_scatter = g.all_gather = shards;
-          g_tp.reduce_scatter += shards_tp;
-          g_tp.all_gather += shards_tp;
-          break;
-        case 2:
-          g.reduce_scatter = m * shards;
-          g.all_gather = shards;
-          g_tp.reduce_scatter += m * shards_tp;
-          g_tp.all_gather += shards_tp;
-          break;
-        default:
-          g.reduce_scatter = m * shards;
-          g.all_gather = zero.gather_bytes();
-          g_tp.reduce_scatter += m * shards_tp;
-          g_tp.all_gather += zero.gather_bytes_tp();
-      }
-      g.all_gather += muon_rows;
-      g_tp.all_gather += muon_rows_tp;
-    }
+// MoE layers whose sequences lie on several ranks (cp chunks, tp rows) sum per-sequence counts
+// over them in each forward and full-recompute replay: (mbs, E) i32 of expert loads, and with
+// capacity (mbs, E, k, chunks) i32 that rank the assignments (MoeMlp::rank_base: chunks of L
+// positions, L dividing the rank's segments and the cp chunks). Elements per layer.
+double moe_count_elements(const Job& j) {
+  const Dims& d = j.d;
+  double n = static_cast<double>(j.mbs) * d.E;
+  if (j.mc.moe.capacity_factor > 0 && (j.cp > 1 || j.sp)) {
+    const int64_t Tg = j.mc.seq_len, Tcp = Tg / j.cp, R = static_cast<int64_t>(d.R);
+    const int64_t Lrun = std::gcd(std::gcd(R, Tcp), j.cp > 1 ? Tg / (2 * j.cp) : Tg);
+    n += static_cast<double>(j.mbs) * d.E * d.k * static_cast<double>(Tg / Lrun);
+  }
+  return n;
+}
 
-    // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
-    // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts
-    // and of those received, at balanced routing (each a fraction (ep-1)/ep of the N k); a
-    // full-recompute replay of an MoE layer brings the experts' outputs back once more (one
-    // crossing; MoeMlp::ep_forward).
-    if (ep > 1) {
-      const double crossing = d.R * d.k * (ep - 1.0) / ep * C * 4;  // of the rank's R rows
-      g.all_to_all += m * moe_layers * (4 * crossing + (ep - 1.0) * (d.E / ep) * 4) +
-                      m * moe_replays * crossing;
-    }
-    // Memory: the exact state, the in-flight activations, the buffers.
-    s.memory = state;
-    s.in_flight = p > 1 ? formula_peak_in_flight(par.pp_schedule, shape, pr) : 1;
-    // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
-    // stashes, between their two backward halves, on top), and the model's scratch.
-    const RankActivations act =
-        rank_activations(cfg, rs, mesh, static_cast<int64_t>(moe_layers), cache);
-    double held = s.in_flight * act.per_mb;
-    if (p > 1 && par.pp_schedule == PipeSchedule::zb_h1)
-      held = schedule_activation_peak(schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
-                                      act.stash_mb);
-    s.memory.activations = held + act.scratch;
-    // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
-    // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
-    // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
-    double comm = zero.peak();
-    // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
-    if (ep > 1 && moe) comm += 2 * 4 * d.E;
-    // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
-    // gradients computed and being sent, each (R, C).
-    if (p > 1) comm += 4 * d.R * C * (1 + (boundaries_back > 0 ? 2 : 0));
-    comm += static_cast<double>(cp_buffer_bytes(par.cp_impl, cp, static_cast<int>(par.cp_ulysses),
-                                                mbs, mc.seq_len, mc.n_heads / tp,
-                                                spec.n_kv_heads / tp, spec.head_dim));
-    s.memory.comm = comm;
+// tp: per micro-batch, the Megatron collectives of each layer (2 forward, 2 backward; with sp
+// all-gathers before and reduce-scatters after the parallel linears, 6 AG + 4 RS), one more each
+// for the embedding's output and the head's input gradient, the cross-entropy's 3 floats per
+// position; a full-recompute replay runs the layer's forward up to the MLP's saved tensors: the
+// attention's output collective (and with sp the MLP's all-gather); MoE layers their
+// per-sequence counts.
+AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
+  AxisBytes t;
+  if (j.tp == 1) return t;
+  const double m = j.m, f = j.f_tp, E = j.E, L = r.L;
+  if (!j.sp) {
+    t.all_reduce = m * 2 * f * (E * (4 * L + 2 * r.full_replays + r.e + r.h) + r.h * 4 * 3 * j.d.N);
+    return t;
+  }
+  // An MoE layer without shared experts routes its own rows: its MLP has no collective
+  // (forward: a gather and a reduce-scatter; backward: two gathers and a reduce-scatter).
+  const double bare = j.mc.moe.shared_experts == 0 ? r.moe_layers : 0,
+               bare_replays = j.mc.moe.shared_experts == 0 ? r.moe_replays : 0;
+  t.reduce_scatter = m * f * E * (4 * L - 2 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
+  t.all_gather = m * f * E * (6 * L - 3 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
+  t.all_reduce =
+      m * 2 * f *
+      (r.h * 4 * 3 * j.d.N + 4 * (j.mc.norm == NormKind::layernorm ? 2 : 1) * j.C * (2 * L + r.h) +
+       (r.moe_layers + r.moe_replays) * 4 * moe_count_elements(j));
+  return t;
+}
 
-    // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
-    // attention blocks as far as they last; Ulysses' all-to-alls do not hide.
-    const auto axis_s = [&](Axis a) {
-      return s.bytes[static_cast<int>(a)].total() / bw[static_cast<int>(a)];
-    };
-    s.comm_s[static_cast<int>(Axis::tp)] = axis_s(Axis::tp);
-    s.comm_s[static_cast<int>(Axis::pp)] = (q.send + q.all_reduce) / bw[static_cast<int>(Axis::pp)];
-    const double attn_s = per_rank_tokens * L * attn_fpt / tp / eff_peak * hw.comm_overlap;
-    s.comm_s[static_cast<int>(Axis::cp)] =
-        std::max(0.0, k.send / bw[static_cast<int>(Axis::cp)] - attn_s) +
-        (k.all_to_all + k.all_reduce) / bw[static_cast<int>(Axis::cp)];
-    // dp: DDP's buckets and ZeRO-2/3's per-micro-batch collectives overlap the backward (two
-    // thirds of a micro-batch's compute) or, for ZeRO-3's gathers, the whole micro-batch;
-    // ZeRO-1's reduce-scatter and every stage's final all-gather wait. (Each window times the
-    // profile's comm_overlap: 0 on CPUs, whose MPI transfers hide behind nothing.)
-    const double mb_s = s.compute_s / m * hw.comm_overlap, bwd_s = mb_s * 2 / 3;
-    const double rs_s = g.reduce_scatter / bw_dp, ag_s = g.all_gather / bw_dp;
-    double dp_s = 0;
+// cp: the ring's K/V (and dK/dV) blocks and Ulysses' all-to-alls of every layer; MoE layers
+// their per-sequence counts.
+AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
+  AxisBytes k;
+  if (j.cp == 1) return k;
+  const CpBytes b = cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses),
+                                       j.mbs, j.mc.seq_len, j.mc.n_heads / j.tp,
+                                       j.spec.n_kv_heads / j.tp, j.spec.head_dim);
+  k.send = b.send * r.L * j.m;
+  k.recv = b.recv * r.L * j.m;
+  k.all_to_all = b.all_to_all * r.L * j.m;
+  k.all_reduce =
+      j.m * (r.moe_layers + r.moe_replays) * 2 * (j.cp - 1.0) / j.cp * 4 * moe_count_elements(j);
+  return k;
+}
+
+// pp: each chunk's output activation forward and its input gradient backward, (R, C) f32 per
+// micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the head's
+// copy of wte's gradient between the first and the last stage (ZeRO reduces it after its
+// reduce-scatter: this rank's rows only).
+AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
+  AxisBytes q;
+  if (j.p == 1) return q;
+  q.send = q.recv = j.m * r.boundaries * 4 * j.d.R * j.C;
+  if (j.mc.tie_embeddings && (r.e > 0 || r.h > 0)) {
+    const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
+    q.all_reduce = 4 * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.group) : rows);
+  }
+  return q;
+}
+
+// The data-parallel side of one rank's step: the bytes of dp x cp (and the ep/edp groups), the
+// part that lands on tp, and what the optimizer and ZeRO's buffers come to.
+struct DpCost {
+  AxisBytes dp;          // over dp x cp (DDP's all-reduce, ZeRO's collectives, Muon's rows)
+  AxisBytes on_tp;       // counted with tp: routed parameters when dp x cp is one rank; Muon's
+  double zero_peak = 0;  // ZeRO's comm buffers at their peak
+  double whole = 0;      // parameters the rank holds
+  double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
+  double muon_flops = 0;                  // Newton-Schulz
+};
+
+// dp x cp: DDP all-reduces the gradients once a step; ZeRO reduce-scatters the padded shards
+// (stage 1 once, stages 2-3 every micro-batch) and all-gathers them (stages 1-2 after the
+// update; stage 3 before each forward and backward, the root unit once). Under ep the expert
+// stacks do all of it over the edp group (group / ep ranks) instead; MoE under tp reduces the
+// routed parameters (router, expert stacks) over their groups times tp (ModelSpec::row_group),
+// counted with dp (with tp when dp x cp is one rank: the group is then the tp axis's own).
+DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
+  DpCost out;
+  const ParallelConfig& par = j.par;
+  const int tp = j.tp, ep = j.ep, group = j.group;
+  const bool muon = j.cfg.optimizer.type == OptimizerType::muon;
+  const double edp = static_cast<double>(group / ep);
+  double whole_experts = 0;
+  // MoE under tp: the router and expert stacks, whose gradients DDP sums over tp x dp x cp.
+  double whole_routed = 0;
+  // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
+  // groups with tp.
+  double shards = 0, shards_tp = 0;
+  // Muon's row all-gathers (as shards).
+  double muon_rows = 0, muon_rows_tp = 0;
+  // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
+  std::map<int64_t, ZeroUnitBytes> layer_units;
+  ZeroUnitBytes root_unit;
+  for (size_t i = 0; i < rs.params.size(); ++i) {
+    const ParamSpec& ps = rs.params[i];
+    const int64_t rows = rs.cut_rows(i), row_numel = ps.shape.numel() / rows;
+    const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
+    const int64_t n = rs.row_group(i, group, 0).size;
+    const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
+    ZeroUnitBytes& zu = ps.layer < 0 ? root_unit : layer_units[ps.layer];
+    zu.whole += 4 * static_cast<double>(ps.shape.numel());
+    zu.gather += 4 * pad;
+    zu.reduce += 4 * pad * (1 + 1.0 / n);
+    out.whole += static_cast<double>(ps.shape.numel());
+    if (over_tp && !expert) whole_routed += static_cast<double>(ps.shape.numel());
+    if (expert) whole_experts += static_cast<double>(ps.shape.numel());
+    const double pass = (n - 1.0) / n * 4 * pad;
+    (over_tp ? shards_tp : shards) += pass;
+    (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
+    // What the optimizer updates on rank 0 of the group: all of it under DDP, its rows under
+    // ZeRO. Muon all-gathers each hidden matrix's rows over the row group (ZeRO) once a step.
+    const double own = static_cast<double>(
+        par.zero_stage >= 1 ? std::min(rows, (rows + n - 1) / n) * row_numel : ps.shape.numel());
+    if (muon && rs.is_hidden_matrix(i)) {
+      out.muon_owned += own;
+      if (par.zero_stage >= 1) (over_tp ? muon_rows_tp : muon_rows) += pass;
+    } else {
+      out.adam_owned += own;
+    }
+  }
+  // Muon: each hidden matrix all-gathered over tp when tp shards it, and orthogonalised whole on
+  // every rank: ns_steps x (X X^T, A A, B X) on the smaller Gram, 4 k^2 l + 2 k^3 FLOPs (k, l =
+  // the smaller and larger dim).
+  if (muon) {
+    for (const MuonMatrix& mm : muon_layout(rs, tp).matrices) {
+      const double rows_m = static_cast<double>(mm.whole[-2]),
+                   cols_m = static_cast<double>(mm.whole[-1]);
+      const double kk = std::min(rows_m, cols_m), ll = std::max(rows_m, cols_m);
+      const double count = mm.whole.ndim() == 3 ? static_cast<double>(mm.whole[0]) : 1.0;
+      out.muon_flops += count * static_cast<double>(j.cfg.optimizer.muon.ns_steps) *
+                        (4 * kk * kk * ll + 2 * kk * kk * kk);
+      if (!(mm.whole == rs.params[mm.param].shape))
+        out.on_tp.all_gather += (tp - 1.0) / tp * 4 * static_cast<double>(mm.whole.numel());
+    }
+  }
+  // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
+  std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(j.mc.n_layers) + 1);
+  zero_units[0] = root_unit;
+  for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
+  ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
+  if (par.zero_stage >= 1)
+    replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
+                r.chunk_layers, r.e > 0, r.h > 0, root_unit.whole > 0, j.mc.n_layers);
+  out.zero_peak = zero.peak();
+  AxisBytes& g = out.dp;
+  AxisBytes& g_tp = group > 1 ? g : out.on_tp;
+  const double m = j.m;
+  if (group > 1 || shards_tp > 0) {
     switch (par.zero_stage) {
-      case 0:
-        dp_s = std::max(0.0, g.all_reduce / bw_dp - bwd_s);
+      case 0: {
+        // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
+        const double n_e = edp * (r.moe && tp > 1 ? tp : 1), n_r = static_cast<double>(tp) * group;
+        g.all_reduce = 2 * j.f_dp * 4 * (out.whole - whole_experts - whole_routed) +
+                       2 * (n_e - 1) / n_e * 4 * whole_experts;
+        g_tp.all_reduce += 2 * (n_r - 1) / n_r * 4 * whole_routed;
         break;
+      }
       case 1:
-        dp_s = rs_s + ag_s;
+        g.reduce_scatter = g.all_gather = shards;
+        g_tp.reduce_scatter += shards_tp;
+        g_tp.all_gather += shards_tp;
         break;
       case 2:
-        dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;
+        g.reduce_scatter = m * shards;
+        g.all_gather = shards;
+        g_tp.reduce_scatter += m * shards_tp;
+        g_tp.all_gather += shards_tp;
         break;
       default:
-        dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
+        g.reduce_scatter = m * shards;
+        g.all_gather = zero.gather_bytes();
+        g_tp.reduce_scatter += m * shards_tp;
+        g_tp.all_gather += zero.gather_bytes_tp();
     }
-    s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
-    // AdamW reads the parameter, gradient and both moments and writes three (4 bytes each) of
-    // what the rank owns, and refreshes the 16-bit copy of what it holds. Muon's elementwise
-    // work moves about as much (momentum, update, rows, weights: 7 passes of 4 bytes); its
-    // Newton-Schulz GEMMs run at the matmul rate, and its all-gathers wait.
-    s.optimizer_s =
-        (28 * (adam_owned + muon_owned) + (sixteen ? 4 * whole : 0)) / hw.memory_bandwidth +
-        muon_flops / (out.peak * hw.matmul_efficiency);
-    out.stages.push_back(s);
+    g.all_gather += muon_rows;
+    g_tp.all_gather += muon_rows_tp;
   }
+  return out;
+}
+
+// Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
+// micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts and
+// of those received, at balanced routing (each a fraction (ep-1)/ep of the N k); a full-
+// recompute replay of an MoE layer brings the experts' outputs back once more (one crossing;
+// MoeMlp::ep_forward). All-to-all bytes.
+double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
+  if (j.ep == 1) return 0;
+  const double ep = j.ep;
+  const double crossing = j.d.R * j.d.k * (ep - 1.0) / ep * j.C * 4;  // of the rank's R rows
+  return j.m * r.moe_layers * (4 * crossing + (ep - 1.0) * (j.d.E / ep) * 4) +
+         j.m * r.moe_replays * crossing;
+}
+
+// Memory: the exact state, the in-flight activations and the buffers.
+void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r, const DpCost& dc,
+                 ActivationCache* cache, StageCost& s) {
+  s.memory = rank_state_bytes(rs, j.par.zero_stage, j.group, 0, j.sixteen, j.cfg.optimizer.type);
+  s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
+  // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
+  // stashes, between their two backward halves, on top), and the model's scratch.
+  const RankActivations act =
+      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), cache);
+  double held = s.in_flight * act.per_mb;
+  if (j.p > 1 && j.par.pp_schedule == PipeSchedule::zb_h1)
+    held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
+                                    act.stash_mb);
+  s.memory.activations = held + act.scratch;
+  // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
+  // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
+  // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
+  double comm = dc.zero_peak;
+  // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
+  if (j.ep > 1 && r.moe) comm += 2 * 4 * j.d.E;
+  // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
+  // gradients computed and being sent, each (R, C).
+  if (j.p > 1) comm += 4 * j.d.R * j.C * (1 + (r.boundaries_back > 0 ? 2 : 0));
+  comm += static_cast<double>(
+      cp_buffer_bytes(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs, j.mc.seq_len,
+                      j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim));
+  s.memory.comm = comm;
+}
+
+// Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
+// attention blocks as far as they last; Ulysses' all-to-alls do not hide. dp: DDP's buckets and
+// ZeRO-2/3's per-micro-batch collectives overlap the backward (two thirds of a micro-batch's
+// compute) or, for ZeRO-3's gathers, the whole micro-batch; ZeRO-1's reduce-scatter and every
+// stage's final all-gather wait. (Each window times the profile's comm_overlap: 0 on CPUs, whose
+// MPI transfers hide behind nothing.) The optimizer: AdamW reads the parameter, gradient and
+// both moments and writes three (4 bytes each) of what the rank owns, and refreshes the 16-bit
+// copy of what it holds; Muon's elementwise work moves about as much (momentum, update, rows,
+// weights: 7 passes of 4 bytes), its Newton-Schulz GEMMs run at the matmul rate, and its
+// all-gathers wait.
+void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& s) {
+  const auto bw = [&](Axis a) { return j.bw[static_cast<int>(a)]; };
+  const AxisBytes &q = s.bytes[static_cast<int>(Axis::pp)],
+                  &k = s.bytes[static_cast<int>(Axis::cp)],
+                  &g = s.bytes[static_cast<int>(Axis::dp)];
+  s.comm_s[static_cast<int>(Axis::tp)] = s.bytes[static_cast<int>(Axis::tp)].total() / bw(Axis::tp);
+  s.comm_s[static_cast<int>(Axis::pp)] = (q.send + q.all_reduce) / bw(Axis::pp);
+  const double attn_s =
+      j.per_rank_tokens * r.L * j.attn_fpt / j.tp / j.eff_peak * j.hw.comm_overlap;
+  s.comm_s[static_cast<int>(Axis::cp)] =
+      std::max(0.0, k.send / bw(Axis::cp) - attn_s) + (k.all_to_all + k.all_reduce) / bw(Axis::cp);
+  const double m = j.m;
+  const double mb_s = s.compute_s / m * j.hw.comm_overlap, bwd_s = mb_s * 2 / 3;
+  const double rs_s = g.reduce_scatter / j.bw_dp, ag_s = g.all_gather / j.bw_dp;
+  double dp_s = 0;
+  switch (j.par.zero_stage) {
+    case 0:
+      dp_s = std::max(0.0, g.all_reduce / j.bw_dp - bwd_s);
+      break;
+    case 1:
+      dp_s = rs_s + ag_s;
+      break;
+    case 2:
+      dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;
+      break;
+    default:
+      dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
+  }
+  s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
+  s.optimizer_s = (28 * (dc.adam_owned + dc.muon_owned) + (j.sixteen ? 4 * dc.whole : 0)) /
+                      j.hw.memory_bandwidth +
+                  dc.muon_flops / j.eff_peak;
+}
+
+// One pipeline rank's costs, axis by axis.
+StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
+  StageCost s;
+  s.pp_rank = pr;
+  s.rank = j.mesh.rank_of({0, 0, 0, pr});
+  const ModelSpec rs = parallelize(j.spec, j.layout, s.rank);
+  s.embedding = rs.has_embedding;
+  s.head = rs.has_head;
+  const RankLayers r = rank_layers(j, pr, rs);
+  s.layers = static_cast<int64_t>(r.L);
+  // FLOPs and compute time.
+  s.flops = j.per_rank_tokens * (r.fpt + r.recompute_fpt + r.h * j.head_fpt) / j.tp;
+  s.recompute_flops = j.per_rank_tokens * r.recompute_fpt / j.tp;
+  s.compute_s = s.flops / j.eff_peak;
+  AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
+  t = tp_bytes(j, r);
+  s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
+  s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
+  const DpCost dc = dp_cost(j, pr, rs, r);
+  AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
+  g = dc.dp;
+  t.all_reduce += dc.on_tp.all_reduce;
+  t.reduce_scatter += dc.on_tp.reduce_scatter;
+  t.all_gather += dc.on_tp.all_gather;
+  g.all_to_all += ep_all_to_all_bytes(j, r);
+  rank_memory(j, pr, rs, r, dc, cache, s);
+  stage_time(j, r, dc, s);
+  return s;
+}
+
+}  // namespace
+
+StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
+                      ActivationCache* cache) {
+  validate_layout(cfg, world);
+  const Job j(cfg, world, hw);
+  StepCost out;
+  out.world = world;
+  out.micro_batches = j.m;
+  out.peak = j.peak;
+  out.model_flops = j.spec.flops_per_token() * j.tokens;
+  out.bubble = j.p > 1 ? formula_bubble_fraction(j.par.pp_schedule, j.shape) : 0.0;
+  for (int pr = 0; pr < j.p; ++pr) out.stages.push_back(stage_cost(j, pr, cache));
 
   // The pipeline runs at its slowest stage's pace, idle for the bubble.
   double busy = 0;
@@ -681,7 +797,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
     StageCost& s = out.stages[i];
     s.pipeline_s = busy * (1 + out.bubble);
     s.step_s = s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s;
-    out.hardware_flops += s.recompute_flops * tp * cp * dp;
+    out.hardware_flops += s.recompute_flops * j.tp * j.cp * j.dp;
     if (s.step_s > out.stages[static_cast<size_t>(out.slowest)].step_s)
       out.slowest = static_cast<int>(i);
     if (s.memory.total() > out.stages[static_cast<size_t>(out.most_memory)].memory.total())
@@ -689,7 +805,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
     if (s.memory.total() > kUsableMemoryFraction * hw.memory_bytes) out.fits = false;
   }
   out.step_s = out.stages[static_cast<size_t>(out.slowest)].step_s;
-  out.tokens_per_s = tokens / out.step_s;
+  out.tokens_per_s = j.tokens / out.step_s;
   out.mfu = out.model_flops / (out.step_s * world * out.peak);
   out.hfu = out.hardware_flops / (out.step_s * world * out.peak);
   return out;
