@@ -8,6 +8,7 @@
 
 #include "checkpoints/layout.h"
 #include "engine/data_parallel/data_parallel.h"
+#include "engine/data_parallel/zero_sequence.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/schedule/schedule.h"
@@ -120,16 +121,15 @@ struct ZeroUnitBytes {
   double gather_pass = 0, gather_pass_tp = 0;
 };
 
-// Zero's hooks replayed over one rank's step, with what each allocates and frees and the
-// all-gathers it starts: the peak of ZeRO's comm buffers and stage 3's all-gather bytes, exactly
-// as Zero runs them (under pp a unit may stay gathered from one micro-batch to the next, so the
-// count depends on the schedule). units[0] is the root, units[l] layer l (1..L, global), empty
-// (whole = 0) when this rank does not hold it. Each method mirrors Zero's of the same name.
-class ZeroReplay {
+// ZeroSequence (the order Zero's hooks run in) over one rank's step, its primitives counting what
+// Zero allocates and frees and the all-gathers it starts: the peak of ZeRO's comm buffers and
+// stage 3's all-gather bytes (under pp a unit may stay gathered from one micro-batch to the
+// next, so the count depends on the schedule). units[0] is the root, units[l] layer l (1..L,
+// global), empty (whole = 0) when this rank does not hold it.
+class ZeroReplay final : public ZeroSequence {
  public:
   ZeroReplay(int stage, std::vector<ZeroUnitBytes> units)
-      : stage_(stage),
-        L_(static_cast<int>(units.size()) - 1),
+      : ZeroSequence(stage, static_cast<int>(units.size()) - 1),
         units_(std::move(units)),
         gathered_(units_.size(), 0),
         gathering_(units_.size(), 0),
@@ -139,89 +139,51 @@ class ZeroReplay {
   double gather_bytes() const { return gathers_; }
   double gather_bytes_tp() const { return gathers_tp_; }
 
-  void start_micro_batch(bool last) {
-    last_micro_ = last;
-    if (stage_ == 3) start_gather(0);
-  }
-  void before_forward(int block) {
-    if (stage_ != 3) return;
-    if (block == L_ + 1) {
-      finish_gather(0);
-      if (L_ >= 1) {
-        release(L_);
-        start_gather(L_);
-      }
-      return;
-    }
-    finish_gather(unit_of(block));
-    if (block >= 2) release(block - 1);
-    if (block + 1 <= L_) start_gather(block + 1);
-  }
-  void before_backward(int block) {
-    const int k = unit_of(block);
-    if (stage_ == 3 && block >= 1 && block <= L_) {
-      finish_gather(k);
-      if (block - 1 >= 1) start_gather(block - 1);
-    }
-    if (stage_ == 3 && k == 0) finish_gather(0);
-    if (stage_ >= 2 && has(k) && (k != 0 || !staged_[0])) {
-      take(at(k).whole);
-      staged_[k] = 1;
-    }
-  }
-  void after_backward(int block) {
-    if (block == L_ + 1) return;
-    const int k = unit_of(block);
-    if (stage_ >= 2 || last_micro_) start_reduce(k);
-    if (stage_ == 3) release(k);
-    if (block == 0 && stage_ >= 2) complete(0);
-  }
-  void finish_backward() { complete(0); }
-
  private:
-  int unit_of(int block) const { return block == L_ + 1 ? 0 : block; }
-  bool has(int k) const { return at(k).whole > 0; }
   const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
   void take(double b) { peak_ = std::max(peak_, live_ += b); }
   void give(double b) { live_ -= b; }
-  void start_gather(int k) {
-    if (stage_ < 3 || !has(k) || gathered_[k] || gathering_[k]) return;
+  bool holds(int k) const override { return at(k).whole > 0; }
+  bool staged(int k) const override { return staged_[k] != 0; }
+  void start_gather(int k) override {
+    if (!holds(k) || gathered_[k] || gathering_[k]) return;
     take(at(k).gather);
     gathers_ += at(k).gather_pass;
     gathers_tp_ += at(k).gather_pass_tp;
     gathering_[k] = 1;
   }
-  void finish_gather(int k) {
-    if (stage_ < 3 || !has(k) || gathered_[k]) return;
+  void finish_gather(int k) override {
+    if (!holds(k) || gathered_[k]) return;
     start_gather(k);
     take(at(k).whole);
     give(at(k).gather);
     gathering_[k] = 0;
     gathered_[k] = 1;
   }
-  void release(int k) {
+  void release_gather(int k) override {
     if (gathering_[k]) give(at(k).gather);
     if (gathered_[k]) give(at(k).whole);
     gathering_[k] = gathered_[k] = 0;
   }
-  void start_reduce(int k) {
-    if (!has(k)) return;
+  void stage_gradients(int k) override {
+    take(at(k).whole);
+    staged_[k] = 1;
+  }
+  void start_reduce(int k) override {
+    if (!holds(k)) return;
     take(at(k).reduce);
     if (staged_[k]) give(at(k).whole);  // the gradients now live in the packed input
     staged_[k] = 0;
     reducing_.push_back(k);
-    complete(2);
+    complete_reductions(2);
   }
-  // Completes the oldest reductions until those of at most `keep` units are in flight.
-  void complete(size_t keep) {
+  void complete_reductions(size_t keep) override {
     for (; reducing_.size() > keep; reducing_.pop_front()) give(at(reducing_.front()).reduce);
   }
 
-  int stage_, L_;
   std::vector<ZeroUnitBytes> units_;
   std::vector<char> gathered_, gathering_, staged_;
   std::deque<int> reducing_;
-  bool last_micro_ = true;
   double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0;
 };
 
@@ -235,15 +197,15 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
                  bool root_params, int64_t L) {
   const int v = static_cast<int>(chunk_layers.size());
   const auto forward = [&](int c) {
-    if (c == 0 && embedding) z.before_forward(0);
+    if (c == 0 && embedding) z.on_before_forward(0);
     for (int64_t l : chunk_layers[static_cast<size_t>(c)])
-      z.before_forward(static_cast<int>(l) + 1);
-    if (c + 1 == v && head) z.before_forward(static_cast<int>(L) + 1);
+      z.on_before_forward(static_cast<int>(l) + 1);
+    if (c + 1 == v && head) z.on_before_forward(static_cast<int>(L) + 1);
   };
   const auto backward = [&](int c) {
     const auto pair = [&](int64_t block) {
-      z.before_backward(static_cast<int>(block));
-      z.after_backward(static_cast<int>(block));
+      z.on_before_backward(static_cast<int>(block));
+      z.on_after_backward(static_cast<int>(block));
     };
     if (c + 1 == v && head) pair(L + 1);
     const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
@@ -252,7 +214,7 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
   };
   if (!actions) {
     for (int mb = 0; mb < micro_batches; ++mb) {
-      z.start_micro_batch(mb + 1 == micro_batches);
+      z.on_start_micro_batch(mb + 1 == micro_batches);
       forward(0);
       backward(0);
     }
@@ -264,12 +226,12 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
     for (const Action& a : *actions) {
       if (a.kind == ActionKind::forward) forward(a.chunk);
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
-        z.start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
+        z.on_start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
         backward(a.chunk);
       }
     }
   }
-  z.finish_backward();
+  z.on_finish_backward();
 }
 
 bool within_node(const HardwareProfile& hw, int span) {

@@ -17,9 +17,8 @@ int64_t Zero::Param::own_rows_of(int r) const {
 Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Communicator& group,
            Transformer& model, Allocator& alloc, uint64_t seed)
     : DataParallel(mesh, group, model, alloc),
-      stage_(static_cast<int>(cfg.zero_stage)),
-      L_(model.num_blocks() - 2) {
-  LLMT_CHECK(stage_ >= 1 && stage_ <= 3, "zero_stage ", stage_);
+      ZeroSequence(static_cast<int>(cfg.zero_stage), model.num_blocks() - 2) {
+  LLMT_CHECK(zero_stage() >= 1 && zero_stage() <= 3, "zero_stage ", zero_stage());
   const ModelSpec& spec = model.spec();
   LLMT_CHECK(spec.ep_size == cfg.ep, "the model holds experts for ep=", spec.ep_size,
              ", parallel.ep=", cfg.ep);
@@ -32,7 +31,7 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     n_[k] = groups_[k]->size();
     rank_[k] = groups_[k]->rank();
   }
-  units_.resize(static_cast<size_t>(L_) + 1);
+  units_.resize(static_cast<size_t>(num_layers()) + 1);
   for (int b = 0; b < model.num_blocks(); ++b)
     units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
   int64_t shard_total = 0;
@@ -68,12 +67,12 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     }
   }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
-  if (stage_ >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
+  if (zero_stage() >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
   // The fp32 master weights are this rank's shard rows at stage 3, and at stages 1-2 in 16-bit
   // precision, where the model's weights are the compute copy (ModelStorage::master).
-  master_shards_ = stage_ == 3 || !model.storage().master;
-  LLMT_CHECK(stage_ == 3 || model.storage().master || model.compute_dtype() != DType::f32, "ZeRO-",
-             stage_, ": an fp32 model keeps its master weights");
+  master_shards_ = zero_stage() == 3 || !model.storage().master;
+  LLMT_CHECK(zero_stage() == 3 || model.storage().master || model.compute_dtype() != DType::f32,
+             "ZeRO-", zero_stage(), ": an fp32 model keeps its master weights");
   if (master_shards_) {
     param_shard_ = alloc.allocate(shard_bytes, MemCategory::params);
     init_shards(seed);
@@ -90,8 +89,9 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
            master_shards_
                ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
                : as_rows(model.params()[p.index], p).rows(row0, row0 + p.own_rows),
-           stage_ >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-                       : as_rows(model.grads()[p.index], p).rows(row0, row0 + p.own_rows),
+           zero_stage() >= 2
+               ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
+               : as_rows(model.grads()[p.index], p).rows(row0, row0 + p.own_rows),
            spec.params[p.index].decay});
     }
   }
@@ -134,10 +134,6 @@ void Zero::take_local_rows(size_t i, Tensor local, Tensor rows) {
   const Param& p = param_of(i);
   const int64_t row0 = rank_[p.part] * p.shard_rows;
   ops::copy(rows.view({p.own_rows, p.row_numel}), as_rows(local, p).rows(row0, row0 + p.own_rows));
-}
-
-int Zero::unit_of(int block) const {
-  return block == 0 || block == L_ + 1 ? 0 : block;
 }
 
 // Param p's tensor `t` (its shape) as the rows ZeRO cuts it into (ModelSpec::cut_rows): itself,
@@ -293,7 +289,7 @@ void Zero::complete_reductions(size_t keep) {
     const Unit& u = units_[static_cast<size_t>(red.unit)];
     const Part& part = u.parts[static_cast<size_t>(red.part)];
     Tensor out = red.out.tensor({part.shard_numel}, DType::f32);
-    if (stage_ >= 2) {
+    if (zero_stage() >= 2) {
       Tensor dst(static_cast<float*>(grad_shard_.data()) + part.shard_begin, {part.shard_numel},
                  DType::f32, alloc_.device());
       ops::add_inplace(dst, out);
@@ -319,61 +315,46 @@ void Zero::start_step() {
 }
 
 void Zero::start_micro_batch(bool last) {
-  last_micro_ = last;
-  if (stage_ == 3) start_gather(0);
+  on_start_micro_batch(last);
 }
 
 void Zero::before_forward(int block) {
-  if (stage_ != 3) return;
-  const int unit = unit_of(block);
-  if (block == L_ + 1) {
-    // Under pp the root may have been released by another micro-batch's backward since this
-    // one's embeddings ran (or, on the last stage, never gathered): a no-op on one rank.
-    finish_gather(0);
-    if (L_ >= 1) {
-      release_gather(L_);
-      start_gather(L_);  // prefetch for the backward of the last layer
-    }
-    return;
-  }
-  finish_gather(unit);
-  if (block >= 2) release_gather(block - 1);
-  if (block + 1 <= L_) start_gather(block + 1);
+  on_before_forward(block);
 }
 
 void Zero::before_backward(int block) {
-  const int unit = unit_of(block);
-  if (stage_ == 3 && block >= 1 && block <= L_) {
-    finish_gather(unit);
-    if (block - 1 >= 1) start_gather(block - 1);
-  }
-  // The root, as in before_forward(L+1): still gathered on one rank, maybe not under pp.
-  if (stage_ == 3 && (block == 0 || block == L_ + 1)) finish_gather(0);
-  // Stages 2-3: a fresh gradient staging buffer for the unit, bound before its first backward.
-  // The root's is kept until after_backward(0) reduces it: under pp, stage 0 runs no block L+1,
-  // and an interleaved last stage may run several heads' backwards before its block 0.
-  Unit& u = units_[static_cast<size_t>(unit)];
-  if (stage_ >= 2 && !u.params.empty() && (unit != 0 || !u.grad_staging.data())) {
-    u.grad_staging = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
-    Tensor g = u.grad_staging.tensor({u.full_numel}, DType::f32);
-    for (size_t k = 0; k < u.blocks.size(); ++k) {
-      Tensor v(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
-      model_.bind_block(u.blocks[k], Tensor(), v);
-    }
-  }
-  for (Reduction& red : reductions_) red.handle.poll();
+  on_before_backward(block);
 }
 
 void Zero::after_backward(int block) {
-  if (block == L_ + 1) return;  // the root unit completes with block 0
-  const int unit = unit_of(block);
-  if (stage_ >= 2 || last_micro_) start_reduce(unit);
-  if (stage_ == 3) release_gather(unit);
-  if (block == 0 && stage_ >= 2) complete_reductions();
+  on_after_backward(block);
 }
 
 void Zero::finish_backward() {
-  complete_reductions();
+  on_finish_backward();
+}
+
+bool Zero::holds(int unit) const {
+  return !units_[static_cast<size_t>(unit)].params.empty();
+}
+
+bool Zero::staged(int unit) const {
+  return units_[static_cast<size_t>(unit)].grad_staging.data() != nullptr;
+}
+
+// Stages 2-3: the unit's gradients go to a fresh staging buffer (its blocks bound to it).
+void Zero::stage_gradients(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  u.grad_staging = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
+  Tensor g = u.grad_staging.tensor({u.full_numel}, DType::f32);
+  for (size_t k = 0; k < u.blocks.size(); ++k) {
+    Tensor v(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
+    model_.bind_block(u.blocks[k], Tensor(), v);
+  }
+}
+
+void Zero::poll() {
+  for (Reduction& red : reductions_) red.handle.poll();
 }
 
 double Zero::grad_norm() {
@@ -403,7 +384,7 @@ bool Zero::grads_nonfinite() {
 
 void Zero::step(double lr, int64_t t, float grad_scale) {
   opt_->step(lr, t, grad_scale);
-  if (stage_ == 3) {
+  if (zero_stage() == 3) {
     // The shards are the parameters; no gathered copy may outlive the update (a forward-only
     // evaluation leaves the root and a prefetch behind). The next forward gathers afresh.
     for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
@@ -501,7 +482,7 @@ std::vector<StateTensor> Zero::master_tensors() {
 }
 
 void Zero::after_load() {
-  if (stage_ < 3) {
+  if (zero_stage() < 3) {
     if (master_shards_) gather_into(model_.params());  // the loaded rows to every rank
     model_.sync_compute_weights();
   } else {

@@ -49,10 +49,12 @@
 #include <optional>
 
 #include "engine/data_parallel/data_parallel.h"
+#include "engine/data_parallel/zero_sequence.h"
 
 namespace llmt {
 
-class Zero final : public DataParallel {
+// The hooks run ZeroSequence's order (zero_sequence.h) over this class's primitives.
+class Zero final : public DataParallel, private ZeroSequence {
  public:
   // `seed`: stage 3 initialises its shards from (seed, global name, global element index), as
   // Transformer::init does for whole tensors.
@@ -112,7 +114,6 @@ class Zero final : public DataParallel {
     Buffer packed, out;
   };
 
-  int unit_of(int block) const;
   const Param& param_of(size_t i) const;
   static Tensor as_rows(Tensor t, const Param& p);
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
@@ -122,26 +123,27 @@ class Zero final : public DataParallel {
   // views <- src (rank-major).
   void unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part);
   std::vector<Tensor> unit_views(const Unit& u, Tensor gathered) const;
-  void start_gather(int unit);
-  void finish_gather(int unit);
-  void release_gather(int unit);
-  void start_reduce(int unit);
-  // Completes the oldest reductions until those of at most `keep` units are in flight.
-  void complete_reductions(size_t keep = 0);
+  // ZeroSequence's primitives.
+  void start_gather(int unit) override;
+  void finish_gather(int unit) override;
+  void release_gather(int unit) override;
+  bool holds(int unit) const override;
+  bool staged(int unit) const override;
+  void stage_gradients(int unit) override;
+  void start_reduce(int unit) override;
+  void complete_reductions(size_t keep) override;
+  void poll() override;
   void init_shards(uint64_t seed);
   void gather_into(const std::vector<Tensor>& dst);
 
-  int stage_;
   std::array<Communicator*, kParts> groups_;  // by part (an unused part: the group again)
   std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
-  int L_;
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows
   std::deque<Reduction> reductions_;
   std::vector<std::pair<size_t, size_t>> param_at_;  // by model param: (unit, index in it)
   Buffer gather_send_, gather_staging_;              // Muon: one shard, and the group's
-  bool last_micro_ = true;
 };
 
 }  // namespace llmt
