@@ -228,10 +228,13 @@ Run add_checkpoint_command(CLI::App& app) {
         return 1;
       }
       std::printf(
-          "%s: ok: %lld tensors in %lld boxes over %d rank files, %.1f MB read, checksums "
+          "%s: ok: %lld tensors in %lld boxes over %d rank files, %.1f MB read, %s, checksums "
           "and coverage verified\n",
           ck.dir().c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.boxes),
-          ck.state().mesh.world(), static_cast<double>(r.bytes) / 1e6);
+          ck.state().mesh.world(), static_cast<double>(r.bytes) / 1e6,
+          ck.has_manifest() ? "every file's size and XXH64 as its manifest lists them"
+                            : "no manifest (written before manifests: its files were parsed "
+                              "unchecked)");
       return 0;
     }
     // reshard

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -311,10 +312,12 @@ void PendingSave::write_file(DeviceBackend* backend) {
     }
     out.close();
     bytes_ = out.bytes_written();
+    written_files_.push_back(hash_file(tmp_, rank_file_name(mesh_.rank())));
     // The index depends on the layout only: rank 0 writes it while the other ranks' files are
     // still being written; nothing is visible before poll() renames the directory.
     if (mesh_.rank() == 0) {
       write_index(tmp_, run_, plan_index(spec_, write_layout(run_), states_));
+      written_files_.push_back(hash_file(tmp_, kIndexFile));
       h5::fsync_path(tmp_);
     }
   } catch (const std::exception& e) {
@@ -340,10 +343,34 @@ bool PendingSave::poll(bool wait) {
   own_staging_.reset();  // the snapshot, unless the caller keeps it for the next save
   agree(world, error_, "checkpoint: writing the rank files");
 
+  // The manifest: every rank's file (its size and XXH64 as the rank computed it) and the index,
+  // written by rank 0 as the last file before the rename.
+  const int world_size = world.size();
+  std::vector<double> sizes(static_cast<size_t>(2 * world_size));  // (bytes, xxh64) bit patterns
+  double mine[2];
+  std::memcpy(&mine[0], &written_files_.front().bytes, 8);
+  std::memcpy(&mine[1], &written_files_.front().xxh64, 8);
+  if (world_size > 1)
+    world
+        .all_gather(Tensor(sizes.data(), {2 * world_size}, DType::f64),
+                    Tensor(mine, {2}, DType::f64))
+        .wait();
+  else
+    std::copy(mine, mine + 2, sizes.begin());
   std::string error;
   const fs::path dir = cfg_.dir, final_dir = dir / name_;
   if (mesh_.rank() == 0) {
     try {
+      Manifest manifest;
+      manifest.step = run_.step;
+      manifest.files.push_back(written_files_.back());  // index.h5
+      for (int r = 0; r < world_size; ++r) {
+        ManifestFile f{rank_file_name(r), 0, 0};
+        std::memcpy(&f.bytes, &sizes[static_cast<size_t>(2 * r)], 8);
+        std::memcpy(&f.xxh64, &sizes[static_cast<size_t>(2 * r + 1)], 8);
+        manifest.files.push_back(f);
+      }
+      write_manifest(tmp_, manifest);
       // A checkpoint of this step from an earlier run is replaced only once the new one is whole.
       const fs::path old = dir / (std::string(kTempPrefix) + "old." + name_);
       if (fs::exists(final_dir)) fs::rename(final_dir, old);

@@ -91,6 +91,8 @@ class PendingSave {
   std::chrono::steady_clock::time_point start_;
   std::string name_, tmp_;
   std::vector<PieceData> pieces_;
+  // This rank's file (rank 0: and index.h5) as the manifest lists it, once written.
+  std::vector<ManifestFile> written_files_;
   HostBuffer own_staging_;
   HostBuffer* staging_;  // the snapshot (background saves), one piece (synchronous saves)
   std::thread writer_;

@@ -409,6 +409,7 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
     r.bytes = writer.bytes_written();
     const WriteLayout layout{};  // one rank
     write_index(tmp.string(), state, plan_index(spec, layout, {kMasterState}));
+    write_manifest_of(tmp.string(), state.step, 1);
   });
   for (const std::string& d : dtypes) r.dtypes += (r.dtypes.empty() ? "" : ", ") + d;
   for (const auto& [name, st] : files)

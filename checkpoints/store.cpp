@@ -233,6 +233,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   if (!fs::is_directory(dir)) throw Error("checkpoint " + dir + " does not exist");
   if (!fs::exists(path))
     throw Error("checkpoint " + dir + " is incomplete: it has no " + kIndexFile);
+  // Nothing reaches the HDF5 parser before the manifest vouches for it.
+  manifest_ = read_manifest(dir);
+  if (manifest_) check_file(dir, *manifest_, kIndexFile);
   h5::Id file = h5::open_file(path, false);
   const std::string where = "checkpoint index " + path;
   const std::string format = h5::read_attr_string(file, "format", where);
@@ -259,6 +262,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   if (h5::has_attr(file, "pp_layers")) s.pp_layers = h5::read_attr_ints(file, "pp_layers", where);
   if (h5::has_attr(file, "ep")) s.ep = h5::read_attr_int(file, "ep", where);
   check_run_state(s, where);
+  if (manifest_ && manifest_->step != s.step)
+    throw Error(detail::concat(where, ": step ", s.step, ", the manifest's ", manifest_->step,
+                               ": the index and the manifest are of different checkpoints"));
   // Written since the run state carries a checksum; older checkpoints have none to check.
   if (h5::has_attr(file, "state_xxh64") &&
       h5::read_attr_int(file, "state_xxh64", where) != state_checksum(s))
@@ -337,6 +343,7 @@ hid_t Checkpoint::open_rank_file(const std::string& name, const std::string& ten
   if (!fs::exists(path))
     throw Error("checkpoint " + dir_ + ": rank file " + name + " (holding part of " + tensor +
                 ") is missing");
+  if (manifest_) check_file(dir_, *manifest_, name);
   h5::Id file = h5::open_file(path, false);
   const std::string where = "checkpoint " + dir_ + ": rank file " + name;
   // Whose and which step's file it is: a file copied or renamed from another rank, step or run

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoints/layout.h"
+#include "checkpoints/manifest.h"
 
 namespace llmt::ckpt {
 
@@ -76,7 +78,9 @@ void write_index(const std::string& dir, const RunState& state,
 class Checkpoint {
  public:
   // Reads DIR/index.h5: the run state and every tensor's mappings. Throws Error naming the path
-  // when it is not a complete checkpoint.
+  // when it is not a complete checkpoint. With a manifest (manifest.h), every file is first
+  // checked against it (sizes; index.h5's XXH64 before it is parsed, each rank file's before it
+  // is opened); a checkpoint written before manifests is read unchecked (has_manifest()).
   explicit Checkpoint(const std::string& dir);
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;
@@ -88,6 +92,7 @@ class Checkpoint {
   // The states it stores, in index order: kMasterState ("param") and whatever the optimizer of
   // the run that wrote it listed ("exp_avg", "exp_avg_sq" for AdamW).
   const std::vector<std::string>& states() const { return states_; }
+  bool has_manifest() const { return manifest_.has_value(); }
 
   // The box `box` of global tensor `path` into out (box.count elements, row-major), read from
   // the rank files. Throws naming the file and dataset on a missing file, a checksum error or a
@@ -113,6 +118,7 @@ class Checkpoint {
   // Throws when dataset d's offset attribute is not where mapping m puts its box.
   void check_offset(int64_t d, const Mapping& m, const std::string& where) const;
   std::string dir_;
+  std::optional<Manifest> manifest_;
   RunState state_;
   std::vector<IndexTensor> tensors_;
   std::vector<std::string> states_;

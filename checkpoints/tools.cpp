@@ -87,6 +87,7 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
     bytes += w.bytes_written();
   }
   write_index(tmp.string(), state, plan_index(spec, layout, src.states()));
+  write_manifest_of(tmp.string(), state.step, mesh.world());
   h5::fsync_path(tmp.string());
   fs::rename(tmp, final_dir);
   h5::fsync_path(final_dir.parent_path().string());

@@ -526,6 +526,11 @@ void Trainer::State::restore() {
         s.resume->dir().c_str(), static_cast<long long>(rs.step), ckpt::layout_text(rs).c_str(),
         static_cast<double>(bytes) / 1e6, load_s,
         static_cast<double>(bytes) / 1e9 / std::max(load_s, 1e-9));
+  if (s.rank0 && !s.resume->has_manifest())
+    std::fprintf(stderr,
+                 "warning: checkpoint %s has no manifest.json (written before manifests): its "
+                 "files were read without the whole-file checks; the next save writes one\n",
+                 s.resume->dir().c_str());
   LLMT_CHECK(s.consumed <= s.cfg.train.steps * s.gbs || s.start_step >= s.cfg.train.steps,
              "checkpoint ", s.resume->dir(), " consumed ", s.consumed, " samples");
 }

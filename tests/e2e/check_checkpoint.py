@@ -10,13 +10,20 @@
   kill       SIGKILL at random moments of a run that saves every step, until some kills land in
              the middle of a save: `latest` must then name a complete checkpoint that verifies
              and resumes, and the next run removes the leftover temporary directory
-  corrupt    a truncated rank file and a flipped byte inside a tensor's data are reported by
+  corrupt    a truncated rank file and a flipped byte inside a tensor's data are refused by the
+             manifest before parsing, and (manifest deleted) reported by
              `verify` and by load, naming the file and the dataset
   errors     load = "latest" with nothing saved, and a checkpoint of another model shape (which
              lists each tensor with both shapes) fail with exit code 2 before training
   chunkindex a bit flipped in a rank file's chunk index (a v1 B-tree key, not the data), which
              h5py reads back as the fill value without an error: `verify` and a resume stop
              naming the file, the dataset and the tensor (each box's xxh64 checksum)
+  fuzz       a two-rank checkpoint (resharded from the run's) and N seeded random damages over
+             all its files (a byte flipped, a file truncated, extended, deleted, or two files
+             swapped): `checkpoint verify` (address space capped at 2 GiB, 60 s) must refuse
+             each (exit 1, or 2 once no index.h5 is left) or, the manifest alone deleted, read
+             it back unchanged; never crash; a sample of resumes must refuse too;
+             the seed is printed (LLMT_FUZZ_SEED reruns one)
   states     the optimizer states are whatever the index lists: a checkpoint whose index keeps
              one optimizer state under another name ("momentum", mapped to exp_avg_sq's boxes)
              verifies, inspects and reshards to dp=2 with that state (h5py reads it back equal),
@@ -194,8 +201,18 @@ def test_corrupt(r, w):
         b = f.read(1)
         f.seek(info.byte_offset + 100)
         f.write(bytes([b[0] ^ 0x10]))
+    # The manifest refuses the file before HDF5 parses it; without the manifest (a checkpoint
+    # written before manifests) the chunk's Fletcher32 names the dataset.
     v = run([r.args.llmtrain, "checkpoint", "verify", flipped], expect=1).stdout
-    check("rank_00000.h5" in v and ds in v and "fletcher32" in v.lower(),
+    check("rank_00000.h5 differs from the manifest" in v,
+          f"verify of a flipped byte does not name the file and the manifest:\n{v}")
+    t = r.train(os.path.join(w, "load_flipped_m"), "checkpoint.load=" + flipped, "train.steps=3",
+                expect=1).stdout
+    check("rank_00000.h5 differs from the manifest" in t, f"load of a flipped byte:\n{t}")
+    os.remove(os.path.join(flipped, "manifest.json"))
+    v = run([r.args.llmtrain, "checkpoint", "verify", flipped], expect=1).stdout
+    check("rank_00000.h5" in v and ds in v and "fletcher32" in v.lower() and
+          "no manifest" not in v,
           f"verify of a flipped byte does not name file, dataset and checksum:\n{v}")
     t = r.train(os.path.join(w, "load_flipped"), "checkpoint.load=" + flipped, "train.steps=3",
                 expect=1).stdout
@@ -283,6 +300,8 @@ def test_chunkindex(r, w):
     shutil.rmtree(corrupt, ignore_errors=True)
     shutil.copytree(step, corrupt)
     open(os.path.join(corrupt, "rank_00000.h5"), "wb").write(bad)
+    # (The manifest refuses any changed byte first; this case is about the check behind it.)
+    os.remove(os.path.join(corrupt, "manifest.json"))
     v = run([r.args.llmtrain, "checkpoint", "verify", corrupt], expect=1).stdout
     want = f"rank_00000.h5: dataset {name}: the values read do not match the box's checksum"
     check(want in v, f"verify after the flip:\n{v}")
@@ -303,6 +322,11 @@ def test_states(r, w):
         want = {n: f["optimizer/exp_avg_sq/" + n][()] for n in f["model"]}
         del f["optimizer/exp_avg"]
         f.move("optimizer/exp_avg_sq", "optimizer/momentum")
+    # Edited on purpose: its manifest would refuse the index, and is deleted.
+    out = run([r.args.llmtrain, "checkpoint", "verify", other], expect=1).stdout
+    check("index.h5 differs from the manifest" in out and "manifest.json is deleted" in out,
+          f"verify of an edited index with its manifest:\n{out}")
+    os.remove(os.path.join(other, "manifest.json"))
     out = run([r.args.llmtrain, "checkpoint", "verify", other]).stdout
     check(": ok:" in out, f"verify of a checkpoint with state momentum:\n{out}")
     out = run([r.args.llmtrain, "checkpoint", "inspect", other]).stdout
@@ -329,13 +353,102 @@ def test_states(r, w):
           f"({len(want)} tensors equal) and is refused by an AdamW run")
 
 
+def test_fuzz(r, w, cases=300, resumes=12):
+    import resource
+    seed = int(os.environ.get("LLMT_FUZZ_SEED", random.randrange(2**32)))
+    rng = random.Random(seed)
+    print(f"fuzz: seed {seed} (LLMT_FUZZ_SEED={seed} reruns these cases)")
+    run_dir = os.path.join(w, "fuzz")
+    ck = os.path.join(run_dir, "ckpt")
+    r.train(run_dir, f"checkpoint.dir={ck}", "train.steps=2")
+    base = os.path.join(w, "fuzz_base")
+    shutil.rmtree(base, ignore_errors=True)
+    run([r.args.llmtrain, "checkpoint", "reshard", os.path.join(ck, "step_00000002"), base,
+         "--world", "2", "--set", "parallel.dp=2"])
+    files = sorted(os.listdir(base))
+    check(files == ["index.h5", "manifest.json", "rank_00000.h5", "rank_00001.h5"],
+          f"the resharded checkpoint holds {files}")
+    original = {f: open(os.path.join(base, f), "rb").read() for f in files}
+
+    def limited():
+        cap = 2 << 30
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    def damage(d):
+        kind = rng.choice(["flip", "flip", "flip", "truncate", "extend", "delete", "swap"])
+        name = rng.choice(files)
+        path = os.path.join(d, name)
+        data = bytearray(original[name])
+        if kind == "flip":
+            at = rng.randrange(len(data))
+            data[at] ^= 1 << rng.randrange(8)
+            open(path, "wb").write(data)
+            return f"flip {name}[{at}]"
+        if kind == "truncate":
+            n = rng.randrange(len(data))
+            open(path, "wb").write(data[:n])
+            return f"truncate {name} to {n}"
+        if kind == "extend":
+            open(path, "ab").write(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64))))
+            return f"extend {name}"
+        if kind == "delete":
+            os.remove(path)
+            return f"delete {name}"
+        other = rng.choice([f for f in files if f != name])
+        a, b = os.path.join(d, name), os.path.join(d, other)
+        os.rename(a, a + ".x")
+        os.rename(b, a)
+        os.rename(a + ".x", b)
+        return f"swap {name} {other}"
+
+    d = os.path.join(w, "fuzz_case")
+    counts, outcomes = {}, {}
+    resumed = 0
+    for i in range(cases):
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(base, d)
+        what = damage(d)
+        kind = what.split()[0]
+        try:
+            p = subprocess.run([r.args.llmtrain, "checkpoint", "verify", d], capture_output=True,
+                               text=True, timeout=60, preexec_fn=limited)
+            code, out = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired:
+            code, out = "timeout", ""
+        counts[kind] = counts.get(kind, 0) + 1
+        # Refused (1; 2 when no index.h5 is left: not a checkpoint), or read back with nothing
+        # changed: the manifest deleted leaves a checkpoint as written before manifests.
+        intact = all(os.path.exists(os.path.join(d, f)) and
+                     open(os.path.join(d, f), "rb").read() == original[f]
+                     for f in files if f != "manifest.json")
+        if code == 0 and intact and "no manifest" in out:
+            outcomes["read back unchanged"] = outcomes.get("read back unchanged", 0) + 1
+            continue
+        if code not in (1, 2) or "error:" not in out:
+            check(False, f"fuzz case {i} (seed {seed}): {what}: verify exit {code}, expected 1 "
+                         f"with an error:\n{out[-2000:]}")
+            continue
+        outcomes[f"refused (exit {code})"] = outcomes.get(f"refused (exit {code})", 0) + 1
+        if resumed < resumes and i % max(1, cases // resumes) == 0:
+            resumed += 1
+            t = r.train(os.path.join(w, "fuzz_resume"), f"checkpoint.load={d}", "train.steps=3",
+                        expect=None)
+            check(t.returncode in (1, 2) and "error:" in t.stdout,
+                  f"fuzz case {i} (seed {seed}): {what}: resume exit {t.returncode}, expected 1:"
+                  f"\n{t.stdout[-2000:]}")
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    results = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+    print(f"fuzz: {cases} damaged copies ({summary}): {results}; address space capped at 2 "
+          f"GiB; {resumed} resumes of refused copies refused too")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llmtrain", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors", "states",
-                                          "chunkindex"])
+                                          "chunkindex", "fuzz"])
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](Runner(args), args.workdir)

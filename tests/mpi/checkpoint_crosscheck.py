@@ -5,6 +5,11 @@ holding different rows), each case below is a copy of step 2 with one change; `c
 verify` must exit 1 naming what is wrong, and a resume from it must exit 1 too (no training on
 wrong weights or a wrong schedule). The unchanged copy verifies and resumes.
 
+Each case runs twice. As saved, the checkpoint's manifest.json refuses the changed file before
+HDF5 parses it (verify names the file and the manifest; two cases also resume). With the
+manifest deleted (a checkpoint written before manifests, or edited on purpose), the checks
+behind it must still refuse each case with their own message, in verify and in a resume.
+
   swapped       rank_00000.h5 and rank_00001.h5 exchanged
   duplicated    rank_00000.h5 copied over rank_00001.h5
   other_step    rank_00001.h5 from the step-4 checkpoint
@@ -78,23 +83,25 @@ def main():
     run_dir = os.path.join(w, "run")
     train(args, run_dir, 2, SETS + [f"checkpoint.dir={os.path.join(w, 'ck')}"])
     step2, step4 = (os.path.join(w, "ck", f"step_{s:08d}") for s in (2, 4))
+    # name: (change, the message without the manifest, the file the manifest refuses)
     cases = {
-        "swapped": (swap, "holds rank 1's data"),
+        "swapped": (swap, "holds rank 1's data", "rank_00000.h5"),
         "duplicated": (lambda d: shutil.copy(os.path.join(d, "rank_00000.h5"),
                                              os.path.join(d, "rank_00001.h5")),
-                       "holds rank 0's data"),
+                       "holds rank 0's data", "rank_00001.h5"),
         "other_step": (lambda d: shutil.copy(os.path.join(step4, "rank_00001.h5"),
                                              os.path.join(d, "rank_00001.h5")),
-                       "is from step 4, the index from step 2"),
+                       "is from step 4, the index from step 2", "rank_00001.h5"),
         "other_index": (lambda d: shutil.copy(os.path.join(step4, "index.h5"),
                                               os.path.join(d, "index.h5")),
-                        "is from step 2, the index from step 4"),
-        "edited_step": (edit_attr("step", np.int64(3)), "do not match their checksum"),
+                        "is from step 2, the index from step 4", "index.h5"),
+        "edited_step": (edit_attr("step", np.int64(3)), "do not match their checksum", "index.h5"),
         "edited_mesh": (edit_attr("mesh", np.array([2, 1, 2, 1], dtype=np.int64)),
-                        "do not match their checksum"),
-        "huge_step": (edit_attr("step", np.int64(10**12)), "do not match their checksum"),
-        "no_checksum": (drop_checksum, "has no xxh64 attribute"),
-        "int32_index": (int32_index, "is not float32"),
+                        "do not match their checksum", "index.h5"),
+        "huge_step": (edit_attr("step", np.int64(10**12)), "do not match their checksum",
+                      "index.h5"),
+        "no_checksum": (drop_checksum, "has no xxh64 attribute", "rank_00000.h5"),
+        "int32_index": (int32_index, "is not float32", "index.h5"),
     }
     failures = []
     env = dict(os.environ)
@@ -117,9 +124,26 @@ def main():
     if v.returncode != 0 or t.returncode != 0:
         failures.append(f"the unchanged copy: verify exit {v.returncode}, resume exit "
                         f"{t.returncode}\n{v.stdout}{v.stderr}{t.stdout}{t.stderr}")
-    for name, (change, want) in cases.items():
+    for name, (change, _, file) in cases.items():
+        d = os.path.join(w, "manifest_" + name)
+        shutil.copytree(step2, d)
+        change(d)
+        v = verify(d)
+        out = v.stdout + v.stderr
+        line = next((l for l in out.splitlines() if "manifest" in l), "")
+        print(f"{name}, manifest: verify exit {v.returncode}: {line or out.strip()[-300:]}")
+        if v.returncode != 1 or file not in line or "nothing" not in line:
+            failures.append(f"{name}: verify exit {v.returncode}, expected 1 with the manifest "
+                            f"refusing {file} before parsing it:\n{out}")
+        if name in ("swapped", "edited_step"):
+            t = resume(d, "manifest_" + name)
+            if t.returncode != 1 or file not in t.stdout + t.stderr:
+                failures.append(f"{name}: resume exit {t.returncode}, expected 1 naming {file}:\n"
+                                f"{t.stdout}{t.stderr}")
+    for name, (change, want, _) in cases.items():
         d = os.path.join(w, name)
         shutil.copytree(step2, d)
+        os.remove(os.path.join(d, "manifest.json"))
         change(d)
         v = verify(d)
         out = v.stdout + v.stderr
