@@ -30,12 +30,25 @@ ckpt::Checkpoint open_checkpoint(const std::string& dir) {
 // the checkpoint's folder made data.tokenizer relative to it, and export found no tokenizer).
 Config stored_config(const ckpt::Checkpoint& ck, std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), "data.source=\"synthetic\"");
+  Config cfg;
   try {
-    return parse_config_string(ck.state().config,
-                               std::string(ckpt::kIndexFile) + " (attribute config)", overrides);
+    cfg = parse_config_string(ck.state().config,
+                              std::string(ckpt::kIndexFile) + " (attribute config)", overrides);
   } catch (const ConfigError& e) {
     throw ConfigError("the config stored in " + ck.dir() + ": " + e.what());
   }
+  // Bounded work: the model's description grows with its layers, and every layer has tensors of
+  // its own in the index, so a config naming more layers than the index has tensors (edited in a
+  // checkpoint without a manifest) is refused before anything is built from it.
+  int64_t weights = 0;
+  for (const ckpt::IndexTensor& t : ck.tensors())
+    weights += ckpt::split_tensor_path(t.path).first == kMasterState;
+  if (cfg.model.n_layers > weights)
+    throw Error(detail::concat("checkpoint ", ck.dir(), ": its stored config has model.n_layers = ",
+                               cfg.model.n_layers, ", but index.h5 holds ", weights,
+                               " weight tensors (every layer has its own): the config attribute "
+                               "is corrupt or was edited"));
+  return cfg;
 }
 
 // The target layout `cfg` gives at `world` ranks (validated, with the --world hint), as the run

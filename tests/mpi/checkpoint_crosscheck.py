@@ -18,7 +18,11 @@ behind it must still refuse each case with their own message, in verify and in a
   edited_mesh   the index's mesh attribute forged (tp 2)
   huge_step     step = 10^12
   no_checksum   one box's xxh64 attribute deleted
-  int32_index   one index tensor re-created as an int32 virtual dataset over the same boxes"""
+  int32_index   one index tensor re-created as an int32 virtual dataset over the same boxes
+  huge_layers   (verify only) the stored config's n_layers set to 10^9 with the run-state checksum
+                deleted, as in a checkpoint older than it: refused at once, naming both counts,
+                where verify grew without bound before"""
+import re
 import os
 import shutil
 import subprocess
@@ -73,6 +77,14 @@ def int32_index(d):
         new = f.create_virtual_dataset(name, layout)
         for k, v in attrs.items():
             new.attrs[k] = v
+
+
+def huge_layers(d):
+    with h5py.File(os.path.join(d, "index.h5"), "r+") as f:
+        config = f.attrs["config"]
+        config = config.decode() if isinstance(config, bytes) else config
+        f.attrs["config"] = re.sub(r"n_layers = \d+", "n_layers = 1000000000", config)
+        del f.attrs["state_xxh64"]
 
 
 def main():
@@ -157,6 +169,20 @@ def main():
         if not ok_t:
             failures.append(f"{name}: resume exit {t.returncode}, expected 1 with {want!r}:\n"
                             f"{t.stdout}{t.stderr}")
+    d = os.path.join(w, "huge_layers")
+    shutil.copytree(step2, d)
+    os.remove(os.path.join(d, "manifest.json"))
+    huge_layers(d)
+    try:
+        v = subprocess.run([args.llmtrain, "checkpoint", "verify", d], capture_output=True,
+                           text=True, env=env, timeout=60)
+        out = v.stdout + v.stderr
+        print(f"huge_layers: verify exit {v.returncode}: {out.strip()[-300:]}")
+        if v.returncode != 1 or "n_layers = 1000000000, but index.h5 holds" not in out:
+            failures.append(f"huge_layers: verify exit {v.returncode}, expected 1 naming both "
+                            f"counts:\n{out}")
+    except subprocess.TimeoutExpired:
+        failures.append("huge_layers: verify still running after 60 s")
     finish(failures)
 
 
