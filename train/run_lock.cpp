@@ -17,6 +17,11 @@ namespace fs = std::filesystem;
 RunLock::RunLock(const std::string& dir, const std::string& what) {
   std::error_code ec;
   fs::create_directories(dir, ec);
+  // The directory's own error (a read-only file system, no permission), not the lock file's
+  // ENOENT that would follow it.
+  if (ec)
+    throw ConfigError(what + "=\"" + dir + "\": cannot create the directory (" + ec.message() +
+                      ")");
   const std::string path = (fs::path(dir) / ".llmtrain.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
