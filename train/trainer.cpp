@@ -334,6 +334,7 @@ struct Trainer::State {
   // the next poll_checkpoint); false when the state is not finite (`failure` says why).
   bool start_checkpoint(int64_t step);
   double forward_backward(int64_t step, float dloss);
+  void warn_long_step(int64_t step, double first_s);
   void train_step(int64_t step, StepMetrics& m);
   TrainResult run();
 
@@ -747,6 +748,7 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
   const uint64_t seed = s.cfg.train.seed;
   if (!s.pipeline) {
     double loss_sum = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     for (int64_t micro = 0; micro < s.accum; ++micro) {
       // This dp rank's slice of the step's global batch (BatchLayout).
       const MicroBatch& mb = s.loader->next();
@@ -754,6 +756,9 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
       const StepContext ctx{seed, step, mb.first_sample};
       s.data_parallel->start_micro_batch(micro + 1 == s.accum);
       loss_sum += s.model->forward_backward(s.inputs_of(0), s.targets_of(0), dloss, ctx);
+      if (micro == 0 && step == s.start_step + 1)
+        warn_long_step(
+            step, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return loss_sum;
   }
@@ -766,6 +771,30 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
   return static_cast<double>(s.accum) * s.pipeline->run(s.pipe_mbs, dloss, [&](bool last) {
     s.data_parallel->start_micro_batch(last);
   });
+}
+
+// A step whose micro-batches would take more than an hour, or past train.time_limit, at the rate
+// of the run's first micro-batch: said on rank 0 before the rest of it runs, since stop requests
+// and the time limit act only between steps.
+void Trainer::State::warn_long_step(int64_t step, double first_s) {
+  const double estimate = first_s * static_cast<double>(accum);
+  const double limit = cfg.train.time_limit;
+  if (!rank0 || accum < 2 || (estimate <= 3600 && (limit <= 0 || estimate <= limit))) return;
+  const double hours = estimate / 3600, days = hours / 24, years = days / 365;
+  const std::string span = years >= 2  ? detail::concat(static_cast<int64_t>(years), " years")
+                           : days >= 2 ? detail::concat(static_cast<int64_t>(days), " days")
+                                       : detail::concat(static_cast<int64_t>(hours + 0.5), " h");
+  const std::string over = limit > 0 && estimate > limit
+                               ? detail::concat(", longer than train.time_limit=", limit, " s")
+                               : "";
+  std::fprintf(stderr,
+               "warning: step %lld will take about %s (%.0f s): %lld micro-batches of %.3g s (the "
+               "first, measured) per rank (train.global_batch_size=%lld / (dp=%lld x "
+               "train.micro_batch_size=%lld))%s. Stop signals and train.time_limit act between "
+               "steps; lower train.global_batch_size for shorter steps\n",
+               static_cast<long long>(step), span.c_str(), estimate, static_cast<long long>(accum),
+               first_s, static_cast<long long>(gbs), static_cast<long long>(dp),
+               static_cast<long long>(mbs), over.c_str());
 }
 
 // One optimizer step: forward/backward, gradient sync, overflow check, norm, clip, AdamW;

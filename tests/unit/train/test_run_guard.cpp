@@ -1,6 +1,7 @@
 // Runs never overwrite each other (train/run_guard.h): real two-step trainings of a tiny model
 // in fresh temporary directories, started over, resumed, restarted and fine-tuned
-// (checkpoint.init_from) in the ways a user does, and the shipped configs' directories.
+// (checkpoint.init_from) in the ways a user does, and the shipped configs' directories; and the
+// warning of a step that would outlast the time limit.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -135,6 +136,22 @@ TEST_F(RunGuard, ResumingIntoTheRunDirOfAnotherRunIsRefused) {
   const std::string e = refusal("a", "b_ck", 4, {"checkpoint.load=\"latest\""});
   EXPECT_NE(e.find("would truncate those metrics"), std::string::npos) << e;
   EXPECT_EQ(metric_lines("a"), 2);
+}
+
+TEST_F(RunGuard, AStepLongerThanTheTimeLimitIsSaidBeforeItEnds) {
+  // Stop requests and the time limit act between steps: a step of many micro-batches that would
+  // outlast train.time_limit is said after its first micro-batch, with the numbers.
+  ::testing::internal::CaptureStderr();
+  run("long", "long_ck", 1, {"train.global_batch_size=8", "train.micro_batch_size=1",
+                             "train.time_limit=0.000001", "checkpoint.interval=0"});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("warning: step 1 will take about"), std::string::npos) << err;
+  EXPECT_NE(err.find("8 micro-batches of"), std::string::npos) << err;
+  EXPECT_NE(err.find("longer than train.time_limit=1e-06 s"), std::string::npos) << err;
+  // Without a time limit, a step of a few milliseconds says nothing.
+  ::testing::internal::CaptureStderr();
+  run("short", "short_ck", 1, {"train.global_batch_size=8", "train.micro_batch_size=1"});
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("will take about"), std::string::npos);
 }
 
 TEST_F(RunGuard, ARunDirectoryCopiedWholeResumes) {
