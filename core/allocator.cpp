@@ -1,4 +1,5 @@
-// CPU backend (64-byte aligned host memory) and the accounting Allocator.
+// CPU backend (64-byte aligned host memory), the meta device (address space only) and the
+// accounting Allocator.
 #include "core/allocator.h"
 
 #include <sys/mman.h>
@@ -53,6 +54,8 @@ class CpuBackend final : public DeviceBackend {
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 };
+
+// make_meta_backend (allocator.h).
 class MetaBackend final : public DeviceBackend {
  public:
   ~MetaBackend() override {
