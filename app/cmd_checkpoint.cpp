@@ -146,7 +146,8 @@ Run add_checkpoint_command(CLI::App& app) {
   inspect->add_flag("--config", args->config, "Also print the resolved config of the run");
   CLI::App* verify = cmd->add_subcommand(
       "verify",
-      "Read everything: checksums, every element of every tensor covered exactly "
+      "Check the manifest (every file's size and XXH64), then read everything: checksums, "
+      "every element of every tensor covered exactly "
       "once, tensors matching the model of the stored config; exit 1 on any problem");
   verify->add_option("dir", args->dir, "Checkpoint directory")->required();
   CLI::App* reshard = cmd->add_subcommand(

@@ -325,8 +325,6 @@ struct Trainer::State {
   // layer's assignments per expert over the global batch in moe_loads.
   StepMetrics::Moe moe_metrics();
   std::vector<double> moe_loads;  // [layer * E + expert], the step's, every rank
-  // Aux-loss-free balancing: moves each MoE layer's bias against the step's load (moe_loads).
-  void balance_experts();
   double evaluate(int64_t step);
   void report_save(const ckpt::SaveResult& r);
   void poll_checkpoint(bool wait);
@@ -639,32 +637,6 @@ StepMetrics::Moe Trainer::State::moe_metrics() {
   return m;
 }
 
-// DeepSeek-V3's rule (docs/model.md): b_e += rate * sign(mean load - load_e) per MoE layer, the
-// loads counted over the step's global batch (the same on every rank, so every replica and shard
-// of a bias moves alike).
-void Trainer::State::balance_experts() {
-  const MoeConfig& e = cfg.model.moe;
-  const ModelSpec& ms = model->spec();
-  const int64_t E = e.num_experts;
-  const float rate = e.bias_update_rate;
-  for (int64_t l : ms.layers()) {
-    if (!e.layer(l)) continue;
-    const double* load = moe_loads.data() + l * E;
-    const double mean = std::accumulate(load, load + E, 0.0) / static_cast<double>(E);
-    const size_t i = ms.index_of("layers." + std::to_string(l) + ".mlp.router.expert_bias");
-    data_parallel->update_owned(i, [&](Tensor rows, int64_t row0) {
-      std::vector<float> delta(static_cast<size_t>(rows.numel()));
-      for (size_t r = 0; r < delta.size(); ++r) {
-        const double d = mean - load[row0 + static_cast<int64_t>(r)];
-        delta[r] = d > 0 ? rate : d < 0 ? -rate : 0.0f;
-      }
-      Buffer buf = alloc.allocate(delta.size() * 4, MemCategory::other);
-      backend->copy_from_host(buf.data(), delta.data(), delta.size() * 4);
-      ops::add_inplace(rows, buf.tensor(rows.shape, DType::f32));
-    });
-  }
-}
-
 // Validation: the mean loss over train.eval_iters global batches of the valid split (the same
 // ones every time), each rank taking its slices as in training.
 double Trainer::State::evaluate(int64_t step) {
@@ -864,7 +836,8 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
   if (!m.skipped) {
     s.fault.at("optimizer", step);
     const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
-    if (moe && cfg.model.moe.balance == MoeBalance::bias) s.balance_experts();
+    if (moe && cfg.model.moe.balance == MoeBalance::bias)
+      s.data_parallel->balance_expert_biases(s.moe_loads, cfg.model.moe.bias_update_rate);
     s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
   }
   s.backend->synchronize();

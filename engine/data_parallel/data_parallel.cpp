@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "engine/data_parallel/tp_params.h"
 #include "engine/data_parallel/zero.h"
@@ -268,6 +269,28 @@ void DataParallel::update_owned(size_t i,
                                 const std::function<void(Tensor rows, int64_t row_begin)>& update) {
   for (const OptimizerSlot& s : opt_->slots())
     if (s.param == i) update(s.value, s.row_begin);
+}
+
+void DataParallel::balance_expert_biases(const std::vector<double>& loads, float rate) {
+  const ModelSpec& ms = model_.spec();
+  const MoeConfig& e = ms.cfg.moe;
+  const int64_t E = e.num_experts;
+  for (int64_t l : ms.layers()) {
+    if (!e.layer(l)) continue;
+    const double* load = loads.data() + l * E;
+    const double mean = std::accumulate(load, load + E, 0.0) / static_cast<double>(E);
+    const size_t i = ms.index_of("layers." + std::to_string(l) + ".mlp.router.expert_bias");
+    update_owned(i, [&](Tensor rows, int64_t row0) {
+      std::vector<float> delta(static_cast<size_t>(rows.numel()));
+      for (size_t r = 0; r < delta.size(); ++r) {
+        const double d = mean - load[row0 + static_cast<int64_t>(r)];
+        delta[r] = d > 0 ? rate : d < 0 ? -rate : 0.0f;
+      }
+      Buffer buf = alloc_.allocate(delta.size() * 4, MemCategory::other);
+      alloc_.backend().copy_from_host(buf.data(), delta.data(), delta.size() * 4);
+      ops::add_inplace(rows, buf.tensor(rows.shape, DType::f32));
+    });
+  }
 }
 
 void DistributedDataParallel::step(double lr, int64_t t, float grad_scale) {

@@ -54,6 +54,11 @@ class DataParallel : public ModelHooks, public TrainingState, public MatrixGathe
   // for a parameter with an update rule of its own (aux-loss-free balancing's bias, which no
   // gradient reaches), made whole again by step() as the optimizer's updates are.
   void update_owned(size_t i, const std::function<void(Tensor rows, int64_t row_begin)>& update);
+  // Aux-loss-free balancing (DeepSeek-V3's rule, docs/model.md): each MoE layer's expert bias
+  // b_e += rate * sign(mean load - load_e), `loads` [global layer * E + expert] counted over the
+  // step's global batch (the same on every rank, so every replica and shard of a bias moves
+  // alike). Before step().
+  void balance_expert_biases(const std::vector<double>& loads, float rate);
   // Seconds blocked on communication handles since the last call (exposed communication).
   double take_wait_seconds();
   // MatrixGather (Muon): the row group's rows of a hidden matrix (gather_rows), then its tp
