@@ -134,6 +134,7 @@ Run add_checkpoint_command(CLI::App& app) {
     std::vector<std::string> overrides;
     int world = 0;
     bool config = false;
+    bool upgrade = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
@@ -150,6 +151,9 @@ Run add_checkpoint_command(CLI::App& app) {
       "every element of every tensor covered exactly "
       "once, tensors matching the model of the stored config; exit 1 on any problem");
   verify->add_option("dir", args->dir, "Checkpoint directory")->required();
+  verify->add_flag("--upgrade", args->upgrade,
+                   "A checkpoint written before manifests: once everything verifies, write its "
+                   "manifest.json (every file's size and XXH64) so later reads check it first");
   CLI::App* reshard = cmd->add_subcommand(
       "reshard", "Write a copy laid out for another [parallel] layout, tensor by tensor");
   reshard->add_option("dir", args->dir, "Checkpoint directory")->required();
@@ -249,6 +253,11 @@ Run add_checkpoint_command(CLI::App& app) {
           ck.has_manifest() ? "every file's size and XXH64 as its manifest lists them"
                             : "no manifest (written before manifests: its files were parsed "
                               "unchecked)");
+      if (args->upgrade && !ck.has_manifest()) {
+        ckpt::write_manifest_of(ck.dir(), ck.state().step, ck.state().mesh.world());
+        std::printf("%s: wrote %s: later reads check every file against it first\n",
+                    ck.dir().c_str(), ckpt::kManifestFile);
+      }
       return 0;
     }
     // reshard

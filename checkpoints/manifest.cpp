@@ -77,14 +77,19 @@ void write_manifest(const std::string& dir, const Manifest& m) {
   body << "\n  ],\n";
   const std::string text = body.str();
   const std::string all = text + kSelfKey + hex(XXH64(text.data(), text.size(), 0)) + "\"\n}\n";
+  // Whole or not at all: a temporary name, synced, then renamed (a manifest added to an existing
+  // checkpoint by verify --upgrade must never be seen half written).
   const fs::path path = fs::path(dir) / kManifestFile;
+  const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
   {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << all;
     out.close();
-    if (!out) throw Error("writing " + path.string() + " failed");
+    if (!out) throw Error("writing " + tmp.string() + " failed");
   }
-  h5::fsync_path(path.string());
+  h5::fsync_path(tmp.string());
+  fs::rename(tmp, path);
+  h5::fsync_path(dir);
 }
 
 void write_manifest_of(const std::string& dir, int64_t step, int world) {
@@ -115,6 +120,11 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
   if (self == std::string::npos)
     throw Error(where + ": no manifest_xxh64 line: it is corrupt or not a manifest");
   const size_t hex_at = self + 1 + std::string(kSelfKey).size();
+  // The whole file is covered: the checksum line ends it, exactly as written.
+  if (text.size() != hex_at + 16 + 4 || text.compare(hex_at + 16, 4, "\"\n}\n") != 0)
+    throw Error(where +
+                ": it does not end with its manifest_xxh64 line and \"}\": truncated, "
+                "extended or not a manifest");
   const uint64_t stored = parse_hex(text.substr(hex_at, 16), where + ": manifest_xxh64");
   const uint64_t actual = XXH64(text.data(), self + 1, 0);
   if (stored != actual)

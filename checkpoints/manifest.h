@@ -29,7 +29,7 @@ struct Manifest {
 // The size and XXH64 of DIR/NAME, read in bounded pieces.
 ManifestFile hash_file(const std::string& dir, const std::string& name);
 
-// Writes DIR/manifest.json (its own XXH64 on the last line) and syncs it.
+// Writes DIR/manifest.json (its own XXH64 on the last line) through a temporary name, synced.
 void write_manifest(const std::string& dir, const Manifest& m);
 
 // Writes the manifest of the checkpoint in DIR written by one process: index.h5 and the rank

@@ -327,6 +327,11 @@ def test_states(r, w):
     check("index.h5 differs from the manifest" in out and "manifest.json is deleted" in out,
           f"verify of an edited index with its manifest:\n{out}")
     os.remove(os.path.join(other, "manifest.json"))
+    # verify --upgrade writes the manifest of what it verified; the next verify checks it.
+    out = run([r.args.llmtrain, "checkpoint", "verify", "--upgrade", other]).stdout
+    check("no manifest" in out and "wrote manifest.json" in out, f"verify --upgrade:\n{out}")
+    out = run([r.args.llmtrain, "checkpoint", "verify", other]).stdout
+    check("as its manifest lists them" in out, f"verify after --upgrade:\n{out}")
     out = run([r.args.llmtrain, "checkpoint", "verify", other]).stdout
     check(": ok:" in out, f"verify of a checkpoint with state momentum:\n{out}")
     out = run([r.args.llmtrain, "checkpoint", "inspect", other]).stdout
