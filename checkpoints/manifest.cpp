@@ -81,14 +81,21 @@ void write_manifest(const std::string& dir, const Manifest& m) {
   // checkpoint by verify --upgrade must never be seen half written).
   const fs::path path = fs::path(dir) / kManifestFile;
   const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << all;
-    out.close();
-    if (!out) throw Error("writing " + tmp.string() + " failed");
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << all;
+      out.close();
+      if (!out) throw Error("writing " + tmp.string() + " failed (a full disk?)");
+    }
+    h5::fsync_path(tmp.string());
+    fs::rename(tmp, path);
+  } catch (...) {
+    // Nothing of a failed write stays in the checkpoint (verify --upgrade writes into a whole one).
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
-  h5::fsync_path(tmp.string());
-  fs::rename(tmp, path);
   h5::fsync_path(dir);
 }
 
