@@ -125,7 +125,8 @@ class Communicator {
   virtual void reset_wait_seconds() { wait_s_ = 0; }
   void add_wait_seconds(double s) { wait_s_ += s; }
   // The watchdog (comm.timeout_s): seconds a Handle::wait may block before the job is aborted,
-  // naming this rank, the operation and the group; 0 = wait forever. Groups split from this one
+  // naming this rank, the operation, the group and (MPI) the ranks that did not reach it; 0 =
+  // wait forever. Groups split from this one
   // inherit it. The MPI backend enforces it; the local one never blocks; NCCL does not yet.
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }

@@ -19,6 +19,7 @@
              and OMP_NUM_THREADS or SLURM_CPUS_PER_TASK when set; the start-up line names the
              launcher, ranks, threads and device; a config error is printed once, not per rank
   watchdog   np=2 with comm.timeout_s=3: SIGSTOP one rank; the other aborts the job naming itself,
+             the stopped rank (which did not answer),
              the operation and the group, within the timeout plus a few seconds
   memory     the bytes estimated before allocation (params, grads, optimizer) equal what the
              allocator reports (4 significant digits), activations a lower bound; n_layers=1e9
@@ -357,8 +358,10 @@ def test_watchdog(args, w):
     except ProcessLookupError:
         pass
     check(p.returncode not in (0, None) and re.search(
-        r"error: rank 0: \w+ on group \S+ \(\d+ ranks\) did not complete within 3 s "
-        r"\(comm.timeout_s\)", out), f"watchdog: exit {p.returncode}:\n{out}")
+        r"error: rank 0: \w+( #\d+)? on \S+ \(\d+ ranks\)( with rank 1)? did not complete "
+        r"within 3 s \(comm.timeout_s", out), f"watchdog: exit {p.returncode}:\n{out}")
+    check("  rank 1: did not answer: it is outside every collective" in out,
+          f"watchdog: the verdict does not name the stopped rank 1:\n{out}")
     check(took < 3 + 10, f"watchdog: the job ended {took:.1f} s after the rank stopped")
     print(f"watchdog: job aborted {took:.1f} s after SIGSTOP of rank 1 (timeout 3 s)")
 

@@ -4,13 +4,16 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "core/check.h"
+#include "engine/comm/mpi/watch.h"
 
 #define LLMT_MPI(call)                                                                         \
   do {                                                                                         \
@@ -48,33 +51,19 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
+class MpiCommunicator;
+
 class MpiHandle final : public Handle::Impl {
  public:
   // keep: what must outlive the operation (all_to_allv's count arrays), released with it.
-  MpiHandle(Communicator& owner, MPI_Request req, const char* op,
+  MpiHandle(MpiCommunicator& owner, MPI_Request req, WaitPoint at,
             std::shared_ptr<const void> keep = nullptr)
-      : owner_(owner), req_(req), op_(op), keep_(std::move(keep)) {}
+      : owner_(owner), req_(req), at_(at), keep_(std::move(keep)) {}
   ~MpiHandle() override {
     // A dropped handle must still complete: MPI owns the buffers until then.
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
-  void wait() override {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto elapsed = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    if (owner_.timeout() <= 0) {
-      LLMT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
-    } else {
-      // MPI_Wait spins too; testing instead lets the clock be read between turns.
-      for (int flag = 0;;) {
-        LLMT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
-        if (flag) break;
-        if (elapsed() > owner_.timeout()) watchdog_abort(owner_, op_);
-      }
-    }
-    owner_.add_wait_seconds(elapsed());
-  }
+  void wait() override;  // below MpiCommunicator
   bool test() override {
     int flag = 0;
     LLMT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
@@ -82,19 +71,35 @@ class MpiHandle final : public Handle::Impl {
   }
 
  private:
-  Communicator& owner_;
+  MpiCommunicator& owner_;
   MPI_Request req_;
-  const char* op_;  // "all_reduce", ... for the watchdog's message
+  WaitPoint at_;  // the operation, for the watchdog
   std::shared_ptr<const void> keep_;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<Watch> watch)
+      : comm_(comm), name_(std::move(name)), watch_(std::move(watch)) {
     LLMT_MPI(MPI_Comm_rank(comm_, &rank_));
     LLMT_MPI(MPI_Comm_size(comm_, &size_));
+    // The members' world ranks and the group's key, for the watchdog.
+    MPI_Group mine, world;
+    LLMT_MPI(MPI_Comm_group(comm_, &mine));
+    LLMT_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> ranks(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) ranks[r] = r;
+    watched_.world_ranks.resize(ranks.size());
+    LLMT_MPI(
+        MPI_Group_translate_ranks(mine, size_, ranks.data(), world, watched_.world_ranks.data()));
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    watched_.name = name_;
+    watched_.key = group_key(name_, watched_.world_ranks);
+    watch_->add(&watched_);
   }
   ~MpiCommunicator() override {
+    watch_->remove(&watched_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -185,14 +190,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     LLMT_MPI(MPI_Isend(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
     count_collective(CommKind::send, static_cast<int64_t>(x.nbytes()));
-    return handle(req, "send");
+    return p2p_handle(req, "send", peer);
   }
   Handle recv(Tensor x, int peer, int tag) override {
     check_host(x, "recv");
     MPI_Request req;
     LLMT_MPI(MPI_Irecv(x.data, count_of(x), mpi_type(x.dtype), peer, tag, comm_, &req));
     count_collective(CommKind::recv, static_cast<int64_t>(x.nbytes()));
-    return handle(req, "recv");
+    return p2p_handle(req, "recv", peer);
   }
   void barrier() override {
     MPI_Request req;
@@ -202,14 +207,21 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     MPI_Comm sub;
     LLMT_MPI(MPI_Comm_split(comm_, color, key, &sub));
-    auto out = std::make_unique<MpiCommunicator>(sub, name);
+    auto out = std::make_unique<MpiCommunicator>(sub, name, watch_);
     out->set_timeout(timeout());
     return out;
   }
 
  private:
+  friend class MpiHandle;
+  // A collective: numbered on the group (what the watchdog compares across ranks).
   Handle handle(MPI_Request req, const char* op, std::shared_ptr<const void> keep = nullptr) {
-    return Handle(std::make_unique<MpiHandle>(*this, req, op, std::move(keep)));
+    const WaitPoint at{&watched_, op, ++watched_.started, -1};
+    return Handle(std::make_unique<MpiHandle>(*this, req, at, std::move(keep)));
+  }
+  // A send or receive with group rank `peer`.
+  Handle p2p_handle(MPI_Request req, const char* op, int peer) {
+    return Handle(std::make_unique<MpiHandle>(*this, req, WaitPoint{&watched_, op, 0, peer}));
   }
   void check_host(const Tensor& x, const char* what) const {
     LLMT_CHECK(x.device.kind == DeviceKind::cpu, name_, " ", what, " on ", describe(x),
@@ -227,7 +239,34 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   std::string name_;
   int rank_ = 0, size_ = 1;
+  std::shared_ptr<Watch> watch_;  // shared by every group of this process
+  WatchedGroup watched_;
 };
+
+void MpiHandle::wait() {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double timeout = owner_.timeout();
+  if (timeout <= 0) {
+    LLMT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  } else {
+    // MPI_Wait spins too; testing instead lets the clock be read between turns, and another
+    // rank's watchdog learn where this one waits.
+    Watch& watch = *owner_.watch_;
+    watch.begin_wait(at_);
+    for (int flag = 0;;) {
+      LLMT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+      if (flag) break;
+      watch.serve();
+      // The verdict asks the other ranks for a quarter of the timeout, 1 to 10 s.
+      if (elapsed() > timeout) watch.verdict(at_, timeout, std::clamp(timeout / 4, 1.0, 10.0));
+    }
+    watch.end_wait();
+  }
+  owner_.add_wait_seconds(elapsed());
+}
 
 }  // namespace
 
@@ -272,7 +311,7 @@ std::unique_ptr<Communicator> world() {
   MPI_Comm dup;
   LLMT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return std::make_unique<MpiCommunicator>(dup, "world");
+  return std::make_unique<MpiCommunicator>(dup, "world", std::make_shared<Watch>(MPI_COMM_WORLD));
 }
 
 }  // namespace llmt::mpi

@@ -13,9 +13,9 @@ void init();
 void finalize();
 // MPI_Abort on MPI_COMM_WORLD: ends every rank of the job with `code`.
 [[noreturn]] void abort_world(int code);
-// The watchdog's verdict (comm.timeout_s): `op` on `group` has not completed in time. Prints
-// which rank, operation and group, then ends the job (abort_world(1)). The NCCL backend calls it
-// too, after aborting its NCCL communicator.
+// The NCCL backend's watchdog verdict (comm.timeout_s): `op` on `group` has not completed in
+// time. Prints which rank, operation and group, then ends the job (abort_world(1)). The MPI
+// backend's own groups ask the other ranks first and name those that did not arrive (watch.h).
 [[noreturn]] void watchdog_abort(const Communicator& group, const char* op);
 // MPI_COMM_WORLD as a Communicator named "world" (a duplicate, so library traffic and ours never
 // match each other's messages).
