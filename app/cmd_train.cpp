@@ -256,8 +256,16 @@ Run add_train_command(CLI::App& app) {
     }
     if (!r.stopped.empty()) {
       if (rank0)
-        std::printf("stopped: %s after step %lld; %s%s; exit %d\n", r.stopped.c_str(),
-                    static_cast<long long>(r.steps), saved.c_str(),
+        std::printf("stopped: %s after step %lld%s; %s%s; exit %d\n", r.stopped.c_str(),
+                    static_cast<long long>(r.steps),
+                    r.dropped_step > 0
+                        ? detail::concat(" (inside step ", r.dropped_step, ", after ",
+                                         r.dropped_after, " of its ", r.micro_batches,
+                                         " micro-batches per rank: dropped, it runs again on "
+                                         "resume)")
+                              .c_str()
+                        : "",
+                    saved.c_str(),
                     cfg.checkpoint.dir.empty()
                         ? " ([checkpoint] dir is not set, so nothing can resume)"
                         : "; resume with checkpoint.load = \"auto\"",

@@ -8,6 +8,7 @@
 #include "train/config.h"
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -319,6 +320,18 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               concat("train.global_batch_size=", t.global_batch_size,
                      " is not divisible by train.micro_batch_size=", t.micro_batch_size,
                      ": a step is a whole number of micro-batches"));
+  }
+  if (t.steps >= 1 && t.global_batch_size >= 1 && m.seq_len >= 1) {
+    // Sample indices and token offsets are 64-bit: the run's last token must have one.
+    const long double tokens = static_cast<long double>(t.steps) *
+                               static_cast<long double>(t.global_batch_size) *
+                               static_cast<long double>(m.seq_len + 1);
+    r.require(tokens <= static_cast<long double>(INT64_MAX),
+              {"train.steps", "train.global_batch_size", "model.seq_len"},
+              concat("train.steps=", t.steps, " x train.global_batch_size=", t.global_batch_size,
+                     " x (model.seq_len + 1)=", m.seq_len + 1, " = ", static_cast<double>(tokens),
+                     " token positions: more than the 9.2e18 a run can address (64-bit sample "
+                     "and token offsets); no dataset can be read that far"));
   }
   r.require(!t.run_dir.empty(), {"train.run_dir"}, "train.run_dir must not be empty");
   r.at_least<int64_t>("train.threads", t.threads, 0);

@@ -23,8 +23,8 @@ FaultInjector::FaultInjector(int world_rank, const StopRequests& stops) : stops_
   std::getline(in, step, ':');
   std::getline(in, rank, ':');
   std::getline(in, sig, ':');
-  const bool known_phase = phase == "forward" || phase == "backward" || phase == "optimizer" ||
-                           phase == "save" || phase == "load";
+  const bool known_phase = phase == "forward" || phase == "micro" || phase == "backward" ||
+                           phase == "optimizer" || phase == "save" || phase == "load";
   const int s = sig == "TERM"   ? SIGTERM
                 : sig == "USR1" ? SIGUSR1
                 : sig == "INT"  ? SIGINT
@@ -33,7 +33,7 @@ FaultInjector::FaultInjector(int world_rank, const StopRequests& stops) : stops_
                                 : 0;
   if (!known_phase || s == 0 || step.empty() || rank.empty())
     throw ConfigError(std::string("LLMTRAIN_FAULT=\"") + v +
-                      "\": expected PHASE:STEP:RANK:SIGNAL with PHASE forward, backward, "
+                      "\": expected PHASE:STEP:RANK:SIGNAL with PHASE forward, micro, backward, "
                       "optimizer, save or load and SIGNAL TERM, USR1, INT, KILL or WAIT");
   armed_ = std::atoi(rank.c_str()) == world_rank;
   phase_ = phase;

@@ -1,7 +1,7 @@
 // A test aid for the fault matrix (tests/mpi/production.py, docs/slurm.md): with
 // LLMTRAIN_FAULT="PHASE:STEP:RANK:SIGNAL" in the environment, world rank RANK raises SIGNAL (TERM,
 // USR1, INT or KILL) in itself when it reaches PHASE of step STEP: forward (before the step's
-// forward), backward (after the backward, before the gradients are synchronised), optimizer
+// forward), micro (before its second micro-batch; not under pp), backward (after the backward, before the gradients are synchronised), optimizer
 // (before the update), save (the step's checkpoint files written, not yet committed) or load
 // (a checkpoint read, before the first step; STEP is ignored). SIGNAL WAIT raises nothing: in a
 // run that started from scratch the rank waits there until a stop signal reaches the process

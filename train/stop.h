@@ -1,6 +1,7 @@
 // Ending a run early on request (docs/slurm.md): SIGTERM, SIGUSR1 (Slurm's --signal) and the
-// first SIGINT only set a flag; the trainer asks at every step end, all ranks agree with one
-// all-reduce, and the run saves a checkpoint, writes the step's metrics and exits kExitStopped.
+// first SIGINT only set a flag; the trainer asks at every step end (and between the micro-batches
+// of a step, which it then drops), all ranks agree with one all-reduce, and the run saves a
+// checkpoint, writes the step's metrics and exits kExitStopped.
 // A second SIGINT ends the process at once (the default action).
 #pragma once
 

@@ -290,6 +290,14 @@ struct Trainer::State {
   // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
   std::string failure;
   std::string last_checkpoint;
+  int64_t checkpointed_step = -1;  // the step of the newest save started by this run
+  double last_save_s = 0;          // how long that save took (train.time_limit keeps room for one)
+  // A stop request honoured inside a step (forward_backward): the step is dropped.
+  struct Dropped {
+    std::string why;   // "SIGTERM", "train.time_limit"
+    int64_t done = 0;  // micro-batches run before the stop
+  };
+  std::optional<Dropped> dropped;
   DataSources data;
   std::unique_ptr<DataLoader> loader;
   // Token staging: the device inputs/targets (mbs, Tl), cut from a micro-batch's windows
@@ -332,6 +340,8 @@ struct Trainer::State {
   // the next poll_checkpoint); false when the state is not finite (`failure` says why).
   bool start_checkpoint(int64_t step);
   double forward_backward(int64_t step, float dloss);
+  // Stop requests between the micro-batches of a long step: see MicroBatchStops below.
+  class MicroBatchStops;
   void warn_long_step(int64_t step, double first_s);
   void train_step(int64_t step, StepMetrics& m);
   TrainResult run();
@@ -710,18 +720,70 @@ bool Trainer::State::start_checkpoint(int64_t step) {
   s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
                                                   *s.data_parallel, s.mesh, *s.backend,
                                                   cfg.checkpoint.async, &s.ckpt_staging);
+  s.checkpointed_step = step;
   return true;
 }
 
+// Stop requests inside a step (docs/slurm.md): a step of many micro-batches can take longer than
+// a job's grace period. Before each micro-batch after the first, every rank contributes its
+// signal flag and whether train.time_limit would pass within one more micro-batch and a save to
+// a non-blocking all-reduce over the world, and reads the one it started a boundary earlier
+// (complete by then, so no rank waits on another for it): all ranks agree at the same boundary,
+// one to two micro-batches after the request. The step is then dropped, not finished: its
+// gradients are discarded, the checkpoint is the previous step's, and the step runs again on
+// resume. Under pp the schedule's micro-batches are not interrupted: stops act at the step end.
+class Trainer::State::MicroBatchStops {
+ public:
+  explicit MicroBatchStops(State& s) : s_(s), last_(std::chrono::steady_clock::now()) {}
+  ~MicroBatchStops() { pending_.wait(); }  // the last one started; every rank started it
+  // True when the ranks agreed to stop before micro-batch `micro` (s.dropped says why).
+  bool agreed(int64_t micro) {
+    const auto now = std::chrono::steady_clock::now();
+    const double micro_s = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    const double limit = s_.cfg.train.time_limit;
+    const double elapsed = std::chrono::duration<double>(now - s_.created).count();
+    int32_t* mine = flags_[micro % 2];
+    mine[0] = s_.stop_requests.signal();
+    mine[1] = limit > 0 && elapsed + micro_s + s_.last_save_s >= limit ? 1 : 0;
+    const int32_t* seen = mine;
+    if (s_.mesh.world().size() > 1) {
+      pending_.wait();
+      seen = flags_[(micro + 1) % 2];  // what the previous boundary's all-reduce agreed on
+      const bool stop = micro > 1 && (seen[0] || seen[1]);
+      pending_ = stop ? Handle()
+                      : s_.mesh.world().all_reduce(Tensor(mine, {2}, DType::i32), ReduceOp::max);
+      if (!stop) return false;
+    } else if (!mine[0] && !mine[1]) {
+      return false;
+    }
+    s_.dropped = Dropped{seen[0] ? signal_name(seen[0]) : "train.time_limit", micro};
+    return true;
+  }
+
+ private:
+  State& s_;
+  std::chrono::steady_clock::time_point last_;
+  int32_t flags_[2][2] = {};
+  Handle pending_;
+};
+
 // The step's forward and backward over this rank's micro-batches (or the pipeline schedule);
-// returns the sum of the micro-batches' mean losses.
+// returns the sum of the micro-batches' mean losses. A stop request between micro-batches ends it
+// early with s.dropped set.
 double Trainer::State::forward_backward(int64_t step, float dloss) {
   State& s = *this;
   const uint64_t seed = s.cfg.train.seed;
   if (!s.pipeline) {
     double loss_sum = 0;
     const auto t0 = std::chrono::steady_clock::now();
+    MicroBatchStops stops(s);
     for (int64_t micro = 0; micro < s.accum; ++micro) {
+      if (micro == 1) s.fault.at("micro", step);
+      if (micro > 0 && stops.agreed(micro)) {
+        s.dropped->done = micro;
+        return loss_sum;
+      }
       // This dp rank's slice of the step's global batch (BatchLayout).
       const MicroBatch& mb = s.loader->next();
       stage(mb, 0);
@@ -746,8 +808,8 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
 }
 
 // A step whose micro-batches would take more than an hour, or past train.time_limit, at the rate
-// of the run's first micro-batch: said on rank 0 before the rest of it runs, since stop requests
-// and the time limit act only between steps.
+// of the run's first micro-batch: said on rank 0 before the rest of it runs (a stop inside it
+// drops the work done).
 void Trainer::State::warn_long_step(int64_t step, double first_s) {
   const double estimate = first_s * static_cast<double>(accum);
   const double limit = cfg.train.time_limit;
@@ -763,7 +825,8 @@ void Trainer::State::warn_long_step(int64_t step, double first_s) {
                "warning: step %lld will take about %s (%.0f s): %lld micro-batches of %.3g s (the "
                "first, measured) per rank (train.global_batch_size=%lld / (dp=%lld x "
                "train.micro_batch_size=%lld))%s. Stop signals and train.time_limit act between "
-               "steps; lower train.global_batch_size for shorter steps\n",
+               "micro-batches (the step is then dropped and runs again on resume); lower "
+               "train.global_batch_size for shorter steps\n",
                static_cast<long long>(step), span.c_str(), estimate, static_cast<long long>(accum),
                first_s, static_cast<long long>(gbs), static_cast<long long>(dp),
                static_cast<long long>(mbs), over.c_str());
@@ -789,6 +852,7 @@ void Trainer::State::train_step(int64_t step, StepMetrics& m) {
   const bool moe = cfg.model.moe.enabled();
   if (moe) s.model->moe_stats().reset();
   const double loss_sum = forward_backward(step, dloss);
+  if (s.dropped) return;  // a stop request inside the step: no update
   if (moe) m.moe = moe_metrics();
   s.fault.at("backward", step);
   s.data_parallel->finish_backward();
@@ -854,13 +918,27 @@ TrainResult Trainer::State::run() {
                 static_cast<long long>(s.start_step), static_cast<long long>(cfg.train.steps));
   const int64_t last_step =
       s.opts.stop_after > 0 ? std::min(s.opts.stop_after, cfg.train.steps) : cfg.train.steps;
-  double max_step_s = 0, last_save_s = 0;
+  double max_step_s = 0;
   for (int64_t step = s.start_step + 1; step <= last_step; ++step) {
     const auto t0 = clock::now();
     StepMetrics m;
     m.step = step;
     m.steps = cfg.train.steps;
     train_step(step, m);
+    if (s.dropped) {
+      // The parameters, optimizer and schedule are still step - 1's: that is what is saved (no
+      // metrics line for the dropped step, so metrics.jsonl still ends at `latest`).
+      const CheckpointConfig& ck = cfg.checkpoint;
+      if (!ck.dir.empty() && step - 1 > s.start_step && s.checkpointed_step < step - 1 &&
+          start_checkpoint(step - 1))
+        poll_checkpoint(true);
+      result.stopped = s.dropped->why;
+      result.dropped_step = step;
+      result.dropped_after = s.dropped->done;
+      result.micro_batches = s.accum;
+      result.steps = step - 1;
+      break;
+    }
     const auto t1 = clock::now();
     m.step_time_s = std::chrono::duration<double>(t1 - t0).count();
     m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
@@ -889,7 +967,7 @@ TrainResult Trainer::State::run() {
       max_step_s = std::max(max_step_s, m.step_time_s);
       const double elapsed = std::chrono::duration<double>(clock::now() - s.created).count();
       const bool time_up =
-          cfg.train.time_limit > 0 && elapsed + max_step_s + last_save_s >= cfg.train.time_limit;
+          cfg.train.time_limit > 0 && elapsed + max_step_s + s.last_save_s >= cfg.train.time_limit;
       int32_t req[2] = {stop_requests.signal(), time_up ? 1 : 0};
       if (s.mesh.world().size() > 1)
         s.mesh.world().all_reduce(Tensor(req, {2}, DType::i32), ReduceOp::max).wait();
@@ -910,7 +988,7 @@ TrainResult Trainer::State::run() {
       else
         poll_checkpoint(false);
       m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
-      if (save_due) last_save_s = *m.checkpoint_s;
+      if (save_due) s.last_save_s = *m.checkpoint_s;
     }
     // The step's metrics line is on disk before its checkpoint commits (a synchronous save
     // commits just below, an async one at a later step's poll): `latest` never runs ahead of

@@ -31,6 +31,9 @@ struct TrainResult {
   // Set when the run stopped early on request ("SIGTERM", "train.time_limit"): it saved a
   // checkpoint (when [checkpoint] dir is set) and wrote its metrics; the app exits 75.
   std::string stopped;
+  // A stop honoured inside step `dropped_step` (> 0) after `dropped_after` of this rank's
+  // `micro_batches`: the step was dropped and runs again on resume.
+  int64_t dropped_step = 0, dropped_after = 0, micro_batches = 0;
   // Set when the run stopped on a failure every rank saw alike (a non-finite loss or gradient
   // norm, too many skipped steps, non-finite values at a save): the message; the app exits 1.
   // The checkpoints written before it are complete.

@@ -9,6 +9,9 @@
   signals    np=2: SIGTERM to rank 0 and SIGUSR1 to rank 1 mid-run: exit 75 with a checkpoint of
              the step it stopped at and a metrics line per step; `load = "auto"` resumes, and the
              losses and grad norms of the two parts are bitwise those of an uninterrupted run
+  midstep    SIGTERM inside a step of 16 micro-batches per rank (np=2; 32 at np=1): the ranks agree
+             to stop within two micro-batches, the step is dropped (exit 75, checkpoint and metrics
+             of the step before), and the resumed run is bitwise the uninterrupted one
   interrupt  one SIGINT stops as SIGTERM does; a second SIGINT ends the process at once
   timelimit  train.time_limit=3 stops (exit 75, checkpoint saved) before 3 s of run time
   kill       SIGKILL at random moments of a run saving every step: metrics.jsonl always reaches
@@ -209,6 +212,49 @@ def test_signals(args, w):
         check(not diff, f"{name}: steps {diff[:5]} differ from the uninterrupted run")
         print(f"signals: {name} to rank {rank} stopped at step {stopped} (exit 75); resumed run "
               f"bitwise equal to the uninterrupted one over {steps} steps")
+
+
+def test_midstep(args, w):
+    # Steps of 16 micro-batches per rank (global batch 64, micro-batches of 2, dp 2; 32 on one): the
+    # signalled rank waits before step 4's second micro-batch until the signal arrives, and the
+    # ranks agree to stop one to two micro-batches later, inside the step. Then on one rank.
+    steps = 6
+    sets = [f"train.steps={steps}", "train.global_batch_size=64", "optimizer.warmup_steps=2"]
+    for ranks, rank in [(2, 1), (1, 0)]:
+        ref_dir = os.path.join(w, f"ref{ranks}")
+        rc, out = train(args, ref_dir, sets, ranks=ranks)
+        check(rc == 0, f"reference run: exit {rc}\n{out}")
+        ref = metrics(ref_dir)
+        run_dir = os.path.join(w, f"mid{ranks}")
+        ck = os.path.join(run_dir, "ck")
+        run_sets = sets + [f"checkpoint.dir={ck}", "checkpoint.load=auto"]
+        p = start(args, run_dir, run_sets, ranks=ranks,
+                  env={**os.environ, "LLMTRAIN_FAULT": f"micro:4:{rank}:WAIT"})
+        wait_for_steps(run_dir, 3, p)
+        time.sleep(0.5)  # the rank is inside step 4 now (or about to be: it waits there)
+        pids = rank_pids(args, p) if ranks > 1 else [p.pid]
+        os.kill(pids[rank], signal.SIGTERM)
+        out = p.communicate()[0]
+        n = len(metrics(run_dir))
+        want = ("stopped: SIGTERM after step 3 (inside step 4, after ")
+        check(p.returncode == 75 and want in out and latest_step(ck) == 3 and n == 3,
+              f"midstep np={ranks}: exit {p.returncode}, latest {latest_step(ck)}, {n} metrics "
+              f"lines:\n{out}")
+        # One rank stops at the boundary where it sees the signal; several agree a boundary or
+        # two later (the all-reduce started at one boundary is read at the next).
+        per_rank = 32 // ranks
+        done = re.search(rf"after (\d+) of its {per_rank} micro-batches", out)
+        check(done and (1 if ranks == 1 else 2) <= int(done.group(1)) <= (1 if ranks == 1 else 3),
+              f"midstep np={ranks}: not stopped within two micro-batches:\n{out}")
+        rc, out2 = train(args, run_dir, run_sets, ranks=ranks, fresh=False)
+        got = metrics(run_dir)
+        check(rc == 0 and len(got) == steps, f"midstep resume: exit {rc}, {len(got)} lines\n{out2}")
+        diff = [r["step"] for r, g in zip(ref, got)
+                if (r["loss"], r["grad_norm"]) != (g["loss"], g["grad_norm"])]
+        check(not diff, f"midstep np={ranks}: steps {diff[:5]} differ from the uninterrupted run")
+        print(f"midstep: np={ranks}: SIGTERM inside step 4 stopped after "
+              f"{done.group(1) if done else '?'} of {per_rank} micro-batches (exit 75, latest step 3); "
+              f"the resumed run is bitwise equal to the uninterrupted one over {steps} steps")
 
 
 def test_interrupt(args, w):
@@ -524,7 +570,7 @@ def test_faults(args, w):
 def main():
     def extra(ap):
         ap.add_argument("check", choices=[
-            "nonfinite", "signals", "interrupt", "timelimit", "kill", "auto", "lock", "launch",
+            "nonfinite", "signals", "midstep", "interrupt", "timelimit", "kill", "auto", "lock", "launch",
             "watchdog", "memory", "diskfull", "truncate", "faults"])
         ap.add_argument("--signal", choices=["TERM", "USR1", "KILL"], default="TERM")
 
