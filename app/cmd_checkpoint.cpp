@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "engine/model/model_spec.h"
 #include "train/config.h"
+#include "train/memory_estimate.h"
 
 namespace llmt::app {
 
@@ -71,6 +72,18 @@ ckpt::RunState layout_state(ckpt::RunState state, const Config& cfg, int world) 
   state.ep = cfg.parallel.ep;
   state.config = to_toml(cfg);
   return state;
+}
+
+// Memory before the work: a command whose buffers would not fit in what the host has left is
+// refused (exit 2) with the numbers, before it reads a tensor, unless --force.
+void check_memory(const std::string& command, const ckpt::ToolMemory& need, bool force) {
+  const AvailableMemory have = host_memory_available();
+  if (force || static_cast<double>(need.bytes) <= have.bytes) return;
+  throw ConfigError(
+      detail::concat("checkpoint ", command, " needs ", gib(static_cast<double>(need.bytes)), " (",
+                     need.bytes, " bytes) for its buffers (", need.what, "), more than the ",
+                     gib(have.bytes), " this machine has left (", have.source,
+                     "); run it where there is more memory, or pass --force to try anyway"));
 }
 
 // `checkpoint import HF_DIR OUT`: the folder's config.json as [model] (then the user's --set),
@@ -135,6 +148,7 @@ Run add_checkpoint_command(CLI::App& app) {
     int world = 0;
     bool config = false;
     bool upgrade = false;
+    bool force = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd =
@@ -145,6 +159,10 @@ Run add_checkpoint_command(CLI::App& app) {
                                           "its global shape, dtype and L2 norm");
   inspect->add_option("dir", args->dir, "Checkpoint directory")->required();
   inspect->add_flag("--config", args->config, "Also print the resolved config of the run");
+  const char* force_help =
+      "Go on when the memory its buffers need (estimated from the index before anything is "
+      "read) exceeds what this machine has left; without it such a run exits 2 naming both";
+  inspect->add_flag("--force", args->force, force_help);
   CLI::App* verify = cmd->add_subcommand(
       "verify",
       "Check the manifest (every file's size and XXH64), then read everything: checksums, "
@@ -154,6 +172,7 @@ Run add_checkpoint_command(CLI::App& app) {
   verify->add_flag("--upgrade", args->upgrade,
                    "A checkpoint written before manifests: once everything verifies, write its "
                    "manifest.json (every file's size and XXH64) so later reads check it first");
+  verify->add_flag("--force", args->force, force_help);
   CLI::App* reshard = cmd->add_subcommand(
       "reshard", "Write a copy laid out for another [parallel] layout, tensor by tensor");
   reshard->add_option("dir", args->dir, "Checkpoint directory")->required();
@@ -164,6 +183,7 @@ Run add_checkpoint_command(CLI::App& app) {
       ->add_option("--world", args->world,
                    "World size of the new layout (default: the checkpoint's)")
       ->check(CLI::PositiveNumber);
+  reshard->add_flag("--force", args->force, force_help);
 
   CLI::App* exporter = cmd->add_subcommand(
       "export",
@@ -179,6 +199,7 @@ Run add_checkpoint_command(CLI::App& app) {
   exporter->add_option("--tokenizer", args->tokenizer,
                        "SentencePiece model written beside the weights so that AutoTokenizer "
                        "loads it (default: the run's data.tokenizer; \"none\": weights only)");
+  exporter->add_flag("--force", args->force, force_help);
 
   CLI::App* importer = cmd->add_subcommand(
       "import",
@@ -198,6 +219,7 @@ Run add_checkpoint_command(CLI::App& app) {
     const ckpt::Checkpoint ck = open_checkpoint(args->dir);
     if (cmd->got_subcommand("export")) {
       const Config cfg = stored_config(ck, {});
+      check_memory("export", ckpt::export_memory(ck, cfg.model), args->force);
       // The tokenizer: --tokenizer, else the run's own when its file is still there.
       std::string tok_path = args->tokenizer.empty() ? cfg.data.tokenizer : args->tokenizer;
       if (tok_path == "none") tok_path.clear();
@@ -234,11 +256,13 @@ Run add_checkpoint_command(CLI::App& app) {
       return 0;
     }
     if (cmd->got_subcommand("inspect")) {
+      check_memory("inspect", ckpt::inspect_memory(ck), args->force);
       std::printf("%s", ckpt::inspect(ck, args->config).c_str());
       return 0;
     }
     if (cmd->got_subcommand("verify")) {
       const Config cfg = stored_config(ck, {});
+      check_memory("verify", ckpt::verify_memory(ck), args->force);
       const ckpt::VerifyReport r = ckpt::verify(ck, ModelSpec::from_config(cfg.model));
       for (const std::string& e : r.errors) std::fprintf(stderr, "error: %s\n", e.c_str());
       if (!r.errors.empty()) {
@@ -264,7 +288,9 @@ Run add_checkpoint_command(CLI::App& app) {
     const Config cfg = stored_config(ck, args->overrides);
     const int world = args->world > 0 ? args->world : ck.state().mesh.world();
     const ckpt::RunState state = layout_state(ck.state(), cfg, world);
-    const int64_t bytes = ckpt::reshard(ck, ModelSpec::from_config(cfg.model), state, args->out);
+    const ModelSpec spec = ModelSpec::from_config(cfg.model);
+    check_memory("reshard", ckpt::reshard_memory(ck, spec, state), args->force);
+    const int64_t bytes = ckpt::reshard(ck, spec, state, args->out);
     std::printf("%s -> %s: %s -> %s, %.1f MB\n", ck.dir().c_str(), args->out.c_str(),
                 ckpt::layout_text(ck.state()).c_str(), ckpt::layout_text(state).c_str(),
                 static_cast<double>(bytes) / 1e6);

@@ -401,6 +401,22 @@ std::string write_directory(const std::string& out_arg, const std::string& what,
   return out.string();
 }
 
+ToolMemory export_memory(const Checkpoint& ckpt, const ModelConfig& cfg) {
+  ToolMemory out;
+  for (const HfTensor& t : hf_tensors(cfg)) {
+    int64_t n = 1;
+    for (int64_t c : t.count) n *= c;
+    const int64_t bytes = n * 4 * (t.transpose ? 2 : 1);
+    if (bytes > out.bytes)
+      out = {bytes, detail::concat("the largest tensor written, ", t.name, " (", n, " elements",
+                                   t.transpose ? ", read and transposed)" : ")")};
+  }
+  const ToolMemory read = verify_memory(ckpt);
+  out.bytes += read.bytes;
+  out.what += ", and " + read.what;
+  return out;
+}
+
 ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
                                 const std::string& out_arg, const HfTokenizer& tokenizer) {
   const std::vector<HfTensor> tensors = hf_tensors(cfg);

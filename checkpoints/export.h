@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoints/store.h"
+#include "checkpoints/tools.h"
 #include "engine/model/model_config.h"
 
 namespace llmt::ckpt {
@@ -75,6 +76,10 @@ struct ExportResult {
 // sibling ".tmp.<name>" and renames it to OUT at the end, so OUT appears complete or not at all.
 // Throws ConfigError when OUT exists or the model cannot be represented, Error when the
 // checkpoint's tensors do not fit `cfg` or a read or write fails (naming the tensor or file).
+// The most memory export_safetensors' buffers hold at once: the largest tensor it writes (twice
+// when transposed), and the largest box read whole to check it (tools.h).
+ToolMemory export_memory(const Checkpoint& ckpt, const ModelConfig& cfg);
+
 ExportResult export_safetensors(const Checkpoint& ckpt, const ModelConfig& cfg,
                                 const std::string& out, const HfTokenizer& tokenizer = {});
 

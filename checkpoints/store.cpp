@@ -409,12 +409,44 @@ std::vector<float> Checkpoint::check_box(int64_t d, const Mapping& m, const std:
     return {};  // written before boxes carried checksums
   }
   if (!files_->checked.insert(m.file + "/" + m.dataset).second) return {};
-  std::vector<float> all(static_cast<size_t>(m.dest.numel()));
-  h5::check(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()),
-            "cannot read " + where);
+  const int64_t numel = m.dest.numel();
+  std::vector<float> all;
+  uint64_t got = 0;
+  if (numel * 4 <= read_bound_) {
+    // Small enough to keep: read whole once, checked, and served to the caller from memory.
+    all.resize(static_cast<size_t>(numel));
+    h5::check(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()),
+              "cannot read " + where);
+    got = static_cast<uint64_t>(box_checksum(all.data(), numel));
+  } else {
+    // In pieces of whole rows along dim 0 (at least one row), hashed as they come: memory
+    // bounded by read_bound_ (or one row), whatever the box's size.
+    std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                     XXH64_freeState);
+    LLMT_CHECK(state && XXH64_reset(state.get(), 0) == XXH_OK, "XXH64 state");
+    const std::vector<int64_t>& dims = m.dest.count;
+    const int64_t rows = dims.empty() ? 1 : dims[0];
+    const int64_t row = rows > 0 ? numel / rows : 0;
+    const int64_t step = std::max<int64_t>(1, read_bound_ / 4 / std::max<int64_t>(row, 1));
+    std::vector<float> piece;
+    h5::Id fspace = h5::checked(H5Dget_space(d), H5Sclose, where);
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      std::vector<int64_t> start(dims.size(), 0), count = dims;
+      start[0] = r0;
+      count[0] = std::min(step, rows - r0);
+      piece.resize(static_cast<size_t>(count[0] * row));
+      h5::Id mem = h5::simple_space(count);
+      h5::select(fspace, start, count);
+      h5::check(H5Dread(d, H5T_NATIVE_FLOAT, mem, fspace, H5P_DEFAULT, piece.data()),
+                "cannot read " + where);
+      XXH64_update(state.get(), piece.data(), piece.size() * 4);
+    }
+    got = XXH64_digest(state.get());
+  }
   const int64_t want = h5::read_attr_int(d, kChecksumAttr, where);
-  const int64_t got = box_checksum(all.data(), m.dest.numel());
-  if (got != want) {
+  int64_t got_bits;
+  std::memcpy(&got_bits, &got, sizeof got_bits);
+  if (got_bits != want) {
     files_->checked.erase(m.file + "/" + m.dataset);
     char text[96];
     std::snprintf(text, sizeof text, "(xxh64 %016llx stored, %016llx read)",
@@ -426,6 +458,17 @@ std::vector<float> Checkpoint::check_box(int64_t d, const Mapping& m, const std:
   return all;
 }
 
+h5::Id Checkpoint::open_box(const Mapping& m, const std::string& tensor,
+                            const std::string& where) const {
+  const hid_t file = open_rank_file(m.file, tensor);
+  h5::Id d = h5::open_dataset(file, m.dataset, "checkpoint " + dir_ + ": " + m.file);
+  if (h5::dataset_dims(d) != m.dest.count)
+    throw Error(where + " does not have the shape " + Box{m.dest.start, m.dest.count}.str() +
+                " the index maps");
+  check_offset(d, m, where);
+  return d;
+}
+
 void Checkpoint::read(const std::string& path, const Box& box, float* out) const {
   const IndexTensor* t = find(path);
   if (!t) throw Error("checkpoint " + dir_ + " has no tensor " + path);
@@ -434,14 +477,10 @@ void Checkpoint::read(const std::string& path, const Box& box, float* out) const
   for (const Mapping& m : t->mappings) {
     const Box part = intersect(m.dest, box);
     if (part.empty()) continue;
-    const hid_t file = open_rank_file(m.file, path);
     const std::string where = "checkpoint " + dir_ + ": " + m.file + ": dataset " + m.dataset;
-    h5::Id d = h5::open_dataset(file, m.dataset, "checkpoint " + dir_ + ": " + m.file);
-    if (h5::dataset_dims(d) != m.dest.count)
-      throw Error(where + " does not have the shape " + Box{m.dest.start, m.dest.count}.str() +
-                  " the index maps");
-    check_offset(d, m, where);
-    // The first read of a box reads it whole to check it, and serves the part from that copy.
+    h5::Id d = open_box(m, path, where);
+    // The first read of a box checks it (whole, or in pieces when larger than the read bound);
+    // a box read whole serves the part from that copy.
     const std::vector<float> whole = check_box(d, m, where, path);
     if (!whole.empty()) {
       copy_part(whole.data(), m.dest, out, box, part);
@@ -508,12 +547,13 @@ std::vector<std::string> Checkpoint::check_structure() const {
 
 std::vector<std::string> Checkpoint::verify() const {
   std::vector<std::string> errors = check_structure();
-  std::vector<float> buf;
   for (const IndexTensor& t : tensors_) {
     for (const Mapping& m : t.mappings) {
-      buf.resize(static_cast<size_t>(m.dest.numel()));
+      // Every box checked (read in bounded pieces), nothing kept.
       try {
-        read(t.path, m.dest, buf.data());
+        const std::string where = "checkpoint " + dir_ + ": " + m.file + ": dataset " + m.dataset;
+        h5::Id d = open_box(m, t.path, where);
+        check_box(d, m, where, t.path);
       } catch (const Error& e) {
         errors.push_back(e.what());
       }

@@ -16,6 +16,10 @@
 
 namespace llmt::ckpt {
 
+namespace h5 {
+class Id;  // checkpoints/h5.h
+}
+
 constexpr const char* kFormat = "llmtrain-checkpoint";
 constexpr int64_t kVersion = 1;
 constexpr const char* kIndexFile = "index.h5";
@@ -103,18 +107,29 @@ class Checkpoint {
   // once, every rank file exists, is the rank its name says and of the index's step, and holds
   // each dataset with the mapped shape and offset. One message per problem.
   std::vector<std::string> check_structure() const;
-  // check_structure, then every dataset of every rank file read in full (checksums).
+  // check_structure, then every dataset of every rank file read in full (checksums), in pieces
+  // of at most read_bound() bytes.
   std::vector<std::string> verify() const;
+  // The most bytes one read holds at once: a box up to this size is read whole the first time
+  // it is touched (checked, then served from memory); a larger one is checked in pieces of whole
+  // rows this large and read part by part. Default kReadBound.
+  static constexpr int64_t kReadBound = int64_t{256} << 20;
+  int64_t read_bound() const { return read_bound_; }
+  void set_read_bound(int64_t bytes) { read_bound_ = bytes; }
 
  private:
-  // The first time dataset `d` (mapping m) is read: reads it whole, compares it with its checksum
-  // attribute and returns it (the caller copies its part from it). Empty once checked, or when
-  // the box has no checksum: the caller reads its part from the file.
+  // The first time dataset `d` (mapping m) is read: reads it (whole, or in pieces when larger
+  // than read_bound_) and compares it with its checksum attribute; returns it when read whole
+  // (the caller copies its part from it). Empty once checked, when read in pieces, or when the
+  // box has no checksum: the caller reads its part from the file.
   std::vector<float> check_box(int64_t d, const Mapping& m, const std::string& where,
                                const std::string& tensor) const;
   // The rank file `name` (holding part of `tensor`), opened once: throws when it is missing, or
   // its rank or step attribute differs from its name's rank or the index's step.
   int64_t open_rank_file(const std::string& name, const std::string& tensor) const;
+  // Mapping m's dataset, opened (its file through open_rank_file) and checked against the index:
+  // its shape and offset. Throws naming `where`.
+  h5::Id open_box(const Mapping& m, const std::string& tensor, const std::string& where) const;
   // Throws when dataset d's offset attribute is not where mapping m puts its box.
   void check_offset(int64_t d, const Mapping& m, const std::string& where) const;
   std::string dir_;
@@ -125,6 +140,7 @@ class Checkpoint {
   std::map<std::string, size_t> by_path_;
   struct Files;
   std::unique_ptr<Files> files_;  // open rank files, by name
+  int64_t read_bound_ = kReadBound;
 };
 
 }  // namespace llmt::ckpt

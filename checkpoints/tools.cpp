@@ -1,5 +1,6 @@
 #include "checkpoints/tools.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,79 @@
 namespace llmt::ckpt {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t d = 0; d < shape.size(); ++d) out += detail::concat(d ? ", " : "", shape[d]);
+  return out + ")";
+}
+
+// The largest box of the checkpoint, in bytes, and where it is.
+ToolMemory largest_box(const Checkpoint& ckpt) {
+  ToolMemory out;
+  for (const IndexTensor& t : ckpt.tensors())
+    for (const Mapping& m : t.mappings)
+      if (m.dest.numel() * 4 > out.bytes)
+        out = {m.dest.numel() * 4, t.path + " " + shape_text(m.dest.count) + " in " + m.file};
+  return out;
+}
+
+// A row of `box` (elements; the whole box when it has no rows).
+int64_t row_of(const Box& box) {
+  return box.count.empty() || box.count[0] == 0 ? box.numel() : box.numel() / box.count[0];
+}
+
+// `box` cut along dim 0 into pieces of at most `bound` bytes (at least one row each).
+std::vector<Box> row_pieces(const Box& box, int64_t bound) {
+  if (box.count.empty() || box.numel() * 4 <= bound) return {box};
+  const int64_t step = std::max<int64_t>(1, bound / 4 / std::max<int64_t>(row_of(box), 1));
+  std::vector<Box> out;
+  for (int64_t r = 0; r < box.count[0]; r += step) {
+    Box p = box;
+    p.start[0] = box.start[0] + r;
+    p.count[0] = std::min(step, box.count[0] - r);
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+ToolMemory verify_memory(const Checkpoint& ckpt) {
+  ToolMemory big = largest_box(ckpt);
+  if (big.bytes <= ckpt.read_bound()) return {big.bytes, "the largest box, " + big.what};
+  return {ckpt.read_bound(),
+          "the read bound: boxes over it, such as " + big.what + ", are checked in pieces"};
+}
+
+ToolMemory inspect_memory(const Checkpoint& ckpt) {
+  ToolMemory r = verify_memory(ckpt);
+  r.bytes *= 2;  // the box checked whole, and the piece the norm reads from it
+  r.what += ", read twice over (checked, then summed)";
+  return r;
+}
+
+ToolMemory reshard_memory(const Checkpoint& src, const ModelSpec& spec, const RunState& state) {
+  const WriteLayout layout = write_layout(state);
+  ToolMemory out;
+  for (int r = 0; r < layout.mesh.world(); ++r) {
+    const ModelSpec tp_spec = parallelize(spec, layout, r);
+    for (const Piece& pc : pieces_to_write(tp_spec, layout.mesh, r, src.states())) {
+      const std::string& name = tp_spec.params[pc.param].name;
+      for (const auto& b : global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end))
+        if (b.global.numel() * 4 > out.bytes)
+          out = {b.global.numel() * 4, "the largest box written, " + tensor_path(pc.state, name) +
+                                           " " + shape_text(b.global.count) + " for " +
+                                           rank_file_name(r)};
+    }
+  }
+  const ToolMemory read = verify_memory(src);
+  out.bytes += read.bytes;
+  out.what += ", and " + read.what;
+  return out;
+}
 
 std::string inspect(const Checkpoint& ckpt, bool with_config) {
   const RunState& s = ckpt.state();
@@ -25,16 +99,16 @@ std::string inspect(const Checkpoint& ckpt, bool with_config) {
   out += line;
   std::vector<float> buf;
   for (const IndexTensor& t : ckpt.tensors()) {
-    // The norm box by box, each read once (bounded memory).
+    // The norm box by box, a box over the read bound in pieces of whole rows (bounded memory).
     double sum = 0;
     for (const Mapping& m : t.mappings) {
-      buf.resize(static_cast<size_t>(m.dest.numel()));
-      ckpt.read(t.path, m.dest, buf.data());
-      for (float v : buf) sum += static_cast<double>(v) * v;
+      for (const Box& piece : row_pieces(m.dest, ckpt.read_bound())) {
+        buf.resize(static_cast<size_t>(piece.numel()));
+        ckpt.read(t.path, piece, buf.data());
+        for (float v : buf) sum += static_cast<double>(v) * v;
+      }
     }
-    std::string shape = "(";
-    for (size_t d = 0; d < t.shape.size(); ++d) shape += detail::concat(d ? ", " : "", t.shape[d]);
-    shape += ")";
+    const std::string shape = shape_text(t.shape);
     std::snprintf(line, sizeof line, "%-48s %-16s %-5s %14.6g %6zu\n", t.path.c_str(),
                   shape.c_str(), "f32", std::sqrt(sum), t.mappings.size());
     out += line;

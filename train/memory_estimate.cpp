@@ -1,11 +1,15 @@
 #include "train/memory_estimate.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
+#include "core/check.h"
 #include "engine/data_parallel/data_parallel.h"
 #include "engine/model/model_spec.h"
 
@@ -120,6 +124,14 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
 
 AvailableMemory host_memory_available() {
   AvailableMemory out{std::numeric_limits<double>::infinity(), "unknown"};
+  // Said outright (a shared node whose other jobs MemAvailable does not know of): that is all.
+  if (const char* v = std::getenv("LLMTRAIN_MEMORY_AVAILABLE"); v && *v) {
+    char* end = nullptr;
+    const double bytes = std::strtod(v, &end);
+    if (end && *end == 0 && bytes >= 0) return {bytes, "LLMTRAIN_MEMORY_AVAILABLE"};
+    throw ConfigError(detail::concat("LLMTRAIN_MEMORY_AVAILABLE=\"", v,
+                                     "\": expected a number of bytes, e.g. 8e9"));
+  }
   std::ifstream meminfo("/proc/meminfo");
   for (std::string line; std::getline(meminfo, line);) {
     double kb = 0;
@@ -136,6 +148,16 @@ AvailableMemory host_memory_available() {
              read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes", usage) && limit < 1e18) {
     if (limit - usage < out.bytes)
       out = {limit - usage, "cgroup memory.limit_in_bytes - memory.usage_in_bytes"};
+  }
+  // `ulimit -v`: the address space this process may still map.
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    double vm_kb = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (std::sscanf(line.c_str(), "VmSize: %lf kB", &vm_kb) == 1) break;
+    const double left = static_cast<double>(as.rlim_cur) - vm_kb * 1024;
+    if (left < out.bytes) out = {std::max(left, 0.0), "ulimit -v (RLIMIT_AS) - VmSize"};
   }
   return out;
 }

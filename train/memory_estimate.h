@@ -34,9 +34,11 @@ MemoryEstimate rank_state_bytes(const ModelSpec& rank_spec, int64_t zero_stage, 
                                 int group_rank, bool sixteen_bit,
                                 OptimizerType optimizer = OptimizerType::adamw);
 
-// What this process may still allocate on the host: the smaller of /proc/meminfo's MemAvailable
-// and the cgroup's limit minus its usage (v2 memory.max / memory.current, v1
-// memory.limit_in_bytes / memory.usage_in_bytes). `source` names the one that decided.
+// What this process may still allocate on the host: the smallest of /proc/meminfo's MemAvailable,
+// the cgroup's limit minus its usage (v2 memory.max / memory.current, v1 memory.limit_in_bytes /
+// memory.usage_in_bytes) and `ulimit -v` minus the address space mapped already; or
+// LLMTRAIN_MEMORY_AVAILABLE (bytes) when set, alone (throws ConfigError when it is not a number).
+// `source` names the one that decided.
 struct AvailableMemory {
   double bytes = 0;
   std::string source;

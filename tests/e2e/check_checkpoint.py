@@ -27,7 +27,10 @@
   states     the optimizer states are whatever the index lists: a checkpoint whose index keeps
              one optimizer state under another name ("momentum", mapped to exp_avg_sq's boxes)
              verifies, inspects and reshards to dp=2 with that state (h5py reads it back equal),
-             and a run, whose AdamW keeps exp_avg and exp_avg_sq, refuses it naming both lists"""
+             and a run, whose AdamW keeps exp_avg and exp_avg_sq, refuses it naming both lists
+  memory     with LLMTRAIN_MEMORY_AVAILABLE=1000, verify, inspect, reshard and export exit 2
+             before reading a tensor, naming the bytes their buffers need (verify: the largest
+             box, wte) and what decides it; with --force they run"""
 import argparse
 import json
 import os
@@ -253,6 +256,42 @@ def test_errors(r, w):
     print("errors: load=latest without a checkpoint and another model shape exit 2")
 
 
+def test_memory(r, w):
+    run_dir = os.path.join(w, "mem")
+    ck = os.path.join(run_dir, "ckpt")
+    r.train(run_dir, f"checkpoint.dir={ck}", "train.steps=2")
+    llm = r.args.llmtrain
+    # The model's largest tensor: wte (vocab x d_model) f32, read whole for its checksum.
+    with h5py.File(os.path.join(ck, "step_00000002", "index.h5"), "r") as f:
+        wte = f["model/wte.weight"].shape
+    box = wte[0] * wte[1] * 4
+    cases = {
+        "verify": ([ck], box, r"the largest box, model/wte\.weight"),
+        "inspect": ([ck], 2 * box, r"read twice over"),
+        "reshard": ([ck, os.path.join(w, "resharded")], None, r"the largest box written"),
+        "export": ([ck, os.path.join(w, "hf"), "--tokenizer", "none"], None,
+                   r"the largest tensor written"),
+    }
+    for cmd, (rest, need, what) in cases.items():
+        for d in rest[1:2]:
+            shutil.rmtree(d, ignore_errors=True)
+        env = {**os.environ, "LLMTRAIN_MEMORY_AVAILABLE": "1000"}
+        p = subprocess.run([llm, "checkpoint", cmd, *rest], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        m = re.search(rf"checkpoint {cmd} needs [0-9.]+ \w+ \((\d+) bytes\) for its buffers \(.*"
+                      rf"{what}.*\), more than the [0-9.e-]+ \w+ this machine has left "
+                      r"\(LLMTRAIN_MEMORY_AVAILABLE\); .*--force", p.stdout)
+        check(p.returncode == 2 and m, f"{cmd} at 1000 bytes: exit {p.returncode}:\n{p.stdout}")
+        if m and need is not None:
+            check(int(m.group(1)) == need, f"{cmd}: needs {m.group(1)} bytes, expected {need}")
+        check(all(not os.path.exists(d) for d in rest[1:2]), f"{cmd}: refused but wrote {rest[1:2]}")
+        p = subprocess.run([llm, "checkpoint", cmd, *rest, "--force"], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        check(p.returncode == 0, f"{cmd} --force: exit {p.returncode}:\n{p.stdout}")
+    print(f"memory: verify, inspect, reshard and export refused at 1000 bytes left (exit 2, the "
+          f"bytes and the box named; verify {box} bytes = wte {wte} f32), run with --force")
+
+
 def datasets_of(path):
     out = {}
     with h5py.File(path, "r") as f:
@@ -453,7 +492,7 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("check", choices=["resume", "reader", "kill", "corrupt", "errors", "states",
-                                          "chunkindex", "fuzz"])
+                                          "chunkindex", "fuzz", "memory"])
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     globals()["test_" + args.check](Runner(args), args.workdir)
