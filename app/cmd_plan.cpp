@@ -202,7 +202,10 @@ Run add_plan_command(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
-      "plan", "Show the pipeline layout and schedule of a config without allocating or training");
+      "plan",
+      "Predict a config's run without allocating or training: the rank map, memory per rank "
+      "(params, grads, optimizer, activations), bytes per mesh axis, step time and MFU on a "
+      "hardware profile; --search ranks every layout that fits, --schedule draws the pipeline");
   cmd->add_option("-c,--config", args->config, "TOML config file")->required();
   cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
   cmd->add_option("--world", args->world,

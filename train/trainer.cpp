@@ -343,6 +343,7 @@ struct Trainer::State {
   // Stop requests between the micro-batches of a long step: see MicroBatchStops below.
   class MicroBatchStops;
   void warn_long_step(int64_t step, double first_s);
+  void warn_cluster_run(int64_t from_step);
   void train_step(int64_t step, StepMetrics& m);
   TrainResult run();
 
@@ -420,9 +421,6 @@ void Trainer::State::init() {
     for (const std::string& name : ckpt::remove_leftovers(cfg.checkpoint.dir))
       std::printf("checkpoint: removed %s/%s, left by a save that did not finish\n",
                   cfg.checkpoint.dir.c_str(), name.c_str());
-  build_model();
-  restore();
-  build_data();
   const double rank_peak = cfg.log.peak_flops > 0 ? cfg.log.peak_flops : s.device_peak();
   // log.peak_flops is per rank; the step's FLOPs are the whole world's. A GPU whose peak is not
   // known gives 0: MFU is then reported as 0, and rank 0 says to set log.peak_flops.
@@ -432,6 +430,33 @@ void Trainer::State::init() {
         "is set\n");
   s.peak = rank_peak * static_cast<double>(mesh.shape().world());
   s.flops_per_step = s.spec.flops_per_token() * static_cast<double>(s.gbs * s.T);
+  warn_cluster_run(s.resume ? s.resume->state().step : 0);
+  build_model();
+  restore();
+  build_data();
+}
+
+// A config sized for a cluster, started on a few ranks (a paper config on one machine): said on
+// rank 0 before anything is allocated, from the run's FLOPs and the ranks' peak, a bound no
+// implementation beats (the run's MFU would have to exceed 100%).
+void Trainer::State::warn_cluster_run(int64_t from_step) {
+  const int64_t steps = cfg.train.steps - from_step;
+  if (!rank0 || peak <= 0 || steps <= 0) return;
+  const double flops = flops_per_step * static_cast<double>(steps);
+  const double at_least = flops / peak;
+  if (at_least <= 30 * 86400.0) return;
+  const double days = at_least / 86400, years = days / 365;
+  const std::string span = years >= 2 ? detail::concat(static_cast<int64_t>(years), " years")
+                                      : detail::concat(static_cast<int64_t>(days), " days");
+  std::fprintf(stderr,
+               "warning: this run is %lld steps of %.3g FLOP (%lld sequences of %lld tokens, "
+               "%.3g FLOP per token) = %.3g FLOP: at least %s on %d rank%s at their peak of %.3g "
+               "FLOP/s each, more at any real MFU. It is sized for a cluster: `llmtrain plan "
+               "--config C --world N --hardware H` gives its memory and step time there; to try "
+               "it here, `--shrink` (a small model of the same shape) or --set train.steps=N\n",
+               static_cast<long long>(steps), flops_per_step, static_cast<long long>(gbs),
+               static_cast<long long>(T), spec.flops_per_token(), flops, span.c_str(),
+               mesh.world().size(), mesh.world().size() > 1 ? "s" : "", peak / mesh.world().size());
 }
 
 // The peak FLOP/s of this rank's device: a GPU's from its model (0 when unknown); a CPU's from
