@@ -8,6 +8,7 @@
 
 #include "checkpoints/layout.h"
 #include "engine/data_parallel/data_parallel.h"
+#include "engine/data_parallel/zero_layout.h"
 #include "engine/data_parallel/zero_sequence.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/context_parallel.h"
@@ -112,10 +113,11 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
   return out;
 }
 
-// ZeRO's buffers and traffic for one unit (zero.h): a gathered copy or gradient staging (its whole
-// parameters), the all-gather staging (every rank's padded shards), a reduce-scatter's packed
-// input plus output shard, and the bytes the communicators count for one all-gather of its shards,
-// over dp x cp (and edp) and over the groups with tp (MoE's routed parameters).
+// ZeRO's buffers and traffic for one unit, in bytes, from its ZeroLayout (zero_layout.h, what Zero
+// allocates): a gathered copy or gradient staging (its whole parameters), the all-gather staging
+// (every rank's padded shards), a reduce-scatter's packed input plus output shard, and the bytes
+// the communicators count for one all-gather of its shards, over dp x cp (and edp) and over the
+// groups with tp (MoE's routed parameters).
 struct ZeroUnitBytes {
   double whole = 0, gather = 0, reduce = 0;
   double gather_pass = 0, gather_pass_tp = 0;
@@ -528,34 +530,42 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   double shards = 0, shards_tp = 0;
   // Muon's row all-gathers (as shards).
   double muon_rows = 0, muon_rows_tp = 0;
-  // Each unit's ZeRO buffers and all-gather bytes (ZeroReplay), by layer; the root's.
-  std::map<int64_t, ZeroUnitBytes> layer_units;
-  ZeroUnitBytes root_unit;
-  for (size_t i = 0; i < rs.params.size(); ++i) {
-    const ParamSpec& ps = rs.params[i];
-    const int64_t rows = rs.cut_rows(i), row_numel = ps.shape.numel() / rows;
-    const bool expert = ep > 1 && rs.is_expert(i), over_tp = tp > 1 && rs.is_routed(i);
-    const int64_t n = rs.row_group(i, group, 0).size;
-    const double pad = static_cast<double>((rows + n - 1) / n * row_numel * n);
-    ZeroUnitBytes& zu = ps.layer < 0 ? root_unit : layer_units[ps.layer];
-    zu.whole += 4 * static_cast<double>(ps.shape.numel());
-    zu.gather += 4 * pad;
-    zu.reduce += 4 * pad * (1 + 1.0 / n);
-    out.whole += static_cast<double>(ps.shape.numel());
-    if (over_tp && !expert) whole_routed += static_cast<double>(ps.shape.numel());
-    if (expert) whole_experts += static_cast<double>(ps.shape.numel());
-    const double pass = (n - 1.0) / n * 4 * pad;
-    (over_tp ? shards_tp : shards) += pass;
-    (over_tp ? zu.gather_pass_tp : zu.gather_pass) += pass;
-    // What the optimizer updates on rank 0 of the group: all of it under DDP, its rows under
-    // ZeRO. Muon all-gathers each hidden matrix's rows over the row group (ZeRO) once a step.
-    const double own = static_cast<double>(
-        par.zero_stage >= 1 ? std::min(rows, (rows + n - 1) / n) * row_numel : ps.shape.numel());
-    if (muon && rs.is_hidden_matrix(i)) {
-      out.muon_owned += own;
-      if (par.zero_stage >= 1) (over_tp ? muon_rows_tp : muon_rows) += pass;
-    } else {
-      out.adam_owned += own;
+  // ZeRO's units as Zero lays them out on rank 0 of the group (zero_layout.h): each unit's
+  // buffers and all-gather bytes (ZeroReplay); units[0] the root, units[l + 1] layer l.
+  const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, group, 0, ep, tp);
+  std::vector<ZeroUnitBytes> zero_units(layout.units.size());
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    ZeroUnitBytes& zu = zero_units[u];
+    zu.whole = 4 * static_cast<double>(layout.units[u].full_numel);
+    for (int k = 0; k < kZeroParts; ++k) {
+      const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
+                   own = 4 * static_cast<double>(layout.own_shard(u, k));
+      zu.gather += all;
+      zu.reduce += all + own;
+      (layout.over_tp[static_cast<size_t>(k)] ? zu.gather_pass_tp : zu.gather_pass) += all - own;
+    }
+    shards += zu.gather_pass;
+    shards_tp += zu.gather_pass_tp;
+    for (const ZeroParam& p : layout.units[u].params) {
+      const size_t i = p.index;
+      const double numel = static_cast<double>(rs.params[i].shape.numel());
+      const bool expert = ep > 1 && rs.is_expert(i), over_tp = layout.over_tp[p.part];
+      out.whole += numel;
+      if (over_tp && !expert) whole_routed += numel;
+      if (expert) whole_experts += numel;
+      // What the optimizer updates on rank 0 of the group: all of it under DDP, its rows under
+      // ZeRO. Muon all-gathers each hidden matrix's rows over the row group (ZeRO) once a step.
+      const double own =
+          par.zero_stage >= 1 ? static_cast<double>(p.own_rows_of(0) * p.row_numel) : numel;
+      if (muon && rs.is_hidden_matrix(i)) {
+        out.muon_owned += own;
+        const double pass = static_cast<double>(p.shard_rows * p.row_numel *
+                                                (layout.n[static_cast<size_t>(p.part)] - 1)) *
+                            4;
+        if (par.zero_stage >= 1) (over_tp ? muon_rows_tp : muon_rows) += pass;
+      } else {
+        out.adam_owned += own;
+      }
     }
   }
   // Muon: each hidden matrix all-gathered over tp when tp shards it, and orthogonalised whole on
@@ -574,13 +584,10 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
     }
   }
   // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
-  std::vector<ZeroUnitBytes> zero_units(static_cast<size_t>(j.mc.n_layers) + 1);
-  zero_units[0] = root_unit;
-  for (const auto& [layer, zu] : layer_units) zero_units[static_cast<size_t>(layer) + 1] = zu;
   ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
   if (par.zero_stage >= 1)
     replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
-                r.chunk_layers, r.e > 0, r.h > 0, root_unit.whole > 0, j.mc.n_layers);
+                r.chunk_layers, r.e > 0, r.h > 0, zero_units[0].whole > 0, j.mc.n_layers);
   out.zero_peak = zero.peak();
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;

@@ -10,10 +10,6 @@
 
 namespace llmt {
 
-int64_t Zero::Param::own_rows_of(int r) const {
-  return std::clamp<int64_t>(rows - r * shard_rows, 0, shard_rows);
-}
-
 Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Communicator& group,
            Transformer& model, Allocator& alloc, uint64_t seed)
     : DataParallel(mesh, group, model, alloc),
@@ -31,36 +27,34 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     n_[k] = groups_[k]->size();
     rank_[k] = groups_[k]->rank();
   }
-  units_.resize(static_cast<size_t>(num_layers()) + 1);
+  // The units' parameters, parts and rows (zero_layout.h), checked against the groups built here.
+  const ZeroLayout layout =
+      zero_layout(spec, num_layers(), group.size(), group.rank(), cfg.ep, mesh.size(Axis::tp));
+  for (int k = 0; k < kParts; ++k)
+    LLMT_CHECK(!layout.used[k] || (layout.n[k] == n_[k] && layout.rank[k] == rank_[k]),
+               "ZeRO's part ", k, " group has ", n_[k], " ranks (this one number ", rank_[k],
+               "), the checkpoint layout expects ", layout.n[k], " (number ", layout.rank[k], ")");
+  units_.resize(layout.units.size());
   for (int b = 0; b < model.num_blocks(); ++b)
     units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
   int64_t shard_total = 0;
-  for (Unit& u : units_) {
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    Unit& u = units_[ui];
+    const ZeroUnit& lu = layout.units[ui];
+    u.params = lu.params;
+    u.full_numel = lu.full_numel;
+    // The blocks' offsets in the gathered layout: the layout is in spec order, as the blocks.
     std::sort(u.blocks.begin(), u.blocks.end());
+    int64_t off = 0;
     for (int b : u.blocks) {
-      u.block_off.push_back(u.full_numel);
+      u.block_off.push_back(off);
       const auto [first, last] = model.block_params(b);
-      for (size_t i = first; i < last; ++i) {
-        const Shape& shape = spec.params[i].shape;
-        Param p;
-        p.index = i;
-        p.part = cfg.ep > 1 && spec.is_expert(i) ? 1 : routed_tp && spec.is_routed(i) ? 2 : 0;
-        const ModelSpec::RowGroup rg = spec.row_group(i, group.size(), group.rank());
-        LLMT_CHECK(rg.size == n_[p.part] && rg.rank == rank_[p.part], spec.params[i].name,
-                   ": ZeRO's group has ", n_[p.part], " ranks (this one number ", rank_[p.part],
-                   "), the checkpoint layout expects ", rg.size, " (number ", rg.rank, ")");
-        Part& part = u.parts[static_cast<size_t>(p.part)];
-        p.rows = spec.cut_rows(i);  // an expert stack: rows of its experts' first dim
-        p.row_numel = shape.numel() / p.rows;
-        p.shard_rows = (p.rows + n_[p.part] - 1) / n_[p.part];
-        p.own_rows = p.own_rows_of(rank_[p.part]);
-        p.full_off = u.full_numel;
-        p.shard_off = part.shard_numel;
-        u.full_numel += shape.numel();
-        part.shard_numel += p.shard_rows * p.row_numel;
-        u.params.push_back(p);
-      }
+      for (size_t i = first; i < last; ++i) off += spec.params[i].shape.numel();
     }
+    LLMT_CHECK(off == u.full_numel, "ZeRO unit ", ui, ": its blocks hold ", off,
+               " elements, its layout ", u.full_numel);
+    for (int k = 0; k < kParts; ++k)
+      u.parts[static_cast<size_t>(k)].shard_numel = lu.shard_numel[k];
     for (Part& part : u.parts) {
       part.shard_begin = shard_total;
       shard_total += part.shard_numel;

@@ -49,6 +49,7 @@
 #include <optional>
 
 #include "engine/data_parallel/data_parallel.h"
+#include "engine/data_parallel/zero_layout.h"
 #include "engine/data_parallel/zero_sequence.h"
 
 namespace llmt {
@@ -78,22 +79,11 @@ class Zero final : public DataParallel, private ZeroSequence {
   // Muon: the row group's padded shards all-gathered (gather_staging_), the real rows kept.
   void gather_rows(size_t i, Tensor rows, Tensor local) override;
   void take_local_rows(size_t i, Tensor local, Tensor rows) override;
-  // Part 0: sharded over the group; part 1: the expert stacks over the edp group (ep > 1; times
-  // tp under tp); part 2: the other routed parameters under tp, and the expert stacks without ep,
-  // over tp x dp x cp.
-  static constexpr int kParts = 3;
-  struct Param {
-    size_t index = 0;  // into the model's params
-    int part = 0;
-    // R (ModelSpec::cut_rows), s = ceil(R/n), this rank's real rows
-    int64_t rows = 0, shard_rows = 0, own_rows = 0;
-    int64_t row_numel = 0;  // elements per row
-    int64_t full_off = 0;   // offset in the unit's gathered (spec-order) layout
-    int64_t shard_off = 0;  // offset in the shard of the unit's part
-    int64_t own_rows_of(int r) const;
-  };
+  // The parts and each parameter's rows: zero_layout.h (what plan counts too).
+  static constexpr int kParts = kZeroParts;
+  using Param = ZeroParam;
   struct Part {
-    int64_t shard_numel = 0;  // this rank's (padded) shards of the part's params
+    int64_t shard_numel = 0;  // this rank's (padded) shards of the part's params (ZeroUnit's)
     int64_t shard_begin = 0;  // offset in the shard buffers
     // Stage 3: the in-flight all-gather of the part's shards into `staging`.
     Buffer staging;
