@@ -54,7 +54,8 @@ def check(ok, msg):
 
 
 def run(cmd, expect=0):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       errors="backslashreplace")
     if expect is not None and r.returncode != expect:
         sys.exit(f"FAIL: exit {r.returncode} (expected {expect}): {' '.join(cmd)}\n{r.stdout}")
     return r
@@ -455,8 +456,11 @@ def test_fuzz(r, w, cases=300, resumes=12):
         kind = what.split()[0]
         try:
             p = subprocess.run([r.args.llmtrain, "checkpoint", "verify", d], capture_output=True,
-                               text=True, timeout=60, preexec_fn=limited)
-            code, out = p.returncode, p.stdout + p.stderr
+                               timeout=60, preexec_fn=limited)
+            code, raw = p.returncode, p.stdout + p.stderr
+            out = raw.decode(errors="backslashreplace")
+            # Messages quote what they read from damaged files: escaped, never raw bytes.
+            check(out.encode() == raw, f"case {i} ({what}): output is not valid UTF-8:\n{out}")
         except subprocess.TimeoutExpired:
             code, out = "timeout", ""
         counts[kind] = counts.get(kind, 0) + 1
