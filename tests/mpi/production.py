@@ -177,6 +177,17 @@ def test_nonfinite(args, w):
     print("nonfinite: skip + max_skipped_steps, fp16 at scale 1, init_std checked")
 
 
+def resume_matches(args, run_dir, sets, ranks, ref, steps, name):
+    """Resumes the stopped run in run_dir to the end: every step's loss and grad norm must be
+    bitwise those of the uninterrupted run's metrics `ref`."""
+    rc, out = train(args, run_dir, sets, ranks=ranks, fresh=False)
+    got = metrics(run_dir)
+    check(rc == 0 and len(got) == steps, f"{name} resume: exit {rc}, {len(got)} lines\n{out}")
+    diff = [r["step"] for r, g in zip(ref, got)
+            if (r["loss"], r["grad_norm"]) != (g["loss"], g["grad_norm"])]
+    check(not diff, f"{name}: steps {diff[:5]} differ from the uninterrupted run")
+
+
 def test_signals(args, w):
     # The signalled rank waits in step 60 until the signal arrives (LLMTRAIN_FAULT ... WAIT,
     # train/fault.h), so it lands mid-run however loaded the machine is.
@@ -204,12 +215,7 @@ def test_signals(args, w):
               f"{name}: exit {p.returncode}:\n{out}")
         check(0 < stopped < steps and n == stopped,
               f"{name}: latest step {stopped}, {n} metrics lines")
-        rc, out = train(args, run_dir, run_sets, ranks=2, fresh=False)
-        got = metrics(run_dir)
-        check(rc == 0 and len(got) == steps, f"{name} resume: exit {rc}, {len(got)} lines\n{out}")
-        diff = [r["step"] for r, g in zip(ref, got)
-                if (r["loss"], r["grad_norm"]) != (g["loss"], g["grad_norm"])]
-        check(not diff, f"{name}: steps {diff[:5]} differ from the uninterrupted run")
+        resume_matches(args, run_dir, run_sets, 2, ref, steps, name)
         print(f"signals: {name} to rank {rank} stopped at step {stopped} (exit 75); resumed run "
               f"bitwise equal to the uninterrupted one over {steps} steps")
 
@@ -246,12 +252,7 @@ def test_midstep(args, w):
         done = re.search(rf"after (\d+) of its {per_rank} micro-batches", out)
         check(done and (1 if ranks == 1 else 2) <= int(done.group(1)) <= (1 if ranks == 1 else 3),
               f"midstep np={ranks}: not stopped within two micro-batches:\n{out}")
-        rc, out2 = train(args, run_dir, run_sets, ranks=ranks, fresh=False)
-        got = metrics(run_dir)
-        check(rc == 0 and len(got) == steps, f"midstep resume: exit {rc}, {len(got)} lines\n{out2}")
-        diff = [r["step"] for r, g in zip(ref, got)
-                if (r["loss"], r["grad_norm"]) != (g["loss"], g["grad_norm"])]
-        check(not diff, f"midstep np={ranks}: steps {diff[:5]} differ from the uninterrupted run")
+        resume_matches(args, run_dir, run_sets, ranks, ref, steps, f"midstep np={ranks}")
         print(f"midstep: np={ranks}: SIGTERM inside step 4 stopped after "
               f"{done.group(1) if done else '?'} of {per_rank} micro-batches (exit 75, latest step 3); "
               f"the resumed run is bitwise equal to the uninterrupted one over {steps} steps")
