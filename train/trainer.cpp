@@ -805,10 +805,7 @@ double Trainer::State::forward_backward(int64_t step, float dloss) {
     MicroBatchStops stops(s);
     for (int64_t micro = 0; micro < s.accum; ++micro) {
       if (micro == 1) s.fault.at("micro", step);
-      if (micro > 0 && stops.agreed(micro)) {
-        s.dropped->done = micro;
-        return loss_sum;
-      }
+      if (micro > 0 && stops.agreed(micro)) return loss_sum;  // s.dropped says why
       // This dp rank's slice of the step's global batch (BatchLayout).
       const MicroBatch& mb = s.loader->next();
       stage(mb, 0);
