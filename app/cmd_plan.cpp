@@ -129,10 +129,11 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
   std::printf("predicted on %s:\n", hardware_line(hw).c_str());
   std::printf(
       "  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), exposed "
-      "tp %s, cp %s, pp %s; bubble %.4f; dp %s, optimizer %s\n",
+      "tp %s, cp %s, pp %s, ep %s; bubble %.4f; dp %s, optimizer %s\n",
       w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(), c.peak,
       seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(), seconds(w.comm_s[3]).c_str(),
-      c.bubble, seconds(w.comm_s[2]).c_str(), seconds(w.optimizer_s).c_str());
+      seconds(w.ep_s).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
+      seconds(w.optimizer_s).c_str());
   std::printf("  step %s, %.4g tokens/s, MFU %s (HFU %s with recompute)%s\n",
               seconds(c.step_s).c_str(), c.tokens_per_s, pct(c.mfu).c_str(), pct(c.hfu).c_str(),
               c.fits ? "" : "; DOES NOT FIT the device memory");
@@ -170,7 +171,8 @@ void print_json(const StepCost& c, const HardwareProfile& hw) {
     s += concat("}, \"compute_s\": ", num(st.compute_s), ", \"comm_s\": {");
     for (int a = 0; a < kNumAxes; ++a)
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": ", num(st.comm_s[a]));
-    s += concat("}, \"optimizer_s\": ", num(st.optimizer_s), ", \"step_s\": ", num(st.step_s), "}");
+    s += concat("}, \"ep_s\": ", num(st.ep_s), ", \"optimizer_s\": ", num(st.optimizer_s),
+                ", \"step_s\": ", num(st.step_s), "}");
   }
   s += "]}";
   std::printf("%s\n", s.c_str());

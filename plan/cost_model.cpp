@@ -291,6 +291,7 @@ struct Job {
   double head_fpt = 0, attn_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
+  double bw_ep = 0;                   // an ep group's: ep consecutive ranks of dp x cp
   double per_rank_tokens = 0;         // positions of a step on one rank
   double E = 0;                       // one (N, C) f32 activation, bytes
   double f_tp = 0, f_dp = 0;
@@ -361,6 +362,9 @@ void Job::derive() {
   }
   j.bw_dp =
       within_node(j.hw, j.tp * j.cp * j.dp) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
+  // The ep group's members are ep consecutive ranks of the dp x cp group (Mesh::expert_group):
+  // world ranks tp apart, so it spans tp x ep ranks.
+  j.bw_ep = within_node(j.hw, j.tp * j.ep) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
   j.per_rank_tokens = j.tokens / (j.dp * j.cp);
   j.E = 4 * d.N * j.C;
   j.f_tp = (j.tp - 1.0) / j.tp;
@@ -706,6 +710,10 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
       dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
   }
   s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
+  // ep's dispatch and combine all-to-alls (their bytes counted with dp): MoeMlp waits for each
+  // before it goes on (engine/model/blocks.cpp), so none of it hides behind compute, and it is
+  // on every micro-batch's path through the pipeline.
+  s.ep_s = g.all_to_all / j.bw_ep;
   s.optimizer_s = (28 * (dc.adam_owned + dc.muon_owned) + (j.sixteen ? 4 * dc.whole : 0)) /
                       j.hw.memory_bandwidth +
                   dc.muon_flops / j.eff_peak;
@@ -760,7 +768,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
   for (const StageCost& s : out.stages)
     busy = std::max(busy, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
                               s.comm_s[static_cast<int>(Axis::cp)] +
-                              s.comm_s[static_cast<int>(Axis::pp)]);
+                              s.comm_s[static_cast<int>(Axis::pp)] + s.ep_s);
   out.hardware_flops = out.model_flops;
   for (size_t i = 0; i < out.stages.size(); ++i) {
     StageCost& s = out.stages[i];

@@ -47,7 +47,8 @@ struct StageCost {
   // as it goes), the optimizer (memory bound).
   double compute_s = 0, optimizer_s = 0;
   std::array<double, kNumAxes> comm_s{};
-  double pipeline_s = 0;  // m micro-batches of (compute + tp + cp + pp) x (1 + bubble)
+  double ep_s = 0;        // expert parallelism's all-to-alls, all exposed (bytes: dp's all_to_all)
+  double pipeline_s = 0;  // m micro-batches of (compute + tp + cp + pp + ep) x (1 + bubble)
   double step_s = 0;      // pipeline_s + exposed dp + optimizer
 };
 

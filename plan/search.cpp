@@ -40,8 +40,7 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
       "parallel.cp_ulysses=0",
-      "parallel.pp_layers=[]",
-      "parallel.ep=1"};
+      "parallel.pp_layers=[]"};  // parallel.ep is added with the layout's own value
   return sets;
 }
 

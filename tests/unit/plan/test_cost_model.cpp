@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/peak_flops.h"
@@ -165,6 +167,37 @@ TEST(CostModel, BandwidthFollowsTheNode) {
                    std::max(0.0, ddp_s - d.compute_s / dp8.micro_batches * 2 / 3));
 }
 
+// Expert parallelism's dispatch and combine all-to-alls (their bytes counted with dp) are timed,
+// all exposed, on every micro-batch's path, at the bandwidth of the ep group's span (tp x ep
+// ranks): within the 4-device node at ep 4, across nodes under tp 2 x ep 4.
+TEST(CostModel, ExpertAllToAllsAreTimedAtTheirGroupsBandwidth) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.top_k=2",
+                                     "model.moe.d_ff_expert=64", "train.micro_batch_size=1"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), moe.begin(), moe.end());
+    return tiny(sets);
+  };
+  for (const auto& [sets, world, bw] :
+       {std::tuple{std::vector<std::string>{"parallel.ep=4", "parallel.dp=4"}, 4, 100e9},
+        std::tuple{std::vector<std::string>{"parallel.tp=2", "parallel.ep=4", "parallel.dp=4",
+                                            "parallel.sequence_parallel=true"},
+                   8, 10e9}}) {
+    const StepCost c = predict_step(with(sets), world, hw);
+    const StageCost& s = c.stages[0];
+    const double a2a = s.bytes[static_cast<int>(Axis::dp)].all_to_all;
+    ASSERT_GT(a2a, 0) << world;
+    EXPECT_DOUBLE_EQ(s.ep_s, a2a / bw) << world;
+    EXPECT_DOUBLE_EQ(s.pipeline_s, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
+                                       s.comm_s[static_cast<int>(Axis::cp)] + s.ep_s)
+        << world;
+    EXPECT_DOUBLE_EQ(c.step_s, s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s);
+  }
+  // Without ep there is no all-to-all and nothing to time.
+  const StepCost none = predict_step(with({"parallel.dp=4"}), 4, hw);
+  EXPECT_EQ(none.stages[0].ep_s, 0);
+}
+
 TEST(CostModel, PipelineBubbleAndStages) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   const StepCost c =
@@ -229,6 +262,10 @@ TEST(CostModel, SearchRanksFittingLayouts) {
     EXPECT_TRUE(c.cost.fits);
     const StepCost again = predict_step(c.cfg, 8, hw);  // the config as re-parsed
     EXPECT_DOUBLE_EQ(again.step_s, c.cost.step_s) << layout_text(c.cfg, 8);
+    // Each key once in the --set list (parallel.ep was listed twice).
+    std::set<std::string> keys;
+    for (const std::string& kv : c.sets)
+      EXPECT_TRUE(keys.insert(kv.substr(0, kv.find('='))).second) << kv;
   }
   EXPECT_EQ(search_layouts(path, sets, base, 1, hw, 5).ranked.size(), 0u);
 }
