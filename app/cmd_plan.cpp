@@ -139,8 +139,10 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
               c.fits ? "" : "; DOES NOT FIT the device memory");
 }
 
-void print_json(const StepCost& c, const HardwareProfile& hw) {
+void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& spec) {
   std::string s = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", c.world,
+                         ", \"parameters\": ", spec.num_params(),
+                         ", \"active_parameters\": ", spec.num_active_params(),
                          ", \"micro_batches\": ", c.micro_batches);
   auto num = [](double v) {
     char buf[40];
@@ -325,7 +327,7 @@ Run add_plan_command(CLI::App& app) {
 
     if (args->json) {
       const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
-      print_json(predict_step(cfg, world, hw), hw);
+      print_json(predict_step(cfg, world, hw), hw, ModelSpec::from_config(cfg.model));
       return 0;
     }
     std::printf("plan: %s\n", args->config.c_str());

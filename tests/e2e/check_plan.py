@@ -5,6 +5,7 @@ without allocating it, and the exit-2 errors of impossible shapes. Run by ctest;
 import argparse
 import json
 import pathlib
+import re
 import resource
 import subprocess
 import sys
@@ -140,6 +141,17 @@ def main():
           0 < cost["mfu"] < 0.75, f"--json: 4 stages, MFU {cost['mfu']:.3g} below the GEMM "
           "efficiency 0.75")
     check(abs(cost["bubble"] - 3 / 8) < 1e-12, "--json: the 1f1b bubble 3/8")
+    # The model's size as the text report states it ("parameters: N").
+    text = plan(args, *base, schedule=False)
+    n = re.search(r"^parameters: (\d+)", text, re.M)
+    check(n and cost.get("parameters") == int(n.group(1)) and
+          cost.get("active_parameters") == int(n.group(1)),
+          f"--json: parameters {cost.get('parameters')} / active "
+          f"{cost.get('active_parameters')}, the text report: {n and n.group(1)}")
+    moe_cost = json.loads(plan(moe_args, schedule=False, extra=["--json"]))
+    check(0 < moe_cost["active_parameters"] < moe_cost["parameters"],
+          f"--json of an MoE model: active {moe_cost['active_parameters']} of "
+          f"{moe_cost['parameters']} parameters")
     out = plan(args, schedule=False, extra=["--hardware", "h100"], expect_rc=2)
     check("--hardware h100: no such profile" in out and "h100-80gb-sxm" in out,
           "--hardware h100: exit 2 naming the built-in profiles")
