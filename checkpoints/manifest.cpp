@@ -31,25 +31,9 @@ std::string hex(uint64_t h) {
   return text;
 }
 
-// Text read from a file that may be corrupt, fit for a message: bytes outside printable ASCII as
-// \xHH (a message stays valid UTF-8 whatever the file held).
-std::string printable(const std::string& s) {
-  std::string out;
-  for (const unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char esc[5];
-      std::snprintf(esc, sizeof esc, "\\x%02x", c);
-      out += esc;
-    }
-  }
-  return out;
-}
-
 uint64_t parse_hex(const std::string& s, const std::string& where) {
   if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
-    throw Error(where + ": \"" + printable(s) + "\" is not 16 hex digits");
+    throw Error(where + ": \"" + detail::escaped(s) + "\" is not 16 hex digits");
   return std::stoull(s, nullptr, 16);
 }
 
@@ -174,16 +158,16 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
         name->string.empty() || name->string[0] == '.')
       throw Error(where + ": a malformed entry in files");
     m.files.push_back({name->string, static_cast<int64_t>(bytes->number),
-                       parse_hex(h->string, where + ": " + printable(name->string))});
+                       parse_hex(h->string, where + ": " + detail::escaped(name->string))});
   }
   for (const ManifestFile& f : m.files) {
     const fs::path p = fs::path(dir) / f.name;
     if (!fs::exists(p, ec))
-      throw Error("checkpoint " + dir + ": " + printable(f.name) + " is missing (" + kManifestFile +
-                  " lists it)");
+      throw Error("checkpoint " + dir + ": " + detail::escaped(f.name) + " is missing (" +
+                  kManifestFile + " lists it)");
     const auto have = fs::file_size(p, ec);
     if (ec || static_cast<int64_t>(have) != f.bytes)
-      throw Error(detail::concat("checkpoint ", dir, ": ", printable(f.name), " has ", have,
+      throw Error(detail::concat("checkpoint ", dir, ": ", detail::escaped(f.name), " has ", have,
                                  " bytes; the manifest says ", f.bytes,
                                  " (truncated, extended or replaced; nothing was parsed)"));
   }

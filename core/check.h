@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace llmt {
 
@@ -29,6 +30,10 @@ std::string concat(const Args&... args) {
 }
 [[noreturn]] void check_failed(const char* file, int line, const char* cond,
                                const std::string& msg);
+// Bytes read from a file that may be damaged, fit for a message: printable ASCII as it is, every
+// other byte (and the backslash) as \xHH, so a message stays valid UTF-8 whatever the file held.
+std::string escaped(std::string_view bytes);
+
 }  // namespace detail
 
 }  // namespace llmt

@@ -75,21 +75,6 @@ T load(const uint8_t* p) {
   return v;
 }
 
-// "GARBAGE\x00\x01" for the bytes found where the magic should be.
-std::string escaped(const uint8_t* p, int64_t n) {
-  std::string s;
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\') {
-      s += static_cast<char>(p[i]);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", p[i]);
-      s += buf;
-    }
-  }
-  return s;
-}
-
 // A read-only memory map of a whole file; an empty file maps to nothing.
 class MappedFile {
  public:
@@ -269,7 +254,8 @@ class MappedDataset final : public IndexedDataset {
     const uint8_t* p = idx_.data();
     const int64_t size = idx_.size();
     if (size >= 9 && std::memcmp(p, kIndexMagic, 9) != 0)
-      fail_idx(0, "bad magic: expected MMIDIDX\\x00\\x00, found '", escaped(p, 9),
+      fail_idx(0, "bad magic: expected MMIDIDX\\x00\\x00, found '",
+               detail::escaped(std::string_view(reinterpret_cast<const char*>(p), 9)),
                "' (not a Megatron indexed dataset index)");
     if (size < kHeaderBytes)
       throw Error(detail::concat(idx_.path(), ": size ", size, " bytes, but the header needs ",

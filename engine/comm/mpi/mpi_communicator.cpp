@@ -311,7 +311,7 @@ std::unique_ptr<Communicator> world() {
   MPI_Comm dup;
   LLMT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return std::make_unique<MpiCommunicator>(dup, "world", std::make_shared<Watch>(MPI_COMM_WORLD));
+  return std::make_unique<MpiCommunicator>(dup, "world", std::make_shared<Watch>());
 }
 
 }  // namespace llmt::mpi

@@ -1,5 +1,7 @@
 #include "engine/comm/mpi/watch.h"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,16 +60,20 @@ uint64_t group_key(const std::string& name, const std::vector<int>& world_ranks)
   return h;
 }
 
-Watch::Watch(MPI_Comm world) {
-  MPI_Comm_dup(world, &comm_);
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &world_rank_);
+struct Watch::Channel {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+
+Watch::Watch() : channel_(std::make_unique<Channel>()) {
+  MPI_Comm_dup(MPI_COMM_WORLD, &channel_->comm);
+  MPI_Comm_set_errhandler(channel_->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(channel_->comm, &world_rank_);
 }
 
 Watch::~Watch() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!finalized && channel_->comm != MPI_COMM_NULL) MPI_Comm_free(&channel_->comm);
 }
 
 void Watch::add(const WatchedGroup* g) {
@@ -82,9 +88,12 @@ void Watch::serve() {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kQuestionTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kQuestionTag, channel_->comm, &flag, &st) != MPI_SUCCESS ||
+        !flag)
+      return;
     Question q;
-    MPI_Recv(&q, sizeof q, MPI_BYTE, st.MPI_SOURCE, kQuestionTag, comm_, MPI_STATUS_IGNORE);
+    MPI_Recv(&q, sizeof q, MPI_BYTE, st.MPI_SOURCE, kQuestionTag, channel_->comm,
+             MPI_STATUS_IGNORE);
     Reply r;
     for (const WatchedGroup* g : groups_)
       if (g->key == q.key) r.started = g->started;
@@ -98,7 +107,8 @@ void Watch::serve() {
     }
     // The asker may already have ended the job; an answer nobody receives is harmless.
     MPI_Request req;
-    if (MPI_Isend(&r, sizeof r, MPI_BYTE, st.MPI_SOURCE, kAnswerTag, comm_, &req) == MPI_SUCCESS) {
+    if (MPI_Isend(&r, sizeof r, MPI_BYTE, st.MPI_SOURCE, kAnswerTag, channel_->comm, &req) ==
+        MPI_SUCCESS) {
       // Small enough to go eagerly; waiting keeps `r` alive until MPI has taken it.
       MPI_Wait(&req, MPI_STATUS_IGNORE);
     }
@@ -166,8 +176,8 @@ void Watch::verdict(const WaitPoint& w, double timeout_s, double grace_s) {
   std::vector<Reply> replies(ask.size());
   std::vector<MPI_Request> sends(ask.size(), MPI_REQUEST_NULL), recvs(ask.size(), MPI_REQUEST_NULL);
   for (size_t i = 0; i < ask.size(); ++i) {
-    MPI_Isend(&q, sizeof q, MPI_BYTE, ask[i], kQuestionTag, comm_, &sends[i]);
-    MPI_Irecv(&replies[i], sizeof(Reply), MPI_BYTE, ask[i], kAnswerTag, comm_, &recvs[i]);
+    MPI_Isend(&q, sizeof q, MPI_BYTE, ask[i], kQuestionTag, channel_->comm, &sends[i]);
+    MPI_Irecv(&replies[i], sizeof(Reply), MPI_BYTE, ask[i], kAnswerTag, channel_->comm, &recvs[i]);
   }
   std::vector<int> got(ask.size(), 0);
   const auto t0 = std::chrono::steady_clock::now();

@@ -5,12 +5,11 @@
 // watched waits (every Handle::wait of the MPI backend polls for questions), so a rank that is
 // computing, stopped or hung outside any collective does not answer, and that is what the verdict
 // says of it. Questions and answers travel on a duplicate of MPI_COMM_WORLD of their own, so they
-// never match the training's messages. Private to the MPI backend (it names MPI types).
+// never match the training's messages. Private to the MPI backend; no MPI type appears here.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,8 +33,8 @@ struct WaitPoint {
 
 class Watch {
  public:
-  // Duplicates `world` (a collective call over it).
-  explicit Watch(MPI_Comm world);
+  // Duplicates MPI_COMM_WORLD (a collective call over it).
+  Watch();
   ~Watch();
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
@@ -52,7 +51,7 @@ class Watch {
   // one is, then ends the job (MPI_Abort, exit 1).
   [[noreturn]] void verdict(const WaitPoint& w, double timeout_s, double grace_s);
 
-  // The verdict's text from the answers (a separate function so that it is tested without MPI).
+  // The verdict's text from the answers.
   struct Answer {
     int world_rank = 0;
     bool answered = false;
@@ -64,7 +63,8 @@ class Watch {
                                   double grace_s, const std::vector<Answer>& answers);
 
  private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  struct Channel;  // the duplicate of MPI_COMM_WORLD questions travel on
+  std::unique_ptr<Channel> channel_;
   int world_rank_ = 0;
   std::vector<const WatchedGroup*> groups_;
   WaitPoint waiting_;
