@@ -139,8 +139,9 @@ std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& me
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
-    // A parameter replicated over tp: tp rank 0 writes it, but for routed ones (row_group).
-    const bool over_tp = tp_spec.tp_size > 1 && tp_spec.is_routed(i);
+    // A parameter replicated over tp: tp rank 0 writes it, but where its rows are cut over tp too
+    // (a gradient group widened by tp: row_group).
+    const bool over_tp = tp_spec.grad_group(i).tp;
     if (tp_rank != 0 && !over_tp && (!p.on(Axis::tp).sharded() || tp_spec.tp_size == 1)) continue;
     const auto [gn, gd] = tp_spec.row_group(i, n, d);
     const int64_t rows = tp_spec.cut_rows(i), s = (rows + gn - 1) / gn;

@@ -536,7 +536,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   double muon_rows = 0, muon_rows_tp = 0;
   // ZeRO's units as Zero lays them out on rank 0 of the group (zero_layout.h): each unit's
   // buffers and all-gather bytes (ZeroReplay); units[0] the root, units[l + 1] layer l.
-  const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, group, 0, ep, tp);
+  const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, group, 0);
   std::vector<ZeroUnitBytes> zero_units(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     ZeroUnitBytes& zu = zero_units[u];
@@ -553,7 +553,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
     for (const ZeroParam& p : layout.units[u].params) {
       const size_t i = p.index;
       const double numel = static_cast<double>(rs.params[i].shape.numel());
-      const bool expert = ep > 1 && rs.is_expert(i), over_tp = layout.over_tp[p.part];
+      const bool expert = rs.grad_group(i).ep, over_tp = layout.over_tp[p.part];
       out.whole += numel;
       if (over_tp && !expert) whole_routed += numel;
       if (expert) whole_experts += numel;

@@ -11,7 +11,7 @@ Each run trains the parity configs of tests/mpi/configs for a few steps and save
 dataset of the checkpoint's rank files (read with h5py, so file-level metadata such as creation
 times does not count). `compare` lists every run, metric and tensor that differs; exit 1 if any.
 Runs: single rank, tp2+sp, ZeRO-3 dp2, pp2 interleaved, cp2 ring, ep2 MoE, bf16 and fp16, full
-recompute, on the GPT, Llama and MoE tiny configs."""
+recompute, on the GPT, Llama and MoE tiny configs; MoE under tp, ep, ZeRO 1-3 and pp together."""
 import argparse
 import hashlib
 import json
@@ -38,6 +38,17 @@ RUNS = {
     "gpt-fp16-dp2": ("gpt-tiny", 2, ["train.precision=fp16"]),
     "llama-recompute-full": ("llama-tiny", 1, ["train.recompute=full"]),
     "moe-recompute-full-ep2": ("moe-tiny", 2, ["train.recompute=full", "parallel.ep=2"]),
+    # Every gradient group of ZeRO's parts and DDP's buckets (ModelSpec::grad_group): the routed
+    # parameters over tp x dp, the experts over their ep coordinate's ranks (times tp).
+    "moe-tp2-sp-zero1": ("moe-tiny", 2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                         "parallel.zero_stage=1"]),
+    "moe-tp2-ep2-zero2": ("moe-tiny", 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                          "parallel.ep=2", "parallel.zero_stage=2"]),
+    "moe-tp2-ep2-ddp": ("moe-tiny", 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                        "parallel.ep=2"]),
+    "moe-ep2-zero3-dp2": ("moe-tiny", 2, ["parallel.ep=2", "parallel.zero_stage=3"]),
+    "moe-pp2-ep2-zero1": ("moe-tiny", 4, ["parallel.pp=2", "parallel.ep=2",
+                                          "parallel.zero_stage=1"]),
 }
 STEPS = 4
 TIMING = {"tokens_per_s", "mfu", "step_time_s", "data_wait_s", "elapsed_s", "eta_s",

@@ -13,6 +13,18 @@
 
 namespace llmt {
 
+DataParallel::DataParallel(Mesh& mesh, Communicator& group, Transformer& model, Allocator& alloc)
+    : mesh_(mesh), group_(group), model_(model), alloc_(alloc) {
+  const ModelSpec& spec = model.spec();
+  // Decided on the whole model, so that every rank makes the same groups in the same order.
+  const std::array<bool, kNumGradGroups> used = spec.grad_groups_of_model();
+  grad_groups_[0] = &group;
+  for (int k = 1; k < kNumGradGroups; ++k)
+    if (used[static_cast<size_t>(k)])
+      grad_groups_[static_cast<size_t>(k)] = &mesh.grad_group(GradGroup::of_index(k), spec.ep_size);
+  if (spec.ep_size > 1) ep_group_ = &mesh.expert_group(spec.ep_size);
+}
+
 std::vector<std::string> DataParallel::state_names() const {
   std::vector<std::string> out{kMasterState};
   for (std::string& n : opt_->state_names()) out.push_back(std::move(n));
@@ -124,10 +136,8 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
 }
 
 std::vector<DistributedDataParallel::Bucket> make_buckets(
-    const Transformer& model, int64_t bucket_bytes,
-    const std::function<DistributedDataParallel::Over(size_t)>& over) {
-  using Over = DistributedDataParallel::Over;
-  const auto over_of = [&](size_t i) { return over ? over(i) : Over::group; };
+    const Transformer& model, int64_t bucket_bytes, const std::function<int(size_t)>& group_of) {
+  const auto group = [&](size_t i) { return group_of ? group_of(i) : 0; };
   // Offsets of each parameter in the flat buffer, and the block that completes it.
   const auto& params = model.spec().params;
   std::vector<int64_t> offset(params.size() + 1, 0);
@@ -143,12 +153,12 @@ std::vector<DistributedDataParallel::Bucket> make_buckets(
   while (end > 0) {
     size_t begin = end;
     int ready = model.num_blocks();
-    const Over kind = over_of(end - 1);
+    const int g = group(end - 1);
     do {
       --begin;
       ready = std::min(ready, block_of[begin]);
-    } while (begin > 0 && offset[end] - offset[begin] < max_elems && over_of(begin - 1) == kind);
-    buckets.push_back({offset[begin], offset[end], ready, kind});
+    } while (begin > 0 && offset[end] - offset[begin] < max_elems && group(begin - 1) == g);
+    buckets.push_back({offset[begin], offset[end], ready, g});
     end = begin;
   }
   return buckets;
@@ -158,18 +168,11 @@ DistributedDataParallel::DistributedDataParallel(const ParallelConfig& cfg,
                                                  const OptimizerConfig& opt, Mesh& mesh,
                                                  Communicator& group, Transformer& model,
                                                  Allocator& alloc)
-    : DataParallel(mesh, group, model, alloc),
-      ep_(cfg.ep > 1 ? &mesh.expert_group(static_cast<int>(cfg.ep)) : nullptr),
-      // (under tp the experts' replicas are at every tp coordinate too)
-      edp_(cfg.ep > 1 ? &mesh.expert_data_tp_group(static_cast<int>(cfg.ep)) : nullptr) {
+    : DataParallel(mesh, group, model, alloc) {
   const ModelSpec& spec = model.spec();
-  const bool routed_tp = mesh.size(Axis::tp) > 1 && spec.cfg.moe.enabled();
-  if (routed_tp) tp_group_ = &mesh.group({Axis::tp, Axis::cp, Axis::dp});
-  buckets_ = make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024), [&](size_t i) {
-    if (ep_ && spec.is_expert(i)) return Over::edp;
-    if (routed_tp && spec.is_routed(i)) return Over::tp_group;
-    return Over::group;
-  });
+  for (const Communicator* g : grad_groups_) syncs_ = syncs_ || (g && g->size() > 1);
+  buckets_ = make_buckets(model, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024),
+                          [&](size_t i) { return spec.grad_group(i).index(); });
   // The optimizer owns every parameter whole.
   std::vector<OptimizerSlot> slots;
   for (size_t i = 0; i < model.params().size(); ++i)
@@ -201,24 +204,13 @@ void DistributedDataParallel::before_backward(int block) {
   for (Handle& h : pending_) h.poll();
 }
 
-Communicator& DistributedDataParallel::over(const Bucket& b) const {
-  switch (b.over) {
-    case Over::edp:
-      return *edp_;
-    case Over::tp_group:
-      return *tp_group_;
-    default:
-      return group_;
-  }
-}
-
 void DistributedDataParallel::after_backward(int block) {
-  if (!last_micro_ || (group_.size() == 1 && !tp_group_)) return;
+  if (!last_micro_ || !syncs_) return;
   Tensor flat = model_.flat_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
     const Bucket& b = buckets_[next_bucket_++];
     Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
-    Communicator& g = over(b);
+    Communicator& g = *grad_groups_[static_cast<size_t>(b.group)];
     if (g.size() > 1) pending_.push_back(g.all_reduce(view));
   }
   for (Handle& h : pending_) h.poll();
@@ -227,22 +219,21 @@ void DistributedDataParallel::after_backward(int block) {
 void DistributedDataParallel::finish_backward() {
   for (Handle& h : pending_) h.wait();
   pending_.clear();
-  LLMT_CHECK((group_.size() == 1 && !tp_group_) || next_bucket_ == buckets_.size(),
-             "DDP: ", next_bucket_, " of ", buckets_.size(),
-             " buckets were started; was the last micro-batch marked?");
+  LLMT_CHECK(!syncs_ || next_bucket_ == buckets_.size(), "DDP: ", next_bucket_, " of ",
+             buckets_.size(), " buckets were started; was the last micro-batch marked?");
 }
 
 double DistributedDataParallel::grad_norm() {
-  if (ep_) {
-    // The other parameters are the same on every rank of the ep group; its ranks' experts
-    // together are the layer's. Under tp: each tp rank's shards, a replicated parameter (the
-    // experts too) on tp rank 0 only.
+  if (ep_group_) {
+    // The parameters not sharded over ep are the same on every rank of the ep group; its ranks'
+    // experts together are the layer's. Under tp: each tp rank's shards, a replicated parameter
+    // (the experts too) on tp rank 0 only.
     const ModelSpec& spec = model_.spec();
     double sums[2] = {0, 0};
     for (size_t i = 0; i < model_.grads().size(); ++i)
       if (counts_in_tp_norm(spec, i))  // (pp: the last stage's copy of wte counts on stage 0)
-        sums[spec.is_expert(i) ? 1 : 0] += ops::sum_squares(model_.grads()[i]);
-    ep_->all_reduce(Tensor(&sums[1], {1}, DType::f64)).wait();
+        sums[spec.grad_group(i).ep ? 1 : 0] += ops::sum_squares(model_.grads()[i]);
+    ep_group_->all_reduce(Tensor(&sums[1], {1}, DType::f64)).wait();
     double sum = sums[0] + sums[1];
     if (mesh_.size(Axis::tp) > 1)
       mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
@@ -261,7 +252,7 @@ bool DistributedDataParallel::grads_nonfinite() {
   int32_t bad = ops::has_nonfinite(model_.flat_grads()) ? 1 : 0;
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
-  if (ep_) ep_->all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
+  if (ep_group_) ep_group_->all_reduce(Tensor(&bad, {1}, DType::i32), ReduceOp::max).wait();
   return bad != 0;
 }
 
@@ -303,9 +294,9 @@ void DistributedDataParallel::gather_params(std::vector<float>& out) {
   out.resize(static_cast<size_t>(flat.numel()));
   alloc_.backend().copy_to_host(out.data(), flat.data, flat.nbytes());
   std::vector<float> local;
-  if (ep_) {  // the experts over ep, then the tp shards over tp
+  if (ep_group_) {  // the experts over ep, then the tp shards over tp
     local.swap(out);
-    gather_ep_params(*ep_, model_.spec(), local, out);
+    gather_ep_params(*ep_group_, model_.spec(), local, out);
   }
   if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);

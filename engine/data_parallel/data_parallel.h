@@ -7,6 +7,7 @@
 // gradient by 1/(accumulation steps * dp), so a sum over dp is the global-batch mean.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,9 +68,9 @@ class DataParallel : public ModelHooks, public TrainingState, public MatrixGathe
   void take_rows(size_t param, Tensor whole, Tensor rows) override;
 
  protected:
-  // group: the ranks holding replicas of the same parameters that see different data.
-  DataParallel(Mesh& mesh, Communicator& group, Transformer& model, Allocator& alloc)
-      : mesh_(mesh), group_(group), model_(model), alloc_(alloc) {}
+  // group: the ranks holding replicas of the same parameters that see different data. Makes the
+  // gradient groups (grad_groups_) the whole model's parameters use: a collective over the mesh.
+  DataParallel(Mesh& mesh, Communicator& group, Transformer& model, Allocator& alloc);
   // The master weights this rank holds for checkpoints: whole (DDP, ZeRO-1/2, the same on every
   // rank of the group after the step) or its rows (ZeRO-3).
   virtual std::vector<StateTensor> master_tensors() = 0;
@@ -84,6 +85,10 @@ class DataParallel : public ModelHooks, public TrainingState, public MatrixGathe
   Communicator& group_;
   Transformer& model_;
   Allocator& alloc_;
+  // The groups the parameters' gradients reduce over (ModelSpec::grad_group), by
+  // GradGroup::index(): [0] is `group`; nullptr where no parameter of the model has that group.
+  std::array<Communicator*, kNumGradGroups> grad_groups_{};
+  Communicator* ep_group_ = nullptr;     // ep > 1: the ranks sharing out the experts
   std::optional<ShardedOptimizer> opt_;  // set by make_optimizer
 
  private:
@@ -116,11 +121,11 @@ std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
 // reverse spec order (the order backward completes them); a bucket's all-reduce starts as soon
 // as after_backward has fired for every block it covers on the step's last micro-batch.
 //
-// Expert parallelism (parallel.ep > 1, the model holding this rank's experts): the expert stacks'
-// buckets reduce over the expert-data-parallel group (the dp ranks holding the same experts)
-// instead, the gradient norm adds the ep group's experts, and gather_params gathers them. Under
-// tp the routed parameters (router, expert stacks) reduce over tp x dp x cp: each tp rank routed
-// its own tokens.
+// A bucket holds parameters of one gradient group (ModelSpec::grad_group) and reduces over it:
+// under expert parallelism the expert stacks' buckets reduce over the ranks holding the same
+// experts; under tp the routed parameters' (router, expert stacks) over their group times tp (each
+// tp rank routed its own tokens). With ep the gradient norm adds the ep group's experts, and
+// gather_params gathers them.
 class DistributedDataParallel final : public DataParallel {
  public:
   DistributedDataParallel(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh,
@@ -138,23 +143,16 @@ class DistributedDataParallel final : public DataParallel {
   void gather_rows(size_t i, Tensor rows, Tensor local) override;
   void take_local_rows(size_t i, Tensor local, Tensor rows) override;
 
-  // Which group a bucket reduces over: the data-parallel group; the expert-data-parallel group
-  // (expert stacks under ep); the tp x dp x cp group (routed parameters under tp, whose gradients
-  // are partial over tp: ModelSpec::is_routed).
-  enum class Over : uint8_t { group, edp, tp_group };
   struct Bucket {
     int64_t begin = 0, end = 0;  // element range of the flat gradient buffer
     int ready_block = 0;         // complete once after_backward(ready_block) has fired
-    Over over = Over::group;     // a bucket holds parameters of one kind only
+    int group = 0;               // its parameters' GradGroup::index()
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
   std::vector<StateTensor> master_tensors() override { return opt_->master_tensors(); }
-  Communicator* ep_ = nullptr;        // ep > 1: the expert group and
-  Communicator* edp_ = nullptr;       // the expert-data-parallel group
-  Communicator* tp_group_ = nullptr;  // tp > 1 with routed parameters: tp x dp x cp
-  Communicator& over(const Bucket& b) const;
+  bool syncs_ = false;  // some gradient group has more than one rank
   std::vector<Bucket> buckets_;
   std::vector<Handle> pending_;
   size_t next_bucket_ = 0;
@@ -162,9 +160,10 @@ class DistributedDataParallel final : public DataParallel {
 };
 
 // Buckets of about `bucket_bytes` over the parameters of `model` (see DistributedDataParallel),
-// each over the group `over(i)` of its parameters (default: the data-parallel group).
+// a bucket's parameters all of one gradient group, `group_of(i)` (default: 0, the data-parallel
+// group).
 std::vector<DistributedDataParallel::Bucket> make_buckets(
     const Transformer& model, int64_t bucket_bytes,
-    const std::function<DistributedDataParallel::Over(size_t)>& over = {});
+    const std::function<int(size_t)>& group_of = {});
 
 }  // namespace llmt

@@ -84,7 +84,7 @@ void gather_ep_params(Communicator& ep, const ModelSpec& spec, const std::vector
   int64_t loff = 0;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const int64_t n = spec.params[i].shape.numel();
-    const bool expert = spec.is_expert(i);
+    const bool expert = spec.grad_group(i).ep;  // sharded over ep: every rank's part, in order
     for (int r = 0; r < (expert ? p : 1); ++r) {
       const float* src = all.data() + r * P + loff;
       global.insert(global.end(), src, src + n);

@@ -18,22 +18,17 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   const ModelSpec& spec = model.spec();
   LLMT_CHECK(spec.ep_size == cfg.ep, "the model holds experts for ep=", spec.ep_size,
              ", parallel.ep=", cfg.ep);
-  // The parts' groups (ModelSpec::row_group): under tp the expert stacks' holders are at every
-  // tp coordinate too, and a router's gradient is a sum over tp x dp x cp.
-  const bool routed_tp = mesh.size(Axis::tp) > 1 && spec.cfg.moe.enabled();
-  groups_ = {&group, cfg.ep > 1 ? &mesh.expert_data_tp_group(static_cast<int>(cfg.ep)) : &group,
-             routed_tp ? &mesh.group({Axis::tp, Axis::cp, Axis::dp}) : &group};
+  // The units' parameters, parts and rows (zero_layout.h), checked against the parts' groups
+  // (grad_groups_, made by DataParallel).
+  const ZeroLayout layout = zero_layout(spec, num_layers(), group.size(), group.rank());
   for (int k = 0; k < kParts; ++k) {
-    n_[k] = groups_[k]->size();
-    rank_[k] = groups_[k]->rank();
-  }
-  // The units' parameters, parts and rows (zero_layout.h), checked against the groups built here.
-  const ZeroLayout layout =
-      zero_layout(spec, num_layers(), group.size(), group.rank(), cfg.ep, mesh.size(Axis::tp));
-  for (int k = 0; k < kParts; ++k)
-    LLMT_CHECK(!layout.used[k] || (layout.n[k] == n_[k] && layout.rank[k] == rank_[k]),
+    const Communicator* g = grad_groups_[static_cast<size_t>(k)];
+    n_[k] = g ? g->size() : 1;
+    rank_[k] = g ? g->rank() : 0;
+    LLMT_CHECK(!layout.used[k] || (g && layout.n[k] == n_[k] && layout.rank[k] == rank_[k]),
                "ZeRO's part ", k, " group has ", n_[k], " ranks (this one number ", rank_[k],
                "), the checkpoint layout expects ", layout.n[k], " (number ", layout.rank[k], ")");
+  }
   units_.resize(layout.units.size());
   for (int b = 0; b < model.num_blocks(); ++b)
     units_[static_cast<size_t>(unit_of(b))].blocks.push_back(b);
@@ -120,7 +115,7 @@ void Zero::gather_rows(size_t i, Tensor rows, Tensor local) {
   ops::fill_zero(send);  // the padding rows past the real ones
   if (rows.defined()) ops::copy(send.rows(0, p.own_rows), rows.view({p.own_rows, p.row_numel}));
   Tensor all = gather_staging_.tensor({n * shard}, DType::f32);
-  groups_[static_cast<size_t>(p.part)]->all_gather(all, send.view({shard})).wait();
+  grad_groups_[static_cast<size_t>(p.part)]->all_gather(all, send.view({shard})).wait();
   ops::copy(local.view({p.rows * p.row_numel}), all.rows(0, p.rows * p.row_numel));
 }
 
@@ -212,7 +207,8 @@ void Zero::start_gather(int unit) {
     part.staging = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
     Tensor in(static_cast<float*>(param_shard_.data()) + part.shard_begin, {part.shard_numel},
               DType::f32, alloc_.device());
-    part.gather = groups_[k]->all_gather(part.staging.tensor({numel}, DType::f32), in);
+    part.gather = grad_groups_[static_cast<size_t>(k)]->all_gather(
+        part.staging.tensor({numel}, DType::f32), in);
   }
 }
 
@@ -261,8 +257,8 @@ void Zero::start_reduce(int unit) {
     red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * 4, MemCategory::comm);
     red.out = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
     pack(red.packed.tensor({numel * n_[k]}, DType::f32), u, k, model_.grads(), true);
-    red.handle = groups_[k]->reduce_scatter(red.out.tensor({numel}, DType::f32),
-                                            red.packed.tensor({numel * n_[k]}, DType::f32));
+    red.handle = grad_groups_[static_cast<size_t>(k)]->reduce_scatter(
+        red.out.tensor({numel}, DType::f32), red.packed.tensor({numel * n_[k]}, DType::f32));
     reductions_.push_back(std::move(red));
   }
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
@@ -357,8 +353,7 @@ double Zero::grad_norm() {
   const ModelSpec& spec = model_.spec();
   std::vector<Tensor> counted;
   for (const OptimizerSlot& s : opt_->slots())
-    if (counts_in_tp_norm(spec, s.param) || (spec.tp_size > 1 && spec.is_routed(s.param)))
-      counted.push_back(s.grad);
+    if (counts_in_tp_norm(spec, s.param) || spec.grad_group(s.param).tp) counted.push_back(s.grad);
   double sum = ops::sum_squares(counted);  // reduced in double, as ops.h promises
   group_.all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   if (mesh_.size(Axis::tp) > 1)
@@ -426,7 +421,8 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
         in = cur.in.tensor({numel}, DType::f32);
         pack(in, u, part, model_.params(), false);
       }
-      cur.handle = groups_[part]->all_gather(cur.out.tensor({numel * n}, DType::f32), in);
+      cur.handle = grad_groups_[static_cast<size_t>(part)]->all_gather(
+          cur.out.tensor({numel * n}, DType::f32), in);
       if (prev) finish(*prev);
       prev = std::move(cur);
     }
@@ -457,7 +453,7 @@ void Zero::gather_params(std::vector<float>& out) {
   std::vector<float> local;
   if (spec.ep_size > 1) {  // the experts over ep, then the tp shards over tp
     local.swap(out);
-    gather_ep_params(mesh_.expert_group(static_cast<int>(spec.ep_size)), spec, local, out);
+    gather_ep_params(*ep_group_, spec, local, out);
   }
   if (mesh_.size(Axis::tp) > 1) {
     local.swap(out);

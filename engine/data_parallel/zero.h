@@ -29,19 +29,17 @@
 // Staging buffers (gathered units, gradient staging, packed collectives) count under
 // MemCategory::comm; params/grads/optimizer hold exactly the (padded) shards.
 //
-// Expert parallelism (ep > 1): the model holds this rank's E/ep experts of each expert stack, and
-// the ranks holding the same experts are the expert-data-parallel group (Mesh::
-// expert_data_group, group/ep ranks). An expert stack's rows are sharded over that group, the
-// other parameters' over the whole group, so each unit is two parts, each with its own shards,
-// packing and collectives (the gathered layout stays one, spec order). Every global row is still
-// owned by exactly one rank of the group: the grad norm and the nonfinite check are unchanged.
-//
-// Mixture of experts under tp: the router and the expert stacks are replicated over tp, but each
-// tp rank routes its own rows of the sequence, so their gradients are parts of a sum over tp.
-// They are a third part, sharded over the tp x dp x cp group (the expert stacks under ep over the
-// expert-data-parallel group times tp: Mesh::expert_data_tp_group), whose reduce-scatter sums the
-// tp ranks' parts as DDP's all-reduce does; their rows count in the grad norm on every tp rank.
-// ModelSpec::row_group states the groups; the checkpoint write rule cuts rows the same way.
+// Parts: a parameter's rows are sharded over its gradient group (ModelSpec::grad_group, from its
+// placements), so a unit is one part per group its parameters use, each with its own shards,
+// packing and collectives (the gathered layout stays one, spec order). Under expert parallelism
+// (ep > 1) the model holds this rank's E/ep experts of each expert stack (Shard(0) over ep), whose
+// rows are sharded over the ranks holding the same experts (group/ep ranks); the rest over the
+// whole group. Under tp the router and the expert stacks are replicated over tp, but each tp rank
+// routes its own rows of the sequence, so their gradients are parts of a sum over tp: their group
+// is widened by tp, its reduce-scatter sums the tp ranks' parts as DDP's all-reduce does, and
+// their rows count in the grad norm on every tp rank. Every global row is still owned by exactly
+// one rank of its group; ModelSpec::row_group sizes the groups, and the checkpoint write rule
+// cuts rows the same way.
 #pragma once
 
 #include <array>
@@ -126,8 +124,9 @@ class Zero final : public DataParallel, private ZeroSequence {
   void init_shards(uint64_t seed);
   void gather_into(const std::vector<Tensor>& dst);
 
-  std::array<Communicator*, kParts> groups_;  // by part (an unused part: the group again)
-  std::array<int, kParts> n_, rank_;          // their sizes, and this rank's place in them
+  // The parts' groups are grad_groups_ (part k: GradGroup::index() k): their sizes, and this
+  // rank's place in them (an unused part: 1, 0).
+  std::array<int, kParts> n_, rank_;
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows

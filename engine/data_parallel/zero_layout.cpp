@@ -10,18 +10,17 @@ int64_t ZeroParam::own_rows_of(int r) const {
   return std::clamp<int64_t>(rows - r * shard_rows, 0, shard_rows);
 }
 
-ZeroLayout zero_layout(const ModelSpec& spec, int64_t num_layers, int group_size, int group_rank,
-                       int64_t ep, int tp) {
+ZeroLayout zero_layout(const ModelSpec& spec, int64_t num_layers, int group_size, int group_rank) {
   ZeroLayout out;
   out.units.resize(static_cast<size_t>(num_layers) + 1);
-  const bool routed_tp = tp > 1 && spec.cfg.moe.enabled();
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& ps = spec.params[i];
     LLMT_CHECK(ps.layer < num_layers, ps.name, ": layer ", ps.layer, " of ", num_layers);
     ZeroUnit& u = out.units[static_cast<size_t>(ps.layer + 1)];
     ZeroParam p;
     p.index = i;
-    p.part = ep > 1 && spec.is_expert(i) ? 1 : routed_tp && spec.is_routed(i) ? 2 : 0;
+    const GradGroup gg = spec.grad_group(i);
+    p.part = gg.index();
     const size_t k = static_cast<size_t>(p.part);
     const ModelSpec::RowGroup rg = spec.row_group(i, group_size, group_rank);
     LLMT_CHECK(!out.used[k] || (rg.size == out.n[k] && rg.rank == out.rank[k]), ps.name,
@@ -30,7 +29,7 @@ ZeroLayout zero_layout(const ModelSpec& spec, int64_t num_layers, int group_size
     out.used[k] = true;
     out.n[k] = rg.size;
     out.rank[k] = rg.rank;
-    out.over_tp[k] = tp > 1 && spec.is_routed(i);
+    out.over_tp[k] = gg.tp;
     p.rows = spec.cut_rows(i);  // an expert stack: rows of its experts' first dim
     p.row_numel = ps.shape.numel() / p.rows;
     p.shard_rows = (p.rows + rg.size - 1) / rg.size;

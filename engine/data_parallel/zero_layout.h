@@ -12,10 +12,12 @@
 
 namespace llmt {
 
-// Part 0: sharded over the dp x cp group; part 1: the expert stacks over the expert-data-parallel
-// group (ep > 1; times tp under tp); part 2: the other routed parameters under tp, and the expert
-// stacks without ep, over tp x dp x cp (ModelSpec::row_group).
-constexpr int kZeroParts = 3;
+// A unit's parameters fall into parts by their gradient group (ModelSpec::grad_group, part k =
+// GradGroup::index() k), each sharded over its own group: 0 the dp x cp group, 1 the ranks of it
+// holding the same experts (expert stacks under ep), 2 those times tp (expert stacks under ep and
+// tp), 3 tp x dp x cp (routed parameters under tp without ep). ModelSpec::row_group sizes them.
+constexpr int kZeroParts = kNumGradGroups;
+static_assert(kZeroParts == 4, "ZeroLayout::n's initialiser lists every part");
 
 struct ZeroParam {
   size_t index = 0;  // into the spec's params
@@ -38,9 +40,9 @@ struct ZeroLayout {
   // 0: the root (the parameters of no layer: embeddings, final norm, head); l + 1: layer l
   // (global), empty when this rank does not hold it.
   std::vector<ZeroUnit> units;
-  std::array<int, kZeroParts> n{1, 1, 1}, rank{0, 0, 0};  // each part's group: size, place
-  std::array<bool, kZeroParts> over_tp{};  // the part's group spans tp (counted with tp)
-  std::array<bool, kZeroParts> used{};     // some parameter is in the part (else n, rank are 1, 0)
+  std::array<int, kZeroParts> n{1, 1, 1, 1}, rank{};  // each part's group: size, place
+  std::array<bool, kZeroParts> over_tp{};             // the part's group spans tp (counted with tp)
+  std::array<bool, kZeroParts> used{};  // some parameter is in the part (else n, rank are 1, 0)
 
   // Elements of unit u's buffers for part k: stage 3's all-gather staging and a reduce-scatter's
   // packed input (every rank's shards, rank-major), and the reduce-scatter's output (this rank's).
@@ -52,9 +54,7 @@ struct ZeroLayout {
 
 // The layout over `spec` (a rank's: its pipeline stage, its tp shards, its experts) of
 // `num_layers` global layers, for the rank at place `group_rank` of its dp x cp group of
-// `group_size` ranks; `ep`: parallel.ep; `tp`: the tp degree (routed parameters form part 2 when
-// tp > 1 in an MoE model). Parts and their groups follow ModelSpec::row_group.
-ZeroLayout zero_layout(const ModelSpec& spec, int64_t num_layers, int group_size, int group_rank,
-                       int64_t ep, int tp);
+// `group_size` ranks. Parts and their groups follow ModelSpec::grad_group and row_group.
+ZeroLayout zero_layout(const ModelSpec& spec, int64_t num_layers, int group_size, int group_rank);
 
 }  // namespace llmt

@@ -77,8 +77,14 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     // experts as one dense MLP of width S * d_ff_shared.
     const MoeConfig& e = cfg.moe;
     const int64_t E = e.num_experts, Fe = e.d_ff_expert;
+    // Routed: each tp rank routes its own tokens, so the gradients are partial over tp.
+    auto routed = [&](P ep) {
+      s.params.back().tp_partial_grad = true;
+      s.params.back().placement[static_cast<int>(Axis::ep)] = std::move(ep);
+    };
     kind = K::router;
     add(p + ".mlp.router.weight", {E, C}, InitKind::normal, std, true, P::replicate());
+    routed(P::replicate());
     // Aux-loss-free balancing's bias: not trained by the optimizer (no gradient reaches it); the
     // trainer moves it after each step (docs/model.md).
     kind = K::router_bias;
@@ -87,8 +93,10 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     kind = K::expert;
     add(p + ".mlp.experts.fc1.weight", {E, s.expert_fc1_out, C}, InitKind::normal, std, true,
         P::replicate());
+    routed(P::shard(0));
     add(p + ".mlp.experts.fc2.weight", {E, C, Fe}, InitKind::normal, resid_std, true,
         P::replicate());
+    routed(P::shard(0));
     kind = K::mlp;
     if (e.shared_experts > 0) {
       std::vector<int64_t> shared_segments;
@@ -175,22 +183,22 @@ ModelSpec ModelSpec::shard_tp(int size, int rank) const {
 }
 
 std::vector<ShardSlice> ModelSpec::local_slices(size_t i) const {
-  if (ep_size > 1 && is_expert(i)) {
-    // Expert parallelism: a run of whole experts (replicated over tp).
-    const int64_t local = params[i].shape[0];
-    return {ShardSlice{0, ep_rank * local, 0, local}};
-  }
-  return llmt::local_slices(params[i].global_shape, params[i].on(Axis::tp), tp_size, tp_rank);
+  // At most one axis shards a parameter (tp: attention, MLP, embeddings; ep: expert stacks).
+  const ParamSpec& p = params[i];
+  const bool by_ep = ep_size > 1 && p.on(Axis::ep).sharded();
+  LLMT_CHECK(!by_ep || tp_size == 1 || !p.on(Axis::tp).sharded(), p.name,
+             ": sharded over both tp and ep");
+  if (by_ep) return llmt::local_slices(p.global_shape, p.on(Axis::ep), ep_size, ep_rank);
+  return llmt::local_slices(p.global_shape, p.on(Axis::tp), tp_size, tp_rank);
 }
 
 ModelSpec ModelSpec::without_ep() const {
   ModelSpec s = *this;
   s.ep_size = 1;
   s.ep_rank = 0;
-  for (size_t i = 0; i < s.params.size(); ++i)
-    if (is_expert(i))
-      s.params[i].shape = local_shape(s.params[i].global_shape, s.params[i].on(Axis::tp), tp_size,
-                                      s.params[i].name);
+  for (ParamSpec& p : s.params)
+    if (p.on(Axis::ep).sharded())
+      p.shape = local_shape(p.global_shape, p.on(Axis::tp), tp_size, p.name);
   return s;
 }
 
@@ -204,14 +212,26 @@ bool ModelSpec::is_hidden_matrix(size_t i) const {
   return (p.kind == ParamKind::attention || p.kind == ParamKind::mlp) && p.global_shape.ndim() == 2;
 }
 
-bool ModelSpec::is_routed(size_t i) const {
-  return params[i].kind == ParamKind::expert || params[i].kind == ParamKind::router;
+GradGroup ModelSpec::grad_group(size_t i) const {
+  const ParamSpec& p = params[i];
+  return {ep_size > 1 && p.on(Axis::ep).sharded(), tp_size > 1 && p.tp_partial_grad};
+}
+
+std::array<bool, kNumGradGroups> ModelSpec::grad_groups_of_model() const {
+  ModelSpec whole = from_config(cfg);
+  whole.tp_size = tp_size;
+  whole.ep_size = ep_size;
+  std::array<bool, kNumGradGroups> used{};
+  for (size_t i = 0; i < whole.params.size(); ++i)
+    used[static_cast<size_t>(whole.grad_group(i).index())] = true;
+  return used;
 }
 
 ModelSpec::RowGroup ModelSpec::row_group(size_t i, int size, int rank) const {
+  const GradGroup gg = grad_group(i);
   RowGroup g{size, rank};
-  if (ep_size > 1 && is_expert(i)) g = {size / ep_size, rank / ep_size};
-  if (tp_size > 1 && is_routed(i)) g = {g.size * tp_size, tp_rank + tp_size * g.rank};
+  if (gg.ep) g = {size / ep_size, rank / ep_size};
+  if (gg.tp) g = {g.size * tp_size, tp_rank + tp_size * g.rank};
   return g;
 }
 
@@ -230,8 +250,7 @@ ModelSpec ModelSpec::shard_ep(int size, int rank) const {
   ModelSpec s = *this;
   s.ep_size = size;
   s.ep_rank = rank;
-  for (size_t i = 0; i < s.params.size(); ++i)
-    if (s.is_expert(i)) s.params[i].shape = s.params[i].shape.with_dim(0, E / size);
+  for (ParamSpec& p : s.params) p.shape = local_shape(p.shape, p.on(Axis::ep), size, p.name);
   return s;
 }
 

@@ -42,14 +42,15 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   float std = 0.0f;    // for InitKind::normal
   bool decay = false;  // AdamW weight decay applies (2-D weights and embeddings)
-  // The layout on every mesh axis (indexed by Axis). tp, Megatron 1D tensor parallelism:
+  // The layout on every axis (indexed by Axis). tp, Megatron 1D tensor parallelism:
   // column-parallel qkv/fc1 Shard(0) by head groups / [gate|up], row-parallel proj/fc2 Shard(1)
   // (their biases replicated, added after the all-reduce), vocab-parallel wte/lm_head Shard(0),
-  // norms and wpe replicated. pp: Owned(pp rank) once shard_pp placed it (Replicate before;
-  // the last rank's tied copy of wte is Owned(pp-1) beside rank 0's, flagged tied_copy). cp and dp:
-  // Replicate (ZeRO's dp shards are the optimizer's and gradients' layout, zero.h; the parameter a
-  // layer computes with is whole).
-  std::array<Placement, kNumAxes> placement{};
+  // norms, wpe, routers and expert stacks replicated. pp: Owned(pp rank) once shard_pp placed it
+  // (Replicate before; the last rank's tied copy of wte is Owned(pp-1) beside rank 0's, flagged
+  // tied_copy). ep: an expert stack [E, ...] Shard(0), each ep rank a run of whole experts; the
+  // rest replicated. cp and dp: Replicate (ZeRO's dp shards are the optimizer's and gradients'
+  // layout, zero.h; the parameter a layer computes with is whole).
+  std::array<Placement, kNumPlacementAxes> placement{};
   const Placement& on(Axis a) const { return placement[static_cast<int>(a)]; }
   // Pipeline parallelism with tied embeddings: the last stage's copy of wte.weight (the head).
   // Initialised like stage 0's; its gradient is summed with stage 0's before the update, and it
@@ -57,6 +58,10 @@ struct ParamSpec {
   bool tied_copy = false;
   int64_t layer = -1;  // the global layer ("layers.<layer>."); -1 for wte, wpe, norm_f, lm_head
   ParamKind kind = ParamKind::mlp;
+  // Replicated over tp, but under tp > 1 each tp rank's gradient is a part of a sum over tp (a
+  // router and the expert stacks: each tp rank routes its own rows of the sequence), so it reduces
+  // over its data-parallel group times tp (GradGroup::tp).
+  bool tp_partial_grad = false;
 };
 
 struct ModelSpec {
@@ -95,9 +100,10 @@ struct ModelSpec {
   // head. Throws, with the numbers, when the layers do not split that way.
   ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
                      int rank) const;
-  // The transform to ep rank `rank` of `size` (expert parallelism): every expert stack
-  // (is_expert) holds num_experts/size experts, the rank's consecutive ones; other parameters
-  // stay whole. Throws when the experts do not divide.
+  // The transform to ep rank `rank` of `size` (expert parallelism), applied after shard_tp: every
+  // parameter sharded over ep (its Placement on Axis::ep: an expert stack's Shard(0)) holds that
+  // rank's part, num_experts/size consecutive experts; other parameters stay as they are. Throws
+  // when the experts do not divide.
   ModelSpec shard_ep(int size, int rank) const;
   // The same rank's spec with whole expert stacks (ep = 1): what gathering the experts over the
   // ep group gives.
@@ -105,20 +111,24 @@ struct ModelSpec {
   // Whether parameter i is an expert stack (ParamKind::expert: "layers.3.mlp.experts.fc1.weight"),
   // dim 0 the experts.
   bool is_expert(size_t i) const;
-  // Whether parameter i is a router weight or an expert stack: replicated over tp, but under
-  // tensor parallelism each tp rank routes its own tokens (sequence parallelism's rows), so its
-  // gradient there is this rank's part of a sum over tp.
-  bool is_routed(size_t i) const;
+  // The group parameter i's gradient is summed over and ZeRO cuts its rows over, from its
+  // placements on the axes this spec is sharded for: narrowed to the ep coordinate when ep_size >
+  // 1 shards it, widened by tp when tp_size > 1 and its gradient is partial over tp
+  // (ParamSpec::tp_partial_grad). Mesh::grad_group gives the communicator.
+  GradGroup grad_group(size_t i) const;
+  // Which gradient groups (by GradGroup::index()) some parameter of the whole model has at this
+  // spec's tp and ep sizes: the same on every rank, whatever its pipeline stage, so every rank
+  // makes the same groups (a collective) in the same order.
+  std::array<bool, kNumGradGroups> grad_groups_of_model() const;
   // Whether parameter i is a hidden weight matrix: a 2-D attention or MLP weight, or an expert
   // stack (each expert's matrix). Muon updates these (engine/optim/muon.h); biases, norms,
   // embeddings, the head and routers are not.
   bool is_hidden_matrix(size_t i) const;
-  // The group parameter i's rows are cut over by ZeRO and by the checkpoint write rule: the
-  // ranks holding the same rows that see different data. Given this rank's place `rank` in its
-  // dp x cp group of `size` ranks (ranks in mesh order): an expert stack under ep, the
-  // expert-data-parallel group (size/ep ranks, place rank/ep); a routed parameter under tp (its
-  // tp ranks' gradients are parts of one sum), that group times tp at place tp_rank + tp*place
-  // (the mesh order of the tp x dp x cp group); any other, the dp x cp group itself.
+  // The size of parameter i's grad_group and this rank's place in it, given this rank's place
+  // `rank` in its dp x cp group of `size` ranks (ranks in mesh order): what ZeRO and the
+  // checkpoint write rule cut its rows over. Narrowed to the ep coordinate: size/ep ranks, place
+  // rank/ep (the group's ranks with this rank's place mod ep); widened by tp: that times tp at
+  // place tp_rank + tp*place (the mesh order of the tp x dp x cp group).
   struct RowGroup {
     int size = 1, rank = 0;
   };

@@ -19,6 +19,8 @@ std::string_view axis_name(Axis a) {
       return "dp";
     case Axis::pp:
       return "pp";
+    case Axis::ep:
+      return "ep";
   }
   return "?";
 }
@@ -143,6 +145,11 @@ Communicator& Mesh::expert_data_tp_group(int ep) {
     edp_tp_group_ = all.split(d % ep, all.rank(), "edpxtp");
   }
   return *edp_tp_group_;
+}
+
+Communicator& Mesh::grad_group(GradGroup g, int ep) {
+  if (g.ep) return g.tp ? expert_data_tp_group(ep) : expert_data_group(ep);
+  return g.tp ? group({Axis::tp, Axis::cp, Axis::dp}) : group({Axis::dp, Axis::cp});
 }
 
 Communicator& Mesh::group(std::initializer_list<Axis> axes) {

@@ -14,6 +14,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/parallel/axis.h"
+#include "engine/parallel/placement.h"
 
 namespace llmt {
 
@@ -21,7 +22,8 @@ namespace llmt {
 struct MeshShape {
   std::array<int, kNumAxes> degree{1, 1, 1, 1};  // indexed by Axis
   int world() const { return degree[0] * degree[1] * degree[2] * degree[3]; }
-  int size(Axis a) const { return degree[static_cast<int>(a)]; }
+  // A mesh axis's degree (tp, cp, dp, pp: ep is no axis of the rank arithmetic, and throws).
+  int size(Axis a) const { return degree.at(static_cast<size_t>(a)); }
   // Coordinate of `rank` on each axis.
   std::array<int, kNumAxes> coords(int rank) const;
   int rank_of(const std::array<int, kNumAxes>& coords) const;
@@ -41,9 +43,9 @@ class Mesh {
   static Mesh create(MeshShape shape, std::unique_ptr<Communicator> world);
   const MeshShape& shape() const { return shape_; }
   int rank() const { return rank_; }
-  int coord(Axis a) const { return coords_[static_cast<int>(a)]; }
+  int coord(Axis a) const { return coords_.at(static_cast<size_t>(a)); }
   int size(Axis a) const { return shape_.size(a); }
-  Communicator& comm(Axis a) const { return *axes_[static_cast<int>(a)]; }
+  Communicator& comm(Axis a) const { return *axes_.at(static_cast<size_t>(a)); }
   Communicator& world() const { return *world_; }
   // The communicator of this rank's group over a set of axes (MeshShape::group): what gradient
   // sync and ZeRO reduce over (dp; dp x cp with context parallelism). Axes of degree 1 add no
@@ -63,6 +65,10 @@ class Mesh {
   // any tp coordinate ("edpxtp": their gradients reduce over it). The tp axis's size 1: the edp
   // group itself.
   Communicator& expert_data_tp_group(int ep);
+  // The group a parameter of gradient group `g` (ModelSpec::grad_group) reduces over and ZeRO
+  // cuts its rows over: group({dp, cp}); expert_data_group(ep); expert_data_tp_group(ep);
+  // group({tp, cp, dp}). Made on first use, as those are (a collective).
+  Communicator& grad_group(GradGroup g, int ep);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
   std::vector<Communicator*> communicators() const;
 

@@ -1,6 +1,7 @@
-// Placement: how a parameter with a global shape is laid out over one mesh axis — replicated,
-// sharded along one dim, or owned whole by one coordinate of the axis (a pipeline stage's
-// layers; later an expert rank's experts). Every shard is a list of rectangular slices of the
+// Placement: how a parameter with a global shape is laid out over one axis (axis.h: tp, cp, dp,
+// pp, and ep) — replicated, sharded along one dim (tp's column and row splits; ep's experts, dim
+// 0 of an expert stack), or owned whole by one coordinate of the axis (a pipeline stage's
+// layers). Every shard is a list of rectangular slices of the
 // global tensor, which is what checkpoints (one hyperslab per slice), initialisation (each slice
 // from its global offset) and resharding rely on (docs/references.md, "Design rules").
 //
@@ -44,6 +45,21 @@ struct ShardSlice {
   int dim;
   int64_t global_start, local_start, length;
 };
+
+// Which ranks sum a parameter's gradient and share out its rows under ZeRO, as its placements
+// make it (ModelSpec::grad_group): the data-parallel group (dp x cp), narrowed to the ranks of this
+// rank's ep coordinate when the parameter is sharded over ep (expert stacks: only they hold the
+// same experts), widened by tp when the parameter is replicated over tp but each tp rank's
+// gradient is a part of the sum (routers and expert stacks: each tp rank routes its own tokens).
+struct GradGroup {
+  bool ep = false;  // narrowed to this rank's ep coordinate
+  bool tp = false;  // widened by tp
+  // The groups' fixed order (ZeRO lays out a unit's shards in it): dp x cp; its ep coordinate's
+  // ranks; those times tp; dp x cp times tp.
+  int index() const { return ep ? (tp ? 2 : 1) : (tp ? 3 : 0); }
+  static GradGroup of_index(int k) { return {k == 1 || k == 2, k >= 2}; }
+};
+constexpr int kNumGradGroups = 4;
 
 // The shape a rank holds of `global` under `p` over an axis of `axis_size` ranks (Owned: the
 // owner's, the whole tensor). Throws (naming

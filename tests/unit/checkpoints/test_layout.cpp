@@ -182,7 +182,7 @@ TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
       bool router = false, experts = false;
       for (const Piece& pc : pieces_to_write(held, layout.mesh, 1, kAdam)) {
         const size_t i = pc.param;
-        if (!held.is_routed(i)) {
+        if (!held.grad_group(i).tp) {
           EXPECT_TRUE(held.params[i].on(Axis::tp).sharded()) << held.params[i].name;
           continue;
         }

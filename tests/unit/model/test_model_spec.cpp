@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -193,6 +194,71 @@ TEST(ModelSpec, LayerAndKindOfEveryParameter) {
   EXPECT_EQ(experts, 4);  // fc1 and fc2 stacks of layers 1 and 2
   EXPECT_EQ(routers, 2);
   EXPECT_EQ(biases, 2);
+}
+
+// Expert parallelism is an axis of the placements: the expert stacks are Shard(0) over ep and
+// everything else replicated; shard_ep follows the placement (the stack's experts divided, the
+// rest unchanged), and a rank's slices of a stack are its run of whole experts.
+TEST(ModelSpec, ExpertStacksAreShardedOverEpByTheirPlacement) {
+  const ModelSpec spec = ModelSpec::from_config(tiny_moe(3));
+  const ModelSpec s = spec.shard_tp(2, 1).shard_ep(2, 1);
+  int stacks = 0;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const ParamSpec& p = s.params[i];
+    const bool expert = p.kind == ParamKind::expert;
+    EXPECT_EQ(p.on(Axis::ep).str(), expert ? "Shard(0)" : "Replicate") << p.name;
+    if (!expert) {
+      EXPECT_EQ(p.shape, spec.shard_tp(2, 1).params[i].shape) << p.name;
+      continue;
+    }
+    ++stacks;
+    EXPECT_EQ(p.shape, p.global_shape.with_dim(0, 2)) << p.name;  // 4 experts over ep 2
+    const std::vector<ShardSlice> slices = s.local_slices(i);
+    ASSERT_EQ(slices.size(), 1u) << p.name;
+    EXPECT_EQ(slices[0].dim, 0);
+    EXPECT_EQ(slices[0].global_start, 2);  // ep rank 1: experts 2 and 3
+    EXPECT_EQ(slices[0].length, 2);
+  }
+  EXPECT_EQ(stacks, 4);  // fc1 and fc2 of layers 1 and 2
+  // Without ep the stacks are whole again, at the tp rank's shapes.
+  const ModelSpec whole = s.without_ep();
+  for (size_t i = 0; i < whole.params.size(); ++i)
+    EXPECT_EQ(whole.params[i].shape, spec.shard_tp(2, 1).params[i].shape) << whole.params[i].name;
+}
+
+// A parameter's gradient group follows from its placements and the sizes the spec is sharded
+// for: the expert stacks narrowed to their ep coordinate under ep, the routed parameters (router,
+// expert stacks: replicated over tp, gradients partial over tp) widened by tp under tp, the rest
+// the dp x cp group; row_group sizes each. The groups the model uses are the same on every
+// pipeline stage (a stage holding only dense layers makes the experts' groups too).
+TEST(ModelSpec, GradientGroupsFollowThePlacements) {
+  ModelConfig c = tiny_moe(4);
+  c.moe.first_dense_layers = 2;  // pp 2: stage 0 holds dense layers only
+  const ModelSpec spec = ModelSpec::from_config(c);
+  for (const int tp : {1, 2})
+    for (const int ep : {1, 2}) {
+      const ModelSpec s = spec.shard_tp(tp, 0).shard_ep(ep, 0);
+      std::array<bool, kNumGradGroups> used{};
+      for (size_t i = 0; i < s.params.size(); ++i) {
+        const ParamSpec& p = s.params[i];
+        const bool expert = p.kind == ParamKind::expert, router = p.kind == ParamKind::router;
+        const GradGroup g = s.grad_group(i);
+        EXPECT_EQ(g.ep, expert && ep > 1) << p.name << " tp " << tp << " ep " << ep;
+        EXPECT_EQ(g.tp, (expert || router) && tp > 1) << p.name << " tp " << tp << " ep " << ep;
+        used[static_cast<size_t>(g.index())] = true;
+        // In a dp x cp group of 4, at place 3.
+        const ModelSpec::RowGroup rg = s.row_group(i, 4, 3);
+        EXPECT_EQ(rg.size, (g.ep ? 4 / ep : 4) * (g.tp ? tp : 1)) << p.name;
+        EXPECT_EQ(rg.rank, g.tp ? (g.ep ? 3 / ep : 3) * tp : (g.ep ? 3 / ep : 3)) << p.name;
+        EXPECT_EQ(GradGroup::of_index(g.index()).index(), g.index());
+      }
+      EXPECT_EQ(s.grad_groups_of_model(), used) << "tp " << tp << " ep " << ep;
+      for (int stage = 0; stage < 2; ++stage)
+        EXPECT_EQ(
+            spec.shard_pp(2, 1, {}, stage).shard_tp(tp, 0).shard_ep(ep, 0).grad_groups_of_model(),
+            used)
+            << "stage " << stage;
+    }
 }
 
 // parallelize composes the stage, the tp shard and the experts in that order, the ep rank being
