@@ -46,6 +46,14 @@ int StopRequests::signal() const {
   return g_received;
 }
 
+StopConditions::StopConditions(const StopRequests& requests, double time_limit_s)
+    : requests_(requests), time_limit_s_(time_limit_s), start_(clock::now()) {}
+
+bool StopConditions::time_up(clock::time_point now, double ahead_s) const {
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  return time_limit_s_ > 0 && elapsed + ahead_s + last_save_s_ >= time_limit_s_;
+}
+
 const char* signal_name(int sig) {
   switch (sig) {
     case SIGTERM:

@@ -1,14 +1,14 @@
-// Single-rank trainer. Everything is allocated once before the first step; the loop only calls
-// into the model, the optimizer and the metrics writer.
+// One rank's run (trainer.h): construction (the model stage, the data-parallel strategy, the
+// pipeline stage, the resumed state, the data), then the loop around Step (train/step.h): stop
+// requests, the time limit, evaluation, checkpoints, metrics and the run's failures. Everything
+// is allocated before the first step.
 #include "train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -22,8 +22,7 @@
 #include "engine/data_parallel/data_parallel.h"
 #include "engine/model/parallelize.h"
 #include "engine/model/transformer.h"
-#include "engine/optim/optimizer.h"
-#include "engine/pipeline/executor.h"
+#include "engine/pipeline/stage.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "train/fault.h"
@@ -31,6 +30,7 @@
 #include "train/rank_model.h"
 #include "train/run_guard.h"
 #include "train/run_lock.h"
+#include "train/step.h"
 #include "train/stop.h"
 #include "train/tensorboard.h"
 
@@ -219,7 +219,8 @@ std::vector<std::pair<std::string, CommCounters>> take_comm_counters(
 
 // Everything one rank's run holds, built in the order the old single function built it (the
 // collectives of construction — mesh groups, checkpoint load, the embedding group — run in the
-// same order on every rank).
+// same order on every rank). The step itself is Step's (train/step.h); this is the loop around
+// it: construction, the resumed position, stop requests, evaluation, checkpoints, metrics.
 struct Trainer::State {
   State(const Config& c, const TrainOptions& o, Mesh& m)
       : cfg(c),
@@ -228,9 +229,7 @@ struct Trainer::State {
         rank0(m.rank() == 0),
         dp(m.size(Axis::dp)),
         dp_rank(m.coord(Axis::dp)),
-        cp(m.size(Axis::cp)),
         pp(m.size(Axis::pp)),
-        pp_rank(m.coord(Axis::pp)),
         thread_choice(c.train.threads > 0
                           ? ThreadChoice{static_cast<int>(c.train.threads), "train.threads"}
                           : default_cpu_threads(local_size_from_env())),
@@ -242,13 +241,9 @@ struct Trainer::State {
         alloc(*backend),
         spec(ModelSpec::from_config(c.model)),
         T(c.model.seq_len),
-        positions(zigzag_shard(c.model.seq_len, m.size(Axis::cp), m.coord(Axis::cp)).positions()),
-        Tl(static_cast<int64_t>(positions.size())),
         gbs(c.train.global_batch_size),
         mbs(c.train.micro_batch_size),
-        accum(grad_accum_steps(c) / dp),
-        scaler(c.optimizer, c.train.precision == Precision::fp16),
-        created(std::chrono::steady_clock::now()),
+        stops(stop_requests, c.train.time_limit),
         fault(m.rank(), stop_requests) {}
 
   // From construction on, so that a signal while loading a checkpoint stops the run too.
@@ -260,52 +255,29 @@ struct Trainer::State {
   std::vector<std::unique_ptr<RunLock>> locks;
   const bool rank0;
   const int64_t dp, dp_rank;
-  const int64_t cp;  // context parallel: each rank of a cp group holds Tl of a sequence's T
-  const int pp, pp_rank;
+  const int pp;
   const ThreadChoice thread_choice;  // train.threads, or what 0 means for this rank
   const int threads;
   std::unique_ptr<DeviceBackend> backend;
   Allocator alloc;
   const ModelSpec spec;
-  // T seq_len, gbs global batch; each dp rank runs `accum` micro-batches of mbs sequences of its
-  // slice of the global batch; of each sequence this rank holds the Tl = T/cp `positions`
-  // (context_parallel.h's zigzag chunks; all of them without cp).
-  const int64_t T;
-  const std::vector<int32_t> positions;
-  const int64_t Tl, gbs, mbs, accum;
+  const int64_t T, gbs, mbs;  // seq_len, global batch, micro-batch (sequences)
   std::optional<ckpt::Checkpoint> resume;
   std::optional<ckpt::Checkpoint> init_from;  // checkpoint.init_from, when the run starts fresh
   std::unique_ptr<Transformer> model;
   std::unique_ptr<DataParallel> data_parallel;
-  std::optional<PipelineExecutor> pipeline;
-  double predicted_bubble = 0;
-  // Tied embeddings under pp: stage 0's wte and the last stage's copy form the embedding group,
-  // whose gradients are summed before the update (Megatron's embedding group).
-  std::unique_ptr<Communicator> embedding_group;
-  LossScaler scaler;
-  int64_t start_step = 0, updates = 0, consumed = 0;
+  std::unique_ptr<PipelineStage> pipeline;  // pp > 1
+  int64_t start_step = 0, consumed = 0;
   int64_t skipped_in_a_row = 0;
-  const std::chrono::steady_clock::time_point created;  // train.time_limit counts from here
-  FaultInjector fault;                                  // LLMTRAIN_FAULT (tests)
+  StopConditions stops;  // train.time_limit counts from the State's construction
+  FaultInjector fault;   // LLMTRAIN_FAULT (tests)
   // A failure all ranks saw alike (non-finite values): the run ends after the step's metrics.
   std::string failure;
   std::string last_checkpoint;
   int64_t checkpointed_step = -1;  // the step of the newest save started by this run
-  double last_save_s = 0;          // how long that save took (train.time_limit keeps room for one)
-  // A stop request honoured inside a step (forward_backward): the step is dropped.
-  struct Dropped {
-    std::string why;   // "SIGTERM", "train.time_limit"
-    int64_t done = 0;  // micro-batches run before the stop
-  };
-  std::optional<Dropped> dropped;
   DataSources data;
   std::unique_ptr<DataLoader> loader;
-  // Token staging: the device inputs/targets (mbs, Tl), cut from a micro-batch's windows
-  // (mbs, T+1) on the host at this rank's positions; under pp one pair per micro-batch of the step
-  // (every pp rank of a dp group reads the same ones; the first and last stage use them).
-  Buffer tok_buf;
-  std::vector<int32_t> host_in, host_tg;
-  std::vector<PipelineMicroBatch> pipe_mbs;
+  std::unique_ptr<Step> step;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<TensorBoardWriter> tensorboard;  // log.tensorboard, rank 0
   std::ofstream dump_tokens;
@@ -324,36 +296,21 @@ struct Trainer::State {
   void build_model();
   void restore();
   void build_data();
-  // One micro-batch's windows (mbs, T+1) -> the device tokens and targets of slot `slot`.
-  void stage(const MicroBatch& mb, int64_t slot);
   void gather_params();
   double device_peak();
-  double world_mean(double v);
-  // The step's mixture-of-experts metrics from the model's MoeStats, over all ranks; keeps each
-  // layer's assignments per expert over the global batch in moe_loads.
-  StepMetrics::Moe moe_metrics();
-  std::vector<double> moe_loads;  // [layer * E + expert], the step's, every rank
   double evaluate(int64_t step);
   void report_save(const ckpt::SaveResult& r);
   void poll_checkpoint(bool wait);
   // Starts the save of `step` (a synchronous one writes every rank file here, and commits at
   // the next poll_checkpoint); false when the state is not finite (`failure` says why).
   bool start_checkpoint(int64_t step);
-  double forward_backward(int64_t step, float dloss);
-  // Stop requests between the micro-batches of a long step: see MicroBatchStops below.
-  class MicroBatchStops;
-  void warn_long_step(int64_t step, double first_s);
   void warn_cluster_run(int64_t from_step);
-  void train_step(int64_t step, StepMetrics& m);
+  // The debug dump's tokens of step `step`: the whole global batch's windows (gbs, T+1).
+  void dump_step_tokens(int64_t step);
+  // After a step that was not dropped: the run's failures (a non-finite loss or norm under
+  // train.on_nonfinite = "stop", too many skipped steps in a row) into `failure`.
+  void check_step(int64_t step, const StepMetrics& m, bool nonfinite);
   TrainResult run();
-
-  Tensor inputs_of(int64_t slot) const {
-    return tok_buf.tensor({mbs, Tl}, DType::i32, static_cast<size_t>(2 * slot * mbs * Tl) * 4);
-  }
-  Tensor targets_of(int64_t slot) const {
-    return tok_buf.tensor({mbs, Tl}, DType::i32,
-                          static_cast<size_t>((2 * slot + 1) * mbs * Tl) * 4);
-  }
 };
 
 void Trainer::State::init() {
@@ -493,8 +450,9 @@ double Trainer::evaluate() {
 }
 
 // This rank's part of the model (parallelize: its pipeline stage's chunks, the embeddings on pp
-// rank 0 and the head on the last, its tp shards, its experts) and the executor that runs the
-// schedule's actions for it. Every rank of a tp group reads the same micro-batches.
+// rank 0 and the head on the last, its tp shards, its experts) and its pipeline stage (the
+// executor that runs the schedule's actions for it, the embedding group). Every rank of a tp group
+// reads the same micro-batches.
 void Trainer::State::build_model() {
   State& s = *this;
   const Config& cfg = s.cfg;
@@ -509,25 +467,20 @@ void Trainer::State::build_model() {
              ep_group ? ep_group->rank() : 0, ", the spec holds the experts of ep rank ",
              stage_spec.ep_rank);
   s.model = make_rank_model(cfg, stage_spec, s.alloc, &s.mesh.comm(Axis::tp),
-                            s.cp > 1 ? &s.mesh.comm(Axis::cp) : nullptr, ep_group);
+                            s.mesh.size(Axis::cp) > 1 ? &s.mesh.comm(Axis::cp) : nullptr, ep_group);
   if (cfg.parallel.zero_stage < 3) s.model->init(cfg.train.seed);
   s.data_parallel =
       make_data_parallel(cfg.parallel, cfg.optimizer, s.mesh, *s.model, s.alloc, cfg.train.seed);
   s.model->set_hooks(s.data_parallel.get());
   if (s.pp == 1) return;
-  s.pipeline.emplace(
-      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, static_cast<int>(s.accum)}),
-      *s.model, s.mesh.comm(Axis::pp), s.alloc);
-  s.predicted_bubble = simulate(s.pipeline->schedule()).bubble_fraction;
-  if (cfg.model.tie_embeddings) {
-    const bool ends = s.pp_rank == 0 || s.pp_rank == s.pp - 1;
-    s.embedding_group = s.mesh.comm(Axis::pp).split(ends ? 0 : 1, s.pp_rank, "embedding");
-    if (!ends) s.embedding_group.reset();
-  }
+  const int micro_batches = static_cast<int>(grad_accum_steps(cfg) / s.dp);
+  s.pipeline = std::make_unique<PipelineStage>(
+      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, micro_batches}), *s.model,
+      s.mesh.comm(Axis::pp), s.alloc, cfg.model.tie_embeddings);
 }
 
 // Loads the checkpoint to resume from into what build_model made (resharding when the layout
-// differs): weights, optimizer state, loss scale, step and loader position.
+// differs): weights, optimizer state, step and loader position.
 void Trainer::State::restore() {
   State& s = *this;
   if (s.init_from) {
@@ -549,9 +502,7 @@ void Trainer::State::restore() {
   s.fault.resumed();
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  s.scaler.restore({static_cast<float>(rs.loss_scale), rs.loss_scale_clean_steps});
-  s.start_step = rs.step;
-  s.updates = rs.updates;
+  s.start_step = rs.step;  // the update count and the loss scale: Step's, from rs
   s.consumed = rs.consumed_samples;
   if (s.rank0 && !s.opts.quiet)
     std::printf(
@@ -569,7 +520,8 @@ void Trainer::State::restore() {
              "checkpoint ", s.resume->dir(), " consumed ", s.consumed, " samples");
 }
 
-// The loader at the resumed position, the token staging, the metrics file and the debug dump.
+// The loader at the resumed position, the step (its token staging, the resumed update count and
+// loss scale), the metrics file and the debug dump.
 void Trainer::State::build_data() {
   State& s = *this;
   const Config& cfg = s.cfg;
@@ -578,11 +530,17 @@ void Trainer::State::build_data() {
   s.loader = std::make_unique<DataLoader>(s.data.train, layout,
                                           std::min(s.consumed, cfg.train.steps * s.gbs),
                                           std::max(s.consumed, cfg.train.steps * s.gbs));
-  const int64_t slots = s.pp > 1 ? s.accum : 1;
-  s.tok_buf = s.alloc.allocate_tensor({slots, 2, s.mbs, s.Tl}, DType::i32, MemCategory::other);
-  s.host_in.resize(static_cast<size_t>(s.mbs * s.Tl));
-  s.host_tg.resize(s.host_in.size());
-  s.pipe_mbs.resize(static_cast<size_t>(slots));
+  const StepParts parts{.mesh = s.mesh,
+                        .backend = *s.backend,
+                        .alloc = s.alloc,
+                        .model = *s.model,
+                        .data_parallel = *s.data_parallel,
+                        .pipeline = s.pipeline.get(),
+                        .loader = *s.loader,
+                        .fault = s.fault,
+                        .stops = s.stops};
+  s.step =
+      std::make_unique<Step>(cfg, parts, s.start_step + 1, s.resume ? &s.resume->state() : nullptr);
   if (s.rank0) {
     fs::create_directories(cfg.train.run_dir);
     record_run_config(cfg);
@@ -604,19 +562,6 @@ void Trainer::State::build_data() {
   }
 }
 
-void Trainer::State::stage(const MicroBatch& mb, int64_t slot) {
-  State& s = *this;
-  for (int64_t b = 0; b < s.mbs; ++b)
-    for (int64_t t = 0; t < s.Tl; ++t) {
-      const int64_t at = b * (s.T + 1) + s.positions[static_cast<size_t>(t)];
-      s.host_in[b * s.Tl + t] = mb.tokens[at];
-      s.host_tg[b * s.Tl + t] = mb.tokens[at + 1];
-    }
-  const size_t bytes = s.host_in.size() * 4;
-  s.backend->copy_from_host(s.inputs_of(slot).data, s.host_in.data(), bytes);
-  s.backend->copy_from_host(s.targets_of(slot).data, s.host_tg.data(), bytes);
-}
-
 // Every parameter at global shape into host_params on rank 0 (dumps).
 void Trainer::State::gather_params() {
   State& s = *this;
@@ -628,67 +573,13 @@ void Trainer::State::gather_params() {
   }
 }
 
-// Losses are averaged over the world: every rank of a dp group saw different samples, tp/cp
-// ranks of one group the same.
-double Trainer::State::world_mean(double v) {
-  Communicator& world = mesh.world();
-  if (world.size() == 1) return v;
-  float x = static_cast<float>(v);
-  world.all_reduce(Tensor(&x, {1}, DType::f32)).wait();
-  return static_cast<double>(x) / world.size();
-}
-
-StepMetrics::Moe Trainer::State::moe_metrics() {
-  const MoeStats& st = model->moe_stats();
-  const int64_t L = cfg.model.n_layers, E = cfg.model.moe.num_experts;
-  // [aux, z, dropped, assigned, then each layer's E counts]: summed over the world, each layer's
-  // counts are the local ones of its pp stage's ranks (each routes its own tokens).
-  std::vector<double> v(static_cast<size_t>(4 + L * E), 0.0);
-  v[0] = st.aux / static_cast<double>(accum);
-  v[1] = st.z / static_cast<double>(accum);
-  v[2] = static_cast<double>(st.dropped);
-  v[3] = static_cast<double>(st.assigned);
-  for (int64_t l = 0; l < L; ++l)
-    for (size_t e = 0; e < st.load[static_cast<size_t>(l)].size(); ++e)
-      v[static_cast<size_t>(4 + l * E) + e] =
-          static_cast<double>(st.load[static_cast<size_t>(l)][e]);
-  Communicator& world = mesh.world();
-  if (world.size() > 1)
-    world.all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::f64)).wait();
-  moe_loads.assign(v.begin() + 4, v.end());
-  StepMetrics::Moe m;
-  m.aux = v[0] / static_cast<double>(dp);  // each dp rank's sum over the pp stages, averaged
-  m.z = v[1] / static_cast<double>(dp);
-  m.dropped = v[3] > 0 ? v[2] / v[3] : 0.0;
-  m.ep_rows = st.ep_rows;  // this rank's
-  m.load_min = 1.0;
-  for (int64_t l = 0; l < L; ++l) {
-    const auto first = v.begin() + 4 + l * E;
-    const double total = std::accumulate(first, first + E, 0.0);
-    if (total == 0) continue;  // a dense layer
-    m.load_max = std::max(m.load_max, *std::max_element(first, first + E) / total);
-    m.load_min = std::min(m.load_min, *std::min_element(first, first + E) / total);
-  }
-  return m;
-}
-
 // Validation: the mean loss over train.eval_iters global batches of the valid split (the same
 // ones every time), each rank taking its slices as in training.
 double Trainer::State::evaluate(int64_t step) {
   State& s = *this;
   const BatchLayout layout{s.gbs, s.mbs, s.dp_rank, s.dp};
   DataLoader valid(s.data.valid, layout, 0, s.cfg.train.eval_iters * s.gbs);
-  const int64_t n = s.cfg.train.eval_iters * layout.micro_batches();
-  const Tensor inputs = s.inputs_of(0), targets = s.targets_of(0);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const MicroBatch& mb = valid.next();
-    stage(mb, 0);
-    const StepContext ctx{s.cfg.train.seed, step, mb.first_sample, /*dropout=*/false};
-    sum += s.pipeline ? s.pipeline->forward_loss({inputs, targets, ctx})
-                      : s.model->forward_loss(inputs, targets, ctx);
-  }
-  return world_mean(sum / static_cast<double>(n));
+  return s.step->evaluate(valid, s.cfg.train.eval_iters * layout.micro_batches(), step);
 }
 
 void Trainer::State::report_save(const ckpt::SaveResult& r) {
@@ -727,13 +618,10 @@ bool Trainer::State::start_checkpoint(int64_t step) {
         "Lower optimizer.lr or raise optimizer.warmup_steps, and resume from the last checkpoint");
     return false;
   }
-  const LossScaler::State sc = s.scaler.state();
   ckpt::RunState rs;
   rs.step = step;
-  rs.updates = s.updates;
+  s.step->save_state(rs);  // updates, loss scale
   rs.consumed_samples = s.consumed + (step - s.start_step) * s.gbs;
-  rs.loss_scale = sc.scale;
-  rs.loss_scale_clean_steps = sc.clean_steps;
   rs.seed = static_cast<int64_t>(cfg.train.seed);
   rs.config = to_toml(cfg);
   rs.mesh = s.mesh.shape();
@@ -749,184 +637,32 @@ bool Trainer::State::start_checkpoint(int64_t step) {
   return true;
 }
 
-// Stop requests inside a step (docs/slurm.md): a step of many micro-batches can take longer than
-// a job's grace period. Before each micro-batch after the first, every rank contributes its
-// signal flag and whether train.time_limit would pass within one more micro-batch and a save to
-// a non-blocking all-reduce over the world, and reads the one it started a boundary earlier
-// (complete by then, so no rank waits on another for it): all ranks agree at the same boundary,
-// one to two micro-batches after the request. The step is then dropped, not finished: its
-// gradients are discarded, the checkpoint is the previous step's, and the step runs again on
-// resume. Under pp the schedule's micro-batches are not interrupted: stops act at the step end.
-class Trainer::State::MicroBatchStops {
- public:
-  explicit MicroBatchStops(State& s) : s_(s), last_(std::chrono::steady_clock::now()) {}
-  ~MicroBatchStops() { pending_.wait(); }  // the last one started; every rank started it
-  // True when the ranks agreed to stop before micro-batch `micro` (s.dropped says why).
-  bool agreed(int64_t micro) {
-    const auto now = std::chrono::steady_clock::now();
-    const double micro_s = std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-    const double limit = s_.cfg.train.time_limit;
-    const double elapsed = std::chrono::duration<double>(now - s_.created).count();
-    int32_t* mine = flags_[micro % 2];
-    mine[0] = s_.stop_requests.signal();
-    mine[1] = limit > 0 && elapsed + micro_s + s_.last_save_s >= limit ? 1 : 0;
-    const int32_t* seen = mine;
-    if (s_.mesh.world().size() > 1) {
-      pending_.wait();
-      seen = flags_[(micro + 1) % 2];  // what the previous boundary's all-reduce agreed on
-      const bool stop = micro > 1 && (seen[0] || seen[1]);
-      pending_ = stop ? Handle()
-                      : s_.mesh.world().all_reduce(Tensor(mine, {2}, DType::i32), ReduceOp::max);
-      if (!stop) return false;
-    } else if (!mine[0] && !mine[1]) {
-      return false;
-    }
-    s_.dropped = Dropped{seen[0] ? signal_name(seen[0]) : "train.time_limit", micro};
-    return true;
-  }
-
- private:
-  State& s_;
-  std::chrono::steady_clock::time_point last_;
-  int32_t flags_[2][2] = {};
-  Handle pending_;
-};
-
-// The step's forward and backward over this rank's micro-batches (or the pipeline schedule);
-// returns the sum of the micro-batches' mean losses. A stop request between micro-batches ends it
-// early with s.dropped set.
-double Trainer::State::forward_backward(int64_t step, float dloss) {
-  State& s = *this;
-  const uint64_t seed = s.cfg.train.seed;
-  if (!s.pipeline) {
-    double loss_sum = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    MicroBatchStops stops(s);
-    for (int64_t micro = 0; micro < s.accum; ++micro) {
-      if (micro == 1) s.fault.at("micro", step);
-      if (micro > 0 && stops.agreed(micro)) return loss_sum;  // s.dropped says why
-      // This dp rank's slice of the step's global batch (BatchLayout).
-      const MicroBatch& mb = s.loader->next();
-      stage(mb, 0);
-      const StepContext ctx{seed, step, mb.first_sample};
-      s.data_parallel->start_micro_batch(micro + 1 == s.accum);
-      loss_sum += s.model->forward_backward(s.inputs_of(0), s.targets_of(0), dloss, ctx);
-      if (micro == 0 && step == s.start_step + 1)
-        warn_long_step(
-            step, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return loss_sum;
-  }
-  for (int64_t micro = 0; micro < s.accum; ++micro) {
-    const MicroBatch& mb = s.loader->next();
-    stage(mb, micro);
-    s.pipe_mbs[static_cast<size_t>(micro)] = {s.inputs_of(micro), s.targets_of(micro),
-                                              StepContext{seed, step, mb.first_sample}};
-  }
-  return static_cast<double>(s.accum) * s.pipeline->run(s.pipe_mbs, dloss, [&](bool last) {
-    s.data_parallel->start_micro_batch(last);
-  });
+void Trainer::State::dump_step_tokens(int64_t step) {
+  global_window.resize(static_cast<size_t>(gbs * (T + 1)));
+  data.train->fill(global_window.data(), (step - 1) * gbs, gbs);
+  dump_tokens.write(reinterpret_cast<const char*>(global_window.data()),
+                    static_cast<std::streamsize>(global_window.size() * 4));
 }
 
-// A step whose micro-batches would take more than an hour, or past train.time_limit, at the rate
-// of the run's first micro-batch: said on rank 0 before the rest of it runs (a stop inside it
-// drops the work done).
-void Trainer::State::warn_long_step(int64_t step, double first_s) {
-  const double estimate = first_s * static_cast<double>(accum);
-  const double limit = cfg.train.time_limit;
-  if (!rank0 || accum < 2 || (estimate <= 3600 && (limit <= 0 || estimate <= limit))) return;
-  const double hours = estimate / 3600, days = hours / 24, years = days / 365;
-  const std::string span = years >= 2  ? detail::concat(static_cast<int64_t>(years), " years")
-                           : days >= 2 ? detail::concat(static_cast<int64_t>(days), " days")
-                                       : detail::concat(static_cast<int64_t>(hours + 0.5), " h");
-  const std::string over = limit > 0 && estimate > limit
-                               ? detail::concat(", longer than train.time_limit=", limit, " s")
-                               : "";
-  std::fprintf(stderr,
-               "warning: step %lld will take about %s (%.0f s): %lld micro-batches of %.3g s (the "
-               "first, measured) per rank (train.global_batch_size=%lld / (dp=%lld x "
-               "train.micro_batch_size=%lld))%s. Stop signals and train.time_limit act between "
-               "micro-batches (the step is then dropped and runs again on resume); lower "
-               "train.global_batch_size for shorter steps\n",
-               static_cast<long long>(step), span.c_str(), estimate, static_cast<long long>(accum),
-               first_s, static_cast<long long>(gbs), static_cast<long long>(dp),
-               static_cast<long long>(mbs), over.c_str());
-}
-
-// One optimizer step: forward/backward, gradient sync, overflow check, norm, clip, AdamW;
-// fills the step's loss, norm and scale metrics.
-void Trainer::State::train_step(int64_t step, StepMetrics& m) {
-  State& s = *this;
-  const Config& cfg = s.cfg;
-  s.data_parallel->start_step();
-  const float scale = s.scaler.scale();
-  if (s.dump_tokens.is_open()) {
-    s.global_window.resize(static_cast<size_t>(s.gbs * (s.T + 1)));
-    s.data.train->fill(s.global_window.data(), (step - 1) * s.gbs, s.gbs);
-    s.dump_tokens.write(reinterpret_cast<const char*>(s.global_window.data()),
-                        static_cast<std::streamsize>(s.global_window.size() * 4));
-  }
-  // Pre-scaled by 1/(dp*cp) as well: the sum over dp x cp of the gradients is the global-batch
-  // mean (each cp rank's loss is the mean over its Tl of every sequence).
-  const float dloss = scale / static_cast<float>(s.accum * s.dp * s.cp);
-  s.fault.at("forward", step);
-  const bool moe = cfg.model.moe.enabled();
-  if (moe) s.model->moe_stats().reset();
-  const double loss_sum = forward_backward(step, dloss);
-  if (s.dropped) return;  // a stop request inside the step: no update
-  if (moe) m.moe = moe_metrics();
-  s.fault.at("backward", step);
-  s.data_parallel->finish_backward();
-  if (s.embedding_group) {
-    // Both copies of the tied wte get the sum of their (dp-reduced) gradients: the same rows on
-    // both ends, whose dp coordinates are the same.
-    Tensor g = s.data_parallel->owned_grad(s.model->spec().index_of("wte.weight"));
-    if (g.defined()) s.embedding_group->all_reduce(g).wait();
-  }
-  m.loss = world_mean(loss_sum / static_cast<double>(s.accum));
-  m.lr = lr_at(cfg.optimizer, step);
-  m.loss_scale = scale;
-  // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm is
-  // divided by it, and unscaling and clipping are fused into AdamW's read of the gradient.
-  bool overflow = cfg.train.precision == Precision::fp16 && s.data_parallel->grads_nonfinite();
-  double grad_norm = s.data_parallel->grad_norm();
-  if (s.pp > 1) {  // each stage's norm covers its parameters: sum the squares over pp
-    double v[2] = {grad_norm * grad_norm, overflow ? 1.0 : 0.0};
-    s.mesh.comm(Axis::pp).all_reduce(Tensor(v, {2}, DType::f64)).wait();
-    grad_norm = std::sqrt(v[0]);
-    overflow = v[1] > 0;
-  }
-  m.grad_norm = grad_norm / scale;
-  // fp16 overflow is the loss scaler's to skip; any other inf/nan loss or norm stops the run
-  // before the update (the parameters stay those of the previous step), or skips the update.
-  const bool nonfinite = !overflow && (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm));
-  m.skipped = nonfinite || s.scaler.update(overflow);
+void Trainer::State::check_step(int64_t step, const StepMetrics& m, bool nonfinite) {
   if (nonfinite && cfg.train.on_nonfinite == OnNonfinite::stop)
-    s.failure = detail::concat(
+    failure = detail::concat(
         "step ", step, ": loss = ", m.loss, ", grad_norm = ", m.grad_norm,
         ": not finite; stopped before the update, so the parameters (and the last checkpoint) are "
         "those of step ",
         step - 1,
         ". Lower optimizer.lr, raise optimizer.warmup_steps or "
         "optimizer.grad_clip, or set train.on_nonfinite = \"skip\" to skip such steps");
-  s.skipped_in_a_row = m.skipped ? s.skipped_in_a_row + 1 : 0;
-  if (s.failure.empty() && cfg.train.max_skipped_steps > 0 &&
-      s.skipped_in_a_row >= cfg.train.max_skipped_steps)
-    s.failure = detail::concat(
-        "step ", step, ": ", s.skipped_in_a_row,
+  skipped_in_a_row = m.skipped ? skipped_in_a_row + 1 : 0;
+  if (failure.empty() && cfg.train.max_skipped_steps > 0 &&
+      skipped_in_a_row >= cfg.train.max_skipped_steps)
+    failure = detail::concat(
+        "step ", step, ": ", skipped_in_a_row,
         " steps skipped in a row (train.max_skipped_steps=", cfg.train.max_skipped_steps, "; ",
-        nonfinite ? "non-finite loss or gradient norm"
-                  : detail::concat("fp16 overflow at loss scale ", scale),
+        nonfinite
+            ? "non-finite loss or gradient norm"
+            : detail::concat("fp16 overflow at loss scale ", static_cast<float>(m.loss_scale)),
         "): the run is not training. Lower optimizer.lr, or use train.precision = \"bf16\"");
-  if (!m.skipped) {
-    s.fault.at("optimizer", step);
-    const double coef = clip_coefficient(cfg.optimizer, m.grad_norm);
-    if (moe && cfg.model.moe.balance == MoeBalance::bias)
-      s.data_parallel->balance_expert_biases(s.moe_loads, cfg.model.moe.bias_update_rate);
-    s.data_parallel->step(m.lr, ++s.updates, static_cast<float>(coef / scale));
-  }
-  s.backend->synchronize();
 }
 
 TrainResult Trainer::State::run() {
@@ -946,38 +682,38 @@ TrainResult Trainer::State::run() {
     StepMetrics m;
     m.step = step;
     m.steps = cfg.train.steps;
-    train_step(step, m);
-    if (s.dropped) {
+    if (s.dump_tokens.is_open()) dump_step_tokens(step);
+    const Step::Outcome outcome = s.step->run(step, m);
+    if (outcome.dropped) {
       // The parameters, optimizer and schedule are still step - 1's: that is what is saved (no
       // metrics line for the dropped step, so metrics.jsonl still ends at `latest`).
       const CheckpointConfig& ck = cfg.checkpoint;
       if (!ck.dir.empty() && step - 1 > s.start_step && s.checkpointed_step < step - 1 &&
           start_checkpoint(step - 1))
         poll_checkpoint(true);
-      result.stopped = s.dropped->why;
+      result.stopped = outcome.dropped->why;
       result.dropped_step = step;
-      result.dropped_after = s.dropped->done;
-      result.micro_batches = s.accum;
+      result.dropped_after = outcome.dropped->done;
+      result.micro_batches = s.step->micro_batches();
       result.steps = step - 1;
       break;
     }
+    check_step(step, m, outcome.nonfinite);
     const auto t1 = clock::now();
     m.step_time_s = std::chrono::duration<double>(t1 - t0).count();
     m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
     m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
     m.mem = s.alloc.stats();
-    // The groups the model and the trainer split off count too: context parallelism's hybrid
-    // groups, the tied embeddings' first-and-last-stage group.
+    // The groups the model and its pipeline stage split off count too: context parallelism's
+    // hybrid groups, the tied embeddings' first-and-last-stage group.
     std::vector<Communicator*> more = s.model->own_communicators();
-    if (s.embedding_group) more.push_back(s.embedding_group.get());
+    if (s.pipeline)
+      for (Communicator* c : s.pipeline->own_communicators()) more.push_back(c);
     m.comm = take_comm_counters(s.mesh, more);
     m.comm_wait_s = s.data_parallel->take_wait_seconds();
-    if (s.pipeline) {
-      float idle = static_cast<float>((s.pipeline->total_seconds() - s.pipeline->busy_seconds()) /
-                                      s.pipeline->busy_seconds());
-      s.mesh.comm(Axis::pp).all_reduce(Tensor(&idle, {1}, DType::f32)).wait();
-      m.pp_bubble = idle / static_cast<float>(s.pp);
-      m.pp_bubble_predicted = s.predicted_bubble;
+    if (s.pipeline) {  // after the counters: the bubble's all-reduce counts in the next step's
+      m.pp_bubble = s.pipeline->measured_bubble();
+      m.pp_bubble_predicted = s.pipeline->predicted_bubble();
     }
     m.data_wait_s = s.loader->take_wait_seconds();
     if (s.failure.empty() && cfg.train.eval_interval > 0 && step % cfg.train.eval_interval == 0)
@@ -987,10 +723,7 @@ TrainResult Trainer::State::run() {
     std::string stop;
     if (s.failure.empty() && step < last_step) {
       max_step_s = std::max(max_step_s, m.step_time_s);
-      const double elapsed = std::chrono::duration<double>(clock::now() - s.created).count();
-      const bool time_up =
-          cfg.train.time_limit > 0 && elapsed + max_step_s + s.last_save_s >= cfg.train.time_limit;
-      int32_t req[2] = {stop_requests.signal(), time_up ? 1 : 0};
+      int32_t req[2] = {s.stops.signal(), s.stops.time_up(clock::now(), max_step_s) ? 1 : 0};
       if (s.mesh.world().size() > 1)
         s.mesh.world().all_reduce(Tensor(req, {2}, DType::i32), ReduceOp::max).wait();
       if (req[0])
@@ -1010,7 +743,7 @@ TrainResult Trainer::State::run() {
       else
         poll_checkpoint(false);
       m.checkpoint_s = std::chrono::duration<double>(clock::now() - tc).count();
-      if (save_due) s.last_save_s = *m.checkpoint_s;
+      if (save_due) s.stops.saved(*m.checkpoint_s);
     }
     // The step's metrics line is on disk before its checkpoint commits (a synchronous save
     // commits just below, an async one at a later step's poll): `latest` never runs ahead of

@@ -1,5 +1,6 @@
-// The training loop of one rank (Trainer): build the model from the config, then per step: data
-// -> micro-batch forward/backward -> unscale/overflow check -> clip -> AdamW -> metrics.
+// The training loop of one rank (Trainer): build the model from the config, then per step: one
+// optimizer Step (train/step.h: data -> micro-batch forward/backward -> unscale/overflow check ->
+// clip -> optimizer), then evaluation, stop requests, checkpoints and metrics.
 #pragma once
 
 #include <memory>
@@ -60,7 +61,7 @@ class Trainer {
   double evaluate();
 
  private:
-  struct State;  // trainer.cpp: what the run holds, and the step's parts
+  struct State;  // trainer.cpp: what the run holds, and the loop's parts
   std::unique_ptr<State> s_;
 };
 

@@ -2,10 +2,13 @@
 // activation bytes the allocator measured on each stage equal the schedule's predicted in-flight
 // micro-batches (simulate()) times one micro-batch's activations of a chunk (within the bounds
 // of the chunks' sizes and, for zb-h1, of the backward stash), and the loss every
-// rank reports equals the whole model's mean loss over the micro-batches.
+// rank reports equals the whole model's mean loss over the micro-batches. The pipeline stage's
+// collectives give exact per-rank sums (the gradient norm over the stages, the tied embeddings'
+// gradients over the first and last stage).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "engine/model/model_config.h"
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/executor.h"
+#include "engine/pipeline/stage.h"
 #include "tests/mpi/mpi_test_main.h"
 #include "tests/unit/tiny_model.h"
 
@@ -107,6 +111,50 @@ TEST(PipelineExecutor, ZeroBubbleH1) {
 TEST(PipelineExecutor, Interleaved) {
   check(Arch::gpt2, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());
   check(Arch::llama, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());
+}
+
+// With p ranks, rank r's norm r+1 -> sqrt(1^2 + ... + p^2) everywhere, and one rank's overflow
+// everywhere; GPT-2's tied wte: rank 0's gradient (all 1) and the last rank's (all p) sum to 1 + p
+// on both, the middle ranks hold no copy and are not asked for one; the predicted bubble is the
+// published (p-1)/m of 1F1B.
+TEST(PipelineStage, SumsOverStagesAndTiesTheEmbeddings) {
+  const int p = mpi_test_world().size(), rank = mpi_test_world().rank();
+  if (p < 2) GTEST_SKIP() << "needs a first and a last stage";
+  const ModelConfig cfg = tiny(Arch::gpt2);
+  ASSERT_TRUE(cfg.tie_embeddings);
+  std::unique_ptr<DeviceBackend> backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  MeshShape shape;
+  shape.degree = {1, 1, 1, p};
+  Mesh mesh = Mesh::create(shape, mpi_test_world().split(0, rank, "world"));
+  Transformer model(ModelSpec::from_config(cfg).shard_pp(p, 1, {}, rank), alloc, 2, DType::f32);
+  const Schedule schedule = make_schedule(PipeSchedule::one_f_one_b, {p, 1, 4});
+  PipelineStage stage(schedule, model, mesh.comm(Axis::pp), alloc, cfg.tie_embeddings);
+  EXPECT_DOUBLE_EQ(stage.predicted_bubble(), (p - 1) / 4.0);  // 1F1B: (p-1)/m
+
+  double norm = rank + 1;
+  bool overflow = rank == p - 1;
+  stage.combine_over_stages(norm, overflow);
+  EXPECT_DOUBLE_EQ(norm, std::sqrt(p * (p + 1) * (2 * p + 1) / 6.0)) << "rank " << rank;
+  EXPECT_TRUE(overflow) << "rank " << rank;
+  overflow = false;
+  stage.combine_over_stages(norm, overflow);
+  EXPECT_FALSE(overflow) << "rank " << rank;
+
+  const bool end = rank == 0 || rank == p - 1;
+  EXPECT_EQ(stage.own_communicators().size(), end ? 1u : 0u) << "rank " << rank;
+  const int64_t n = cfg.vocab_size * cfg.d_model;
+  std::vector<float> grad(static_cast<size_t>(n), rank == 0 ? 1.0f : static_cast<float>(p));
+  int asked = 0;
+  stage.sum_tied_embedding_grads([&](size_t i) {
+    ++asked;
+    EXPECT_EQ(i, model.spec().index_of("wte.weight"));
+    return Tensor(grad.data(), {cfg.vocab_size, cfg.d_model}, DType::f32);
+  });
+  EXPECT_EQ(asked, end ? 1 : 0) << "rank " << rank;
+  if (end) {
+    for (float g : grad) ASSERT_EQ(g, static_cast<float>(1 + p)) << "rank " << rank;
+  }
 }
 
 }  // namespace
