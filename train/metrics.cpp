@@ -11,17 +11,37 @@ namespace llmt {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) : path_(path) {
   if (path_.empty()) return;
-  std::string kept;
   if (resumed_step > 0) {
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
-      long long step = 0;
-      if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= resumed_step)
-        kept += line + "\n";
+    // The lines of steps up to resumed_step stay. When later ones must go, the kept lines are
+    // written to a new file that replaces the old one by a rename, so that a kill at any moment
+    // leaves either file whole (never a truncated one next to a checkpoint that names a step).
+    std::string kept;
+    bool dropped = false;
+    {
+      std::ifstream in(path_);
+      for (std::string line; std::getline(in, line);) {
+        long long step = 0;
+        if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= resumed_step)
+          kept += line + "\n";
+        else
+          dropped = true;
+      }
     }
+    if (dropped) {
+      const std::string tmp = path_ + ".tmp";
+      {
+        std::ofstream t(tmp, std::ios::out | std::ios::trunc);
+        t << kept;
+        t.flush();
+        if (!t) throw Error("cannot write " + tmp + " (disk full?)");
+      }
+      if (std::rename(tmp.c_str(), path_.c_str()) != 0)
+        throw Error("cannot replace metrics file " + path_ + " by " + tmp);
+    }
+    out_.open(path_, std::ios::out | std::ios::app);
+  } else {
+    out_.open(path_, std::ios::out | std::ios::trunc);
   }
-  out_.open(path_, std::ios::out | std::ios::trunc);
-  out_ << kept;
   if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
 }
 

@@ -121,5 +121,35 @@ TEST(Metrics, RecordNamesAreTheJsonPaths) {
   EXPECT_EQ(names, want);
 }
 
+// A resumed run keeps the lines of steps up to the resumed step and appends after them; the lines
+// of the interrupted run's lost steps (and a torn last line) go, through a file that replaces the
+// old one whole (no window in which a kill leaves it truncated); with nothing to drop the file is
+// only appended to. No temporary file is left.
+TEST(Metrics, ResumeKeepsTheStepsUpToTheCheckpoint) {
+  const std::string path = ::testing::TempDir() + "/metrics_resume.jsonl";
+  auto lines = [&] {
+    std::vector<std::string> out;
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find(',')));
+    return out;
+  };
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << "{\"step\": 1, \"loss\": 3}\n{\"step\": 2, \"loss\": 2}\n{\"step\": 3, \"loss\": "
+         "1}\n{\"st";
+  }
+  StepMetrics m = full_step();
+  m.step = 3;
+  MetricsWriter(path, 2).write(m);
+  EXPECT_EQ(lines(), (std::vector<std::string>{"{\"step\": 1", "{\"step\": 2", "{\"step\": 3"}));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  m.step = 4;
+  MetricsWriter(path, 3).write(m);  // nothing past step 3: appended
+  EXPECT_EQ(lines(), (std::vector<std::string>{"{\"step\": 1", "{\"step\": 2", "{\"step\": 3",
+                                               "{\"step\": 4"}));
+  MetricsWriter fresh(path);  // a fresh start: empty
+  EXPECT_TRUE(lines().empty());
+}
+
 }  // namespace
 }  // namespace llmt
