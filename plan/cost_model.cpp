@@ -287,7 +287,7 @@ struct Job {
   double peak = 0, eff_peak = 0;
   Schedule schedule;                  // every pp rank's actions (pp > 1)
   std::vector<int64_t> stage_layers;  // layers of each pipeline stage
-  std::vector<double> layer_params;   // each layer's (active) parameters, global
+  std::vector<double> layer_params;   // each layer's matmul weights (active), global
   double head_fpt = 0, attn_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
@@ -296,8 +296,9 @@ struct Job {
   double E = 0;                       // one (N, C) f32 activation, bytes
   double f_tp = 0, f_dp = 0;
 
-  // One layer's FLOPs per token: 6 x params + 6CT of attention, the forward a third; selective
-  // recompute repeats the attention core's forward (2CT), full recompute the layer's forward.
+  // One layer's FLOPs per token: 6 x matmul weights + 6CT of attention, the forward a third;
+  // selective recompute repeats the attention core's forward (2CT), full recompute the layer's
+  // forward.
   double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; }
   double recompute_fpt(int64_t l) const {
     return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
@@ -339,13 +340,12 @@ void Job::derive() {
     const int64_t R = static_cast<int64_t>(d.R), Tl = static_cast<int64_t>(d.T);
     d.Sr = static_cast<double>(R / std::gcd(R, Tl));
   }
-  // An MoE layer counts its active parameters: of its experts' stacks k of E.
+  // Each layer's matmul weights (ModelSpec::matmul_weights: an MoE layer's experts k of E).
   j.layer_params.assign(static_cast<size_t>(mc.n_layers), 0.0);
-  for (const ParamSpec& ps : spec.params) {
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& ps = spec.params[i];
     if (ps.layer < 0) continue;
-    double n = static_cast<double>(ps.shape.numel());
-    if (ps.kind == ParamKind::expert) n *= d.k / d.E;
-    j.layer_params[static_cast<size_t>(ps.layer)] += n;
+    j.layer_params[static_cast<size_t>(ps.layer)] += spec.matmul_weights(i);
   }
   j.head_fpt = 6 * static_cast<double>(mc.vocab_size) * j.C;
   j.attn_fpt = 6 * j.C * j.T;  // the attention core, forward and backward

@@ -305,9 +305,30 @@ int64_t ModelSpec::num_active_params() const {
   return n;
 }
 
+double ModelSpec::matmul_weights(size_t i) const {
+  const ParamSpec& p = params.at(i);
+  const double n = static_cast<double>(p.global_shape.numel());
+  switch (p.kind) {
+    case ParamKind::attention:
+    case ParamKind::mlp:
+    case ParamKind::router:
+    case ParamKind::head:
+      return p.global_shape.ndim() == 2 ? n : 0.0;  // a bias is added, not multiplied
+    case ParamKind::expert:
+      return n / static_cast<double>(cfg.moe.num_experts) * static_cast<double>(cfg.moe.top_k);
+    case ParamKind::embedding:
+      return cfg.tie_embeddings && !p.tied_copy ? n : 0.0;
+    case ParamKind::position:
+    case ParamKind::norm:
+    case ParamKind::router_bias:
+      return 0.0;
+  }
+  return 0.0;
+}
+
 double ModelSpec::flops_per_token() const {
-  double n = static_cast<double>(num_active_params());
-  if (cfg.position == PositionKind::learned) n -= static_cast<double>(cfg.seq_len * cfg.d_model);
+  double n = 0;
+  for (size_t i = 0; i < params.size(); ++i) n += matmul_weights(i);
   return 6.0 * n + 6.0 * static_cast<double>(cfg.n_layers * cfg.d_model * cfg.seq_len);
 }
 

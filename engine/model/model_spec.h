@@ -147,8 +147,13 @@ struct ModelSpec {
   int64_t num_active_params() const;
   // Index of a parameter by name; throws if absent.
   size_t index_of(const std::string& name) const;
-  // Training FLOPs per token: 6*N + 6*L*C*T (docs/references.md), N the active parameters
-  // (num_active_params) without position embeddings; the router's E*C per layer counts as one.
+  // The weights of parameter i a token multiplies with (its matmuls' weights, global): a 2-D
+  // attention, MLP, router or head weight whole, an expert stack's top_k of E experts, the token
+  // embedding only when tied (the head's matmul; untied it is a lookup); no norm, bias, learned
+  // position or balancing bias (no matmul).
+  double matmul_weights(size_t i) const;
+  // Training FLOPs per token, matmuls only: 6*N + 6*L*C*T (docs/references.md), N the sum of
+  // matmul_weights over the model, the second term attention's scores and weighted sum.
   double flops_per_token() const;
 };
 

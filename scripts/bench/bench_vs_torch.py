@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "tests" / "reference"))
 
 
 def flops_per_token(V, L, C, T):
-    n = V * C + L * (12 * C * C + 13 * C) + 2 * C  # GPT-2 parameters without wpe
-    return 6 * n + 6 * L * C * T
+    n = V * C + L * 12 * C * C  # GPT-2's matmul weights: the tied head, qkv, proj, fc1, fc2
+    return 6 * n + 6 * L * C * T  # as ModelSpec::flops_per_token counts them
 
 
 def run_llmtrain(binary, B, T, steps, threads, workdir):

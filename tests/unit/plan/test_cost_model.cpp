@@ -141,6 +141,23 @@ TEST(CostModel, SingleRankIsComputePlusOptimizer) {
   EXPECT_TRUE(c.fits);
 }
 
+// model_flops counts matmuls only (ModelSpec::matmul_weights), as the stages' compute does: without
+// recompute, on one rank, the step's model FLOPs are the rank's FLOPs, for a tied GPT-2 with
+// biases and learned positions, an untied Llama (its input embedding a lookup) and a Llama MoE
+// (top-2 of 4 experts).
+TEST(CostModel, ModelFlopsAreTheRanksMatmulFlops) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{},
+        {"model.arch=\"llama\"", "model.tie_embeddings=false"},
+        {"model.arch=\"llama\"", "model.moe.num_experts=4", "model.moe.top_k=2",
+         "model.moe.d_ff_expert=64"}}) {
+    const StepCost c = predict_step(tiny(sets), 1, hw);
+    ASSERT_EQ(c.stages.size(), 1u);
+    EXPECT_NEAR(c.stages[0].flops / c.model_flops, 1.0, 1e-12) << concat(sets.size());
+  }
+}
+
 TEST(CostModel, RecomputeAddsFlopsNotModelFlops) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   const StepCost none = predict_step(tiny({}), 1, hw);
