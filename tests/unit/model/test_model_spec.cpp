@@ -26,6 +26,19 @@ TEST(ModelSpec, Gpt2SmallHas124439808Parameters) {
   EXPECT_THROW(s.index_of("lm_head.weight"), Error);
 }
 
+// Meta's Llama-2-7B.
+ModelConfig llama2_7b() {
+  ModelConfig c = model_preset(Arch::llama);
+  c.vocab_size = 32000;
+  c.n_layers = 32;
+  c.d_model = 4096;
+  c.n_heads = 32;
+  c.n_kv_heads = 32;
+  c.d_ff = preset_d_ff(Arch::llama, 4096);
+  c.seq_len = 4096;
+  return c;
+}
+
 // FLOPs per token count matmuls only: per layer qkv, proj, fc1, fc2 (12 C^2 for GPT-2's 4C MLP),
 // plus the head (V C), which a tied embedding is; an untied input embedding is a lookup, and
 // biases, norms and learned positions are no matmul. Llama 2 7B: per layer 4 C^2 of attention
@@ -34,15 +47,7 @@ TEST(ModelSpec, FlopsPerTokenCountMatmulsOnly) {
   const ModelSpec gpt = ModelSpec::from_config(gpt2_124m());
   const double C = 768, L = 12, V = 50257, T = 1024;
   EXPECT_DOUBLE_EQ(gpt.flops_per_token(), 6 * (L * 12 * C * C + V * C) + 6 * L * C * T);
-  ModelConfig c = model_preset(Arch::llama);
-  c.vocab_size = 32000;
-  c.n_layers = 32;
-  c.d_model = 4096;
-  c.n_heads = 32;
-  c.n_kv_heads = 32;
-  c.d_ff = 11008;
-  c.seq_len = 4096;
-  const ModelSpec llama = ModelSpec::from_config(c);
+  const ModelSpec llama = ModelSpec::from_config(llama2_7b());
   const double C2 = 4096, F = 11008, L2 = 32;
   EXPECT_DOUBLE_EQ(llama.flops_per_token(),
                    6 * (L2 * (4 * C2 * C2 + 3 * C2 * F) + 32000 * C2) + 6 * L2 * C2 * 4096);
@@ -52,15 +57,8 @@ TEST(ModelSpec, FlopsPerTokenCountMatmulsOnly) {
 }
 
 TEST(ModelSpec, Llama2_7bHas6738415616Parameters) {
-  ModelConfig c = model_preset(Arch::llama);
-  c.vocab_size = 32000;
-  c.n_layers = 32;
-  c.d_model = 4096;
-  c.n_heads = 32;
-  c.n_kv_heads = 32;
-  c.d_ff = preset_d_ff(Arch::llama, 4096);
+  const ModelConfig c = llama2_7b();
   EXPECT_EQ(c.d_ff, 11008);
-  c.seq_len = 4096;
   ModelSpec s = ModelSpec::from_config(c);
   EXPECT_EQ(s.num_params(), 6738415616);  // Meta's Llama-2-7B
   EXPECT_EQ(s.params[s.index_of("layers.0.mlp.fc1.weight")].shape, Shape({2 * 11008, 4096}));
