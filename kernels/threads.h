@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "core/peak_flops.h"
+
 namespace llmt {
 
 // n <= 0 means all available cores. Returns the count in effect.
@@ -24,5 +26,15 @@ ThreadChoice default_cpu_threads(int local_ranks);
 // targets (-march), while `threads` threads run them at once (so all-core clocks count), for
 // about `seconds`: the measured half of the CPU peak (core/peak_flops.h, cpu_peak).
 double measure_fma_flops_per_thread(int threads, double seconds = 0.03);
+
+// This machine's CPU peak for a rank of `threads` threads (core/peak_flops.h, cpu_peak), the same
+// from run to run: the clock is cpufreq's maximum when the kernel exposes it (`cpufreq_max`,
+// cpufreq_max_hz()); else LLMTRAIN_CPU_CLOCK_GHZ when set (a clock given); else the one a
+// measured FMA loop implies (the best of three), measured once per CPU model and thread count
+// and kept in $XDG_CACHE_HOME/llmtrain/cpu-clock.tsv (~/.cache without XDG_CACHE_HOME), which
+// later runs read: a measurement on a loaded machine varies by 3x, and MFU and `plan` on the cpu
+// profile must not. Delete the file to measure again. Throws on a malformed
+// LLMTRAIN_CPU_CLOCK_GHZ.
+CpuPeak host_cpu_peak(int threads, double cpufreq_max);
 
 }  // namespace llmt

@@ -117,10 +117,7 @@ HardwareProfile build(Loader& loader, const std::string& name, int threads_per_r
   if (h.peak_fp32 == 0 || h.peak_bf16 == 0 || h.peak_fp16 == 0) {
     // The trainer's own CPU peak (core/peak_flops.h): 16-bit precision computes in fp32
     // on the CPU, so every zero peak is the fp32 one.
-    const double max_hz = cpufreq_max_hz();
-    const int threads = std::max(1, threads_per_rank);
-    const CpuPeak p = cpu_peak(read_cpuinfo(), threads,
-                               max_hz > 0 ? 0.0 : measure_fma_flops_per_thread(threads), max_hz);
+    const CpuPeak p = host_cpu_peak(std::max(1, threads_per_rank), cpufreq_max_hz());
     for (double* v : {&h.peak_fp32, &h.peak_bf16, &h.peak_fp16})
       if (*v == 0) *v = p.flops;
     h.detected.push_back("peak " + p.text());

@@ -1,7 +1,8 @@
 // `llmtrain plan --search`: every layout of a config's model at a world size — tp (within a
 // node), sp, cp (with its implementation), pp (schedule, virtual stages), dp, ZeRO stage,
 // recompute, micro-batch size — costed by predict_step; those that do not fit the device's
-// memory are dropped and the rest ranked by predicted step time (automatic parallelism in the
+// memory are dropped and the rest ranked by predicted step time (ties: less memory on the fullest
+// rank, then the overrides' text; the same ranking on every run) (automatic parallelism in the
 // spirit of Alpa, Galvatron and Aceso, from the same cost model as `plan`).
 #pragma once
 

@@ -423,9 +423,7 @@ double Trainer::State::device_peak() {
   const Device dev = backend->device();
   if (dev.kind != DeviceKind::cpu)
     return default_gpu_peak_flops(dev, compute_dtype(cfg.train.precision));
-  const double max_hz = cpufreq_max_hz();
-  const CpuPeak p = cpu_peak(read_cpuinfo(), threads,
-                             max_hz > 0 ? 0.0 : measure_fma_flops_per_thread(threads), max_hz);
+  const CpuPeak p = host_cpu_peak(threads, cpufreq_max_hz());
   if (rank0 && !opts.quiet)
     std::printf("peak: %s per rank, for MFU (log.peak_flops overrides)\n", p.text().c_str());
   return p.flops;

@@ -9,7 +9,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/check.h"
 
 namespace llmt {
 
@@ -102,6 +108,89 @@ double measure_fma_flops_per_thread(int threads, double seconds) {
     total += static_cast<double>(flops) / elapsed + (sink == 12345.0f ? 1e-30 : 0.0);
   }
   return total / threads;
+}
+
+namespace {
+// The clock cache: one line per CPU model and thread count, "<key>\t<clock Hz>".
+std::string clock_cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/llmtrain/cpu-clock.tsv";
+  if (home && *home) return std::string(home) + "/.cache/llmtrain/cpu-clock.tsv";
+  return "";
+}
+
+// Hz as the cache writes it (7 digits): a measured clock is rounded to it before use, so the run
+// that measures it computes with the value every later run reads.
+std::string clock_text(double hz) {
+  char value[64];
+  std::snprintf(value, sizeof value, "%.6e", hz);
+  return value;
+}
+
+double cached_clock(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.rfind('\t');
+    if (tab != std::string::npos && line.compare(0, tab, key) == 0 && tab == key.size())
+      return std::atof(line.c_str() + tab + 1);
+  }
+  return 0.0;
+}
+
+// Appends the line through a new file renamed over the old one, so that a reader never sees half
+// of it; false when the directory cannot be written (the clock is then measured next time too).
+bool cache_clock(const std::string& path, const std::string& key, double hz) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  std::string text;
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (line.compare(0, key.size() + 1, key + "\t") != 0) text += line + "\n";
+  }
+  text += key + "\t" + clock_text(hz) + "\n";
+  const std::string tmp = path + "." + std::to_string(getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) return false;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return !ec;
+}
+}  // namespace
+
+CpuPeak host_cpu_peak(int threads, double cpufreq_max) {
+  const CpuInfo cpu = read_cpuinfo();
+  if (cpufreq_max > 0) return cpu_peak(cpu, threads, 0.0, cpufreq_max);
+  const double width = cpu_fma_width(cpu).flop_per_cycle;
+  // A clock in Hz as cpu_peak takes a measurement: FLOP/s of one thread.
+  auto with_clock = [&](double hz, std::string source) {
+    CpuPeak p = cpu_peak(cpu, threads, hz * width, 0.0);
+    p.clock_source = std::move(source);
+    return p;
+  };
+  if (const char* given = std::getenv("LLMTRAIN_CPU_CLOCK_GHZ"); given && *given) {
+    char* end = nullptr;
+    const double ghz = std::strtod(given, &end);
+    if (end == given || *end != '\0' || !(ghz > 0 && ghz < 100))
+      throw Error(detail::concat("LLMTRAIN_CPU_CLOCK_GHZ=", given,
+                                 " is not a clock in GHz (a number in (0, 100), e.g. 3.7)"));
+    return with_clock(ghz * 1e9, "LLMTRAIN_CPU_CLOCK_GHZ");
+  }
+  const std::string key = detail::concat(cpu.vendor, " family ", cpu.family, " model ", cpu.model,
+                                         " ", cpu.model_name, ", ", threads, " threads");
+  const std::string path = clock_cache_path();
+  if (!path.empty())
+    if (const double hz = cached_clock(path, key); hz > 0)
+      return with_clock(hz, "measured once, cached in " + path);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) best = std::max(best, measure_fma_flops_per_thread(threads));
+  const double hz = std::atof(clock_text(best / width).c_str());
+  const bool kept = !path.empty() && cache_clock(path, key, hz);
+  return with_clock(hz, kept ? "measured, cached in " + path : "measured by an FMA loop");
 }
 
 }  // namespace llmt

@@ -4,9 +4,14 @@
 // three samples), below 6. A loop bound by latency, or not vectorised, implies a fraction of a
 // real clock (scalar: 1/16).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 
+#include "core/check.h"
 #include "core/peak_flops.h"
 #include "kernels/threads.h"
 
@@ -28,6 +33,42 @@ TEST(CpuPeak, MeasuredFmaLoopImpliesARealClock) {
   EXPECT_GT(ghz, 0.4) << cpu_fma_width(cpu).why << ": " << per_thread / 1e9 << " GFLOP/s";
 #endif
   EXPECT_LT(ghz, 6.0) << cpu_fma_width(cpu).why << ": " << per_thread / 1e9 << " GFLOP/s";
+}
+
+// Without cpufreq the clock is measured once per CPU model and thread count and then read from
+// the cache (XDG_CACHE_HOME here: a directory of the test's own), so the peak is the same on
+// every call (a fresh measurement differs from run to run); a clock given in
+// LLMTRAIN_CPU_CLOCK_GHZ wins, and a malformed one is refused; cpufreq's maximum wins over both.
+TEST(CpuPeak, MeasuredOnceThenCached) {
+  const std::string dir = ::testing::TempDir() + "/cpu_peak_cache_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(setenv("XDG_CACHE_HOME", dir.c_str(), 1), 0);
+  unsetenv("LLMTRAIN_CPU_CLOCK_GHZ");
+  const CpuPeak first = host_cpu_peak(1, 0.0);
+  EXPECT_NE(first.clock_source.find("measured, cached in " + dir), std::string::npos)
+      << first.clock_source;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/llmtrain/cpu-clock.tsv"));
+  for (int i = 0; i < 3; ++i) {
+    const CpuPeak again = host_cpu_peak(1, 0.0);
+    EXPECT_EQ(again.flops, first.flops);
+    EXPECT_NE(again.clock_source.find("measured once, cached"), std::string::npos);
+  }
+  // Another thread count is another line of the same file.
+  const CpuPeak two = host_cpu_peak(2, 0.0);
+  EXPECT_EQ(two.threads, 2);
+  EXPECT_EQ(host_cpu_peak(2, 0.0).flops, two.flops);
+  EXPECT_EQ(host_cpu_peak(1, 0.0).flops, first.flops);
+
+  ASSERT_EQ(setenv("LLMTRAIN_CPU_CLOCK_GHZ", "2.5", 1), 0);
+  const CpuPeak given = host_cpu_peak(2, 0.0);
+  EXPECT_DOUBLE_EQ(given.flops, 2 * 2.5e9 * given.width.flop_per_cycle);
+  EXPECT_EQ(given.clock_source, "LLMTRAIN_CPU_CLOCK_GHZ");
+  EXPECT_DOUBLE_EQ(host_cpu_peak(2, 3e9).clock_hz, 3e9);  // cpufreq's maximum
+  ASSERT_EQ(setenv("LLMTRAIN_CPU_CLOCK_GHZ", "fast", 1), 0);
+  EXPECT_THROW(host_cpu_peak(1, 0.0), Error);
+  unsetenv("LLMTRAIN_CPU_CLOCK_GHZ");
+  unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

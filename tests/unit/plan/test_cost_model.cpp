@@ -263,6 +263,15 @@ TEST(CostModel, ZeroStagesAtNd64) {
   }
 }
 
+// The cpu profile's peak is the same on every load (its clock measured once and cached:
+// kernels/threads.h, host_cpu_peak), so plan's figures and --search's ranking on it are too.
+TEST(CostModel, CpuProfileIsTheSameOnEveryLoad) {
+  const HardwareProfile a = load_hardware("cpu", 1), b = load_hardware("cpu", 1);
+  EXPECT_EQ(a.peak(DType::f32), b.peak(DType::f32));
+  const StepCost ca = predict_step(tiny({}), 1, a), cb = predict_step(tiny({}), 1, b);
+  EXPECT_EQ(ca.step_s, cb.step_s);
+}
+
 TEST(CostModel, SearchRanksFittingLayouts) {
   // A model whose state needs 3 of the 16 GiB devices at least: nothing fits on one or two,
   // the search at 8 finds layouts that fit and ranks them by predicted time.
