@@ -10,8 +10,10 @@
 #include "engine/data_parallel/data_parallel.h"
 #include "engine/data_parallel/zero_layout.h"
 #include "engine/data_parallel/zero_sequence.h"
+#include "engine/model/blocks.h"
 #include "engine/model/model_spec.h"
 #include "engine/parallel/context_parallel.h"
+#include "engine/pipeline/executor.h"
 #include "engine/schedule/schedule.h"
 #include "train/rank_model.h"
 #include "train/trainer.h"
@@ -660,11 +662,9 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
   // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
   double comm = dc.zero_peak;
-  // ep: the per-expert row counts exchanged (ep x E/ep int32, sent and received).
-  if (j.ep > 1 && r.moe) comm += 2 * 4 * j.d.E;
-  // pp: a received gradient waiting for its backward, and (chunks past stage 0) the input
-  // gradients computed and being sent, each (R, C).
-  if (j.p > 1) comm += 4 * j.d.R * j.C * (1 + (r.boundaries_back > 0 ? 2 : 0));
+  // ep: the per-expert row counts exchanged; pp: the executor's gradient buffers, each (R, C).
+  if (j.ep > 1 && r.moe) comm += static_cast<double>(ep_count_bytes(j.spec));
+  if (j.p > 1) comm += PipelineExecutor::peak_comm_bytes(4 * j.d.R * j.C, r.boundaries_back > 0);
   comm += static_cast<double>(
       cp_buffer_bytes(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs, j.mc.seq_len,
                       j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim));

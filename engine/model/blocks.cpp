@@ -333,6 +333,10 @@ std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R) {
           {"er", {R, C}}, {"d_er", {R, C}}, {"dh_r", {R, Fe1}}};
 }
 
+int64_t ep_count_bytes(const ModelSpec& spec) {
+  return 2 * spec.cfg.moe.num_experts * 4;
+}
+
 std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R) {
   return {{"dgr", {R, spec.cfg.moe.d_ff_expert}}, {"dxr", {R, spec.cfg.d_model}}};
 }
@@ -385,7 +389,8 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   std::vector<int32_t> cnt(static_cast<size_t>(P * El)), got(cnt.size());
   for (int64_t g = 0; g < P * El; ++g)
     cnt[static_cast<size_t>(g)] = static_cast<int32_t>(off[g + 1] - off[g]);
-  Buffer cbuf = env_.alloc.allocate(cnt.size() * 8, MemCategory::comm);
+  Buffer cbuf =
+      env_.alloc.allocate(static_cast<size_t>(ep_count_bytes(env_.spec)), MemCategory::comm);
   const Tensor cin = cbuf.tensor({P * El}, DType::i32),
                cout = cbuf.tensor({P * El}, DType::i32, cnt.size() * 4);
   env_.alloc.backend().copy_from_host(cin.data, cnt.data(), cnt.size() * 4);

@@ -269,6 +269,9 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 // fc1's input gradients dgr (R,Fe), dxr (R,C)). R depends on the routing (R k at balance).
 std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R);
 std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R);
+// The counts an MoE layer exchanges over its ep group before the rows: rows per (peer, local
+// expert) sent and the same received, E int32 each (MemCategory::comm, for the exchange only).
+int64_t ep_count_bytes(const ModelSpec& spec);
 
 // A mixture of experts (docs/model.md, "Mixture of experts"): fp32 router logits, top-k routing,
 // the dispatch into expert order (capacity dropping per sequence), the experts' grouped GEMMs

@@ -48,6 +48,14 @@ class PipelineExecutor {
   // Of the last run: seconds in compute actions, and the run's wall time (the measured bubble is
   // (total - busy) / busy, as Simulation::bubble_fraction).
   const Schedule& schedule() const { return schedule_; }
+
+  // The executor's own buffers at their peak (MemCategory::comm), each one boundary tensor of
+  // `boundary_bytes` ((R, C) f32): a received output gradient waiting for its backward
+  // (grad_in_), and on a rank whose chunks send input gradients back (past stage 0) up to two
+  // being sent (grad_out_: one posted, the next computed). `plan` counts this.
+  static double peak_comm_bytes(double boundary_bytes, bool sends_gradients) {
+    return boundary_bytes * (sends_gradients ? 3 : 1);
+  }
   double busy_seconds() const { return busy_s_; }
   double total_seconds() const { return total_s_; }
 
