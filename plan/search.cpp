@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "config/toml_text.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/schedule/schedule.h"
 
@@ -21,12 +22,54 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
+// Layers of each of S >= 3 pipeline stages: `ends` on the first and the last, the rest spread
+// over the middle stages as evenly as possible (the earlier middle stages take the extra layers).
+std::vector<int64_t> lighter_ends(int64_t L, int64_t S, int64_t ends) {
+  std::vector<int64_t> n(static_cast<size_t>(S), ends);
+  const int64_t middle = S - 2, rest = L - 2 * ends;
+  for (int64_t s = 1; s <= middle; ++s)
+    n[static_cast<size_t>(s)] = rest / middle + (s <= rest % middle ? 1 : 0);
+  return n;
+}
+
+// The splits of L layers over S <= L global pipeline stages that the search tries, at most two
+// (parallel.pp_layers; empty: the even split). The first stage also runs the embedding and the
+// last the head and the loss, so they are the ones given fewer layers. When S divides L: the even
+// split and, when every stage keeps a layer, the first and last stage one layer lighter (70 over
+// 10: [], [6, 8, 8, 7x6, 6]). Otherwise the split as even as possible with the extra layers on the
+// middle stages (70 over 12: [5, 6x10, 5]); what the middle cannot take goes to the first stage
+// (61 over 2: [31, 30]).
+std::vector<std::vector<int64_t>> stage_splits(int64_t L, int64_t S) {
+  const int64_t q = L / S, r = L % S;
+  if (r == 0) {
+    if (S >= 3 && q >= 2) return {{}, lighter_ends(L, S, q - 1)};
+    return {{}};
+  }
+  if (r <= S - 2) return {lighter_ends(L, S, q)};
+  std::vector<int64_t> n(static_cast<size_t>(S), q + 1);
+  n.back() = q;
+  return {n};
+}
+
+// "[7, 8x14, 7]": a split with its runs of equal stages counted.
+std::string split_text(const std::vector<int64_t>& n) {
+  std::string s = "[";
+  for (size_t i = 0; i < n.size();) {
+    size_t j = i;
+    while (j < n.size() && n[j] == n[i]) ++j;
+    s += concat(i ? ", " : "", n[i], j - i > 1 ? concat("x", j - i) : std::string());
+    i = j;
+  }
+  return s + "]";
+}
+
 // A structural layout: what the parse-time rules of [model] and [parallel] judge.
 struct LayoutShape {
   int tp, cp, pp, v;
   bool sp;
   PipeSchedule schedule;
   CpImpl cp_impl;
+  std::vector<int64_t> pp_layers;  // layers of each global stage; empty: the even split
 };
 
 std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
@@ -40,7 +83,8 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
       "parallel.cp_ulysses=0",
-      "parallel.pp_layers=[]"};  // parallel.ep is added with the layout's own value
+      concat("parallel.pp_layers=", toml_text(s.pp_layers))};
+  // parallel.ep is added with the layout's own value
   return sets;
 }
 
@@ -55,6 +99,7 @@ std::string layout_text(const Config& cfg, int world) {
   if (p.pp > 1) {
     s += concat(" ", schedule_name(p.pp_schedule));
     if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
+    if (!p.pp_layers.empty()) s += concat(" layers ", split_text(p.pp_layers));
   }
   s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
               ", zero ", p.zero_stage, ", recompute ",
@@ -82,12 +127,13 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           if (pp > 1) {
             schedules.push_back({PipeSchedule::zb_h1, 1});
             for (int v : {2, 4})
-              if (L % (pp * v) == 0) schedules.push_back({PipeSchedule::interleaved, v});
+              if (pp * v <= L) schedules.push_back({PipeSchedule::interleaved, v});
           }
           std::vector<CpImpl> impls{CpImpl::ring};
           if (cp > 1) impls.push_back(CpImpl::ulysses);
           for (auto [sched, v] : schedules)
-            for (CpImpl impl : impls) shapes.push_back({tp, cp, pp, v, sp, sched, impl});
+            for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
+              for (CpImpl impl : impls) shapes.push_back({tp, cp, pp, v, sp, sched, impl, split});
         }
       }
     }
@@ -181,7 +227,8 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
   s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
               schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
-              "\npp_layers = []\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
+              "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep,
+              "\nzero_stage = ", p.zero_stage,
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");

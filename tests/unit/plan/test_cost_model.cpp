@@ -2,8 +2,11 @@
 // model's arithmetic on layouts whose answers follow from the formulas by hand. The bytes per
 // axis and the activation bytes against a real run are tests/mpi/plan_memory.py's.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <tuple>
@@ -294,6 +297,97 @@ TEST(CostModel, SearchRanksFittingLayouts) {
       EXPECT_TRUE(keys.insert(kv.substr(0, kv.find('='))).second) << kv;
   }
   EXPECT_EQ(search_layouts(path, sets, base, 1, hw, 5).ranked.size(), 0u);
+}
+
+// A tiny GPT-2 of `layers` layers in a file of its own (searched layouts re-parse their path), in a
+// directory removed at the end of the test.
+class CostModelSearch : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           concat("llmt_test_search_",
+                  testing::UnitTest::GetInstance()->current_test_info()->name(), "_", ::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::filesystem::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string model(int64_t layers) const {
+    return write(concat("gpt2-", layers, ".toml"),
+                 concat("[model]\narch = \"gpt2\"\nn_layers = ", layers,
+                        "\nd_model = 64\nn_heads = 4\nvocab_size = 256\nseq_len = 32\n\n[train]\n"
+                        "global_batch_size = 24\n"));
+  }
+  // Every fitting layout of the model at `world`, fastest first.
+  SearchResult search(const std::string& path, int world) const {
+    return search_layouts(path, {}, parse_config(path, {}), world, hw_, 1000000);
+  }
+  // The (pp, virtual stages, layers per stage) of the ranked layouts.
+  static std::set<std::tuple<int64_t, int64_t, std::vector<int64_t>>> splits(
+      const SearchResult& r) {
+    std::set<std::tuple<int64_t, int64_t, std::vector<int64_t>>> out;
+    for (const Candidate& c : r.ranked)
+      out.insert({c.cfg.parallel.pp, c.cfg.parallel.virtual_stages, c.cfg.parallel.pp_layers});
+    return out;
+  }
+  std::filesystem::path dir_;
+  HardwareProfile hw_ = parse_hardware(kGpu, "gpu", 1);
+};
+
+// Layers that do not divide over the stages are split with the first and last stage lighter (the
+// rest on the middle stages); layers that do are also tried with the first and last stage one
+// layer lighter, when every stage keeps a layer.
+TEST_F(CostModelSearch, TriesUnevenPipelineSplits) {
+  using Split = std::tuple<int64_t, int64_t, std::vector<int64_t>>;
+  const auto s70 = splits(search(model(70), 12));
+  for (const Split& want : {Split{12, 1, {5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5}},
+                            Split{6, 1, {11, 12, 12, 12, 12, 11}}, Split{2, 2, {17, 18, 18, 17}}})
+    EXPECT_EQ(s70.count(want), 1u) << std::get<0>(want) << " x v" << std::get<1>(want);
+  std::vector<int64_t> v2(24, 3);
+  v2.front() = v2.back() = 2;
+  EXPECT_EQ(s70.count({12, 2, v2}), 1u);
+  EXPECT_EQ(s70.count({12, 1, {}}), 0u);  // 70 layers do not split evenly over 12 stages
+  // 61 layers (DeepSeek-V3's) over 2 stages: the last one lighter.
+  const auto s61 = splits(search(model(61), 8));
+  EXPECT_EQ(s61.count({2, 1, {31, 30}}), 1u);
+  EXPECT_EQ(s61.count({8, 1, {7, 8, 8, 8, 8, 8, 7, 7}}), 1u);
+  const auto s8 = splits(search(model(8), 4));
+  for (const Split& want : {Split{4, 1, {}}, Split{4, 1, {1, 3, 3, 1}}, Split{2, 1, {}},
+                            Split{2, 2, {}}, Split{2, 2, {1, 3, 3, 1}}, Split{2, 4, {}}})
+    EXPECT_EQ(s8.count(want), 1u) << std::get<0>(want) << " x v" << std::get<1>(want);
+  const size_t pp2 = std::count_if(s8.begin(), s8.end(), [](const Split& s) {
+    return std::get<0>(s) == 2 && std::get<1>(s) != 2;  // 2 stages, or 8 of one layer each
+  });
+  EXPECT_EQ(pp2, 2u);
+}
+
+// A layout with an uneven split predicts the same step when planned again from its overrides and
+// from the fragment `--write` saves, and the ranking stays sorted.
+TEST_F(CostModelSearch, UnevenLayoutsPlanTheSameFromTheirFragment) {
+  const std::string path = model(70);
+  const SearchResult r = search(path, 12);
+  for (size_t i = 1; i < r.ranked.size(); ++i)
+    EXPECT_LE(r.ranked[i - 1].cost.step_s, r.ranked[i].cost.step_s);
+  int checked = 0;
+  for (const Candidate& c : r.ranked) {
+    if (c.cfg.parallel.pp_layers.empty()) continue;
+    const std::string text = layout_text(c.cfg, 12);
+    EXPECT_NE(text.find(" layers ["), std::string::npos) << text;
+    EXPECT_DOUBLE_EQ(predict_step(parse_config(path, c.sets), 12, hw_).step_s, c.cost.step_s)
+        << text;
+    const std::string frag = write(concat("best", checked, ".toml"), layout_fragment(c, 12, hw_));
+    const std::string cfg = write(concat("searched", checked, ".toml"),
+                                  concat("include = [\"", path, "\", \"", frag, "\"]\n"));
+    const Config again = parse_config(cfg, {});
+    EXPECT_EQ(again.parallel.pp_layers, c.cfg.parallel.pp_layers) << text;
+    EXPECT_DOUBLE_EQ(predict_step(again, 12, hw_).step_s, c.cost.step_s) << text;
+    if (++checked == 3) break;
+  }
+  EXPECT_EQ(checked, 3);
 }
 
 }  // namespace
