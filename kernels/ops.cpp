@@ -4,7 +4,9 @@
 // LLMTRAIN_CUDA; other builds refuse them with a message that says so.
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <array>
+#include <exception>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -29,10 +31,38 @@ bool present(const Tensor& t) {
   return t.defined() || (t.ndim() > 0 && t.numel() == 0);
 }
 
+// The op calls under way on this thread, each holding scratch slots [first, first + count).
+thread_local int scratch_slots_in_use = 0;
+
+bool is_16bit(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
+
 // The checks of one op call; constructing it checks that every given tensor is on one device
 // (mixed_devices: any devices, for copies) and that this build has kernels for it.
+//
+// 16-bit storage. The kernels compute in fp32 on fp32 arrays; an argument taken with in(),
+// out() or inout() may also be a bf16 or f16 tensor. It is then widened into backend scratch
+// before the kernel (in, inout: exact) and, when the kernel writes it (out, inout), narrowed
+// back when the Op ends, rounding to nearest even: an op that writes a 16-bit tensor rounds its
+// result once, as `op; round_to(result)` did on fp32 storage. Arguments that are the same memory
+// share one copy (an output that may alias an input); 16-bit arguments must not overlap
+// otherwise. Arguments taken with f32() stay fp32 in every precision: statistics (mean, rstd,
+// lse), router math, master weights and optimizer states.
 class Op {
  public:
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  ~Op() {
+    try {
+      for (const Widened& w : widened_)
+        if (w.written) LLMT_KERNEL(*this, convert)(w.data, w.dtype, w.scratch, DType::f32, w.numel);
+    } catch (const std::exception&) {
+      // A failing conversion (a CUDA error) resurfaces at the device's next call.
+    }
+    scratch_slots_in_use -= static_cast<int>(widened_.size());
+  }
+
   Op(const char* name, std::initializer_list<Tensor> tensors, bool mixed_devices = false)
       : Op(name, std::span<const Tensor>(tensors.begin(), tensors.size()), mixed_devices) {}
   Op(const char* name, std::span<const Tensor> tensors, bool mixed_devices = false) : name_(name) {
@@ -57,6 +87,28 @@ class Op {
   // True if any given tensor is on a GPU.
   bool cuda() const {
     return cuda_;
+  }
+
+  // An input the kernel reads: f32, bf16 or f16 (read as fp32).
+  const float* in(const char* arg, const Tensor& t) const {
+    return floating(arg, t, /*read=*/true, /*written=*/false);
+  }
+  const float* in_opt(const char* arg, const Tensor& t) const {
+    return t.defined() ? in(arg, t) : nullptr;
+  }
+  // An output the kernel assigns: f32, bf16 or f16 (rounded once, after the kernel).
+  float* out(const char* arg, const Tensor& t) const {
+    return floating(arg, t, /*read=*/false, /*written=*/true);
+  }
+  float* out_opt(const char* arg, const Tensor& t) const {
+    return t.defined() ? out(arg, t) : nullptr;
+  }
+  // An argument the kernel reads and writes (+=, in place, or only some of its elements).
+  float* inout(const char* arg, const Tensor& t) const {
+    return floating(arg, t, /*read=*/true, /*written=*/true);
+  }
+  float* inout_opt(const char* arg, const Tensor& t) const {
+    return t.defined() ? inout(arg, t) : nullptr;
   }
 
   float* f32(const char* arg, const Tensor& t) const {
@@ -125,9 +177,42 @@ class Op {
   }
 
  private:
+  // A 16-bit argument's fp32 copy in scratch slot first + its index.
+  struct Widened {
+    void* data;
+    int64_t numel;
+    DType dtype;
+    float* scratch;
+    bool read, written;
+  };
+  float* floating(const char* arg, const Tensor& t, bool read, bool written) const {
+    LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
+    if (t.dtype == DType::f32) return static_cast<float*>(t.data);
+    LLMT_CHECK(is_16bit(t.dtype), "op ", name_, ": ", arg, " is ", describe(t),
+               ", expected f32, bf16 or f16");
+    Widened* w = nullptr;
+    for (Widened& x : widened_)
+      if (x.data == t.data && x.numel == t.numel() && x.dtype == t.dtype) w = &x;
+    if (!w) {
+      const int slot = scratch_slots_in_use++;
+      float* scratch = static_cast<float*>(LLMT_KERNEL(*this, op_scratch)(
+          slot, static_cast<size_t>(std::max<int64_t>(t.numel(), 1)) * sizeof(float)));
+      widened_.push_back({t.data, t.numel(), t.dtype, scratch, false, false});
+      w = &widened_.back();
+    }
+    // Arguments are evaluated before the kernel runs, in any order: whichever asks to read
+    // first widens.
+    if (read && !w->read)
+      LLMT_KERNEL(*this, convert)(w->scratch, DType::f32, w->data, w->dtype, w->numel);
+    w->read = w->read || read;
+    w->written = w->written || written;
+    return w->scratch;
+  }
+
   const char* name_;
   Device device_;
   bool cuda_ = false;
+  mutable std::vector<Widened> widened_;
 };
 
 // The (N, C) split of a row-wise op's input: C = last dim.
@@ -185,8 +270,8 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_
   op.shape("out", out, {B, T, C});
   if (wpe.defined() && !positions.defined()) op.positions("wpe", wpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_forward)
-  (op.f32("out", out), op.i32("tokens", tokens), op.f32("wte", wte), op.f32_opt("wpe", wpe), B, T,
-   C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
+  (op.out("out", out), op.i32("tokens", tokens), op.in("wte", wte), op.in_opt("wpe", wpe), B, T, C,
+   V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
@@ -199,8 +284,9 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, in
   op.shape("dout", dout, {B, T, C});
   if (dwpe.defined() && !positions.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_backward)
-  (op.f32("dwte", dwte), op.f32_opt("dwpe", dwpe), op.f32("dout", dout), op.i32("tokens", tokens),
-   B, T, C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
+  (op.inout("dwte", dwte), op.inout_opt("dwpe", dwpe), op.in("dout", dout),
+   op.i32("tokens", tokens), B, T, C, V, pos_offset, op.positions_opt("positions", positions, T),
+   vocab_start, Vl);
 }
 
 // ---- normalisation ----------------------------------------------------------------------------
@@ -215,8 +301,8 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
   op.shape("weight", weight, {C});
   op.shape_opt("bias", bias, {C});
   LLMT_KERNEL(op, layernorm_forward)
-  (op.f32("out", out), op.f32("mean", mean), op.f32("rstd", rstd), op.f32("inp", inp),
-   op.f32("weight", weight), op.f32_opt("bias", bias), N, C, eps);
+  (op.out("out", out), op.f32("mean", mean), op.f32("rstd", rstd), op.in("inp", inp),
+   op.in("weight", weight), op.in_opt("bias", bias), N, C, eps);
 }
 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -231,8 +317,8 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   op.numel("mean", mean, N);
   op.numel("rstd", rstd, N);
   LLMT_KERNEL(op, layernorm_backward)
-  (op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32_opt("dbias", dbias),
-   op.f32("dout", dout), op.f32("inp", inp), op.f32("weight", weight), op.f32("mean", mean),
+  (op.out("dinp", dinp), op.inout("dweight", dweight), op.inout_opt("dbias", dbias),
+   op.in("dout", dout), op.in("inp", inp), op.in("weight", weight), op.f32("mean", mean),
    op.f32("rstd", rstd), N, C);
 }
 
@@ -243,8 +329,7 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float e
   op.numel("rstd", rstd, N);
   op.shape("weight", weight, {C});
   LLMT_KERNEL(op, rmsnorm_forward)
-  (op.f32("out", out), op.f32("rstd", rstd), op.f32("inp", inp), op.f32("weight", weight), N, C,
-   eps);
+  (op.out("out", out), op.f32("rstd", rstd), op.in("inp", inp), op.in("weight", weight), N, C, eps);
 }
 
 void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
@@ -257,8 +342,8 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
   op.shape("dweight", dweight, {C});
   op.numel("rstd", rstd, N);
   LLMT_KERNEL(op, rmsnorm_backward)
-  (op.f32("dinp", dinp), op.f32("dweight", dweight), op.f32("dout", dout), op.f32("inp", inp),
-   op.f32("weight", weight), op.f32("rstd", rstd), N, C);
+  (op.out("dinp", dinp), op.inout("dweight", dweight), op.in("dout", dout), op.in("inp", inp),
+   op.in("weight", weight), op.f32("rstd", rstd), N, C);
 }
 
 // ---- linear (GEMM) ----------------------------------------------------------------------------
@@ -283,8 +368,8 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, DType op
              " have different row counts");
   op.shape_opt("bias", bias, {OC});
   LLMT_KERNEL(op, linear_forward)
-  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), op.f32_opt("bias", bias), N,
-   IC, OC, operands);
+  (op.out("out", out), op.in("inp", inp), op.in("weight", weight), op.in_opt("bias", bias), N, IC,
+   OC, operands);
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -304,8 +389,8 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   if (w.defined()) {
     const int64_t IC = w.size(1);
     if (inp.defined())
-      op.require(op.rows("inp", inp, IC) == N, "dout ", describe(dout), " and inp ",
-                 describe(inp), " have different row counts");
+      op.require(op.rows("inp", inp, IC) == N, "dout ", describe(dout), " and inp ", describe(inp),
+                 " have different row counts");
     if (dinp.defined())
       op.require(op.rows("dinp", dinp, IC) == N, "dout ", describe(dout), " and dinp ",
                  describe(dinp), " have different row counts");
@@ -315,9 +400,8 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   op.shape_opt("dweight", dweight, {OC, IC});
   op.shape_opt("dbias", dbias, {OC});
   LLMT_KERNEL(op, linear_backward)
-  (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32_opt("dbias", dbias),
-   op.f32("dout", dout), op.f32_opt("inp", inp), op.f32_opt("weight", weight), N, IC, OC,
-   operands);
+  (op.out_opt("dinp", dinp), op.inout_opt("dweight", dweight), op.inout_opt("dbias", dbias),
+   op.in("dout", dout), op.in_opt("inp", inp), op.in_opt("weight", weight), N, IC, OC, operands);
 }
 
 // ---- activations ------------------------------------------------------------------------------
@@ -325,7 +409,7 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
 void gelu_forward(Tensor out, Tensor inp) {
   Op op("gelu_forward", {out, inp});
   op.same_shape("out", out, "inp", inp);
-  LLMT_KERNEL(op, gelu_forward)(op.f32("out", out), op.f32("inp", inp), inp.numel());
+  LLMT_KERNEL(op, gelu_forward)(op.out("out", out), op.in("inp", inp), inp.numel());
 }
 
 void gelu_backward(Tensor dinp, Tensor dout, Tensor inp) {
@@ -333,7 +417,7 @@ void gelu_backward(Tensor dinp, Tensor dout, Tensor inp) {
   op.same_shape("dinp", dinp, "inp", inp);
   op.same_shape("dout", dout, "inp", inp);
   LLMT_KERNEL(op, gelu_backward)
-  (op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), inp.numel());
+  (op.out("dinp", dinp), op.in("dout", dout), op.in("inp", inp), inp.numel());
 }
 
 void swiglu_forward(Tensor out, Tensor inp) {
@@ -342,7 +426,7 @@ void swiglu_forward(Tensor out, Tensor inp) {
   op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
   op.require(op.rows("out", out, F2 / 2) == N, "out ", describe(out), " must be (..., F) for inp ",
              describe(inp));
-  LLMT_KERNEL(op, swiglu_forward)(op.f32("out", out), op.f32("inp", inp), N, F2 / 2);
+  LLMT_KERNEL(op, swiglu_forward)(op.out("out", out), op.in("inp", inp), N, F2 / 2);
 }
 
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
@@ -353,7 +437,7 @@ void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
   op.require(op.rows("dout", dout, F2 / 2) == N, "dout ", describe(dout),
              " must be (..., F) for inp ", describe(inp));
   LLMT_KERNEL(op, swiglu_backward)
-  (op.f32("dinp", dinp), op.f32("dout", dout), op.f32("inp", inp), N, F2 / 2);
+  (op.out("dinp", dinp), op.in("dout", dout), op.in("inp", inp), N, F2 / 2);
 }
 
 // ---- rotary position embedding ----------------------------------------------------------------
@@ -378,7 +462,7 @@ void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta
   Op op("rope_forward", {x, positions});
   const auto [B, T, HT, D] = check_rope(op, x, n_rot_heads, pos_offset, theta);
   LLMT_KERNEL(op, rope_forward)
-  (op.f32("x", x), B, T, HT, D, n_rot_heads, pos_offset,
+  (op.inout("x", x), B, T, HT, D, n_rot_heads, pos_offset,
    op.positions_opt("positions", positions, T), theta);
 }
 
@@ -387,7 +471,7 @@ void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float the
   Op op("rope_backward", {dx, positions});
   const auto [B, T, HT, D] = check_rope(op, dx, n_rot_heads, pos_offset, theta);
   LLMT_KERNEL(op, rope_backward)
-  (op.f32("dx", dx), B, T, HT, D, n_rot_heads, pos_offset,
+  (op.inout("dx", dx), B, T, HT, D, n_rot_heads, pos_offset,
    op.positions_opt("positions", positions, T), theta);
 }
 
@@ -398,7 +482,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64
   Op op("attention_forward", {out, lse, qkv});
   check_attention(op, out, lse, qkv, n_head, n_kv_head, operands);
   LLMT_KERNEL(op, attention_forward)
-  (op.f32("out", out), op.f32("lse", lse), op.f32("qkv", qkv), qkv.size(0), qkv.size(1), n_head,
+  (op.out("out", out), op.f32("lse", lse), op.in("qkv", qkv), qkv.size(0), qkv.size(1), n_head,
    n_kv_head, qkv.size(3), operands);
 }
 
@@ -409,7 +493,7 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   op.same_shape("dqkv", dqkv, "qkv", qkv);
   op.same_shape("dout", dout, "out", out);
   LLMT_KERNEL(op, attention_backward)
-  (op.f32("dqkv", dqkv), op.f32("dout", dout), op.f32("qkv", qkv), op.f32("out", out),
+  (op.out("dqkv", dqkv), op.in("dout", dout), op.in("qkv", qkv), op.in("out", out),
    op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3), operands);
 }
 
@@ -428,11 +512,11 @@ BlockDims check_block(const Op& op, const Tensor& out, const Tensor& lse, const 
              "n_kv_head=", KV);
   op.ndim("q_src", q_src, 4);
   op.ndim("kv_src", kv_src, 4);
-  const BlockDims d{q_src.size(0), q_src.size(1), kv_src.size(1), q_src.size(2), kv_src.size(2),
-                    q_src.size(3)};
+  const BlockDims d{q_src.size(0), q_src.size(1),  kv_src.size(1),
+                    q_src.size(2), kv_src.size(2), q_src.size(3)};
   op.require(d.Wq >= H, "q_src ", describe(q_src), " holds fewer than n_head=", H, " heads");
-  op.require(kv0 >= 0 && kv0 + 2 * KV <= d.Wk, "kv_src ", describe(kv_src), " has no heads [",
-             kv0, ", ", kv0 + 2 * KV, ") for n_kv_head=", KV);
+  op.require(kv0 >= 0 && kv0 + 2 * KV <= d.Wk, "kv_src ", describe(kv_src), " has no heads [", kv0,
+             ", ", kv0 + 2 * KV, ") for n_kv_head=", KV);
   op.shape("kv_src", kv_src, {d.B, d.Tk, d.Wk, d.D});
   op.shape("out", out, {d.B, d.Tq, H, d.D});
   op.shape("lse", lse, {d.B, H, d.Tq});
@@ -448,7 +532,7 @@ void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src
   const BlockDims d =
       check_block(op, out, lse, q_src, kv_src, kv0, q_pos, k_pos, n_head, n_kv_head);
   LLMT_KERNEL(op, attention_block_forward)
-  (op.f32("out", out), op.f32("lse", lse), op.f32("q_src", q_src), d.Wq, op.f32("kv_src", kv_src),
+  (op.out("out", out), op.f32("lse", lse), op.in("q_src", q_src), d.Wq, op.in("kv_src", kv_src),
    d.Wk, kv0, op.positions_opt("q_pos", q_pos, d.Tq), op.positions_opt("k_pos", k_pos, d.Tk), d.B,
    d.Tq, d.Tk, n_head, n_kv_head, d.D);
 }
@@ -463,8 +547,8 @@ void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor
   op.same_shape("dkv_src", dkv_src, "kv_src", kv_src);
   op.same_shape("dout", dout, "out", out);
   LLMT_KERNEL(op, attention_block_backward)
-  (op.f32("dq_src", dq_src), op.f32("dkv_src", dkv_src), op.f32("dout", dout),
-   op.f32("q_src", q_src), d.Wq, op.f32("kv_src", kv_src), d.Wk, kv0, op.f32("out", out),
+  (op.inout("dq_src", dq_src), op.inout("dkv_src", dkv_src), op.in("dout", dout),
+   op.in("q_src", q_src), d.Wq, op.in("kv_src", kv_src), d.Wk, kv0, op.in("out", out),
    op.f32("lse", lse), op.positions_opt("q_pos", q_pos, d.Tq),
    op.positions_opt("k_pos", k_pos, d.Tk), d.B, d.Tq, d.Tk, n_head, n_kv_head, d.D);
 }
@@ -477,7 +561,7 @@ void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse) {
   op.same_shape("part_out", part_out, "out", out);
   op.same_shape("part_lse", part_lse, "lse", lse);
   LLMT_KERNEL(op, attention_merge)
-  (op.f32("out", out), op.f32("lse", lse), op.f32("part_out", part_out),
+  (op.inout("out", out), op.f32("lse", lse), op.in("part_out", part_out),
    op.f32("part_lse", part_lse), B, T, H, D);
 }
 
@@ -486,15 +570,15 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
   op.ndim("dst", dst, 4);
   op.ndim("src", src, 4);
   const int64_t N = dst.size(0) * dst.size(1), D = dst.size(3);
-  op.require(src.size(0) * src.size(1) == N && src.size(3) == D, "src ", describe(src),
-             " and dst ", describe(dst), " differ in rows or head dim");
+  op.require(src.size(0) * src.size(1) == N && src.size(3) == D, "src ", describe(src), " and dst ",
+             describe(dst), " differ in rows or head dim");
   op.require(n_heads >= 0 && dst_head >= 0 && src_head >= 0 && dst_head + n_heads <= dst.size(2) &&
                  src_head + n_heads <= src.size(2),
              "heads [", src_head, ", +", n_heads, ") of src ", describe(src), " -> [", dst_head,
              ", +", n_heads, ") of dst ", describe(dst));
   LLMT_KERNEL(op, copy_heads)
-  (op.f32("dst", dst), dst.size(2), dst_head, op.f32("src", src), src.size(2), src_head, n_heads, N,
-   D);
+  (op.inout("dst", dst), dst.size(2), dst_head, op.in("src", src), src.size(2), src_head, n_heads,
+   N, D);
 }
 
 // ---- mixture of experts -----------------------------------------------------------------------
@@ -550,7 +634,7 @@ void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights) {
   op.shape("out", out, {N * k, C});
   op.shape_opt("weights", weights, {N, k});
   LLMT_KERNEL(op, moe_permute)
-  (op.f32("out", out), op.f32("in", in), op.i32("assign", assign), op.f32_opt("weights", weights),
+  (op.inout("out", out), op.in("in", in), op.i32("assign", assign), op.f32_opt("weights", weights),
    N, C, k);
 }
 
@@ -563,7 +647,7 @@ void moe_unpermute(Tensor out, Tensor in, Tensor slot, Tensor weights) {
   op.shape("in", in, {N * k, C});
   op.shape_opt("weights", weights, {N, k});
   LLMT_KERNEL(op, moe_unpermute)
-  (op.f32("out", out), op.f32("in", in), op.i32("slot", slot), op.f32_opt("weights", weights), N, C,
+  (op.out("out", out), op.in("in", in), op.i32("slot", slot), op.f32_opt("weights", weights), N, C,
    k);
 }
 
@@ -575,7 +659,7 @@ void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot) 
   op.shape("in", in, {N * k, C});
   op.shape("dweights", dweights, {N, k});
   LLMT_KERNEL(op, moe_weights_backward)
-  (op.f32("dweights", dweights), op.f32("dout", dout), op.f32("in", in), op.i32("slot", slot), N, C,
+  (op.f32("dweights", dweights), op.in("dout", dout), op.in("in", in), op.i32("slot", slot), N, C,
    k);
 }
 
@@ -652,7 +736,7 @@ void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<con
   op.shape("out", out, {M, OC});
   const int64_t G = check_groups(op, offsets, weight_of, W, M);
   LLMT_KERNEL(op, grouped_linear_forward)
-  (op.f32("out", out), op.f32("inp", inp), op.f32("weight", weight), offsets.data(),
+  (op.inout("out", out), op.in("inp", inp), op.in("weight", weight), offsets.data(),
    weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
 }
 
@@ -675,9 +759,9 @@ void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor in
   }
   const int64_t G = check_groups(op, offsets, weight_of, W, M);
   LLMT_KERNEL(op, grouped_linear_backward)
-  (op.f32_opt("dinp", dinp), op.f32_opt("dweight", dweight), op.f32("dout", dout),
-   dweight.defined() ? op.f32("inp", inp) : nullptr,
-   dinp.defined() ? op.f32("weight", weight) : nullptr, offsets.data(),
+  (op.inout_opt("dinp", dinp), op.inout_opt("dweight", dweight), op.in("dout", dout),
+   dweight.defined() ? op.in("inp", inp) : nullptr,
+   dinp.defined() ? op.in("weight", weight) : nullptr, offsets.data(),
    weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
 }
 
@@ -687,18 +771,18 @@ void add(Tensor out, Tensor a, Tensor b) {
   Op op("add", {out, a, b});
   op.same_shape("out", out, "a", a);
   op.same_shape("b", b, "a", a);
-  LLMT_KERNEL(op, add)(op.f32("out", out), op.f32("a", a), op.f32("b", b), a.numel());
+  LLMT_KERNEL(op, add)(op.out("out", out), op.in("a", a), op.in("b", b), a.numel());
 }
 
 void add_inplace(Tensor dst, Tensor src) {
   Op op("add_inplace", {dst, src});
   op.same_shape("dst", dst, "src", src);
-  LLMT_KERNEL(op, add_inplace)(op.f32("dst", dst), op.f32("src", src), src.numel());
+  LLMT_KERNEL(op, add_inplace)(op.inout("dst", dst), op.in("src", src), src.numel());
 }
 
 void scale_inplace(Tensor x, float s) {
   Op op("scale_inplace", {x});
-  LLMT_KERNEL(op, scale_inplace)(op.f32("x", x), s, x.numel());
+  LLMT_KERNEL(op, scale_inplace)(op.inout("x", x), s, x.numel());
 }
 
 void add_bias(Tensor x, Tensor bias) {
@@ -706,7 +790,7 @@ void add_bias(Tensor x, Tensor bias) {
   op.ndim("bias", bias, 1);
   const int64_t C = bias.size(0);
   const int64_t N = op.rows("x", x, C);
-  LLMT_KERNEL(op, add_bias)(op.f32("x", x), op.f32("bias", bias), N, C);
+  LLMT_KERNEL(op, add_bias)(op.inout("x", x), op.in("bias", bias), N, C);
 }
 
 void copy(Tensor dst, Tensor src) {
@@ -726,7 +810,7 @@ void fill_zero(Tensor x) {
 
 void fill(Tensor x, float value) {
   Op op("fill", {x});
-  LLMT_KERNEL(op, fill)(op.f32("x", x), value, x.numel());
+  LLMT_KERNEL(op, fill)(op.out("x", x), value, x.numel());
 }
 
 namespace {
@@ -744,7 +828,7 @@ void dropout_forward(Tensor out, Tensor inp, float p, uint64_t seed, uint64_t st
   op.same_shape("out", out, "inp", inp);
   check_dropout(op, p, global_offset);
   LLMT_KERNEL(op, dropout)
-  (op.f32("out", out), op.f32("inp", inp), inp.numel(), p, seed, stream, global_offset);
+  (op.out("out", out), op.in("inp", inp), inp.numel(), p, seed, stream, global_offset);
 }
 
 void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t stream,
@@ -753,7 +837,7 @@ void dropout_backward(Tensor dinp, Tensor dout, float p, uint64_t seed, uint64_t
   op.same_shape("dinp", dinp, "dout", dout);
   check_dropout(op, p, global_offset);
   LLMT_KERNEL(op, dropout)
-  (op.f32("dinp", dinp), op.f32("dout", dout), dout.numel(), p, seed, stream, global_offset);
+  (op.out("dinp", dinp), op.in("dout", dout), dout.numel(), p, seed, stream, global_offset);
 }
 
 // ---- loss -------------------------------------------------------------------------------------
@@ -766,7 +850,7 @@ void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor 
   op.numel("targets", targets, N);
   if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
   LLMT_KERNEL(op, softmax_cross_entropy)
-  (op.f32("losses", losses), op.f32_opt("dlogits", dlogits), op.f32("logits", logits),
+  (op.f32("losses", losses), op.out_opt("dlogits", dlogits), op.in("logits", logits),
    op.i32("targets", targets), N, V, dloss);
 }
 
@@ -789,7 +873,7 @@ void cross_entropy_shard_max(Tensor max, Tensor logits, Tensor targets, int64_t 
   op.numel("max", max, N);
   op.require(vocab_size >= Vl, "vocab_size=", vocab_size, " is smaller than the shard's ", Vl);
   LLMT_KERNEL(op, cross_entropy_shard_max)
-  (op.f32("max", max), op.f32("logits", logits), op.i32("targets", targets), N, Vl, vocab_size);
+  (op.f32("max", max), op.in("logits", logits), op.i32("targets", targets), N, Vl, vocab_size);
 }
 
 void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor targets,
@@ -799,8 +883,8 @@ void cross_entropy_shard_sums(Tensor sums, Tensor logits, Tensor max, Tensor tar
   op.numel("max", max, N);
   op.shape("sums", sums, {2, N});
   LLMT_KERNEL(op, cross_entropy_shard_sums)
-  (op.f32("sums", sums), op.f32("logits", logits), op.f32("max", max), op.i32("targets", targets),
-   N, Vl, vocab_start);
+  (op.f32("sums", sums), op.in("logits", logits), op.f32("max", max), op.i32("targets", targets), N,
+   Vl, vocab_start);
 }
 
 void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Tensor max,
@@ -812,7 +896,7 @@ void cross_entropy_shard_finish(Tensor losses, Tensor dlogits, Tensor logits, Te
   op.shape("sums", sums, {2, N});
   if (dlogits.defined()) op.same_shape("dlogits", dlogits, "logits", logits);
   LLMT_KERNEL(op, cross_entropy_shard_finish)
-  (op.f32("losses", losses), op.f32_opt("dlogits", dlogits), op.f32("logits", logits),
+  (op.f32("losses", losses), op.out_opt("dlogits", dlogits), op.in("logits", logits),
    op.f32("max", max), op.f32("sums", sums), op.i32("targets", targets), N, Vl, vocab_start, dloss);
 }
 
@@ -943,7 +1027,7 @@ void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t gl
   }
   if (x.numel() == 0) return;
   LLMT_KERNEL(op, init_normal)
-  (op.f32("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
+  (op.out("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
 }
 
 }  // namespace llmt::ops

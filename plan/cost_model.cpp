@@ -452,7 +452,10 @@ double moe_count_elements(const Job& j) {
 // for the embedding's output and the head's input gradient, the cross-entropy's 3 floats per
 // position; a full-recompute replay runs the layer's forward up to the MLP's saved tensors: the
 // attention's output collective (and with sp the MLP's all-gather); MoE layers their
-// per-sequence counts.
+// per-sequence counts. Under sp four of a layer's all-gathers move its norms' outputs (the
+// attention's and the MLP's inputs, in forward and again for the weight gradients), stored in
+// the compute type (16 bits in bf16/fp16, TpLayers::gathered); the other two move output
+// gradients, fp32.
 AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes t;
   if (j.tp == 1) return t;
@@ -466,7 +469,10 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
   const double bare = j.mc.moe.shared_experts == 0 ? r.moe_layers : 0,
                bare_replays = j.mc.moe.shared_experts == 0 ? r.moe_replays : 0;
   t.reduce_scatter = m * f * E * (4 * L - 2 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
-  t.all_gather = m * f * E * (6 * L - 3 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
+  const double norm_out = (j.sixteen ? 2.0 : 4.0) / 4.0;  // bytes of a norm output per fp32 byte
+  t.all_gather = m * f * E *
+                 (norm_out * (4 * L - 2 * bare + 2 * r.full_replays - bare_replays) +
+                  (2 * L - bare + r.e + r.h));
   t.all_reduce =
       m * 2 * f *
       (r.h * 4 * 3 * j.d.N + 4 * (j.mc.norm == NormKind::layernorm ? 2 : 1) * j.C * (2 * L + r.h) +

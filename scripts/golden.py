@@ -49,6 +49,22 @@ RUNS = {
     "moe-ep2-zero3-dp2": ("moe-tiny", 2, ["parallel.ep=2", "parallel.zero_stage=3"]),
     "moe-pp2-ep2-zero1": ("moe-tiny", 4, ["parallel.pp=2", "parallel.ep=2",
                                           "parallel.zero_stage=1"]),
+    # 16-bit storage (docs/model.md, "Precision"): every layout at bf16, so that moving a
+    # tensor to 16 bits that the emulation already rounded changes no bit.
+    "gpt-bf16-tp2-sp": ("gpt-tiny", 2, ["train.precision=bf16", "parallel.tp=2",
+                                        "parallel.sequence_parallel=true"]),
+    "llama-bf16-zero3-dp2": ("llama-tiny", 2, ["train.precision=bf16", "parallel.zero_stage=3"]),
+    "gpt-bf16-pp2-zbh1": ("gpt-tiny", 2, ["train.precision=bf16", "parallel.pp=2",
+                                          "parallel.pp_schedule=zb-h1"] + L4),
+    "llama-bf16-cp2-ring": ("llama-tiny", 2, ["train.precision=bf16", "parallel.cp=2",
+                                              "parallel.cp_impl=ring"]),
+    "moe-bf16-ep2-tp2-sp": ("moe-tiny", 4, ["train.precision=bf16", "parallel.ep=2",
+                                            "parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "llama-bf16-recompute-selective": ("llama-tiny", 1, ["train.precision=bf16",
+                                                         "train.recompute=selective"]),
+    "moe-bf16-recompute-full": ("moe-tiny", 1, ["train.precision=bf16", "train.recompute=full"]),
+    "gpt-fp16-cp2-ulysses": ("gpt-tiny", 2, ["train.precision=fp16", "parallel.cp=2",
+                                             "parallel.cp_impl=ulysses"]),
 }
 STEPS = 4
 TIMING = {"tokens_per_s", "mfu", "step_time_s", "data_wait_s", "elapsed_s", "eta_s",

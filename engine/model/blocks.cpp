@@ -17,22 +17,22 @@ size_t spec_bytes(const std::vector<TensorSpec>& specs) {
   return count.bytes();
 }
 
-Tensor TensorLayout::take(Shape s) {
-  const size_t bytes = (static_cast<size_t>(s.numel()) * 4 + 63) / 64 * 64;
+Tensor TensorLayout::take(Shape s, DType t) {
+  const size_t used = static_cast<size_t>(s.numel()) * dtype_size(t);
   Tensor out;
   if (region_.defined()) {
-    LLMT_CHECK(offset_ + static_cast<size_t>(s.numel()) * 4 <= region_.nbytes(), "layout of ",
-               s.str(), " at byte ", offset_, " overruns its region ", describe(region_));
-    out = Tensor(static_cast<char*>(region_.data) + offset_, s, DType::f32, region_.device);
+    LLMT_CHECK(offset_ + used <= region_.nbytes(), "layout of ", s.str(), " ", dtype_name(t),
+               " at byte ", offset_, " overruns its region ", describe(region_));
+    out = Tensor(static_cast<char*>(region_.data) + offset_, s, t, region_.device);
   }
-  offset_ += bytes;
+  offset_ += (used + 63) / 64 * 64;
   return out;
 }
 
 std::vector<Tensor> TensorLayout::take_all(const std::vector<TensorSpec>& specs) {
   std::vector<Tensor> out;
   out.reserve(specs.size());
-  for (const TensorSpec& s : specs) out.push_back(take(s.shape));
+  for (const TensorSpec& s : specs) out.push_back(take(s.shape, s.dtype));
   return out;
 }
 
@@ -162,9 +162,12 @@ Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recomp
 std::vector<TensorSpec> Attention::saved() const {
   const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const int64_t B = env_.B, T = env_.T;
-  std::vector<TensorSpec> out{{"qkv", {B, T, d.H + 2 * d.KV, d.D}}};
+  // Under context parallelism q/k/v and the core's output stay fp32: the ring merges blocks into
+  // the output and the all-to-alls move q/k/v between buffers of one type.
+  const DType t = env_.cp ? DType::f32 : env_.tp.compute;
+  std::vector<TensorSpec> out{{"qkv", {B, T, d.H + 2 * d.KV, d.D}, false, t}};
   if (!recompute_core_) {
-    out.push_back({"att", {B, T, d.H, d.D}});
+    out.push_back({"att", {B, T, d.H, d.D}, false, t});
     out.push_back({"lse", {B, d.H, T}});
   }
   return out;
@@ -192,10 +195,16 @@ Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
   const auto& cfg = env_.spec.cfg;
   const int64_t N = env_.tp.N;
   Tensor qkv = s[0];  // (B,T,H+2KV,D)
-  qkv_.forward(qkv.view({N, d.Q}), qkv_.input(x), env_.w(qkv_w_), env_.w(qkv_b_));
+  // The projection and RoPE in fp32, rounded once: in place, or (16-bit qkv) in the backward's
+  // d_qkv scratch, free during a forward, then stored.
+  const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
+  qkv_.forward(work.view({N, d.Q}), qkv_.input(x), env_.w(qkv_w_), env_.w(qkv_b_));
   if (cfg.position == PositionKind::rope)
-    ops::rope_forward(qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
-  env_.round(qkv);
+    ops::rope_forward(work, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
+  if (work.data == qkv.data)
+    env_.round(qkv);
+  else
+    ops::convert(qkv, work);
   if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
   const auto [att, lse] = core(s);
   if (!recompute_core_) {
@@ -246,7 +255,8 @@ Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn)
       fc2_(env.tp) {}
 
 std::vector<TensorSpec> Mlp::saved() const {
-  return {{"u", {env_.B, env_.T, F1_}}, {"g", {env_.B, env_.T, F_}}};
+  const DType t = env_.tp.compute;
+  return {{"u", {env_.B, env_.T, F1_}, false, t}, {"g", {env_.B, env_.T, F_}, false, t}};
 }
 
 std::vector<TensorSpec> Mlp::stash() const {
@@ -713,8 +723,12 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
 
 std::vector<TensorSpec> Layer::full_saved() const {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
-  std::vector<TensorSpec> out{
-      {"res_in", {R, C}}, {"a", {R, C}}, {"res_mid", {R, C}}, {"m", {R, C}}};
+  const DType t = env_.tp.compute;
+  // res_in is the previous layer's output (the stage's input under pp): fp32 for now.
+  std::vector<TensorSpec> out{{"res_in", {R, C}},
+                              {"a", {R, C}, false, t},
+                              {"res_mid", {R, C}, false, t},
+                              {"m", {R, C}, false, t}};
   for (const auto& part :
        {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_->saved()})
     out.insert(out.end(), part.begin(), part.end());

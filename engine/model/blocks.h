@@ -43,23 +43,26 @@ struct StepContext {
   bool dropout = true;       // false for evaluation: no dropout whatever model.dropout says
 };
 
-// One f32 tensor a block saves or stashes. `view`: in a back-to-back backward the stash entry is
-// a view of a live buffer and takes no memory (a linear's output gradient); otherwise the block
-// computes into it (a norm's weight gradient).
+// One tensor a block saves or stashes. `view`: in a back-to-back backward the stash entry is a
+// view of a live buffer and takes no memory (a linear's output gradient); otherwise the block
+// computes into it (a norm's weight gradient). `dtype`: f32, or the compute type (bf16, f16) for
+// an activation stored in 16 bits (docs/model.md, "Precision"); i32 index tensors are laid out as
+// f32 entries (same size).
 struct TensorSpec {
   std::string name;
   Shape shape;
   bool view = false;
+  DType dtype = DType::f32;
 };
 size_t spec_bytes(const std::vector<TensorSpec>& specs);  // laid out back to back (TensorLayout)
 
-// Lays out tensors back to back in a region of memory (a flat f32 tensor), each at a 64-byte
-// boundary: a first pass without a region counts bytes, a second over a region of that size
-// hands out views.
+// Lays out tensors back to back in a region of memory (a flat tensor of any type), each at a
+// 64-byte boundary: a first pass without a region counts bytes, a second over a region of that
+// size hands out views.
 class TensorLayout {
  public:
   explicit TensorLayout(Tensor region = {}) : region_(region) {}
-  Tensor take(Shape s);
+  Tensor take(Shape s, DType t = DType::f32);
   std::vector<Tensor> take_all(const std::vector<TensorSpec>& specs);
   size_t bytes() const { return offset_; }
 

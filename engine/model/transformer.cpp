@@ -175,7 +175,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     }
     tp_.full = lay.take({N, C});
     if (tp_.sp()) {
-      tp_.gathered = lay.take({N, C});
+      tp_.gathered = lay.take({N, C}, compute_);  // the layers' norm outputs, gathered
       tp_.shard = lay.take({R, C});
     }
     sc.stash = lay.take({static_cast<int64_t>(stash_bytes / 4)});
@@ -204,7 +204,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   auto fused = [&](const std::vector<TensorSpec>& specs) {
     std::vector<Tensor> out;
     TensorLayout lay(scratch_.stash);
-    for (const TensorSpec& t : specs) out.push_back(t.view ? Tensor() : lay.take(t.shape));
+    for (const TensorSpec& t : specs) out.push_back(t.view ? Tensor() : lay.take(t.shape, t.dtype));
     return out;
   };
   for (int kind = 0; kind < 2; ++kind) layer_stash_[kind] = fused(layer_stash[kind]);

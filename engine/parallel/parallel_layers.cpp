@@ -7,7 +7,8 @@
 namespace llmt {
 
 void TpLayers::round(Tensor x) const {
-  if (compute != DType::f32) ops::round_to(x, compute);
+  // A tensor stored in 16 bits was rounded by the op that wrote it.
+  if (compute != DType::f32 && x.dtype == DType::f32) ops::round_to(x, compute);
 }
 
 Tensor ColumnParallelLinear::input(Tensor x, Tensor into) const {

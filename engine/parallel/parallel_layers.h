@@ -35,7 +35,7 @@ struct TpLayers {
 
   bool parallel() const { return tp.size() > 1; }
   bool sp() const { return tp.sequence_parallel && tp.size() > 1; }
-  // Rounds x in place to the compute type (no-op for f32).
+  // Rounds x in place to the compute type (no-op for f32, and for x stored in 16 bits).
   void round(Tensor x) const;
 };
 

@@ -4,6 +4,8 @@
 // including subnormals and overflow to inf.
 #include <bit>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -87,6 +89,21 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
   with_codec(src_type, [&](auto s) {
     with_codec(dst_type, [&](auto d) { convert_as<decltype(s), decltype(d)>(dst, src, n); });
   });
+}
+
+void* op_scratch(int slot, size_t bytes) {
+  struct Block {
+    std::unique_ptr<float[]> data;
+    size_t bytes = 0;
+  };
+  thread_local std::vector<Block> blocks;
+  if (blocks.size() <= static_cast<size_t>(slot)) blocks.resize(static_cast<size_t>(slot) + 1);
+  Block& b = blocks[static_cast<size_t>(slot)];
+  if (b.bytes < bytes) {
+    b.data = std::make_unique_for_overwrite<float[]>((bytes + 3) / 4);
+    b.bytes = bytes;
+  }
+  return b.data.get();
 }
 
 }  // namespace llmt::cpu

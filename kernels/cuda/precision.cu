@@ -3,6 +3,9 @@
 // (round to nearest even, subnormals, overflow to inf), as _Float16 on the CPU.
 #include <cuda_fp16.h>
 
+#include <memory>
+#include <vector>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -76,6 +79,12 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
   with_codec(src_type, [&](auto s) {
     with_codec(dst_type, [&](auto d) { convert_as<decltype(s), decltype(d)>(dst, src, n); });
   });
+}
+
+void* op_scratch(int slot, size_t bytes) {
+  static std::vector<std::unique_ptr<Scratch>> slots;
+  while (slots.size() <= static_cast<size_t>(slot)) slots.push_back(std::make_unique<Scratch>());
+  return slots[static_cast<size_t>(slot)]->reserve(bytes);
 }
 
 }  // namespace llmt::cuda

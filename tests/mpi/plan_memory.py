@@ -31,6 +31,11 @@ LAYOUTS = {  # name: (ranks, sets)
                              "train.global_batch_size=8"]),
     "tp2": (2, ["parallel.tp=2", "parallel.dp=1"]),
     "tp2-sp": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true"]),
+    "tp2-sp-bf16": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
+                        "train.precision=bf16"]),
+    "tp2-sp-full-fp16": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
+                             "train.recompute=\"full\"", "train.precision=fp16"]),
+    "cp2-ring-bf16": (2, ["parallel.cp=2", "parallel.dp=1", "train.precision=bf16"]),
     "tp2-sp-full": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
                         "train.recompute=\"full\""]),
     "tp2-full": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"full\""]),
@@ -94,7 +99,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
                "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
-               "ep2-tp2-sp-full"]
+               "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",

@@ -1,6 +1,7 @@
 // Activation recompute: the gradients of none / selective / full are bitwise equal (with
 // dropout), and the activation bytes the allocator counts per layer are exactly the formulas of
-// docs/model.md ("Activation memory"), for GPT and Llama at two shapes each.
+// docs/model.md ("Activation memory"), for GPT and Llama at two shapes each, in fp32 and with
+// 16-bit storage.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -32,35 +33,37 @@ ModelConfig config(const Case& k, int64_t layers) {
   return c;
 }
 
-// Bytes one layer saves per micro-batch in fp32 (docs/model.md): s = T, b = B, h = C, a = H,
-// D = h/a. none: the four (sbh) residual-stream tensors, the norms' statistics (mean and rstd for
-// layernorm, rstd for rmsnorm), qkv, the attention output and its log-sum-exp (abs), the MLP's
-// fc1 output and activation output. selective: without the attention output and lse. full: the
-// layer's input only.
-int64_t formula_bytes(const Case& k, Recompute r) {
+// Bytes one layer saves per micro-batch (docs/model.md), e bytes per 16-bit-capable value (4 in
+// fp32, 2 in bf16/fp16): s = T, b = B, h = C, a = H, D = h/a. none: the layer's input res_in
+// (fp32), the three other residual-stream tensors (the norms' outputs and res_mid, e bytes), the
+// norms' statistics (mean and rstd for layernorm, rstd for rmsnorm; fp32), qkv and the attention
+// output (e), its log-sum-exp (abs, fp32), the MLP's fc1 output and activation output (e).
+// selective: without the attention output and lse. full: the layer's input only.
+int64_t formula_bytes(const Case& k, Recompute r, int64_t e = 4) {
   const int64_t sb = k.B * k.T, h = k.C, D = k.C / k.H;
   const bool gpt = k.arch == Arch::gpt2;
   const int64_t F1 = gpt ? k.F : 2 * k.F;
   const int64_t stats = gpt ? 4 * sb : 2 * sb;
-  const int64_t qkv = sb * (k.H + 2 * k.KV) * D, core = sb * h + k.B * k.H * k.T;
+  const int64_t qkv = sb * (k.H + 2 * k.KV) * D, lse = k.B * k.H * k.T;
+  const int64_t kept = 4 * (sb * h + stats) + e * (3 * sb * h + qkv + sb * F1 + sb * k.F);
   switch (r) {
     case Recompute::none:
-      return 4 * (4 * sb * h + stats + qkv + core + sb * F1 + sb * k.F);
+      return kept + e * sb * h + 4 * lse;
     case Recompute::selective:
-      return 4 * (4 * sb * h + stats + qkv + sb * F1 + sb * k.F);
+      return kept;
     case Recompute::full:
       return 4 * sb * h;
   }
   return 0;
 }
 
-// The model-wide recompute scratch: the attention core (selective); one layer's full set without
-// its input (the replayed layer's own saved input is read) plus the replayed output, which is
-// the bytes of one layer without recompute (full).
-int64_t formula_scratch(const Case& k, Recompute r) {
+// The model-wide recompute scratch: the attention core, fp32 (selective); one layer's full set
+// without its input (the replayed layer's own saved input is read) plus the replayed fp32
+// output, which is the bytes of one layer without recompute (full).
+int64_t formula_scratch(const Case& k, Recompute r, int64_t e = 4) {
   const int64_t sb = k.B * k.T;
   if (r == Recompute::selective) return 4 * (sb * k.C + k.B * k.H * k.T);
-  if (r == Recompute::full) return formula_bytes(k, Recompute::none);
+  if (r == Recompute::full) return formula_bytes(k, Recompute::none, e);
   return 0;
 }
 
@@ -71,32 +74,38 @@ const Case kCases[] = {
     {Arch::llama, 1, 48, 96, 6, 3, 256},
 };
 
-int64_t activation_bytes(const Case& k, int64_t layers, RecomputeOptions r) {
+int64_t activation_bytes(const Case& k, int64_t layers, RecomputeOptions r,
+                         DType compute = DType::f32) {
   auto backend = make_cpu_backend();
   Allocator alloc(*backend);
-  Transformer model(ModelSpec::from_config(config(k, layers)), alloc, k.B, DType::f32, {}, {}, r);
+  Transformer model(ModelSpec::from_config(config(k, layers)), alloc, k.B, compute, {}, {}, r);
   return alloc.stats().live[static_cast<int>(MemCategory::activations)];
 }
 
 TEST(Recompute, ActivationBytesPerLayerAreTheFormulas) {
-  for (const Case& k : kCases) {
-    const int64_t base = activation_bytes(k, 2, {});
-    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-      const int64_t two = activation_bytes(k, 2, {r, 0}), four = activation_bytes(k, 4, {r, 0});
-      EXPECT_EQ((four - two) / 2, formula_bytes(k, r))
-          << (k.arch == Arch::gpt2 ? "gpt" : "llama") << " C=" << k.C << " mode "
-          << static_cast<int>(r);
-      // Two layers at mode r against two at none: the layers' difference plus the scratch.
-      EXPECT_EQ(two - base, 2 * (formula_bytes(k, r) - formula_bytes(k, Recompute::none)) +
-                                formula_scratch(k, r))
-          << "C=" << k.C << " mode " << static_cast<int>(r);
+  for (const DType t : {DType::f32, DType::bf16, DType::f16}) {
+    const int64_t e = static_cast<int64_t>(dtype_size(t));
+    for (const Case& k : kCases) {
+      const int64_t base = activation_bytes(k, 2, {}, t);
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+        const int64_t two = activation_bytes(k, 2, {r, 0}, t),
+                      four = activation_bytes(k, 4, {r, 0}, t);
+        EXPECT_EQ((four - two) / 2, formula_bytes(k, r, e))
+            << (k.arch == Arch::gpt2 ? "gpt" : "llama") << " C=" << k.C << " mode "
+            << static_cast<int>(r) << " " << dtype_name(t);
+        // Two layers at mode r against two at none: the layers' difference plus the scratch.
+        EXPECT_EQ(two - base, 2 * (formula_bytes(k, r, e) - formula_bytes(k, Recompute::none, e)) +
+                                  formula_scratch(k, r, e))
+            << "C=" << k.C << " mode " << static_cast<int>(r) << " " << dtype_name(t);
+      }
+      // recompute_layers = 1 of 4: one layer at full, three at none, plus the replay scratch.
+      const int64_t partial = activation_bytes(k, 4, {Recompute::full, 1}, t);
+      const int64_t none4 = activation_bytes(k, 4, {}, t);
+      EXPECT_EQ(partial - none4, formula_bytes(k, Recompute::full, e) -
+                                     formula_bytes(k, Recompute::none, e) +
+                                     formula_scratch(k, Recompute::full, e))
+          << dtype_name(t);
     }
-    // recompute_layers = 1 of 4: one layer at full, three at none, plus the replay scratch.
-    const int64_t partial = activation_bytes(k, 4, {Recompute::full, 1});
-    const int64_t none4 = activation_bytes(k, 4, {});
-    EXPECT_EQ(partial - none4, formula_bytes(k, Recompute::full) -
-                                   formula_bytes(k, Recompute::none) +
-                                   formula_scratch(k, Recompute::full));
   }
 }
 
@@ -126,9 +135,9 @@ TEST(Recompute, GradientsAreBitwiseThoseOfNone) {
   for (const Case& k : {kCases[0], kCases[2]})
     for (DType t : {DType::f32, DType::bf16}) {
       const std::vector<float> none = gradients(k, {}, t);
-      for (RecomputeOptions r : {RecomputeOptions{Recompute::selective, 0},
-                                 RecomputeOptions{Recompute::full, 0},
-                                 RecomputeOptions{Recompute::full, 2}}) {
+      for (RecomputeOptions r :
+           {RecomputeOptions{Recompute::selective, 0}, RecomputeOptions{Recompute::full, 0},
+            RecomputeOptions{Recompute::full, 2}}) {
         const std::vector<float> g = gradients(k, r, t);
         ASSERT_EQ(g.size(), none.size());
         EXPECT_EQ(std::memcmp(g.data(), none.data(), g.size() * 4), 0)

@@ -174,5 +174,79 @@ TEST(OpCases, ResultsCloseFailsOnADifference) {
   EXPECT_TRUE(results_close(b, a, Tol{0.0, 2e-3}));
 }
 
+// x stored as t (bf16 or f16): its values rounded.
+HostTensor stored_as(const HostTensor& x, DType t) {
+  HostTensor out(x.shape(), t);
+  ops::convert(out.t(), const_cast<HostTensor&>(x).t());
+  return out;
+}
+
+HostTensor widened(const HostTensor& x) {
+  HostTensor out(x.shape());
+  ops::convert(out.t(), const_cast<HostTensor&>(x).t());
+  return out;
+}
+
+// 16-bit storage (docs/model.md, "Precision"): an op given bf16 or f16 tensors widens them to
+// fp32, runs the fp32 kernel and rounds what it writes once. Each case is run with every argument
+// the op takes in 16 bits (found by trying each alone: statistics, router math and optimizer
+// states refuse) stored in 16 bits, and must give the bits of the fp32 op on the same values with
+// those arguments rounded after the call: the emulation's rounding points. An argument the
+// dispatcher took as an output when the kernel reads it, or any 16-bit value read or written
+// wrongly, changes bits here.
+TEST(OpCases, SixteenBitStorageGivesTheBitsOfTheRoundedF32Op) {
+  // Ops whose every floating argument stays fp32 in every precision.
+  const std::set<std::string> fp32_only = {
+      "moe_route",    "moe_route_backward", "moe_route_losses", "moe_dispatch",
+      "adamw_update", "sum_squares",        "has_nonfinite",    "round_to"};
+  // copy and convert move any type, as their types say, not as the op decides.
+  const std::set<std::string> any_type = {"copy", "convert"};
+  for (const DType t : {DType::bf16, DType::f16}) {
+    std::set<std::string> taking;
+    int compared = 0;
+    for (const OpCase& c : op_cases()) {
+      std::vector<size_t> capable;
+      for (size_t i = 0; i < c.args.size(); ++i) {
+        if (!c.args[i].defined() || c.args[i].dtype() != DType::f32) continue;
+        OpCase one = c;
+        one.args[i] = stored_as(c.args[i], t);
+        try {
+          run_case(one);
+          capable.push_back(i);
+        } catch (const Error&) {
+        }
+      }
+      if (any_type.count(c.op)) continue;
+      if (capable.empty()) {
+        EXPECT_TRUE(fp32_only.count(c.op)) << c.name << " takes no argument in 16 bits";
+        continue;
+      }
+      EXPECT_FALSE(fp32_only.count(c.op)) << c.name << " takes a 16-bit argument";
+      taking.insert(c.op);
+      OpCase storage = c, emulation = c;
+      for (size_t i : capable) {
+        storage.args[i] = stored_as(c.args[i], t);
+        emulation.args[i] = widened(storage.args[i]);
+      }
+      emulation.call = [call = c.call, capable, t](const std::vector<Tensor>& v) {
+        std::vector<double> scalars = call(v);
+        for (size_t i : capable) ops::round_to(v[i], t);
+        return scalars;
+      };
+      OpResult got = run_case(storage);
+      for (size_t i : capable) got.args[i] = widened(got.args[i]);
+      EXPECT_TRUE(results_close(got, run_case(emulation), Tol{0.0, 0.0}))
+          << c.name << " in " << dtype_name(t);
+      ++compared;
+    }
+    EXPECT_GT(compared, 80);
+    for (const char* op :
+         {"linear_forward", "linear_backward", "layernorm_forward", "rmsnorm_backward",
+          "attention_forward", "attention_backward", "gelu_forward", "swiglu_backward", "add",
+          "dropout_forward", "grouped_linear_forward", "moe_permute", "copy_heads"})
+      EXPECT_TRUE(taking.count(op)) << op << " takes no 16-bit argument";
+  }
+}
+
 }  // namespace
 }  // namespace llmt::test
