@@ -496,14 +496,18 @@ AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
   return k;
 }
 
-// pp: each chunk's output activation forward and its input gradient backward, (R, C) f32 per
-// micro-batch, for every chunk boundary this rank has; tied embeddings all-reduce the head's
+// pp: each chunk's output activation forward, (R, C) in the compute type (16 bits in
+// bf16/fp16), and its input gradient backward, (R, C) f32, per micro-batch, for every chunk
+// boundary this rank has; tied embeddings all-reduce the head's
 // copy of wte's gradient between the first and the last stage (ZeRO reduces it after its
 // reduce-scatter: this rank's rows only).
 AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes q;
   if (j.p == 1) return q;
-  q.send = q.recv = j.m * r.boundaries * 4 * j.d.R * j.C;
+  const double act = j.sixteen ? 2 : 4, fwd = r.boundaries - r.boundaries_back,
+               back = r.boundaries_back;  // chunk ends sending forward; chunk starts sending back
+  q.send = j.m * j.d.R * j.C * (act * fwd + 4 * back);
+  q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);
   if (j.mc.tie_embeddings && (r.e > 0 || r.h > 0)) {
     const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
     q.all_reduce = 4 * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.group) : rows);

@@ -724,8 +724,7 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
 std::vector<TensorSpec> Layer::full_saved() const {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
   const DType t = env_.tp.compute;
-  // res_in is the previous layer's output (the stage's input under pp): fp32 for now.
-  std::vector<TensorSpec> out{{"res_in", {R, C}},
+  std::vector<TensorSpec> out{{"res_in", {R, C}, false, t},
                               {"a", {R, C}, false, t},
                               {"res_mid", {R, C}, false, t},
                               {"m", {R, C}, false, t}};
@@ -736,7 +735,8 @@ std::vector<TensorSpec> Layer::full_saved() const {
 }
 
 std::vector<TensorSpec> Layer::saved() const {
-  if (recompute_ == Recompute::full) return {{"res_in", {env_.tp.R, env_.spec.cfg.d_model}}};
+  if (recompute_ == Recompute::full)
+    return {{"res_in", {env_.tp.R, env_.spec.cfg.d_model}, false, env_.tp.compute}};
   return full_saved();
 }
 
@@ -880,8 +880,14 @@ std::vector<TensorSpec> Embedding::stash() const {
 }
 
 void Embedding::forward(Tensor x, Tensor tokens) const {
-  emb_.forward(x, tokens, env_.w(wte_), env_.w(wpe_), env_.positions());
-  env_.round(x);
+  // Under tp the shards' lookups are summed in fp32: into d_tmp, free during a forward, when x
+  // is stored in 16 bits.
+  const Tensor work = x.dtype == DType::f32 || !env_.tp.parallel() ? x : env_.scratch.d_tmp;
+  emb_.forward(work, tokens, env_.w(wte_), env_.w(wpe_), env_.positions());
+  if (work.data == x.data)
+    env_.round(x);
+  else
+    ops::convert(x, work);
 }
 
 void Embedding::backward_input(Stash& st, Tensor dx) const {

@@ -243,7 +243,7 @@ void Transformer::carve_acts(TensorLayout& lay, Acts& a, int chunk) const {
   a.layers.clear();
   for (int64_t j = chunk_first_[chunk]; j < chunk_first_[chunk + 1]; ++j)
     a.layers.push_back(lay.take_all(layer_blocks_[static_cast<size_t>(j)]->saved()));
-  a.out = lay.take({tp_.R, spec_.cfg.d_model});
+  a.out = lay.take({tp_.R, spec_.cfg.d_model}, compute_);  // the next layer's res_in
   if (chunk_has_head(chunk)) a.head = lay.take_all(head_->saved());
 }
 

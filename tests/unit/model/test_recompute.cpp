@@ -34,10 +34,10 @@ ModelConfig config(const Case& k, int64_t layers) {
 }
 
 // Bytes one layer saves per micro-batch (docs/model.md), e bytes per 16-bit-capable value (4 in
-// fp32, 2 in bf16/fp16): s = T, b = B, h = C, a = H, D = h/a. none: the layer's input res_in
-// (fp32), the three other residual-stream tensors (the norms' outputs and res_mid, e bytes), the
-// norms' statistics (mean and rstd for layernorm, rstd for rmsnorm; fp32), qkv and the attention
-// output (e), its log-sum-exp (abs, fp32), the MLP's fc1 output and activation output (e).
+// fp32, 2 in bf16/fp16): s = T, b = B, h = C, a = H, D = h/a. none: the four residual-stream
+// tensors (the layer's input, res_mid and the norms' outputs; e bytes), the norms' statistics
+// (mean and rstd for layernorm, rstd for rmsnorm; fp32), qkv and the attention output (e), its
+// log-sum-exp (abs, fp32), the MLP's fc1 output and activation output (e).
 // selective: without the attention output and lse. full: the layer's input only.
 int64_t formula_bytes(const Case& k, Recompute r, int64_t e = 4) {
   const int64_t sb = k.B * k.T, h = k.C, D = k.C / k.H;
@@ -45,25 +45,25 @@ int64_t formula_bytes(const Case& k, Recompute r, int64_t e = 4) {
   const int64_t F1 = gpt ? k.F : 2 * k.F;
   const int64_t stats = gpt ? 4 * sb : 2 * sb;
   const int64_t qkv = sb * (k.H + 2 * k.KV) * D, lse = k.B * k.H * k.T;
-  const int64_t kept = 4 * (sb * h + stats) + e * (3 * sb * h + qkv + sb * F1 + sb * k.F);
+  const int64_t kept = 4 * stats + e * (4 * sb * h + qkv + sb * F1 + sb * k.F);
   switch (r) {
     case Recompute::none:
       return kept + e * sb * h + 4 * lse;
     case Recompute::selective:
       return kept;
     case Recompute::full:
-      return 4 * sb * h;
+      return e * sb * h;
   }
   return 0;
 }
 
 // The model-wide recompute scratch: the attention core, fp32 (selective); one layer's full set
-// without its input (the replayed layer's own saved input is read) plus the replayed fp32
-// output, which is the bytes of one layer without recompute (full).
+// without its input (the replayed layer's own saved input is read) plus the replayed output,
+// fp32 (full).
 int64_t formula_scratch(const Case& k, Recompute r, int64_t e = 4) {
   const int64_t sb = k.B * k.T;
   if (r == Recompute::selective) return 4 * (sb * k.C + k.B * k.H * k.T);
-  if (r == Recompute::full) return formula_bytes(k, Recompute::none, e);
+  if (r == Recompute::full) return formula_bytes(k, Recompute::none, e) + (4 - e) * sb * k.C;
   return 0;
 }
 
