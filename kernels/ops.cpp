@@ -596,7 +596,7 @@ void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool si
   op.shape_opt("bias", bias, {E});
   LLMT_KERNEL(op, moe_route)
   (op.f32("scores", scores), op.i32_out("idx", idx), op.f32("weights", weights),
-   op.f32("logits", logits), op.f32_opt("bias", bias), N, E, k, sigmoid, normalize);
+   op.f32("logits", logits), op.in_opt("bias", bias), N, E, k, sigmoid, normalize);
 }
 
 void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,

@@ -3,7 +3,12 @@
 // Conventions (llm.c): arguments are ordered outputs, inputs, weights, then sizes/options.
 // Backward functions ASSIGN activation gradients (dinp) and ADD INTO weight gradients (dweight,
 // dbias), so gradient accumulation over micro-batches is free. An absent optional tensor is a
-// default-constructed Tensor (defined() == false). All compute tensors are f32; token ids i32.
+// default-constructed Tensor (defined() == false). Compute is fp32; token ids i32. Activations,
+// weights and their gradients may be stored in bf16 or f16 (16-bit storage): the op reads them
+// as fp32 and rounds what it writes to its tensor's type once, so an op on 16-bit tensors gives
+// the bits of the op on fp32 tensors holding the same values followed by a rounding of its
+// outputs. Statistics (mean, rstd, lse, the cross-entropy's max and sums, the losses), the
+// router's logits, scores and weights, and the optimizer's parameters and states are f32.
 //
 // Dims used below: B batch, T sequence, C channels (d_model), V vocabulary, N = B*T rows,
 // IC/OC in/out features, H heads (query), KV key/value heads, D head dim, F ffn hidden.

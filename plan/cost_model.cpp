@@ -608,6 +608,8 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;
   const double m = j.m;
+  // Stages 1-2 all-gather the updated weights in the compute type (Zero::gather_into).
+  const double weights = j.sixteen ? 0.5 : 1.0;
   if (group > 1 || shards_tp > 0) {
     switch (par.zero_stage) {
       case 0: {
@@ -619,15 +621,16 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
         break;
       }
       case 1:
-        g.reduce_scatter = g.all_gather = shards;
+        g.reduce_scatter = shards;
+        g.all_gather = weights * shards;
         g_tp.reduce_scatter += shards_tp;
-        g_tp.all_gather += shards_tp;
+        g_tp.all_gather += weights * shards_tp;
         break;
       case 2:
         g.reduce_scatter = m * shards;
-        g.all_gather = shards;
+        g.all_gather = weights * shards;
         g_tp.reduce_scatter += m * shards_tp;
-        g_tp.all_gather += shards_tp;
+        g_tp.all_gather += weights * shards_tp;
         break;
       default:
         g.reduce_scatter = m * shards;

@@ -63,6 +63,10 @@ RUNS = {
     "llama-bf16-recompute-selective": ("llama-tiny", 1, ["train.precision=bf16",
                                                          "train.recompute=selective"]),
     "moe-bf16-recompute-full": ("moe-tiny", 1, ["train.precision=bf16", "train.recompute=full"]),
+    "gpt-bf16-zero1-dp2": ("gpt-tiny", 2, ["train.precision=bf16", "parallel.zero_stage=1"]),
+    "llama-fp16-zero2-dp2": ("llama-tiny", 2, ["train.precision=fp16", "parallel.zero_stage=2"]),
+    "moe-bf16-zero2-ep2-dp2": ("moe-tiny", 2, ["train.precision=bf16", "parallel.ep=2",
+                                               "parallel.zero_stage=2"]),
     "gpt-fp16-cp2-ulysses": ("gpt-tiny", 2, ["train.precision=fp16", "parallel.cp=2",
                                              "parallel.cp_impl=ulysses"]),
 }

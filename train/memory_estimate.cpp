@@ -108,10 +108,11 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
     }
   }
   MemoryEstimate e;
-  // 16-bit: a compute copy of what the rank holds beside the fp32 masters, which ZeRO-1/2 shard.
+  // 16-bit: a compute copy of what the rank holds, stored in 16 bits, beside the fp32 masters,
+  // which ZeRO-1/2 shard (the model's weights are then the compute copy).
   e.params = zero_stage == 3                  ? 4 * padded
-             : sixteen_bit && zero_stage >= 1 ? 4 * whole + 4 * padded
-                                              : 4 * whole * (sixteen_bit ? 2 : 1);
+             : sixteen_bit && zero_stage >= 1 ? 2 * whole + 4 * padded
+                                              : (sixteen_bit ? 6 : 4) * whole;
   e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
   e.optimizer = 8 * adam_owned;
   if (muon) {

@@ -157,27 +157,28 @@ void Zero::pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& 
                 bool all_ranks) {
   const int me = rank_[part], n = n_[part];
   const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+  const size_t es = dtype_size(dst.dtype);  // f32, or 16-bit compute weights
   for (int r = all_ranks ? 0 : me; r < (all_ranks ? n : me + 1); ++r) {
-    float* block = dst.f32() + (all_ranks ? r * numel : 0);
+    char* block = static_cast<char*>(dst.data) + (all_ranks ? r * numel : 0) * es;
     for (const Param& p : u.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       Tensor from = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
-      ops::copy(Tensor(block + p.shard_off, from.shape, DType::f32, dst.device), from);
+      ops::copy(Tensor(block + p.shard_off * es, from.shape, dst.dtype, dst.device), from);
     }
   }
 }
 
 void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part) {
   const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+  const size_t es = dtype_size(src.dtype);  // f32, or 16-bit compute weights
   for (int r = 0; r < n_[part]; ++r) {
-    const float* block = src.f32() + r * numel;
+    char* block = static_cast<char*>(src.data) + r * numel * es;
     for (const Param& p : u.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       Tensor to = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
-      ops::copy(to,
-                Tensor(const_cast<float*>(block) + p.shard_off, to.shape, DType::f32, src.device));
+      ops::copy(to, Tensor(block + p.shard_off * es, to.shape, src.dtype, src.device));
     }
   }
 }
@@ -380,7 +381,7 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
     return;
   }
   // Stages 1-2: every unit's updated rows back into the full parameters (in 16-bit, the compute
-  // weights, rounded in place).
+  // weights: the master rows rounded, then gathered in 16 bits).
   gather_into(model_.params());
   model_.sync_compute_weights();
 }
@@ -388,8 +389,11 @@ void Zero::step(double lr, int64_t t, float grad_scale) {
 // All-gathers every unit's master rows into `dst` (spec-indexed views), two units in flight (unit
 // k's gather runs while unit k-1 is unpacked), so staging stays two units; each unit's parts in
 // turn. The rows come from the master shards, or (stages 1-2 in fp32) from the model's
-// parameters, which the optimizer updated in place.
+// parameters, which the optimizer updated in place. 16-bit views (the compute weights of stages
+// 1-2) get the master rows rounded to their type, and the all-gather moves 16 bits.
 void Zero::gather_into(const std::vector<Tensor>& dst) {
+  const DType t = dst.empty() ? DType::f32 : dst.front().dtype;
+  const size_t es = dtype_size(t);
   struct InFlight {
     size_t unit;
     int part;
@@ -400,7 +404,7 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
     f.handle.wait();
     const Unit& u = units_[f.unit];
     const int64_t numel = u.parts[static_cast<size_t>(f.part)].shard_numel;
-    unpack(dst, f.out.tensor({numel * n_[f.part]}, DType::f32), u, f.part);
+    unpack(dst, f.out.tensor({numel * n_[f.part]}, t), u, f.part);
   };
   std::optional<InFlight> prev;
   for (size_t k = 0; k < units_.size(); ++k) {
@@ -410,19 +414,25 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
       const int64_t numel = pt.shard_numel, n = n_[part];
       if (numel == 0) continue;
       InFlight cur{k, part, Buffer(),
-                   alloc_.allocate(static_cast<size_t>(numel * n) * 4, MemCategory::comm),
+                   alloc_.allocate(static_cast<size_t>(numel * n) * es, MemCategory::comm),
                    Handle()};
       Tensor in;
       if (master_shards_) {
         in = Tensor(static_cast<float*>(param_shard_.data()) + pt.shard_begin, {numel}, DType::f32,
                     alloc_.device());
+        if (t != DType::f32) {
+          cur.in = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
+          const Tensor rounded = cur.in.tensor({numel}, t);
+          ops::convert(rounded, in);
+          in = rounded;
+        }
       } else {
-        cur.in = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
-        in = cur.in.tensor({numel}, DType::f32);
+        cur.in = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
+        in = cur.in.tensor({numel}, t);
         pack(in, u, part, model_.params(), false);
       }
-      cur.handle = grad_groups_[static_cast<size_t>(part)]->all_gather(
-          cur.out.tensor({numel * n}, DType::f32), in);
+      cur.handle =
+          grad_groups_[static_cast<size_t>(part)]->all_gather(cur.out.tensor({numel * n}, t), in);
       if (prev) finish(*prev);
       prev = std::move(cur);
     }

@@ -65,11 +65,16 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   // Parameters and gradients: one flat buffer each, views in spec order (views without memory
   // for what ModelStorage leaves to the caller, until bind_block).
   const int64_t P = spec_.num_local_params();
+  // The model's own weights: fp32 masters, or (ModelStorage::master false: ZeRO-1/2 keep the
+  // masters' rows) the compute weights, stored in the compute type.
+  const DType own = storage_.master ? DType::f32 : compute_;
   if (storage_.params) {
-    params_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
-    flat_params_ = params_buf_.tensor({P}, DType::f32);
+    params_buf_ = alloc_.allocate(static_cast<size_t>(P) * dtype_size(own), MemCategory::params);
+    flat_params_ = params_buf_.tensor({P}, own);
+    // 16-bit: the compute copy of the fp32 masters, stored in the compute type.
     if (compute_ != DType::f32 && storage_.master)
-      compute_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::params);
+      compute_buf_ =
+          alloc_.allocate(static_cast<size_t>(P) * dtype_size(compute_), MemCategory::params);
   }
   if (storage_.grads) {
     grads_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::grads);
@@ -78,12 +83,13 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   size_t off = 0;
   for (size_t i = 0; i < spec_.params.size(); ++i) {
     const Shape& shape = spec_.params[i].shape;  // this tp rank's
-    params_.push_back(storage_.params ? params_buf_.tensor(shape, DType::f32, off)
+    params_.push_back(storage_.params ? params_buf_.tensor(shape, own, off / 4 * dtype_size(own))
                                       : Tensor(nullptr, shape, DType::f32, alloc_.device()));
     views_.g.push_back(storage_.grads ? grads_buf_.tensor(shape, DType::f32, off)
                                       : Tensor(nullptr, shape, DType::f32, alloc_.device()));
-    views_.w.push_back(compute_buf_.data() ? compute_buf_.tensor(shape, DType::f32, off)
-                                           : params_.back());
+    views_.w.push_back(compute_buf_.data()
+                           ? compute_buf_.tensor(shape, compute_, off / 4 * dtype_size(compute_))
+                           : params_.back());
     off += static_cast<size_t>(shape.numel()) * 4;
   }
   // Block boundaries: spec order is wte, [wpe], layers..., norm_f, [lm_head] (a pipeline stage
@@ -425,13 +431,9 @@ void Transformer::init(uint64_t seed) {
 }
 
 void Transformer::sync_compute_weights() {
-  if (compute_ == DType::f32 || !storage_.params) return;
-  if (!storage_.master) {
-    ops::round_to(flat_params_, compute_);
-    return;
-  }
-  ops::copy(compute_buf_.tensor(flat_params_.shape, DType::f32), flat_params_);
-  ops::round_to(compute_buf_.tensor(flat_params_.shape, DType::f32), compute_);
+  // Without masters the weights are stored in the compute type: nothing to refresh.
+  if (compute_ == DType::f32 || !storage_.params || !storage_.master) return;
+  ops::convert(compute_buf_.tensor(flat_params_.shape, compute_), flat_params_);
 }
 
 void Transformer::zero_grads() {

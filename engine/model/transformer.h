@@ -53,7 +53,7 @@ struct ModelStorage {
   bool params = true;  // master (and compute) weights
   bool grads = true;
   bool master = true;  // 16-bit: params() are fp32 masters beside a compute copy (false: params()
-                       // are the compute weights, fp32-stored values rounded to 16 bits)
+                       // are the compute weights, stored in the compute type)
 };
 
 // [train] recompute and recompute_layers: the mode of the first `layers` layers of each model
@@ -94,8 +94,8 @@ class Transformer {
 
   // Initialise every parameter from (seed, its global name, element index).
   void init(uint64_t seed);
-  // Refresh the compute copy of the weights after the master weights changed (no-op for f32;
-  // with ModelStorage::master false, rounds params() in place).
+  // Refresh the compute copy of the weights after the master weights changed (no-op for f32
+  // and with ModelStorage::master false).
   void sync_compute_weights();
   void zero_grads();
 

@@ -26,6 +26,8 @@ LAYOUTS = {  # name: (ranks, sets)
     "zero1-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=1"]),
     "zero2-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=2",
                              "train.global_batch_size=8"]),
+    "zero2-dp2-accum2-fp16": (2, ["parallel.dp=2", "parallel.zero_stage=2",
+                                  "train.global_batch_size=8", "train.precision=fp16"]),
     "zero3-dp3": (3, ["parallel.dp=3", "parallel.zero_stage=3", "train.global_batch_size=6"]),
     "zero3-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=3",
                              "train.global_batch_size=8"]),
@@ -99,7 +101,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
                "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
-               "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16"]
+               "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
