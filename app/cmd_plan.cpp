@@ -19,6 +19,7 @@
 #include "plan/search.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
+#include "train/trainer.h"
 
 namespace llmt::app {
 
@@ -450,7 +451,8 @@ Run add_plan_command(CLI::App& app) {
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t most = *std::max_element(layers.begin(), layers.end());
       const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs,
-                                           T, heads / tp, kv / tp, cfg.model.d_model / heads);
+                                           T, heads / tp, kv / tp, cfg.model.d_model / heads,
+                                           compute_dtype(cfg.train.precision));
       const double per_step = static_cast<double>(most * m);
       std::printf(
           "  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "

@@ -485,9 +485,10 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
 AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes k;
   if (j.cp == 1) return k;
-  const CpBytes b = cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses),
-                                       j.mbs, j.mc.seq_len, j.mc.n_heads / j.tp,
-                                       j.spec.n_kv_heads / j.tp, j.spec.head_dim);
+  const CpBytes b =
+      cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs,
+                         j.mc.seq_len, j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp,
+                         j.spec.head_dim, compute_dtype(j.cfg.train.precision));
   k.send = b.send * r.L * j.m;
   k.recv = b.recv * r.L * j.m;
   k.all_to_all = b.all_to_all * r.L * j.m;
@@ -680,7 +681,8 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   if (j.p > 1) comm += PipelineExecutor::peak_comm_bytes(4 * j.d.R * j.C, r.boundaries_back > 0);
   comm += static_cast<double>(
       cp_buffer_bytes(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs, j.mc.seq_len,
-                      j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim));
+                      j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim,
+                      compute_dtype(j.cfg.train.precision)));
   s.memory.comm = comm;
 }
 

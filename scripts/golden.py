@@ -67,6 +67,9 @@ RUNS = {
     "llama-fp16-zero2-dp2": ("llama-tiny", 2, ["train.precision=fp16", "parallel.zero_stage=2"]),
     "moe-bf16-zero2-ep2-dp2": ("moe-tiny", 2, ["train.precision=bf16", "parallel.ep=2",
                                                "parallel.zero_stage=2"]),
+    "llama-bf16-cp4-hybrid": ("llama-tiny", 4, ["train.precision=bf16", "parallel.cp=4",
+                                                "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2",
+                                                "model.n_kv_heads=4"]),
     "gpt-fp16-cp2-ulysses": ("gpt-tiny", 2, ["train.precision=fp16", "parallel.cp=2",
                                              "parallel.cp_impl=ulysses"]),
 }

@@ -162,9 +162,7 @@ Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recomp
 std::vector<TensorSpec> Attention::saved() const {
   const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
   const int64_t B = env_.B, T = env_.T;
-  // Under context parallelism q/k/v and the core's output stay fp32: the ring merges blocks into
-  // the output and the all-to-alls move q/k/v between buffers of one type.
-  const DType t = env_.cp ? DType::f32 : env_.tp.compute;
+  const DType t = env_.tp.compute;
   std::vector<TensorSpec> out{{"qkv", {B, T, d.H + 2 * d.KV, d.D}, false, t}};
   if (!recompute_core_) {
     out.push_back({"att", {B, T, d.H, d.D}, false, t});

@@ -64,22 +64,27 @@ using Piece = std::pair<Shape, DType>;
 // The pieces of ContextParallelAttention's buffer, in the order its constructor carves them:
 // positions; with an all-to-all (u > 1) the send/recv staging of this rank's qkv (B, Tl, W, D)
 // and the head-sharded qkv, its gradient, output, output gradient (B, u Tl, H/u (+2 KV/u), D)
-// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators, and a block's partial
-// output and LSE.
+// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators, a block's partial
+// output and LSE, and (16-bit) the output merged in fp32. q/k/v and the output are in the
+// compute type `t`, their gradients, partial results and the staging (which moves both) fp32.
 std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H, int64_t KV,
-                                 int64_t D) {
+                                 int64_t D, DType t) {
   const int64_t Tg = u * Tl, Hg = H / u, KVg = KV / u, W = H + 2 * KV;
   std::vector<Piece> out{{Shape({Tl}), DType::i32}, {Shape({r, Tg}), DType::i32}};
   if (u > 1) {
     for (int i = 0; i < 2; ++i) out.push_back({Shape({B * Tl * W * D}), DType::f32});
-    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), DType::f32});
-    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
+    out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), t});
+    out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), DType::f32});
+    out.push_back({Shape({B, Tg, Hg, D}), t});
+    out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
     out.push_back({Shape({B, Hg, Tg}), DType::f32});
   }
   if (r > 1) {
-    for (int i = 0; i < 4; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), DType::f32});
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), t});
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), DType::f32});
     out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
     out.push_back({Shape({B, Hg, Tg}), DType::f32});
+    if (t != DType::f32) out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
   }
   return out;
 }
@@ -91,29 +96,31 @@ size_t piece_bytes(const Piece& p) {
 }  // namespace
 
 size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D) {
+                       int64_t KV, int64_t D, DType compute) {
   if (cp <= 1) return 0;
   const int u = ulysses_degree(impl, cp, cp_ulysses);
   size_t total = 0;
-  for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D)) total += piece_bytes(p);
+  for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D, compute))
+    total += piece_bytes(p);
   return total;
 }
 
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D) {
+                           int64_t KV, int64_t D, DType compute) {
   CpBytes b;
   if (cp <= 1) return b;
   const int u = ulysses_degree(impl, cp, ulysses), r = cp / u;
   const double Tl = static_cast<double>(T) / cp, Bd = static_cast<double>(B);
+  const double v = static_cast<double>(dtype_size(compute)) / 4.0;  // q/k/v, output: e'/e
   if (u > 1) {
     const double Q = 4.0 * Bd * Tl * static_cast<double>((H + 2 * KV) * D);
     const double O = 4.0 * Bd * Tl * static_cast<double>(H * D);
-    b.all_to_all = (u - 1.0) / u * (3.0 * Q + 2.0 * O);
+    b.all_to_all = (u - 1.0) / u * ((2.0 * v + 1.0) * Q + (v + 1.0) * O);
   }
   if (r > 1) {
     // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E.
     const double E = 4.0 * Bd * Tl * 2.0 * static_cast<double>(KV * D);
-    b.send = b.recv = (3.0 * r - 2.0 + (u > 1 ? r - 1.0 : 0.0)) * E;
+    b.send = b.recv = ((2.0 + (u > 1 ? 1.0 : 0.0)) * (r - 1.0) * v + r) * E;
   }
   return b;
 }
@@ -165,10 +172,12 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   if (u_ > 1)
     for (Tensor* t : {&send_, &recv_, &g_qkv_, &g_dqkv_, &g_out_, &g_dout_, &g_lse_})
       targets.push_back(t);
-  if (r_ > 1)
+  if (r_ > 1) {
     for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &part_out_, &part_lse_})
       targets.push_back(t);
-  const std::vector<Piece> pieces = buffer_pieces(u_, r_, B, Tl_, H, KV, D);
+    if (compute != DType::f32) targets.push_back(&merged_);
+  }
+  const std::vector<Piece> pieces = buffer_pieces(u_, r_, B, Tl_, H, KV, D, compute);
   LLMT_CHECK(pieces.size() == targets.size(), "context parallel buffer: ", pieces.size(),
              " pieces for ", targets.size(), " tensors");
   size_t total = 0;
@@ -235,7 +244,7 @@ void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Te
   }
   seq_to_heads(g_qkv_, qkv);
   attend(g_out_, g_lse_, g_qkv_);
-  if (compute_ != DType::f32) ops::round_to(g_out_, compute_);
+  if (g_out_.dtype == DType::f32 && compute_ != DType::f32) ops::round_to(g_out_, compute_);
   seq_to_heads(g_dout_, dout);
   attend_backward(g_dqkv_, g_dout_, g_qkv_, g_out_, g_lse_);
   heads_to_seq(dqkv, g_dqkv_);
@@ -248,12 +257,14 @@ void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Te
 // both local chunks src's first chunk, src > j gives the second local chunk both of src's: half
 // a block each, the same on every rank.
 
-void ContextParallelAttention::attend(Tensor out, Tensor lse, Tensor qkv) {
+void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv) {
   if (r_ == 1) {
     const Tensor all = pos_of(0);
-    ops::attention_block_forward(out, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_);
+    ops::attention_block_forward(out_to, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_);
     return;
   }
+  // The blocks merge in fp32; a 16-bit output is stored once, merged.
+  const Tensor out = out_to.dtype == DType::f32 ? out_to : merged_;
   Communicator& comm = *ring_;
   const int p = comm.size(), j = comm.rank();
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
@@ -272,6 +283,7 @@ void ContextParallelAttention::attend(Tensor out, Tensor lse, Tensor qkv) {
     }
     moving.device_wait();
   }
+  if (out.data != out_to.data) ops::convert(out_to, out);
 }
 
 // Backward: K/V go around again, and with them the dK/dV accumulator of their owner: step i adds
@@ -323,6 +335,12 @@ HeadGroups groups_of(int64_t W, int64_t H, int64_t KV) {
   return {{0, H, H + KV}, {H, KV, KV}, 3};
 }
 
+// An all-to-all staging buffer (fp32-sized) as a flat tensor of type t: 16-bit q/k/v and
+// outputs move in 16 bits, gradients in fp32.
+Tensor staging(const Tensor& buf, DType t) {
+  return Tensor(buf.data, {static_cast<int64_t>(buf.nbytes() / dtype_size(t))}, t, buf.device);
+}
+
 }  // namespace
 
 void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
@@ -331,8 +349,9 @@ void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_;
+  const Tensor send = staging(send_, seq.dtype), recv = staging(recv_, seq.dtype);
   for (int k = 0; k < p; ++k) {
-    Tensor dst = send_.rows(k * block, (k + 1) * block).view({B_, Tl_, w, D_});
+    Tensor dst = send.rows(k * block, (k + 1) * block).view({B_, Tl_, w, D_});
     int64_t off = 0;
     for (int e = 0; e < g.count; ++e) {
       const int64_t share = g.n[e] / p;
@@ -340,7 +359,7 @@ void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
       off += share;
     }
   }
-  Tensor in = send_.rows(0, p * block), got = recv_.rows(0, p * block);
+  Tensor in = send.rows(0, p * block), got = recv.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
   // recv block i is (B, Tl, w, D) of group rank i's positions: row b of it goes to positions
   // [i*Tl, (i+1)*Tl) of batch row b.
@@ -357,12 +376,13 @@ void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_, chunk = Tl_ * w * D_;
+  const Tensor send = staging(send_, seq.dtype), recv = staging(recv_, seq.dtype);
   Tensor src_rows = heads.view({B_ * p, chunk});
-  Tensor dst_rows = send_.rows(0, p * block).view({p * B_, chunk});
+  Tensor dst_rows = send.rows(0, p * block).view({p * B_, chunk});
   for (int i = 0; i < p; ++i)
     for (int64_t b = 0; b < B_; ++b)
       ops::copy(dst_rows.rows(i * B_ + b, i * B_ + b + 1), src_rows.rows(b * p + i, b * p + i + 1));
-  Tensor in = send_.rows(0, p * block), got = recv_.rows(0, p * block);
+  Tensor in = send.rows(0, p * block), got = recv.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
   for (int k = 0; k < p; ++k) {
     Tensor part = got.rows(k * block, (k + 1) * block).view({B_, Tl_, w, D_});

@@ -57,21 +57,24 @@ struct SequenceShard {
 SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 
 // Bytes one rank moves over the cp group for one layer of one micro-batch, forward and backward
-// (what the communicator counts; docs/parallelism.md derives them), with E = 4 B Tl 2KV D (its
-// K/V), Q = 4 B Tl (H+2KV) D (its qkv), O = 4 B Tl H D (its output); H/KV: this tp rank's heads;
-// u Ulysses ranks (1 ring, cp ulysses), r = cp/u ring ranks:
-//   Ulysses part: all-to-all (u-1)/u (3Q + 2O)  (qkv and output forward; qkv, dout, dqkv back)
-//   ring part:    send = recv = (3r-2) E, and (r-1) E more under hybrid, whose backward replays
-//                 the ring forward for the head-sharded output and lse
+// (what the communicator counts; docs/parallelism.md derives them), with E = e B Tl 2KV D (its
+// K/V), Q = e B Tl (H+2KV) D (its qkv), O = e B Tl H D (its output), e = 4 bytes a value, and
+// e' the compute type's (2 in bf16/fp16: q/k/v and the output move in it, their gradients in
+// fp32); H/KV: this tp rank's heads; u Ulysses ranks (1 ring, cp ulysses), r = cp/u ring ranks:
+//   Ulysses part: all-to-all (u-1)/u ((2e'/e + 1) Q + (e'/e + 1) O)  (qkv and output forward;
+//                 qkv, dout, dqkv back)
+//   ring part:    send = recv = (2(r-1) e'/e + r) E: K/V twice around, the dK/dV accumulators
+//                 one hop more, and (r-1) e'/e E more under hybrid, whose backward replays the
+//                 ring forward for the head-sharded output and lse
 struct CpBytes {
   double send = 0, recv = 0, all_to_all = 0;
 };
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D);
+                           int64_t KV, int64_t D, DType compute = DType::f32);
 // Bytes of the one buffer (MemCategory::comm) a rank's ContextParallelAttention allocates, for
 // micro-batch B, global sequence T and this tp rank's H query and KV kv heads of width D.
 size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D);
+                       int64_t KV, int64_t D, DType compute = DType::f32);
 // The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
 int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
 
@@ -129,10 +132,12 @@ class ContextParallelAttention final : public AttentionCore {
   Buffer buf_;
   Tensor local_pos_;            // (Tl) i32: this rank's positions
   Tensor ring_pos_;             // (r, Tg) i32: each ring rank's positions after the all-to-all
-  Tensor kv_[2], dkv_[2];       // ring: (B,Tg,2KVg,D) in flight
+  Tensor kv_[2], dkv_[2];       // ring: (B,Tg,2KVg,D) in flight (K/V in the compute type)
   Tensor part_out_, part_lse_;  // ring: (B,Tg,Hg,D), (B,Hg,Tg) one block's result
-  Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D each)
-  Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;  // ulysses: head-sharded (B,Tg,.,D), lse
+  Tensor merged_;               // ring, 16-bit: (B,Tg,Hg,D) the output merged in fp32
+  Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D fp32 each, any type)
+  // ulysses: head-sharded (B,Tg,.,D) (q/k/v and the output in the compute type), lse
+  Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;
 };
 
 // LocalAttention without context parallelism (cp.size() == 1), else ContextParallelAttention.

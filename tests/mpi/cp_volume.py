@@ -5,7 +5,8 @@ allocator's peaks in metrics.jsonl.
 
 Per micro-batch and layer, with B = micro_batch_size, p = cp, Tl = seq_len/p positions per rank,
 H/KV query/kv heads, D head dim, 4-byte floats, u the all-to-all group (1 ring, p ulysses,
-cp_ulysses hybrid) and r = p/u the ring:
+cp_ulysses hybrid) and r = p/u the ring (fp32; the bf16/fp16 layouts move and keep q/k/v and
+the output in 16 bits, analytic()'s v):
   all-to-all  of qkv (Q = 4 B Tl (H+2KV) D) and the output (O = 4 B Tl H D) forward; of qkv and
               dout to heads and dqkv back in backward: (u-1)/u (3Q + 2O).
   ring        E = 4 B Tl 2KV D (one rank's K and V; after the all-to-all u*Tl positions of KV/u
@@ -35,9 +36,11 @@ import shutil
 
 from harness import finish, parse_args, resolved_config, run
 
-LAYOUTS = {"cp2-ring": (2, "ring", 1), "cp4-ring": (4, "ring", 1),
-           "cp2-ulysses": (2, "ulysses", 2), "cp4-ulysses": (4, "ulysses", 4),
-           "cp4-hybrid": (4, "hybrid", 2)}
+# name: (cp, impl, all-to-all group, precision)
+LAYOUTS = {"cp2-ring": (2, "ring", 1, "fp32"), "cp4-ring": (4, "ring", 1, "fp32"),
+           "cp2-ulysses": (2, "ulysses", 2, "fp32"), "cp4-ulysses": (4, "ulysses", 4, "fp32"),
+           "cp4-hybrid": (4, "hybrid", 2, "fp32"), "cp2-ring-bf16": (2, "ring", 1, "bf16"),
+           "cp2-ulysses-fp16": (2, "ulysses", 2, "fp16"), "cp4-hybrid-bf16": (4, "hybrid", 2, "bf16")}
 SETS = ["train.steps=2", "train.threads=1", "log.progress=false", "model.n_kv_heads=4"]
 
 
@@ -45,7 +48,10 @@ def up64(n):
     return (n + 63) // 64 * 64
 
 
-def analytic(cfg, p, u, params):
+def analytic(cfg, p, u, params, v):
+    """v: bytes of a q/k/v or output value over 4 (1 in fp32, 1/2 in bf16/fp16: they move and
+    are kept in 16 bits, their gradients, partial results and the all-to-all staging in fp32;
+    a 16-bit ring merges its blocks into one more fp32 output)."""
     L, C, T = int(cfg["n_layers"]), int(cfg["d_model"]), int(cfg["seq_len"])
     H, KV = int(cfg["n_heads"]), int(cfg["n_kv_heads"]) or int(cfg["n_heads"])
     B, gbs = int(cfg["micro_batch_size"]), int(cfg["global_batch_size"])
@@ -54,11 +60,13 @@ def analytic(cfg, p, u, params):
     comm = {"all_reduce": 2 * (p - 1) / p * 4 * params}
     buffers = up64(4 * Tl) + up64(4 * p * Tl)
     if u > 1:
-        comm["all_to_all"] = micro * L * (u - 1) / u * (3 * Q + 2 * O)
-        buffers += 4 * up64(Q) + 2 * up64(O) + up64(4 * B * H * Tl)
+        comm["all_to_all"] = micro * L * (u - 1) / u * ((2 * v + 1) * Q + (v + 1) * O)
+        buffers += (3 * up64(Q) + up64(int(v * Q)) + up64(O) + up64(int(v * O)) +
+                    up64(4 * B * H * Tl))
     if r > 1:
-        comm["send"] = comm["recv"] = micro * L * (3 * r - 2 + (r - 1 if u > 1 else 0)) * E
-        buffers += 4 * up64(E) + up64(O) + up64(4 * B * H * Tl)
+        comm["send"] = comm["recv"] = micro * L * ((2 + (u > 1)) * (r - 1) * v + r) * E
+        buffers += (2 * up64(E) + 2 * up64(int(v * E)) + up64(O) + up64(4 * B * H * Tl) +
+                    (up64(O) if v < 1 else 0))
     return comm, buffers
 
 
@@ -78,6 +86,7 @@ def main():
     failures = []
     single = train(args, os.path.join(args.workdir, "single"), 1, [])
     params = single["peak_bytes"]["params"] // 4
+    singles = {"fp32": single}  # the cp = 1 run of each precision
     name = os.path.basename(args.config)
 
     def check(what, got, want, bound):
@@ -86,12 +95,15 @@ def main():
         if abs(d) > bound:
             failures.append(f"{what}: {got} vs analytic {want:.0f}")
 
-    for layout, (p, impl, u) in LAYOUTS.items():
-        sets = [f"parallel.cp={p}", f"parallel.cp_impl={impl}"]
+    for layout, (p, impl, u, precision) in LAYOUTS.items():
+        sets = [f"parallel.cp={p}", f"parallel.cp_impl={impl}", f"train.precision={precision}"]
         if impl == "hybrid":
             sets.append(f"parallel.cp_ulysses={u}")
+        if precision not in singles:
+            singles[precision] = train(args, os.path.join(args.workdir, "single-" + precision), 1,
+                                       [f"train.precision={precision}"])
         last = train(args, os.path.join(args.workdir, layout), p, sets)
-        want, buffers = analytic(cfg, p, u, params)
+        want, buffers = analytic(cfg, p, u, params, 1 if precision == "fp32" else 0.5)
         # The cp axis, and under hybrid the groups split off it ("cp-a2a", "cp-ring").
         got = {}
         for group, kinds in last["comm_bytes"].items():
@@ -112,7 +124,7 @@ def main():
                       0.0)
         peak = last["peak_bytes"]
         check(f"{layout} peak activations x cp", peak["activations"] * p,
-              single["peak_bytes"]["activations"], 0.01)
+              singles[precision]["peak_bytes"]["activations"], 0.01)
         check(f"{layout} cp buffers", peak["comm"], buffers, 0.0)
     finish(failures)
 
