@@ -909,21 +909,57 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWPara
   op.same_shape("v", v, "param", param);
   op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
   LLMT_KERNEL(op, adamw_update)
-  (op.f32("param", param), op.f32("grad", grad), op.f32("m", m), op.f32("v", v), param.numel(),
+  (op.f32("param", param), op.in("grad", grad), op.f32("m", m), op.f32("v", v), param.numel(),
    hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step, hp.grad_scale);
 }
 
+namespace {
+
+// 16-bit gradients (train.grad_dtype = "compute") are reduced in pieces of this many elements,
+// each widened through the op's scratch, so the scratch stays small whatever the tensor.
+constexpr int64_t kReducePiece = int64_t{1} << 20;
+
+bool any_16bit(std::span<const Tensor> xs) {
+  return std::any_of(xs.begin(), xs.end(), [](const Tensor& x) { return is_16bit(x.dtype); });
+}
+
+}  // namespace
+
 double sum_squares(Tensor x) {
+  if (is_16bit(x.dtype) && x.numel() > kReducePiece) {
+    // The pieces' sums added in order: deterministic.
+    const Tensor flat = x.view({x.numel()});
+    double sum = 0;
+    for (int64_t b = 0; b < x.numel(); b += kReducePiece)
+      sum += sum_squares(flat.rows(b, std::min(x.numel(), b + kReducePiece)));
+    return sum;
+  }
   Op op("sum_squares", {x});
-  return LLMT_KERNEL(op, sum_squares)(op.f32("x", x), x.numel());
+  return LLMT_KERNEL(op, sum_squares)(op.in("x", x), x.numel());
 }
 
 bool has_nonfinite(Tensor x) {
+  if (is_16bit(x.dtype) && x.numel() > kReducePiece) {
+    const Tensor flat = x.view({x.numel()});
+    for (int64_t b = 0; b < x.numel(); b += kReducePiece)
+      if (has_nonfinite(flat.rows(b, std::min(x.numel(), b + kReducePiece)))) return true;
+    return false;
+  }
   Op op("has_nonfinite", {x});
-  return LLMT_KERNEL(op, has_nonfinite)(op.f32("x", x), x.numel());
+  return LLMT_KERNEL(op, has_nonfinite)(op.in("x", x), x.numel());
 }
 
 void adamw_update(std::span<const AdamWTensor> ts, const AdamWParams& hp) {
+  if (std::any_of(ts.begin(), ts.end(),
+                  [](const AdamWTensor& t) { return is_16bit(t.grad.dtype); })) {
+    // 16-bit gradients: one tensor at a time (the same bits), each widened on its own.
+    for (const AdamWTensor& t : ts) {
+      AdamWParams p = hp;
+      if (!t.decay) p.weight_decay = 0.0f;
+      adamw_update(t.param, t.grad, t.m, t.v, p);
+    }
+    return;
+  }
   std::vector<Tensor> all;
   for (const AdamWTensor& t : ts) all.insert(all.end(), {t.param, t.grad, t.m, t.v});
   Op op("adamw_update", all);
@@ -971,6 +1007,11 @@ ListArgs list_args(const Op& op, std::span<const Tensor> xs) {
 }  // namespace
 
 double sum_squares(std::span<const Tensor> xs) {
+  if (any_16bit(xs)) {  // tensor by tensor, added in list order
+    double sum = 0;
+    for (const Tensor& x : xs) sum += sum_squares(x);
+    return sum;
+  }
   Op op("sum_squares", xs);
   const ListArgs a = list_args(op, xs);
   return LLMT_KERNEL(op, sum_squares_multi)(a.x.data(), a.numel.data(),
@@ -978,6 +1019,8 @@ double sum_squares(std::span<const Tensor> xs) {
 }
 
 bool has_nonfinite(std::span<const Tensor> xs) {
+  if (any_16bit(xs))
+    return std::any_of(xs.begin(), xs.end(), [](const Tensor& x) { return has_nonfinite(x); });
   Op op("has_nonfinite", xs);
   const ListArgs a = list_args(op, xs);
   return LLMT_KERNEL(op, has_nonfinite_multi)(a.x.data(), a.numel.data(),

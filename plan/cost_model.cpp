@@ -121,7 +121,7 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
 // the communicators count for one all-gather of its shards, over dp x cp (and edp) and over the
 // groups with tp (MoE's routed parameters).
 struct ZeroUnitBytes {
-  double whole = 0, gather = 0, reduce = 0;
+  double whole = 0, whole_grads = 0, gather = 0, reduce = 0;  // whole: fp32 weights
   double gather_pass = 0, gather_pass_tp = 0;
 };
 
@@ -170,13 +170,13 @@ class ZeroReplay final : public ZeroSequence {
     gathering_[k] = gathered_[k] = 0;
   }
   void stage_gradients(int k) override {
-    take(at(k).whole);
+    take(at(k).whole_grads);
     staged_[k] = 1;
   }
   void start_reduce(int k) override {
     if (!holds(k)) return;
     take(at(k).reduce);
-    if (staged_[k]) give(at(k).whole);  // the gradients now live in the packed input
+    if (staged_[k]) give(at(k).whole_grads);  // the gradients now live in the packed input
     staged_[k] = 0;
     reducing_.push_back(k);
     complete_reductions(2);
@@ -264,6 +264,7 @@ struct Job {
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
         sixteen(c.train.precision != Precision::fp32),
+        grad_bytes(static_cast<double>(dtype_size(grad_dtype(c.train)))),
         rc(c.train.recompute),
         shape{p, v, m},
         layout(model_layout(par, mesh)) {
@@ -281,6 +282,7 @@ struct Job {
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
+  const double grad_bytes;  // 4, or 2 with train.grad_dtype = "compute" in 16-bit
   const Recompute rc;
   const ScheduleShape shape;
   const ModelLayout layout;
@@ -511,7 +513,7 @@ AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
   q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);
   if (j.mc.tie_embeddings && (r.e > 0 || r.h > 0)) {
     const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
-    q.all_reduce = 4 * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.group) : rows);
+    q.all_reduce = j.grad_bytes * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.group) : rows);
   }
   return q;
 }
@@ -554,11 +556,12 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   for (size_t u = 0; u < layout.units.size(); ++u) {
     ZeroUnitBytes& zu = zero_units[u];
     zu.whole = 4 * static_cast<double>(layout.units[u].full_numel);
+    zu.whole_grads = j.grad_bytes * static_cast<double>(layout.units[u].full_numel);
     for (int k = 0; k < kZeroParts; ++k) {
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
       zu.gather += all;
-      zu.reduce += all + own;
+      zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
       (layout.over_tp[static_cast<size_t>(k)] ? zu.gather_pass_tp : zu.gather_pass) += all - own;
     }
     shards += zu.gather_pass;
@@ -609,34 +612,35 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;
   const double m = j.m;
-  // Stages 1-2 all-gather the updated weights in the compute type (Zero::gather_into).
-  const double weights = j.sixteen ? 0.5 : 1.0;
+  // Stages 1-2 all-gather the updated weights in the compute type (Zero::gather_into); the
+  // gradients are reduced in their own type (train.grad_dtype).
+  const double weights = j.sixteen ? 0.5 : 1.0, grads = j.grad_bytes / 4.0;
   if (group > 1 || shards_tp > 0) {
     switch (par.zero_stage) {
       case 0: {
         // (Under tp the experts' replicas are at every tp coordinate too: edp x tp ranks.)
         const double n_e = edp * (r.moe && tp > 1 ? tp : 1), n_r = static_cast<double>(tp) * group;
-        g.all_reduce = 2 * j.f_dp * 4 * (out.whole - whole_experts - whole_routed) +
-                       2 * (n_e - 1) / n_e * 4 * whole_experts;
-        g_tp.all_reduce += 2 * (n_r - 1) / n_r * 4 * whole_routed;
+        g.all_reduce = 2 * j.f_dp * j.grad_bytes * (out.whole - whole_experts - whole_routed) +
+                       2 * (n_e - 1) / n_e * j.grad_bytes * whole_experts;
+        g_tp.all_reduce += 2 * (n_r - 1) / n_r * j.grad_bytes * whole_routed;
         break;
       }
       case 1:
-        g.reduce_scatter = shards;
+        g.reduce_scatter = grads * shards;
         g.all_gather = weights * shards;
-        g_tp.reduce_scatter += shards_tp;
+        g_tp.reduce_scatter += grads * shards_tp;
         g_tp.all_gather += weights * shards_tp;
         break;
       case 2:
-        g.reduce_scatter = m * shards;
+        g.reduce_scatter = m * grads * shards;
         g.all_gather = weights * shards;
-        g_tp.reduce_scatter += m * shards_tp;
+        g_tp.reduce_scatter += m * grads * shards_tp;
         g_tp.all_gather += weights * shards_tp;
         break;
       default:
-        g.reduce_scatter = m * shards;
+        g.reduce_scatter = m * grads * shards;
         g.all_gather = zero.gather_bytes();
-        g_tp.reduce_scatter += m * shards_tp;
+        g_tp.reduce_scatter += m * grads * shards_tp;
         g_tp.all_gather += zero.gather_bytes_tp();
     }
     g.all_gather += muon_rows;
@@ -661,7 +665,8 @@ double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
 // Memory: the exact state, the in-flight activations and the buffers.
 void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r, const DpCost& dc,
                  ActivationCache* cache, StageCost& s) {
-  s.memory = rank_state_bytes(rs, j.par.zero_stage, j.group, 0, j.sixteen, j.cfg.optimizer.type);
+  s.memory = rank_state_bytes(rs, j.par.zero_stage, j.group, 0, j.sixteen, j.cfg.optimizer.type,
+                              static_cast<int>(dtype_size(grad_dtype(j.cfg.train))));
   s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.

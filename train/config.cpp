@@ -35,6 +35,7 @@ constexpr std::array<std::string_view, 2> kOptimizerTypeNames{"adamw", "muon"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
 constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
+constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
@@ -182,6 +183,7 @@ const std::vector<Section>& sections() {
                     .add("global_batch_size", &T::global_batch_size)
                     .add("micro_batch_size", &T::micro_batch_size)
                     .add("precision", &T::precision, kPrecisionNames)
+                    .add("grad_dtype", &T::grad_dtype, kGradDTypeNames)
                     .add("seed", &T::seed)
                     .add("run_dir", &T::run_dir)
                     .add("device", &T::device, kDeviceNames)

@@ -21,6 +21,10 @@
 namespace llmt {
 
 enum class Precision : uint8_t { fp32, bf16, fp16 };
+// The weight gradients' storage: fp32 (accumulated and reduced in fp32, as Megatron's distributed
+// optimizer keeps its main gradients), or the compute type (16-bit gradients and 16-bit
+// reductions under bf16/fp16; the same as fp32 under fp32 precision).
+enum class GradDType : uint8_t { fp32, compute };
 // What a step whose loss or gradient norm is not finite does (fp16 overflow aside, which the
 // loss scaler skips): stop the run before the update (exit 1), or skip the update.
 enum class OnNonfinite : uint8_t { stop, skip };
@@ -31,6 +35,7 @@ struct TrainConfig {
   int64_t global_batch_size = 8;  // sequences per optimizer step
   int64_t micro_batch_size = 0;   // sequences per forward/backward; 0 = global_batch_size
   Precision precision = Precision::fp32;
+  GradDType grad_dtype = GradDType::fp32;
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";  // unless given: runs/<config file stem>
   // "auto": cuda when built in and a GPU is visible, else cpu; "cpu"; "cuda" (one GPU per rank)

@@ -70,7 +70,10 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
   MemoryEstimate e;
   e.params =
       4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);
-  e.grads = 4 * P / (zero >= 2 ? dp : 1);
+  const double g = c.train.grad_dtype == GradDType::compute && c.train.precision != Precision::fp32
+                       ? 2
+                       : 4;  // bytes of a gradient
+  e.grads = g * P / (zero >= 2 ? dp : 1);
   e.optimizer = 8 * P / (zero >= 1 ? dp : 1);
   // Context parallelism: each rank holds seq_len/cp positions of every sequence.
   const double s = static_cast<double>(c.model.seq_len) / mesh.size(Axis::cp),
@@ -81,7 +84,8 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
 }
 
 MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
-                                int group_rank, bool sixteen_bit, OptimizerType optimizer) {
+                                int group_rank, bool sixteen_bit, OptimizerType optimizer,
+                                int grad_bytes) {
   const bool muon = optimizer == OptimizerType::muon;
   double whole = 0, padded = 0;
   double adam_owned = 0;                      // what AdamW updates (all but Muon's matrices)
@@ -113,7 +117,7 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
   e.params = zero_stage == 3                  ? 4 * padded
              : sixteen_bit && zero_stage >= 1 ? 2 * whole + 4 * padded
                                               : (sixteen_bit ? 6 : 4) * whole;
-  e.grads = zero_stage >= 2 ? 4 * padded : 4 * whole;
+  e.grads = grad_bytes * (zero_stage >= 2 ? padded : whole);
   e.optimizer = 8 * adam_owned;
   if (muon) {
     const MuonLayout m = muon_layout(spec, spec.tp_size);

@@ -26,13 +26,14 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
 // The training state one rank allocates, exactly (activations left 0): `rank_spec` is what the
 // rank holds (its pipeline stage's parameters, its tp shard), ZeRO shards cut as zero.h does over
 // the group of `group` ranks (dp x cp) of which it is `group_rank` (expert stacks under ep and
-// routed parameters under tp over their own groups: ModelSpec::row_group). params 4P (+ 4P for
-// the 16-bit compute copy under DDP; in 16-bit at ZeRO-1/2 the compute copy 4P + the fp32 master
-// shards) or, at ZeRO-3, its padded shards; grads 4P, or its padded shards from ZeRO-2;
-// optimizer 8 x what it owns (all of P under DDP, its rows from ZeRO-1).
+// routed parameters under tp over their own groups: ModelSpec::row_group). params 4P (+ 2P for
+// the 16-bit compute copy under DDP; in 16-bit at ZeRO-1/2 the compute copy 2P + the fp32 master
+// shards) or, at ZeRO-3, its padded shards; grads g P (g = grad_bytes: 4, or 2 with
+// train.grad_dtype = "compute"), or its padded shards from ZeRO-2; optimizer 8 x what it owns
+// (all of P under DDP, its rows from ZeRO-1).
 MemoryEstimate rank_state_bytes(const ModelSpec& rank_spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit,
-                                OptimizerType optimizer = OptimizerType::adamw);
+                                OptimizerType optimizer = OptimizerType::adamw, int grad_bytes = 4);
 
 // What this process may still allocate on the host: the smallest of /proc/meminfo's MemAvailable,
 // the cgroup's limit minus its usage (v2 memory.max / memory.current, v1 memory.limit_in_bytes /

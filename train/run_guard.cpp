@@ -138,9 +138,10 @@ bool same_checkpoints(const std::string& recorded, const fs::path& run_dir,
   if (then_ck == ck_dir) return true;
   const std::string then_run = value_of(recorded, "train", "run_dir");
   if (then_ck.empty() || then_run.empty() || ck_dir.empty()) return false;
-  const fs::path a =
-      fs::path(then_ck).lexically_normal().lexically_relative(fs::path(then_run).lexically_normal());
-  const fs::path b = fs::path(ck_dir).lexically_normal().lexically_relative(run_dir.lexically_normal());
+  const fs::path a = fs::path(then_ck).lexically_normal().lexically_relative(
+      fs::path(then_run).lexically_normal());
+  const fs::path b =
+      fs::path(ck_dir).lexically_normal().lexically_relative(run_dir.lexically_normal());
   return !a.empty() && a == b && *a.begin() != "..";
 }
 

@@ -38,6 +38,10 @@ namespace llmt {
 
 namespace fs = std::filesystem;
 
+DType grad_dtype(const TrainConfig& t) {
+  return t.grad_dtype == GradDType::compute ? compute_dtype(t.precision) : DType::f32;
+}
+
 DType compute_dtype(Precision p) {
   switch (p) {
     case Precision::fp32:

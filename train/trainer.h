@@ -72,5 +72,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts);
 
 // Compute type of a precision setting: fp32 -> f32, bf16 -> bf16, fp16 -> f16.
 DType compute_dtype(Precision p);
+// The weight gradients' type: f32, or with train.grad_dtype = "compute" the compute type.
+DType grad_dtype(const TrainConfig& t);
 
 }  // namespace llmt

@@ -120,9 +120,9 @@ double DataParallel::take_wait_seconds() {
   return s;
 }
 
-ModelStorage model_storage(int64_t zero_stage, DType compute) {
+ModelStorage model_storage(int64_t zero_stage, DType compute, DType grads) {
   return ModelStorage{zero_stage < 3, zero_stage < 2,
-                      compute == DType::f32 || zero_stage == 0 || zero_stage == 3};
+                      compute == DType::f32 || zero_stage == 0 || zero_stage == 3, grads};
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ParallelConfig& cfg,
@@ -209,7 +209,7 @@ void DistributedDataParallel::after_backward(int block) {
   Tensor flat = model_.flat_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
     const Bucket& b = buckets_[next_bucket_++];
-    Tensor view(flat.f32() + b.begin, {b.end - b.begin}, DType::f32, flat.device);
+    const Tensor view = flat.rows(b.begin, b.end);  // (flat is 1-D, f32 or 16-bit)
     Communicator& g = *grad_groups_[static_cast<size_t>(b.group)];
     if (g.size() > 1) pending_.push_back(g.all_reduce(view));
   }

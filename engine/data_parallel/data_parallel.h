@@ -107,7 +107,7 @@ MuonLayout muon_layout(const ModelSpec& spec, int tp);
 
 // What the Transformer allocates itself under `zero_stage` (2: no gradients, 3: neither; 1-2 in
 // 16-bit `compute`: no fp32 master weights, ZeRO holds their rows).
-ModelStorage model_storage(int64_t zero_stage, DType compute);
+ModelStorage model_storage(int64_t zero_stage, DType compute, DType grads = DType::f32);
 
 // `model` must have been built with model_storage(cfg.zero_stage, its compute dtype) and (stages
 // 0-2) initialised.

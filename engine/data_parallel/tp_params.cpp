@@ -16,7 +16,7 @@ double tp_sum_squares(const ModelSpec& spec, Tensor flat, int64_t begin) {
     const int64_t n = spec.params[i].shape.numel();
     const int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
     if (lo < hi && counts_in_tp_norm(spec, i))
-      counted.emplace_back(flat.f32() + (lo - begin), Shape{hi - lo}, DType::f32, flat.device);
+      counted.push_back(flat.view({flat.numel()}).rows(lo - begin, hi - begin));
     off += n;
   }
   return ops::sum_squares(counted);

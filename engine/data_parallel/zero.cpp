@@ -56,7 +56,10 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     }
   }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
-  if (zero_stage() >= 2) grad_shard_ = alloc.allocate(shard_bytes, MemCategory::grads);
+  const DType gt = model.storage().grad_dtype;  // the gradients' type: f32 or 16-bit
+  if (zero_stage() >= 2)
+    grad_shard_ =
+        alloc.allocate(static_cast<size_t>(shard_total) * dtype_size(gt), MemCategory::grads);
   // The fp32 master weights are this rank's shard rows at stage 3, and at stages 1-2 in 16-bit
   // precision, where the model's weights are the compute copy (ModelStorage::master).
   master_shards_ = zero_stage() == 3 || !model.storage().master;
@@ -78,9 +81,8 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
            master_shards_
                ? shard_rows(param_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
                : as_rows(model.params()[p.index], p).rows(row0, row0 + p.own_rows),
-           zero_stage() >= 2
-               ? shard_rows(grad_shard_.tensor({shard_total}, DType::f32), u, p, p.own_rows)
-               : as_rows(model.grads()[p.index], p).rows(row0, row0 + p.own_rows),
+           zero_stage() >= 2 ? shard_rows(grad_shard_.tensor({shard_total}, gt), u, p, p.own_rows)
+                             : as_rows(model.grads()[p.index], p).rows(row0, row0 + p.own_rows),
            spec.params[p.index].decay});
     }
   }
@@ -134,9 +136,9 @@ Tensor Zero::as_rows(Tensor t, const Param& p) {
 // The first `rows` rows of param p's shard inside a shard buffer.
 Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const {
   const Shape& shape = model_.spec().params[p.index].shape;
-  return as_rows(Tensor(shard_buf.f32() + u.parts[static_cast<size_t>(p.part)].shard_begin +
-                            p.shard_off,
-                        shape, DType::f32, shard_buf.device),
+  const int64_t at = u.parts[static_cast<size_t>(p.part)].shard_begin + p.shard_off;
+  return as_rows(Tensor(static_cast<char*>(shard_buf.data) + at * dtype_size(shard_buf.dtype),
+                        shape, shard_buf.dtype, shard_buf.device),
                  p)
       .rows(0, rows);
 }
@@ -249,17 +251,19 @@ void Zero::release_gather(int unit) {
 void Zero::start_reduce(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.params.empty()) return;
+  const DType gt = model_.storage().grad_dtype;  // reduce-scattered in the gradients' type
+  const size_t es = dtype_size(gt);
   for (int k = 0; k < kParts; ++k) {
     const int64_t numel = u.parts[static_cast<size_t>(k)].shard_numel;
     if (numel == 0) continue;
     Reduction red;
     red.unit = unit;
     red.part = k;
-    red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * 4, MemCategory::comm);
-    red.out = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
-    pack(red.packed.tensor({numel * n_[k]}, DType::f32), u, k, model_.grads(), true);
+    red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * es, MemCategory::comm);
+    red.out = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
+    pack(red.packed.tensor({numel * n_[k]}, gt), u, k, model_.grads(), true);
     red.handle = grad_groups_[static_cast<size_t>(k)]->reduce_scatter(
-        red.out.tensor({numel}, DType::f32), red.packed.tensor({numel * n_[k]}, DType::f32));
+        red.out.tensor({numel}, gt), red.packed.tensor({numel * n_[k]}, gt));
     reductions_.push_back(std::move(red));
   }
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
@@ -279,10 +283,12 @@ void Zero::complete_reductions(size_t keep) {
     red.handle.wait();
     const Unit& u = units_[static_cast<size_t>(red.unit)];
     const Part& part = u.parts[static_cast<size_t>(red.part)];
-    Tensor out = red.out.tensor({part.shard_numel}, DType::f32);
+    const DType gt = model_.storage().grad_dtype;
+    const size_t es = dtype_size(gt);
+    Tensor out = red.out.tensor({part.shard_numel}, gt);
     if (zero_stage() >= 2) {
-      Tensor dst(static_cast<float*>(grad_shard_.data()) + part.shard_begin, {part.shard_numel},
-                 DType::f32, alloc_.device());
+      Tensor dst(static_cast<char*>(grad_shard_.data()) + part.shard_begin * es, {part.shard_numel},
+                 gt, alloc_.device());
       ops::add_inplace(dst, out);
     } else {
       // Stage 1: this rank's reduced rows back into the model's full gradient buffer.
@@ -290,7 +296,8 @@ void Zero::complete_reductions(size_t keep) {
         if (p.own_rows == 0 || p.part != red.part) continue;
         const int64_t row0 = rank_[p.part] * p.shard_rows;
         Tensor to = as_rows(model_.grads()[p.index], p).rows(row0, row0 + p.own_rows);
-        ops::copy(to, Tensor(out.f32() + p.shard_off, to.shape, DType::f32, out.device));
+        ops::copy(
+            to, Tensor(static_cast<char*>(out.data) + p.shard_off * es, to.shape, gt, out.device));
       }
     }
     reductions_.pop_front();
@@ -302,7 +309,8 @@ void Zero::complete_reductions(size_t keep) {
 void Zero::start_step() {
   model_.zero_grads();
   if (grad_shard_.data())
-    ops::fill_zero(grad_shard_.tensor({static_cast<int64_t>(grad_shard_.bytes() / 4)}, DType::f32));
+    ops::fill_zero(
+        grad_shard_.tensor({static_cast<int64_t>(grad_shard_.bytes() / 4)}, DType::f32));  // bytes
 }
 
 void Zero::start_micro_batch(bool last) {
@@ -336,12 +344,12 @@ bool Zero::staged(int unit) const {
 // Stages 2-3: the unit's gradients go to a fresh staging buffer (its blocks bound to it).
 void Zero::stage_gradients(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  u.grad_staging = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
-  Tensor g = u.grad_staging.tensor({u.full_numel}, DType::f32);
-  for (size_t k = 0; k < u.blocks.size(); ++k) {
-    Tensor v(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
-    model_.bind_block(u.blocks[k], Tensor(), v);
-  }
+  const DType gt = model_.storage().grad_dtype;
+  u.grad_staging =
+      alloc_.allocate(static_cast<size_t>(u.full_numel) * dtype_size(gt), MemCategory::comm);
+  Tensor g = u.grad_staging.tensor({u.full_numel}, gt);
+  for (size_t k = 0; k < u.blocks.size(); ++k)
+    model_.bind_block(u.blocks[k], Tensor(), g.rows(u.block_off[k], u.full_numel));
 }
 
 void Zero::poll() {

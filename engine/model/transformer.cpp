@@ -76,17 +76,20 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       compute_buf_ =
           alloc_.allocate(static_cast<size_t>(P) * dtype_size(compute_), MemCategory::params);
   }
+  const DType gt = storage_.grad_dtype;
+  LLMT_CHECK(gt == DType::f32 || gt == compute_, "gradients of type ", dtype_name(gt),
+             " with compute type ", dtype_name(compute_), ": f32 or the compute type");
   if (storage_.grads) {
-    grads_buf_ = alloc_.allocate(static_cast<size_t>(P) * 4, MemCategory::grads);
-    flat_grads_ = grads_buf_.tensor({P}, DType::f32);
+    grads_buf_ = alloc_.allocate(static_cast<size_t>(P) * dtype_size(gt), MemCategory::grads);
+    flat_grads_ = grads_buf_.tensor({P}, gt);
   }
   size_t off = 0;
   for (size_t i = 0; i < spec_.params.size(); ++i) {
     const Shape& shape = spec_.params[i].shape;  // this tp rank's
     params_.push_back(storage_.params ? params_buf_.tensor(shape, own, off / 4 * dtype_size(own))
                                       : Tensor(nullptr, shape, DType::f32, alloc_.device()));
-    views_.g.push_back(storage_.grads ? grads_buf_.tensor(shape, DType::f32, off)
-                                      : Tensor(nullptr, shape, DType::f32, alloc_.device()));
+    views_.g.push_back(storage_.grads ? grads_buf_.tensor(shape, gt, off / 4 * dtype_size(gt))
+                                      : Tensor(nullptr, shape, gt, alloc_.device()));
     views_.w.push_back(compute_buf_.data()
                            ? compute_buf_.tensor(shape, compute_, off / 4 * dtype_size(compute_))
                            : params_.back());
@@ -356,13 +359,15 @@ void Transformer::bind_block(int block, Tensor weights, Tensor grads) {
     if (weights.defined()) {
       LLMT_CHECK(off + n <= weights.numel(), "bind_block(", block, "): weights ", describe(weights),
                  " too small");
-      views_.w[i] = Tensor(weights.f32() + off, shape, DType::f32, weights.device);
+      views_.w[i] = Tensor(static_cast<char*>(weights.data) + off * dtype_size(weights.dtype),
+                           shape, weights.dtype, weights.device);
       params_[i] = views_.w[i];
     }
     if (grads.defined()) {
       LLMT_CHECK(off + n <= grads.numel(), "bind_block(", block, "): grads ", describe(grads),
                  " too small");
-      views_.g[i] = Tensor(grads.f32() + off, shape, DType::f32, grads.device);
+      views_.g[i] = Tensor(static_cast<char*>(grads.data) + off * dtype_size(grads.dtype), shape,
+                           grads.dtype, grads.device);
     }
     off += n;
   }

@@ -54,6 +54,7 @@ struct ModelStorage {
   bool grads = true;
   bool master = true;  // 16-bit: params() are fp32 masters beside a compute copy (false: params()
                        // are the compute weights, stored in the compute type)
+  DType grad_dtype = DType::f32;  // the weight gradients' type: f32 or the compute type
 };
 
 // [train] recompute and recompute_layers: the mode of the first `layers` layers of each model

@@ -131,7 +131,7 @@ void Muon::step(double lr, int64_t t, float grad_scale) {
     if (mm.slot >= 0) {
       const OptimizerSlot& s = slots_[static_cast<size_t>(mm.slot)];
       Tensor g = rows_a_.tensor(s.grad.shape, DType::f32);
-      ops::copy(g, s.grad);
+      ops::convert(g, s.grad);  // (16-bit gradients widened; fp32 copied)
       ops::scale_inplace(g, grad_scale);
       ops::scale_inplace(momentum_[k], mu);
       ops::add_inplace(momentum_[k], g);  // B = mu B + g

@@ -28,6 +28,23 @@ LAYOUTS = {  # name: (ranks, sets)
                              "train.global_batch_size=8"]),
     "zero2-dp2-accum2-fp16": (2, ["parallel.dp=2", "parallel.zero_stage=2",
                                   "train.global_batch_size=8", "train.precision=fp16"]),
+    # 16-bit gradients (train.grad_dtype = "compute"): their buffers, staging and reductions.
+    "dp2-bf16-gradc": (2, ["parallel.dp=2", "train.precision=bf16", "train.grad_dtype=compute"]),
+    "zero1-dp2-bf16-gradc": (2, ["parallel.dp=2", "parallel.zero_stage=1", "train.precision=bf16",
+                                 "train.grad_dtype=compute"]),
+    "zero2-dp2-accum2-fp16-gradc": (2, ["parallel.dp=2", "parallel.zero_stage=2",
+                                        "train.global_batch_size=8", "train.precision=fp16",
+                                        "train.grad_dtype=compute"]),
+    "zero3-dp2-accum2-bf16-gradc": (2, ["parallel.dp=2", "parallel.zero_stage=3",
+                                        "train.global_batch_size=8", "train.precision=bf16",
+                                        "train.grad_dtype=compute"]),
+    "tp2-sp-dp2-bf16-gradc": (4, ["parallel.tp=2", "parallel.dp=2",
+                                  "parallel.sequence_parallel=true", "train.precision=bf16",
+                                  "train.grad_dtype=compute"]),
+    "pp2-dp2-zero1-bf16-gradc": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=1",
+                                     "train.precision=bf16", "train.grad_dtype=compute"]),
+    "ep2-dp4-bf16-gradc": (4, ["parallel.dp=4", "parallel.ep=2", "train.precision=bf16",
+                               "train.grad_dtype=compute"]),
     "zero3-dp3": (3, ["parallel.dp=3", "parallel.zero_stage=3", "train.global_batch_size=6"]),
     "zero3-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=3",
                              "train.global_batch_size=8"]),
@@ -101,7 +118,9 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-zero3-dp4", "tp2-sp", "tp2-sp-dp2", "tp2-sp-full", "ep2-tp2-sp",
                "capacity-cp2-tp2-sp", "tp2-sp-zero1", "tp2-sp-dp2-zero2", "tp2-sp-dp2-zero3",
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
-               "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16"]
+               "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
+               "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
+               "ep2-dp4-bf16-gradc"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",

@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "engine/comm/mpi/watch.h"
+#include "kernels/ops.h"
 
 #define LLMT_MPI(call)                                                                         \
   do {                                                                                         \
@@ -47,7 +48,27 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_BYTE;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// The sum of 16-bit values (train.grad_dtype = "compute"): each pair added in fp32 and rounded to
+// the type, as a bf16/f16 all-reduce on the GPU adds. MPI calls it inside the rank's own MPI calls
+// (no progress thread), on host buffers.
+template <DType T>
+void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  ops::add_inplace(Tensor(inout, {*len}, T), Tensor(in, {*len}, T));
+}
+
+template <DType T>
+MPI_Op sum_op_16bit() {
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    LLMT_MPI(MPI_Op_create(&sum_16bit<T>, /*commute=*/1, &o));
+    return o;
+  }();
+  return op;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (op == ReduceOp::sum && t == DType::bf16) return sum_op_16bit<DType::bf16>();
+  if (op == ReduceOp::sum && t == DType::f16) return sum_op_16bit<DType::f16>();
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
@@ -110,11 +131,14 @@ class MpiCommunicator final : public Communicator {
 
   Handle all_reduce(Tensor x, ReduceOp op) override {
     check_host(x, "all_reduce");
-    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32 || x.dtype == DType::f64, name_,
-               " all_reduce of ", dtype_name(x.dtype), ": only f32, i32 and f64 reduce on the CPU");
+    const bool sixteen = x.dtype == DType::bf16 || x.dtype == DType::f16;
+    LLMT_CHECK(x.dtype == DType::f32 || x.dtype == DType::i32 || x.dtype == DType::f64 ||
+                   (sixteen && op == ReduceOp::sum),
+               name_, " all_reduce of ", dtype_name(x.dtype),
+               ": f32, i32 and f64 reduce on the CPU, bf16 and f16 sum");
     MPI_Request req;
-    LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype), mpi_op(op), comm_,
-                            &req));
+    LLMT_MPI(MPI_Iallreduce(MPI_IN_PLACE, x.data, count_of(x), mpi_type(x.dtype),
+                            mpi_op(op, x.dtype), comm_, &req));
     count_collective(CommKind::all_reduce, static_cast<int64_t>(x.nbytes()));
     return handle(req, "all_reduce");
   }
@@ -123,7 +147,7 @@ class MpiCommunicator final : public Communicator {
     check_blocks(out, in, "reduce_scatter");
     MPI_Request req;
     LLMT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
-                                       MPI_SUM, comm_, &req));
+                                       mpi_op(ReduceOp::sum, in.dtype), comm_, &req));
     count_collective(CommKind::reduce_scatter, static_cast<int64_t>(in.nbytes()));
     return handle(req, "reduce_scatter");
   }

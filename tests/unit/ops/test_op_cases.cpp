@@ -196,9 +196,8 @@ HostTensor widened(const HostTensor& x) {
 // wrongly, changes bits here.
 TEST(OpCases, SixteenBitStorageGivesTheBitsOfTheRoundedF32Op) {
   // Ops whose every floating argument stays fp32 in every precision.
-  const std::set<std::string> fp32_only = {
-      "moe_route_backward", "moe_route_losses", "moe_dispatch", "adamw_update",
-      "sum_squares",        "has_nonfinite",    "round_to"};
+  const std::set<std::string> fp32_only = {"moe_route_backward", "moe_route_losses", "moe_dispatch",
+                                           "round_to"};
   // copy and convert move any type, as their types say, not as the op decides.
   const std::set<std::string> any_type = {"copy", "convert"};
   for (const DType t : {DType::bf16, DType::f16}) {
@@ -233,8 +232,10 @@ TEST(OpCases, SixteenBitStorageGivesTheBitsOfTheRoundedF32Op) {
       };
       OpResult got = run_case(storage);
       for (size_t i : capable) got.args[i] = widened(got.args[i]);
-      EXPECT_TRUE(results_close(got, run_case(emulation), Tol{0.0, 0.0}))
-          << c.name << " in " << dtype_name(t);
+      // A list of 16-bit tensors is reduced tensor by tensor (each widened alone, so the scratch
+      // stays one tensor's): the same double sum in another order.
+      const Tol tol = c.op == "sum_squares" ? Tol{1e-14, 0.0} : Tol{0.0, 0.0};
+      EXPECT_TRUE(results_close(got, run_case(emulation), tol)) << c.name << " in " << dtype_name(t);
       ++compared;
     }
     EXPECT_GT(compared, 80);

@@ -134,6 +134,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("train.global_batch_size", train.global_batch_size),
       LLMT_KEY("train.micro_batch_size", train.micro_batch_size),
       LLMT_KEY("train.precision", train.precision),
+      LLMT_KEY("train.grad_dtype", train.grad_dtype),
       LLMT_KEY("train.seed", train.seed),
       LLMT_KEY("train.run_dir", train.run_dir),
       LLMT_KEY("train.device", train.device),
@@ -520,6 +521,7 @@ steps = 1000
 global_batch_size = 24
 micro_batch_size = 6
 precision = "fp16"
+grad_dtype = "compute"
 seed = 9223372036854775807
 run_dir = "runs/\"quoted\" \\ tab\t nl\n é \u0001"
 device = "cuda"
