@@ -236,33 +236,43 @@ TEST(CostModel, PipelineBubbleAndStages) {
 TEST(CostModel, ZeroStagesAtNd64) {
   // The ZeRO paper's example (Psi parameters over Nd = 64 data-parallel ranks), in llmtrain's
   // accounting: fp32 master params 4 Psi (+ a compute copy stored in 16 bits, 2 Psi, in 16-bit
-  // precision), fp32 grads 4 Psi, AdamW 8 Psi;
-  // stage 1 shards the optimizer (and in 16-bit the masters beside the whole compute copy), 2 the
-  // gradients, 3 everything (docs/papers.md compares with the paper's 16-bit figures). A
-  // Llama-shaped 6.7B model.
+  // precision), grads 4 Psi (2 Psi with train.grad_dtype = "compute": the paper's 16-bit
+  // gradients), AdamW 8 Psi; stage 1 shards the optimizer (and in 16-bit the masters beside the
+  // whole compute copy), 2 the gradients, 3 everything (docs/papers.md compares with the paper's
+  // figures: with 16-bit gradients stages 0-2 are its 2 + 2 + 12). A Llama-shaped 6.7B model.
   const HardwareProfile hw = load_hardware("a100-80gb", 1);
-  for (const char* precision : {"fp32", "bf16"}) {
-    const bool b16 = std::string(precision) == "bf16";
+  for (const char* precision : {"fp32", "bf16", "bf16-grads"}) {
+    const bool b16 = std::string(precision) != "fp32";
+    const bool g16 = std::string(precision) == "bf16-grads";
     for (int stage = 0; stage <= 3; ++stage) {
-      const Config cfg = parse_config_string(
-          "", "zero",
-          {"model.arch=\"llama\"", "model.n_layers=32", "model.d_model=4096", "model.n_heads=32",
-           "model.vocab_size=32000", "model.seq_len=2048", "train.global_batch_size=64",
-           "train.micro_batch_size=1", concat("train.precision=\"", precision, "\""),
-           concat("parallel.zero_stage=", stage), "parallel.dp=64"});
+      const Config cfg =
+          parse_config_string("", "zero",
+                              {"model.arch=\"llama\"", "model.n_layers=32", "model.d_model=4096",
+                               "model.n_heads=32", "model.vocab_size=32000", "model.seq_len=2048",
+                               "train.global_batch_size=64", "train.micro_batch_size=1",
+                               b16 ? "train.precision=\"bf16\"" : "train.precision=\"fp32\"",
+                               g16 ? "train.grad_dtype=\"compute\"" : "train.grad_dtype=\"fp32\"",
+                               concat("parallel.zero_stage=", stage), "parallel.dp=64"});
       const StepCost c = predict_step(cfg, 64, hw);
       const double psi = static_cast<double>(ModelSpec::from_config(cfg.model).num_params());
-      const double nd = 64;
+      const double nd = 64, gb = g16 ? 2 : 4;
       const MemoryEstimate& m = c.stages[0].memory;
       const double params = stage == 3          ? 4 * psi / nd
                             : b16 && stage >= 1 ? 2 * psi + 4 * psi / nd
                                                 : (b16 ? 6 : 4) * psi;
-      const double grads = stage >= 2 ? 4 * psi / nd : 4 * psi;
+      const double grads = stage >= 2 ? gb * psi / nd : gb * psi;
       const double opt = stage >= 1 ? 8 * psi / nd : 8 * psi;
       // Shards are padded to whole rows per rank: at most 64 rows of each tensor.
       EXPECT_NEAR(m.params / params, 1, 2e-3) << precision << " stage " << stage;
       EXPECT_NEAR(m.grads / grads, 1, 2e-3) << precision << " stage " << stage;
       EXPECT_NEAR(m.optimizer / opt, 1, 2e-3) << precision << " stage " << stage;
+      if (g16 && stage < 3) {
+        // The paper's 2 + 2 + 12 (K = 12: fp32 masters and Adam's two moments).
+        const double paper = stage == 0   ? 16 * psi
+                             : stage == 1 ? 4 * psi + 12 * psi / nd
+                                          : 2 * psi + 14 * psi / nd;
+        EXPECT_NEAR((m.params + m.grads + m.optimizer) / paper, 1, 2e-3) << "stage " << stage;
+      }
     }
   }
 }
