@@ -199,7 +199,7 @@ Run add_plan_command(CLI::App& app) {
     bool schedule = false;
     bool p2p = false;
     std::string svg;
-    std::string hardware = "cpu";
+    std::string hardware;  // "": the config's plan.hardware, else cpu
     bool json = false;
     bool search = false;
     int top = 10;
@@ -214,8 +214,8 @@ Run add_plan_command(CLI::App& app) {
   cmd->add_option("-c,--config", args->config, "TOML config file")->required();
   cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
   cmd->add_option("--world", args->world,
-                  "Number of ranks (fixes dp = -1 and checks the layout); default tp*cp*pp*dp "
-                  "with dp = -1 read as 1. MPI is not started")
+                  "Number of ranks (fixes dp = -1 and checks the layout); default the config's "
+                  "plan.world, else tp*cp*pp*dp with dp = -1 read as 1. MPI is not started")
       ->check(CLI::PositiveNumber);
   CLI::Option* schedule =
       cmd->add_flag("--schedule", args->schedule,
@@ -234,8 +234,8 @@ Run add_plan_command(CLI::App& app) {
                           n += (n.empty() ? "" : ", ") + h;
                         return n;
                       }(),
-                      ") or a profile file (configs/hardware/*.toml shows the keys)"))
-      ->capture_default_str();
+                      ") or a profile file (configs/hardware/*.toml shows the keys); default: the "
+                      "config's plan.hardware, else cpu"));
   cmd->add_flag("--json", args->json,
                 "Print the cost model's figures (memory, bytes per axis, times, MFU per pipeline "
                 "rank), or with --search the ranked layouts and their --set lists, as one JSON "
@@ -254,6 +254,11 @@ Run add_plan_command(CLI::App& app) {
       ->needs(search);
   return [args]() {
     const Config cfg = parse_config(args->config, args->overrides);
+    // What the flags leave unsaid, the config's [plan] says (a paper config: the hardware and
+    // world size it was trained on).
+    if (args->hardware.empty())
+      args->hardware = cfg.plan.hardware.empty() ? "cpu" : cfg.plan.hardware;
+    if (args->world <= 0 && cfg.plan.world > 0) args->world = static_cast<int>(cfg.plan.world);
     if (args->search) {
       if (args->world <= 0) throw ConfigError("plan --search needs --world N");
       const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, args->world));

@@ -257,6 +257,10 @@ const std::vector<Section>& sections() {
                     .add("tensorboard", &L::tensorboard)
                     .add("peak_flops", &L::peak_flops)
                     .build());
+    s.push_back(SectionBuilder<PlanConfig>("plan", &Config::plan)
+                    .add("hardware", &PlanConfig::hardware)
+                    .add("world", &PlanConfig::world)
+                    .build());
     return s;
   }();
   return table;
@@ -365,6 +369,7 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   check_comm_config(c.comm, r);
   r.at_least<int64_t>("log.interval", c.log.interval, 1);
   r.at_least("log.peak_flops", c.log.peak_flops, 0.0);
+  r.at_least<int64_t>("plan.world", c.plan.world, 0, " (0 = the layout's own)");
 }
 
 // Data paths written in a config file are relative to that file's folder, as includes are;

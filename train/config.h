@@ -63,6 +63,13 @@ struct LogConfig {
   double peak_flops = 0;  // FLOP/s of one rank for MFU; 0 = this CPU's fp32 FMA peak estimate
 };
 
+// [plan]: what `llmtrain plan` assumes when its flags do not say (training ignores it): the
+// hardware profile a paper config was trained on and its world size.
+struct PlanConfig {
+  std::string hardware;  // a built-in profile name or a profile file; "" = cpu
+  int64_t world = 0;     // ranks; 0 = the layout's own (tp * cp * pp * dp, dp = -1 read as 1)
+};
+
 struct Config {
   ModelConfig model;
   TrainConfig train;
@@ -72,6 +79,7 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
   CommConfig comm;
+  PlanConfig plan;
   std::string source_path;  // the top-level TOML file
 };
 

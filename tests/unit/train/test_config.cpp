@@ -193,6 +193,8 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("log.metrics", log.metrics),
       LLMT_KEY("log.tensorboard", log.tensorboard),
       LLMT_KEY("log.peak_flops", log.peak_flops),
+      LLMT_KEY("plan.hardware", plan.hardware),
+      LLMT_KEY("plan.world", plan.world),
   };
   return table;
 }
@@ -592,6 +594,9 @@ progress = false
 metrics = ""
 tensorboard = true
 peak_flops = 989.5e12
+[plan]
+hardware = "h100-80gb-sxm"
+world = 4096
 )",
                                        "all.toml");
   EXPECT_EQ(c.train.run_dir, "runs/\"quoted\" \\ tab\t nl\n é \x01");
