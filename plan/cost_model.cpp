@@ -120,9 +120,12 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
 // (every rank's padded shards), a reduce-scatter's packed input plus output shard, and the bytes
 // the communicators count for one all-gather of its shards, over dp x cp (and edp) and over the
 // groups with tp (MoE's routed parameters).
+// Stage 3 gathers the compute copy (16 bits in bf16/fp16: `whole`, `gather` and the
+// `weights_pass` bytes at that width, `gather` then also holding the rounded shard sent); the
+// fp32 `gather_pass` counts one pass over the shards for stages 1-2 and the reduce-scatters.
 struct ZeroUnitBytes {
-  double whole = 0, whole_grads = 0, gather = 0, reduce = 0;  // whole: fp32 weights
-  double gather_pass = 0, gather_pass_tp = 0;
+  double whole = 0, whole_grads = 0, gather = 0, reduce = 0;
+  double gather_pass = 0, gather_pass_tp = 0, weights_pass = 0, weights_pass_tp = 0;
 };
 
 // ZeroSequence (the order Zero's hooks run in) over one rank's step, its primitives counting what
@@ -152,8 +155,8 @@ class ZeroReplay final : public ZeroSequence {
   void start_gather(int k) override {
     if (!holds(k) || gathered_[k] || gathering_[k]) return;
     take(at(k).gather);
-    gathers_ += at(k).gather_pass;
-    gathers_tp_ += at(k).gather_pass_tp;
+    gathers_ += at(k).weights_pass;
+    gathers_tp_ += at(k).weights_pass_tp;
     gathering_[k] = 1;
   }
   void finish_gather(int k) override {
@@ -555,14 +558,17 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
   std::vector<ZeroUnitBytes> zero_units(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     ZeroUnitBytes& zu = zero_units[u];
-    zu.whole = 4 * static_cast<double>(layout.units[u].full_numel);
+    const double cw = j.sixteen ? 0.5 : 1.0;  // the compute copy's bytes per fp32 byte
+    zu.whole = 4 * cw * static_cast<double>(layout.units[u].full_numel);
     zu.whole_grads = j.grad_bytes * static_cast<double>(layout.units[u].full_numel);
     for (int k = 0; k < kZeroParts; ++k) {
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
-      zu.gather += all;
+      zu.gather += cw * all + (j.sixteen ? cw * own : 0);
       zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
-      (layout.over_tp[static_cast<size_t>(k)] ? zu.gather_pass_tp : zu.gather_pass) += all - own;
+      const bool tp = layout.over_tp[static_cast<size_t>(k)];
+      (tp ? zu.gather_pass_tp : zu.gather_pass) += all - own;
+      (tp ? zu.weights_pass_tp : zu.weights_pass) += cw * (all - own);
     }
     shards += zu.gather_pass;
     shards_tp += zu.gather_pass_tp;

@@ -188,9 +188,10 @@ void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, i
 // Spec-indexed views of a unit's params inside its gathered buffer (other entries empty).
 std::vector<Tensor> Zero::unit_views(const Unit& u, Tensor gathered) const {
   std::vector<Tensor> views(model_.spec().params.size());
+  const size_t es = dtype_size(gathered.dtype);
   for (const Param& p : u.params)
-    views[p.index] = Tensor(gathered.f32() + p.full_off, model_.spec().params[p.index].shape,
-                            DType::f32, gathered.device);
+    views[p.index] = Tensor(static_cast<char*>(gathered.data) + p.full_off * es,
+                            model_.spec().params[p.index].shape, gathered.dtype, gathered.device);
   return views;
 }
 
@@ -203,15 +204,25 @@ void Zero::start_gather(int unit) {
   if (u.params.empty() || u.gathered.data()) return;
   for (const Part& part : u.parts)
     if (!part.gather.done()) return;
+  // The gathered weights are the compute copy: in 16-bit precision the shards are rounded to
+  // the compute type first and gathered in 16 bits.
+  const DType t = model_.compute_dtype();
+  const size_t es = dtype_size(t);
   for (int k = 0; k < kParts; ++k) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
     const int64_t numel = part.shard_numel * n_[k];
-    part.staging = alloc_.allocate(static_cast<size_t>(numel) * 4, MemCategory::comm);
+    part.staging = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
     Tensor in(static_cast<float*>(param_shard_.data()) + part.shard_begin, {part.shard_numel},
               DType::f32, alloc_.device());
-    part.gather = grad_groups_[static_cast<size_t>(k)]->all_gather(
-        part.staging.tensor({numel}, DType::f32), in);
+    if (t != DType::f32) {
+      part.send = alloc_.allocate(static_cast<size_t>(part.shard_numel) * es, MemCategory::comm);
+      const Tensor rounded = part.send.tensor({part.shard_numel}, t);
+      ops::convert(rounded, in);
+      in = rounded;
+    }
+    part.gather =
+        grad_groups_[static_cast<size_t>(k)]->all_gather(part.staging.tensor({numel}, t), in);
   }
 }
 
@@ -219,22 +230,21 @@ void Zero::finish_gather(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.params.empty() || u.gathered.data()) return;
   start_gather(unit);
-  u.gathered = alloc_.allocate(static_cast<size_t>(u.full_numel) * 4, MemCategory::comm);
-  Tensor g = u.gathered.tensor({u.full_numel}, DType::f32);
+  const DType t = model_.compute_dtype();  // the compute copy's type (16 bits in bf16/fp16)
+  u.gathered =
+      alloc_.allocate(static_cast<size_t>(u.full_numel) * dtype_size(t), MemCategory::comm);
+  Tensor g = u.gathered.tensor({u.full_numel}, t);
   const std::vector<Tensor> views = unit_views(u, g);
   for (int k = 0; k < kParts; ++k) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
     part.gather.wait();
-    unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, DType::f32), u, k);
+    unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, t), u, k);
     part.staging.reset();
+    part.send.reset();
   }
-  // 16-bit emulation: the gathered copy is the compute copy of the fp32 master shards.
-  if (model_.compute_dtype() != DType::f32) ops::round_to(g, model_.compute_dtype());
-  for (size_t k = 0; k < u.blocks.size(); ++k) {
-    Tensor w(g.f32() + u.block_off[k], {u.full_numel - u.block_off[k]}, DType::f32, g.device);
-    model_.bind_block(u.blocks[k], w, Tensor());
-  }
+  for (size_t k = 0; k < u.blocks.size(); ++k)
+    model_.bind_block(u.blocks[k], g.rows(u.block_off[k], u.full_numel), Tensor());
 }
 
 void Zero::release_gather(int unit) {
@@ -242,6 +252,7 @@ void Zero::release_gather(int unit) {
   for (Part& part : u.parts) {
     part.gather.wait();
     part.staging.reset();
+    part.send.reset();
   }
   u.gathered.reset();
 }

@@ -83,8 +83,9 @@ class Zero final : public DataParallel, private ZeroSequence {
   struct Part {
     int64_t shard_numel = 0;  // this rank's (padded) shards of the part's params (ZeroUnit's)
     int64_t shard_begin = 0;  // offset in the shard buffers
-    // Stage 3: the in-flight all-gather of the part's shards into `staging`.
-    Buffer staging;
+    // Stage 3: the in-flight all-gather of the part's shards into `staging` (in 16-bit
+    // precision from `send`, the shards rounded to the compute type).
+    Buffer staging, send;
     Handle gather;
   };
   struct Unit {

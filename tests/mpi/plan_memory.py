@@ -45,6 +45,8 @@ LAYOUTS = {  # name: (ranks, sets)
                                      "train.precision=bf16", "train.grad_dtype=compute"]),
     "ep2-dp4-bf16-gradc": (4, ["parallel.dp=4", "parallel.ep=2", "train.precision=bf16",
                                "train.grad_dtype=compute"]),
+    "pp2-dp2-zero3-bf16": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=3",
+                               "train.precision=bf16"]),
     "zero3-dp3": (3, ["parallel.dp=3", "parallel.zero_stage=3", "train.global_batch_size=6"]),
     "zero3-dp2-accum2": (2, ["parallel.dp=2", "parallel.zero_stage=3",
                              "train.global_batch_size=8"]),
