@@ -357,6 +357,11 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   r.at_least<int64_t>("train.max_skipped_steps", t.max_skipped_steps, 0, " (0 = never stop)");
   r.at_least("train.time_limit", t.time_limit, 0.0, " (seconds; 0 = no limit)");
 
+  r.require(t.grad_dtype != GradDType::compute || t.precision != Precision::fp32,
+            {"train.grad_dtype", "train.precision"},
+            "train.grad_dtype=\"compute\" stores gradients in the compute type, which "
+            "train.precision=\"fp32\" does not have: set train.precision to \"bf16\" or "
+            "\"fp16\", or train.grad_dtype to \"fp32\"");
   check_optimizer_config(c.optimizer, raw.optimizer, t.precision == Precision::fp16, r);
   check_parallel_config(c.parallel, m.n_layers, r);
   check_model_layout(m, c.parallel, r);

@@ -844,6 +844,10 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"[optimizer]\nweight_decay = -0.1\n",
                   {"optimizer.weight_decay=-0.1 must be >= 0.0"}},
         ErrorCase{"[optimizer]\ngrad_clip = -1\n", {"optimizer.grad_clip=-1.0 must be >= 0.0"}},
+        ErrorCase{"[train]\ngrad_dtype = \"compute\"\n",
+                  {"train.grad_dtype=\"compute\" stores gradients in the compute type, which "
+                   "train.precision=\"fp32\" does not have",
+                   "(train.grad_dtype at t.toml:2:1)"}},
         ErrorCase{"[train]\nprecision = \"fp16\"\n[optimizer]\ninitial_loss_scale = 0\n",
                   {"optimizer.initial_loss_scale=0.0 must be > 0 with train.precision=\"fp16\"",
                    "optimizer.initial_loss_scale at t.toml:4:1, train.precision at t.toml:2:1"}},
