@@ -128,10 +128,25 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
   });
   const StageCost& w = c.stages[static_cast<size_t>(c.slowest)];
   std::printf("predicted on %s:\n", hardware_line(hw).c_str());
+  // The other ops' largest three by bytes.
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, bytes] : w.other_ops_by_op) ops.emplace_back(bytes, op);
+  std::sort(ops.begin(), ops.end(), std::greater<>());
+  std::string largest;
+  for (size_t i = 0; i < std::min<size_t>(3, ops.size()); ++i)
+    largest += concat(i ? ", " : "; most: ", ops[i].second, " ",
+                      pct(ops[i].first / std::max(w.other_ops_bytes, 1.0)));
   std::printf(
-      "  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), exposed "
-      "tp %s, cp %s, pp %s, ep %s; bubble %.4f; dp %s, optimizer %s\n",
+      "  slowest rank %d: compute %s (%.4g FLOPs at %s of a %.4g FLOP/s peak), other ops %s "
+      "(%.4g bytes at %.4g B/s%s%s), exposed tp %s, cp %s, pp %s, ep %s; bubble %.4f; dp %s, "
+      "optimizer %s\n",
       w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(), c.peak,
+      seconds(w.other_ops_s).c_str(), w.other_ops_bytes, hw.memory_bandwidth, largest.c_str(),
+      w.rounding_bytes > 0
+          ? concat("; not charged: 16-bit rounding passes, ",
+                   seconds(w.rounding_bytes / hw.memory_bandwidth))
+                .c_str()
+          : "",
       seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(), seconds(w.comm_s[3]).c_str(),
       seconds(w.ep_s).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
       seconds(w.optimizer_s).c_str());
@@ -171,7 +186,12 @@ void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& s
                   ", \"all_gather\": ", num(b.all_gather), ", \"send\": ", num(b.send),
                   ", \"recv\": ", num(b.recv), ", \"all_to_all\": ", num(b.all_to_all), "}");
     }
-    s += concat("}, \"compute_s\": ", num(st.compute_s), ", \"comm_s\": {");
+    s += concat("}, \"compute_s\": ", num(st.compute_s), ", \"other_ops_s\": ", num(st.other_ops_s),
+                ", \"rounding_bytes\": ", num(st.rounding_bytes), ", \"other_ops_bytes\": {");
+    bool first = true;
+    for (const auto& [op, bytes] : st.other_ops_by_op)
+      s += concat(std::exchange(first, false) ? "" : ", ", "\"", op, "\": ", num(bytes));
+    s += "}, \"comm_s\": {";
     for (int a = 0; a < kNumAxes; ++a)
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": ", num(st.comm_s[a]));
     s += concat("}, \"ep_s\": ", num(st.ep_s), ", \"optimizer_s\": ", num(st.optimizer_s),

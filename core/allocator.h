@@ -44,9 +44,11 @@ std::unique_ptr<DeviceBackend> make_cpu_backend();
 // A device that holds no data: each allocation is address space reserved without access
 // (PROT_NONE, no memory committed), so an Allocator over it lays out and counts every buffer as
 // on a real device while any kernel that touched one would fault at once. Copies to it are
-// dropped; reading from it is an error. `plan` builds a rank's model on it to count that model's
-// own buffers (no byte formula kept beside the code that allocates). Reports the CPU as device.
-std::unique_ptr<DeviceBackend> make_meta_backend();
+// dropped; reading from it is an error, or with `reads_zero` gives zeros (a model running a step
+// on it to count its ops' bytes reads its loss and counts). `plan` builds a rank's model on it to
+// count that model's own buffers (no byte formula kept beside the code that allocates). Reports
+// the CPU as device.
+std::unique_ptr<DeviceBackend> make_meta_backend(bool reads_zero = false);
 // Throws llmt::Error naming the reason when CUDA is not built in or no GPU is usable.
 std::unique_ptr<DeviceBackend> make_device_backend(Device d);
 bool cuda_built_in();

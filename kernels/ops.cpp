@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -18,9 +19,9 @@
 #ifdef LLMTRAIN_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 // The kernel `fn` of the op's device: cpu:: and cuda:: declare the same signatures.
-#define LLMT_KERNEL(op, fn) ((op).cuda() ? ::llmt::cuda::fn : ::llmt::cpu::fn)
+#define LLMT_KERNEL(op, fn) (op).kernel((op).cuda() ? ::llmt::cuda::fn : ::llmt::cpu::fn)
 #else
-#define LLMT_KERNEL(op, fn) (static_cast<void>(op), ::llmt::cpu::fn)
+#define LLMT_KERNEL(op, fn) (op).kernel(::llmt::cpu::fn)
 #endif
 
 namespace llmt::ops {
@@ -33,10 +34,23 @@ bool present(const Tensor& t) {
 
 // The op calls under way on this thread, each holding scratch slots [first, first + count).
 thread_local int scratch_slots_in_use = 0;
+// The live Recording's tally on this thread (null: ops run their kernels).
+thread_local OpTally* recording_tally = nullptr;
 
 bool is_16bit(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
+
+// A kernel to call, or (skip: under a Recording) a stand-in that runs nothing.
+template <typename R, typename... A>
+struct Kernel {
+  R (*fn)(A...);
+  bool skip;
+  R operator()(A... a) const {
+    if (skip) return R();
+    return fn(a...);
+  }
+};
 
 // The checks of one op call; constructing it checks that every given tensor is on one device
 // (mixed_devices: any devices, for copies) and that this build has kernels for it.
@@ -61,11 +75,27 @@ class Op {
       // A failing conversion (a CUDA error) resurfaces at the device's next call.
     }
     scratch_slots_in_use -= static_cast<int>(widened_.size());
+    if (tally_) {
+      const std::string_view n(name_);
+      const bool matmul = n.starts_with("linear_") || n.starts_with("grouped_linear_") ||
+                          n == "attention_forward" || n == "attention_backward" ||
+                          n == "attention_block_forward" || n == "attention_block_backward";
+      if (matmul) {
+        tally_->matmul_bytes += moved_;
+      } else if (n == "round_to") {
+        tally_->rounding_bytes += moved_;
+      } else {
+        tally_->other_bytes += moved_;
+        tally_->bytes[name_] += moved_;
+      }
+      ++tally_->ops;
+    }
   }
 
   Op(const char* name, std::initializer_list<Tensor> tensors, bool mixed_devices = false)
       : Op(name, std::span<const Tensor>(tensors.begin(), tensors.size()), mixed_devices) {}
-  Op(const char* name, std::span<const Tensor> tensors, bool mixed_devices = false) : name_(name) {
+  Op(const char* name, std::span<const Tensor> tensors, bool mixed_devices = false)
+      : name_(name), tally_(recording_tally) {
     bool first = true;
     for (const Tensor& t : tensors) {
       if (!t.defined()) continue;
@@ -88,6 +118,16 @@ class Op {
   bool cuda() const {
     return cuda_;
   }
+  // The kernel `fn` to call with the op's arguments; under a Recording a stand-in that runs
+  // nothing (and returns a value-initialised result).
+  template <typename R, typename... A>
+  Kernel<R, A...> kernel(R (*fn)(A...)) const {
+    return {fn, tally_ != nullptr};
+  }
+  // Under a Recording: `passes` passes over t's bytes, for arguments handed to the kernel raw.
+  void moves(const Tensor& t, int passes) const {
+    if (tally_ && t.defined()) moved_ += static_cast<double>(passes) * t.nbytes();
+  }
 
   // An input the kernel reads: f32, bf16 or f16 (read as fp32).
   const float* in(const char* arg, const Tensor& t) const {
@@ -95,6 +135,20 @@ class Op {
   }
   const float* in_opt(const char* arg, const Tensor& t) const {
     return t.defined() ? in(arg, t) : nullptr;
+  }
+  // An input of which the kernel reads `rows` rows (an embedding table: those of the tokens),
+  // recorded as those; and the same of an argument it adds into.
+  const float* in_rows(const char* arg, const Tensor& t, int64_t rows) const {
+    return rows_of_table(arg, t, rows, /*written=*/false);
+  }
+  const float* in_rows_opt(const char* arg, const Tensor& t, int64_t rows) const {
+    return t.defined() ? in_rows(arg, t, rows) : nullptr;
+  }
+  float* inout_rows(const char* arg, const Tensor& t, int64_t rows) const {
+    return rows_of_table(arg, t, rows, /*written=*/true);
+  }
+  float* inout_rows_opt(const char* arg, const Tensor& t, int64_t rows) const {
+    return t.defined() ? inout_rows(arg, t, rows) : nullptr;
   }
   // An output the kernel assigns: f32, bf16 or f16 (rounded once, after the kernel).
   float* out(const char* arg, const Tensor& t) const {
@@ -115,6 +169,7 @@ class Op {
     LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
     LLMT_CHECK(t.dtype == DType::f32, "op ", name_, ": ", arg, " is ", describe(t),
                ", expected f32");
+    moves(t, 1);
     return static_cast<float*>(t.data);
   }
   // nullptr for an absent optional tensor.
@@ -128,6 +183,7 @@ class Op {
     LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
     LLMT_CHECK(t.dtype == DType::i32, "op ", name_, ": ", arg, " is ", describe(t),
                ", expected i32");
+    moves(t, 1);
     return static_cast<const int32_t*>(t.data);
   }
   // An optional position array (T) i32 (context parallelism's global positions): nullptr when
@@ -185,11 +241,14 @@ class Op {
     float* scratch;
     bool read, written;
   };
-  float* floating(const char* arg, const Tensor& t, bool read, bool written) const {
+  float* floating(const char* arg, const Tensor& t, bool read, bool written,
+                  bool counted = false) const {
     LLMT_CHECK(present(t), "op ", name_, ": ", arg, " is required");
+    if (!counted) moves(t, (read ? 1 : 0) + (written ? 1 : 0));
     if (t.dtype == DType::f32) return static_cast<float*>(t.data);
     LLMT_CHECK(is_16bit(t.dtype), "op ", name_, ": ", arg, " is ", describe(t),
                ", expected f32, bf16 or f16");
+    if (tally_) return static_cast<float*>(t.data);  // (counted, not widened: no kernel runs)
     Widened* w = nullptr;
     for (Widened& x : widened_)
       if (x.data == t.data && x.numel == t.numel() && x.dtype == t.dtype) w = &x;
@@ -209,10 +268,19 @@ class Op {
     return w->scratch;
   }
 
+  float* rows_of_table(const char* arg, const Tensor& t, int64_t rows, bool written) const {
+    if (tally_ && t.defined() && t.ndim() > 0 && t.size(0) > 0)
+      moved_ += static_cast<double>(written ? 2 : 1) * static_cast<double>(rows) *
+                static_cast<double>(t.nbytes()) / static_cast<double>(t.size(0));
+    return floating(arg, t, /*read=*/true, written, /*counted=*/true);
+  }
+
   const char* name_;
   Device device_;
   bool cuda_ = false;
   mutable std::vector<Widened> widened_;
+  OpTally* tally_;           // the Recording's, or null
+  mutable double moved_ = 0;  // bytes, under a Recording
 };
 
 // The (N, C) split of a row-wise op's input: C = last dim.
@@ -270,8 +338,8 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_
   op.shape("out", out, {B, T, C});
   if (wpe.defined() && !positions.defined()) op.positions("wpe", wpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_forward)
-  (op.out("out", out), op.i32("tokens", tokens), op.in("wte", wte), op.in_opt("wpe", wpe), B, T, C,
-   V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
+  (op.out("out", out), op.i32("tokens", tokens), op.in_rows("wte", wte, B * T),
+   op.in_rows_opt("wpe", wpe, B * T), B, T, C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
@@ -284,7 +352,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, in
   op.shape("dout", dout, {B, T, C});
   if (dwpe.defined() && !positions.defined()) op.positions("dwpe", dwpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_backward)
-  (op.inout("dwte", dwte), op.inout_opt("dwpe", dwpe), op.in("dout", dout),
+  (op.inout_rows("dwte", dwte, B * T), op.inout_rows_opt("dwpe", dwpe, B * T), op.in("dout", dout),
    op.i32("tokens", tokens), B, T, C, V, pos_offset, op.positions_opt("positions", positions, T),
    vocab_start, Vl);
 }
@@ -799,12 +867,15 @@ void copy(Tensor dst, Tensor src) {
   op.require(dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
              " differ in dtype (use convert)");
   op.require(present(dst) && present(src), "dst and src are required");
+  op.moves(dst, 1);
+  op.moves(src, 1);
   LLMT_KERNEL(op, copy_bytes)(dst.data, src.data, src.nbytes());
 }
 
 void fill_zero(Tensor x) {
   Op op("fill_zero", {x});
   op.require(present(x), "x is required");
+  op.moves(x, 1);
   LLMT_KERNEL(op, fill_zero)(x.data, x.nbytes());
 }
 
@@ -1032,6 +1103,7 @@ bool has_nonfinite(std::span<const Tensor> xs) {
 void round_to(Tensor x, DType target) {
   Op op("round_to", {x});
   float* p = op.f32("x", x);
+  op.moves(x, 1);  // (read and written)
   switch (target) {
     case DType::f32:
       return;
@@ -1052,6 +1124,8 @@ void convert(Tensor dst, Tensor src) {
   op.require(present(dst) && present(src), "dst and src are required");
   op.require(dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst), ", src ",
              describe(src), ": only f32, bf16 and f16 convert");
+  op.moves(dst, 1);
+  op.moves(src, 1);
   LLMT_KERNEL(op, convert)(dst.data, dst.dtype, src.data, src.dtype, src.numel());
 }
 
@@ -1071,6 +1145,16 @@ void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t gl
   if (x.numel() == 0) return;
   LLMT_KERNEL(op, init_normal)
   (op.out("x", x), x.numel(), std, seed, stream, global_offset, W, stride);
+}
+
+Recording::Recording(OpTally& tally) : outer_(recording_tally) {
+  recording_tally = &tally;
+}
+Recording::~Recording() {
+  recording_tally = outer_;
+}
+bool Recording::active() {
+  return recording_tally != nullptr;
 }
 
 }  // namespace llmt::ops

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -251,5 +253,32 @@ void convert(Tensor dst, Tensor src);
 void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset = 0,
                  int64_t global_row_stride = 0);
 void fill(Tensor x, float value);
+
+// ---- recording (llmtrain plan) -----------------------------------------------------------------
+// While a Recording lives, the ops called on its thread check their arguments as always but run
+// no kernel (so a model built on the meta device can run a step), and count the bytes their
+// tensors move at their storage type: an input once, an output once, an argument read and
+// written twice, an embedding table as the rows its tokens touch. Matmuls and the attention core
+// (linear, grouped linear, attention blocks) are counted apart: the cost model times them by
+// their FLOPs, everything else by these bytes. So is round_to, the rounding of an fp32-stored
+// tensor to 16-bit values (16-bit storage emulated), which a kernel storing 16 bits does as it
+// writes.
+struct OpTally {
+  double matmul_bytes = 0, other_bytes = 0, rounding_bytes = 0;
+  int64_t ops = 0;                      // op calls
+  std::map<std::string, double> bytes;  // by op name, the other ops'
+};
+class Recording {
+ public:
+  explicit Recording(OpTally& tally);
+  ~Recording();
+  Recording(const Recording&) = delete;
+  Recording& operator=(const Recording&) = delete;
+  // True while a Recording lives on this thread.
+  static bool active();
+
+ private:
+  OpTally* outer_;
+};
 
 }  // namespace llmt::ops

@@ -15,6 +15,7 @@
 #include "engine/parallel/context_parallel.h"
 #include "engine/pipeline/executor.h"
 #include "engine/schedule/schedule.h"
+#include "kernels/ops.h"
 #include "train/rank_model.h"
 #include "train/trainer.h"
 
@@ -62,6 +63,66 @@ double schedule_activation_peak(const std::vector<Action>& actions, double per_m
   return peak;
 }
 
+// One micro-batch's forward and backward of every chunk of `model` (built on a meta device that
+// reads zeros) under an ops::Recording: the bytes its ops move, as the trainer (no pp:
+// forward_backward) or the pipeline executor (forward_chunk, backward_chunk) runs them.
+// tokens (B, T/cp): a micro-batch of the rank's positions.
+void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pipeline,
+                 RankActivations& out) {
+  const ModelConfig& mc = model.spec().cfg;
+  Buffer tok = alloc.allocate_tensor(bt, DType::i32, MemCategory::other),
+         tgt = alloc.allocate_tensor(bt, DType::i32, MemCategory::other),
+         grad = alloc.allocate_tensor(model.activation_shape(), DType::f32, MemCategory::other);
+  const Tensor tokens = tok.tensor(bt, DType::i32), targets = tgt.tensor(bt, DType::i32);
+  // Weights and gradients the model does not own (ZeRO binds them to its units): meta buffers
+  // of their types, as ZeRO's gathered units (the compute type) and staging hold them.
+  std::vector<Buffer> bound;
+  const ModelStorage& st = model.storage();
+  if (!st.params || !st.grads) {
+    for (int b = 0; b < model.num_blocks(); ++b) {
+      const auto [first, last] = model.block_params(b);
+      int64_t n = 0;
+      for (size_t i = first; i < last; ++i) n += model.spec().params[i].shape.numel();
+      if (n == 0) continue;
+      Tensor w, g;
+      if (!st.params) {
+        bound.push_back(alloc.allocate_tensor({n}, model.compute_dtype(), MemCategory::other));
+        w = bound.back().tensor({n}, model.compute_dtype());
+      }
+      if (!st.grads) {
+        bound.push_back(alloc.allocate_tensor({n}, st.grad_dtype, MemCategory::other));
+        g = bound.back().tensor({n}, st.grad_dtype);
+      }
+      model.bind_block(b, w, g);
+    }
+  }
+  const StepContext ctx{.dropout = mc.dropout > 0};
+  ops::OpTally tally;
+  {
+    const ops::Recording rec(tally);
+    if (!pipeline) {
+      model.forward_backward(tokens, targets, 1.0f, ctx);
+    } else {
+      const int v = model.num_chunks();
+      for (int c = 0; c < v; ++c) {
+        if (!model.chunk_has_embedding(c)) model.chunk_input(c, 0);
+        model.forward_chunk(c, 0, tokens, targets, 1.0f, ctx);
+      }
+      for (int c = v - 1; c >= 0; --c) {
+        model.backward_chunk(
+            c, 0, model.chunk_has_head(c) ? Tensor() : grad.tensor(model.activation_shape(),
+                                                                    DType::f32),
+            tokens, ctx);
+        model.free_chunk(c, 0);
+      }
+    }
+  }
+  out.matmul_bytes_mb = tally.matmul_bytes;
+  out.other_bytes_mb = tally.other_bytes;
+  out.rounding_bytes_mb = tally.rounding_bytes;
+  out.other_by_op = std::move(tally.bytes);
+}
+
 // One rank's activation memory as its model lays it out: the model a run builds on that rank
 // (make_rank_model), built on the meta device with groups of the mesh's shape, so the bytes are
 // counted by the code that allocates them. Under ep each MoE layer adds, per micro-batch, the
@@ -81,12 +142,13 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  rank_spec.ep_size, " sp ", par.sequence_parallel, " cp ", mesh.size(Axis::cp),
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
                  " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, " ",
-                 static_cast<int>(cfg.train.precision), " ", rank_spec.has_embedding,
-                 rank_spec.has_head);
+                 static_cast<int>(cfg.train.precision), static_cast<int>(grad_dtype(cfg.train)),
+                 " ", rank_spec.has_embedding, rank_spec.has_head);
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;
-  const std::unique_ptr<DeviceBackend> meta = make_meta_backend();
+  // (reads_zero: the step run below reads its loss and the MoE layers' counts.)
+  const std::unique_ptr<DeviceBackend> meta = make_meta_backend(/*reads_zero=*/true);
   Allocator alloc(*meta);
   const std::unique_ptr<Communicator> tp_group =
       make_shape_communicator(rank_spec.tp_rank, tp, "tp");
@@ -111,6 +173,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     out.scratch += static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
   }
   out.per_mb /= chunks;
+  record_step(*model, alloc, Shape({cfg.train.micro_batch_size, cfg.model.seq_len / cp}),
+              mesh.size(Axis::pp) > 1, out);
   if (cache) cache->by_layout.emplace(key, out);
   return out;
 }
@@ -683,6 +747,10 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
                                     act.stash_mb);
   s.memory.activations = held + act.scratch;
+  // The ops besides the matmuls and attention, every micro-batch.
+  s.other_ops_bytes = j.m * act.other_bytes_mb;
+  s.rounding_bytes = j.m * act.rounding_bytes_mb;
+  for (const auto& [op, bytes] : act.other_by_op) s.other_ops_by_op[op] = j.m * bytes;
   // Comm buffers: ZeRO's (the replay's peak over this rank's units: its gathered copies,
   // gradient staging and at most three units' reduce-scatters; Zero stages its collectives on a
   // group of one rank too), pipeline send/recv buffers, the cp ring's K/V blocks.
@@ -718,8 +786,9 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
       j.per_rank_tokens * r.L * j.attn_fpt / j.tp / j.eff_peak * j.hw.comm_overlap;
   s.comm_s[static_cast<int>(Axis::cp)] =
       std::max(0.0, k.send / bw(Axis::cp) - attn_s) + (k.all_to_all + k.all_reduce) / bw(Axis::cp);
+  s.other_ops_s = s.other_ops_bytes / j.hw.memory_bandwidth;
   const double m = j.m;
-  const double mb_s = s.compute_s / m * j.hw.comm_overlap, bwd_s = mb_s * 2 / 3;
+  const double mb_s = (s.compute_s + s.other_ops_s) / m * j.hw.comm_overlap, bwd_s = mb_s * 2 / 3;
   const double rs_s = g.reduce_scatter / j.bw_dp, ag_s = g.all_gather / j.bw_dp;
   double dp_s = 0;
   switch (j.par.zero_stage) {
@@ -792,7 +861,7 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
   // The pipeline runs at its slowest stage's pace, idle for the bubble.
   double busy = 0;
   for (const StageCost& s : out.stages)
-    busy = std::max(busy, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
+    busy = std::max(busy, s.compute_s + s.other_ops_s + s.comm_s[static_cast<int>(Axis::tp)] +
                               s.comm_s[static_cast<int>(Axis::cp)] +
                               s.comm_s[static_cast<int>(Axis::pp)] + s.ep_s);
   out.hardware_flops = out.model_flops;

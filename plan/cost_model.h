@@ -46,9 +46,17 @@ struct StageCost {
   // the critical path; cp ring transfers hidden behind attention; dp/ZeRO behind backward as far
   // as it goes), the optimizer (memory bound).
   double compute_s = 0, optimizer_s = 0;
+  // The ops other than matmuls and attention: the bytes they move in the step (RankActivations)
+  // at the device's memory bandwidth, on the pipeline's path like the compute.
+  double other_ops_bytes = 0, other_ops_s = 0;
+  // The rounding passes of 16-bit values stored in fp32 tensors (the activation gradients):
+  // the runtime runs them, a native 16-bit kernel does them as it stores; not charged.
+  double rounding_bytes = 0;
+  std::map<std::string, double> other_ops_by_op;  // other_ops_bytes by op name
   std::array<double, kNumAxes> comm_s{};
   double ep_s = 0;        // expert parallelism's all-to-alls, all exposed (bytes: dp's all_to_all)
-  double pipeline_s = 0;  // m micro-batches of (compute + tp + cp + pp + ep) x (1 + bubble)
+  double pipeline_s = 0;  // m micro-batches of (compute + other ops + tp + cp + pp + ep) x (1 +
+                          // bubble)
   double step_s = 0;      // pipeline_s + exposed dp + optimizer
 };
 
@@ -76,6 +84,13 @@ struct RankActivations {
   double per_mb = 0;    // one micro-batch's saved set, the average of the rank's chunks
   double stash_mb = 0;  // one micro-batch's zero-bubble stash (of chunk 0)
   double scratch = 0;   // shared by every micro-batch
+  // The bytes the rank's ops move in one micro-batch's forward and backward of all its chunks
+  // (recompute included), counted by running them on the meta device (ops::Recording): the
+  // matmuls' and attention's, and every other op's (norms, activations, rotary, residual adds,
+  // the loss, MoE's routing and permutations, conversions).
+  double matmul_bytes_mb = 0, other_bytes_mb = 0;
+  double rounding_bytes_mb = 0;  // round_to's passes (ops::OpTally): not charged
+  std::map<std::string, double> other_by_op;  // other_bytes_mb by op name
 };
 // The RankActivations of the layouts costed so far, for one model config (a search costs
 // thousands of layouts that differ only in dp, ZeRO stage or schedule, which the model's

@@ -157,7 +157,8 @@ constexpr int p2p_channel(int tag, int n) {
 // A group of one: every collective is a copy (or nothing), send/recv are errors. No MPI.
 std::unique_ptr<Communicator> make_local_communicator(const std::string& name = "world");
 // A group's shape without its ranks: rank `rank` of `size`, for a model built on the meta device
-// (make_meta_backend) to count its buffers. Every collective, send and receive is an error; a
+// (make_meta_backend) to count its buffers. Every collective, send and receive is an error (under
+// ops::Recording, where the model runs a step to count its ops' bytes, one that does nothing); a
 // group split from it exists, but its rank and size are errors too.
 std::unique_ptr<Communicator> make_shape_communicator(int rank, int size, const std::string& name);
 

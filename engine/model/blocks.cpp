@@ -373,6 +373,13 @@ std::vector<TensorSpec> MoeMlp::stash() const {
 }
 
 std::vector<int64_t> MoeMlp::offsets(std::span<const Tensor> s) const {
+  if (ops::Recording::active()) {
+    // A step run to count the ops' bytes (plan): no router ran; balanced routing, every
+    // assignment kept, as the cost model assumes.
+    std::vector<int64_t> off(static_cast<size_t>(E_ + 1));
+    for (int64_t e = 0; e <= E_; ++e) off[static_cast<size_t>(e)] = rows_.R * k_ * e / E_;
+    return off;
+  }
   std::vector<int32_t> host(static_cast<size_t>(E_ + 1));
   env_.alloc.backend().copy_to_host(host.data(), s[4].data, host.size() * 4);
   return {host.begin(), host.end()};
@@ -404,6 +411,7 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   env_.alloc.backend().copy_from_host(cin.data, cnt.data(), cnt.size() * 4);
   ep.all_to_all(cout, cin).wait();
   env_.alloc.backend().copy_to_host(got.data(), cout.data, got.size() * 4);
+  if (ops::Recording::active()) got = cnt;  // (plan's op count: balanced, each peer sends as many)
   EpRows r;
   r.groups.assign(1, 0);
   for (int p = 0; p < P; ++p) {

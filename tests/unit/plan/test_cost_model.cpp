@@ -136,7 +136,9 @@ TEST(CostModel, SingleRankIsComputePlusOptimizer) {
   ASSERT_EQ(c.stages.size(), 1u);
   const StageCost& s = c.stages[0];
   EXPECT_DOUBLE_EQ(s.compute_s, s.flops / (1e12 * 0.5));  // fp32 peak x efficiency
-  EXPECT_DOUBLE_EQ(c.step_s, s.compute_s + s.optimizer_s);
+  EXPECT_GT(s.other_ops_bytes, 0);
+  EXPECT_DOUBLE_EQ(s.other_ops_s, s.other_ops_bytes / 1e12);  // at the memory bandwidth
+  EXPECT_DOUBLE_EQ(c.step_s, s.compute_s + s.other_ops_s + s.optimizer_s);
   for (int a = 0; a < kNumAxes; ++a) EXPECT_EQ(s.bytes[a].total(), 0) << a;
   EXPECT_EQ(c.bubble, 0);
   EXPECT_DOUBLE_EQ(c.mfu, c.model_flops / (c.step_s * 1e12));
@@ -159,6 +161,33 @@ TEST(CostModel, ModelFlopsAreTheRanksMatmulFlops) {
     ASSERT_EQ(c.stages.size(), 1u);
     EXPECT_NEAR(c.stages[0].flops / c.model_flops, 1.0, 1e-12) << concat(sets.size());
   }
+}
+
+// The other ops' bytes are the ops the rank's model runs in a step (ops::Recording): GELU's
+// forward reads the fc1 output (N, 4C) and writes its activation (N, 4C) once per layer and
+// micro-batch, at their storage type (4 bytes, 2 in bf16), over F/tp columns under tp; a full
+// recompute replays it once more per layer but the last (whose forward leaves its set valid);
+// the pipeline's stages share the layers, each counting its own.
+TEST(CostModel, OtherOpsAreTheOpsTheModelRuns) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const double L = 4, N = 2 * 32, F = 4 * 64;  // micro-batch 2 of 32 positions
+  const auto gelu = [&](const std::vector<std::string>& sets, int world) {
+    std::vector<std::string> all{"train.micro_batch_size=2"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const StepCost c = predict_step(tiny(all), world, hw);
+    double bytes = 0;
+    for (const StageCost& s : c.stages) {
+      const auto it = s.other_ops_by_op.find("gelu_forward");
+      if (it != s.other_ops_by_op.end()) bytes += it->second;
+      EXPECT_NEAR(s.other_ops_s, s.other_ops_bytes / 1e12, 1e-18);
+    }
+    return bytes / c.micro_batches;  // per micro-batch, over the stages
+  };
+  EXPECT_DOUBLE_EQ(gelu({}, 1), L * N * F * (4 + 4));
+  EXPECT_DOUBLE_EQ(gelu({"train.precision=\"bf16\""}, 1), L * N * F * (2 + 2));
+  EXPECT_DOUBLE_EQ(gelu({"parallel.tp=2", "parallel.dp=1"}, 2), L * N * F / 2 * (4 + 4));
+  EXPECT_DOUBLE_EQ(gelu({"train.recompute=\"full\""}, 1), (2 * L - 1) * N * F * (4 + 4));
+  EXPECT_DOUBLE_EQ(gelu({"parallel.pp=2", "parallel.dp=1"}, 2), L * N * F * (4 + 4));
 }
 
 TEST(CostModel, RecomputeAddsFlopsNotModelFlops) {
@@ -184,7 +213,7 @@ TEST(CostModel, BandwidthFollowsTheNode) {
   const StageCost& d = dp8.stages[0];
   const double ddp_s = d.bytes[static_cast<int>(Axis::dp)].all_reduce / 10e9;
   EXPECT_DOUBLE_EQ(d.comm_s[static_cast<int>(Axis::dp)],
-                   std::max(0.0, ddp_s - d.compute_s / dp8.micro_batches * 2 / 3));
+                   std::max(0.0, ddp_s - (d.compute_s + d.other_ops_s) / dp8.micro_batches * 2 / 3));
 }
 
 // Expert parallelism's dispatch and combine all-to-alls (their bytes counted with dp) are timed,
@@ -208,7 +237,8 @@ TEST(CostModel, ExpertAllToAllsAreTimedAtTheirGroupsBandwidth) {
     const double a2a = s.bytes[static_cast<int>(Axis::dp)].all_to_all;
     ASSERT_GT(a2a, 0) << world;
     EXPECT_DOUBLE_EQ(s.ep_s, a2a / bw) << world;
-    EXPECT_DOUBLE_EQ(s.pipeline_s, s.compute_s + s.comm_s[static_cast<int>(Axis::tp)] +
+    EXPECT_DOUBLE_EQ(s.pipeline_s, s.compute_s + s.other_ops_s +
+                                       s.comm_s[static_cast<int>(Axis::tp)] +
                                        s.comm_s[static_cast<int>(Axis::cp)] + s.ep_s)
         << world;
     EXPECT_DOUBLE_EQ(c.step_s, s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s);
