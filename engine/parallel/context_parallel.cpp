@@ -376,7 +376,9 @@ void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_, chunk = Tl_ * w * D_;
-  const Tensor send = staging(send_, seq.dtype), recv = staging(recv_, seq.dtype);
+  // In the heads' type: the output moves in the compute type even where `seq` is fp32 (selective
+  // recompute's scratch), copy_heads widening it.
+  const Tensor send = staging(send_, heads.dtype), recv = staging(recv_, heads.dtype);
   Tensor src_rows = heads.view({B_ * p, chunk});
   Tensor dst_rows = send.rows(0, p * block).view({p * B_, chunk});
   for (int i = 0; i < p; ++i)

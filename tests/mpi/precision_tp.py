@@ -27,6 +27,11 @@ LAYOUTS = {
     # single rank rounds it once; Ulysses attends whole sequences of fewer heads.
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"], []),
     "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
+    # Selective recompute under Ulysses: the recomputed output comes back into an fp32 scratch
+    # (16-bit values) from 16-bit heads; it stopped the run before heads_to_seq staged in the
+    # heads' type.
+    "cp2-ulysses-selective": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses",
+                                  "train.recompute=selective"], []),
 }
 COMMON = ["train.threads=1", "log.progress=false", "train.steps=16", "optimizer.lr=1e-30",
           "optimizer.min_lr=0"]
