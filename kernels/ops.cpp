@@ -41,6 +41,14 @@ bool is_16bit(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 
+// Checks `cond` for op `op`, formatting the message (which may describe tensors) only when it
+// fails: the checks run on every call, also where no kernel runs (ops::Recording).
+#define LLMT_OP_REQUIRE(op, cond, ...)                                 \
+  do {                                                                 \
+    if (!(cond)) [[unlikely]]                                          \
+      (op).fail(__FILE__, __LINE__, #cond __VA_OPT__(, ) __VA_ARGS__); \
+  } while (0)
+
 // A kernel to call, or (skip: under a Recording) a stand-in that runs nothing.
 template <typename R, typename... A>
 struct Kernel {
@@ -227,9 +235,10 @@ class Op {
                "op ", name_, ": ", arg, " is ", describe(t), ", which cannot hold positions [",
                pos_offset, ", ", pos_offset + T, ") of width ", C);
   }
+  // A failed check of this op (LLMT_OP_REQUIRE): throws the message after the op's name.
   template <typename... Args>
-  void require(bool ok, const Args&... msg) const {
-    LLMT_CHECK(ok, "op ", name_, ": ", msg...);
+  [[noreturn]] void fail(const char* file, int line, const char* cond, const Args&... msg) const {
+    detail::check_failed(file, line, cond, detail::concat("op ", name_, ": ", msg...));
   }
 
  private:
@@ -279,7 +288,7 @@ class Op {
   Device device_;
   bool cuda_ = false;
   mutable std::vector<Widened> widened_;
-  OpTally* tally_;           // the Recording's, or null
+  OpTally* tally_;            // the Recording's, or null
   mutable double moved_ = 0;  // bytes, under a Recording
 };
 
@@ -289,7 +298,7 @@ struct Rows {
 };
 
 Rows rows_of(const Op& op, const char* arg, const Tensor& t) {
-  op.require(t.ndim() >= 1, arg, " is ", describe(t), ", expected (..., C)");
+  LLMT_OP_REQUIRE(op, t.ndim() >= 1, arg, " is ", describe(t), ", expected (..., C)");
   int64_t C = t.size(-1);
   return {op.rows(arg, t, C), C};
 }
@@ -298,10 +307,10 @@ Rows rows_of(const Op& op, const char* arg, const Tensor& t) {
 // lse (B,H,T); operands a floating-point type.
 void check_attention(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                      int64_t H, int64_t KV, DType operands) {
-  op.require(H > 0 && KV > 0 && H % KV == 0, "n_head=", H, " must be a positive multiple of ",
-             "n_kv_head=", KV);
-  op.require(operands == DType::f32 || operands == DType::bf16 || operands == DType::f16,
-             "operands=", dtype_name(operands), ", expected f32, bf16 or f16");
+  LLMT_OP_REQUIRE(op, H > 0 && KV > 0 && H % KV == 0, "n_head=", H,
+                  " must be a positive multiple of ", "n_kv_head=", KV);
+  LLMT_OP_REQUIRE(op, operands == DType::f32 || operands == DType::bf16 || operands == DType::f16,
+                  "operands=", dtype_name(operands), ", expected f32, bf16 or f16");
   op.ndim("qkv", qkv, 4);
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(3);
   op.shape("qkv", qkv, {B, T, H + 2 * KV, D});
@@ -318,11 +327,12 @@ namespace {
 // The vocabulary of an embedding call: wte's rows, or a shard [vocab_start, +Vl) of vocab_size.
 int64_t check_vocab_range(const Op& op, int64_t Vl, int64_t vocab_start, int64_t vocab_size) {
   if (vocab_size == 0) {
-    op.require(vocab_start == 0, "vocab_start=", vocab_start, " needs vocab_size");
+    LLMT_OP_REQUIRE(op, vocab_start == 0, "vocab_start=", vocab_start, " needs vocab_size");
     return Vl;
   }
-  op.require(vocab_start >= 0 && vocab_start + Vl <= vocab_size, "the shard's rows [", vocab_start,
-             ", ", vocab_start + Vl, ") are outside the vocabulary [0, ", vocab_size, ")");
+  LLMT_OP_REQUIRE(op, vocab_start >= 0 && vocab_start + Vl <= vocab_size, "the shard's rows [",
+                  vocab_start, ", ", vocab_start + Vl, ") are outside the vocabulary [0, ",
+                  vocab_size, ")");
   return vocab_size;
 }
 
@@ -339,7 +349,8 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_
   if (wpe.defined() && !positions.defined()) op.positions("wpe", wpe, C, pos_offset, T);
   LLMT_KERNEL(op, embedding_forward)
   (op.out("out", out), op.i32("tokens", tokens), op.in_rows("wte", wte, B * T),
-   op.in_rows_opt("wpe", wpe, B * T), B, T, C, V, pos_offset, op.positions_opt("positions", positions, T), vocab_start, Vl);
+   op.in_rows_opt("wpe", wpe, B * T), B, T, C, V, pos_offset,
+   op.positions_opt("positions", positions, T), vocab_start, Vl);
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int64_t pos_offset,
@@ -420,8 +431,8 @@ namespace {
 
 // The type a GEMM's inputs are representable in: a floating-point compute type.
 void gemm_operands(const Op& op, DType t) {
-  op.require(t == DType::f32 || t == DType::bf16 || t == DType::f16,
-             "operands must be f32, bf16 or f16, not ", dtype_name(t));
+  LLMT_OP_REQUIRE(op, t == DType::f32 || t == DType::bf16 || t == DType::f16,
+                  "operands must be f32, bf16 or f16, not ", dtype_name(t));
 }
 
 }  // namespace
@@ -432,8 +443,8 @@ void linear_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, DType op
   op.ndim("weight", weight, 2);
   const int64_t OC = weight.size(0), IC = weight.size(1);
   const int64_t N = op.rows("inp", inp, IC);
-  op.require(op.rows("out", out, OC) == N, "out ", describe(out), " and inp ", describe(inp),
-             " have different row counts");
+  LLMT_OP_REQUIRE(op, op.rows("out", out, OC) == N, "out ", describe(out), " and inp ",
+                  describe(inp), " have different row counts");
   op.shape_opt("bias", bias, {OC});
   LLMT_KERNEL(op, linear_forward)
   (op.out("out", out), op.in("inp", inp), op.in("weight", weight), op.in_opt("bias", bias), N, IC,
@@ -446,22 +457,22 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   gemm_operands(op, operands);
   // Only the GEMMs' inputs are required: weight for dinp, inp for dweight (the two halves run
   // apart under zero-bubble schedules and tensor parallelism).
-  op.require(!dinp.defined() || weight.defined(), "dinp needs weight");
-  op.require(!dweight.defined() || inp.defined(), "dweight needs inp");
+  LLMT_OP_REQUIRE(op, !dinp.defined() || weight.defined(), "dinp needs weight");
+  LLMT_OP_REQUIRE(op, !dweight.defined() || inp.defined(), "dweight needs inp");
   const Tensor& w = weight.defined() ? weight : dweight;  // (OC,IC)
-  op.require(w.defined() || (dbias.defined() && !inp.defined()),
-             "weight, or dweight, or dbias alone is required");
+  LLMT_OP_REQUIRE(op, w.defined() || (dbias.defined() && !inp.defined()),
+                  "weight, or dweight, or dbias alone is required");
   if (w.defined()) op.ndim(weight.defined() ? "weight" : "dweight", w, 2);
   const int64_t OC = w.defined() ? w.size(0) : dbias.numel();
   const int64_t N = op.rows("dout", dout, OC);
   if (w.defined()) {
     const int64_t IC = w.size(1);
     if (inp.defined())
-      op.require(op.rows("inp", inp, IC) == N, "dout ", describe(dout), " and inp ", describe(inp),
-                 " have different row counts");
+      LLMT_OP_REQUIRE(op, op.rows("inp", inp, IC) == N, "dout ", describe(dout), " and inp ",
+                      describe(inp), " have different row counts");
     if (dinp.defined())
-      op.require(op.rows("dinp", dinp, IC) == N, "dout ", describe(dout), " and dinp ",
-                 describe(dinp), " have different row counts");
+      LLMT_OP_REQUIRE(op, op.rows("dinp", dinp, IC) == N, "dout ", describe(dout), " and dinp ",
+                      describe(dinp), " have different row counts");
     if (dinp.defined() && inp.defined()) op.same_shape("dinp", dinp, "inp", inp);
   }
   const int64_t IC = w.defined() ? w.size(1) : 0;
@@ -491,19 +502,19 @@ void gelu_backward(Tensor dinp, Tensor dout, Tensor inp) {
 void swiglu_forward(Tensor out, Tensor inp) {
   Op op("swiglu_forward", {out, inp});
   const auto [N, F2] = rows_of(op, "inp", inp);
-  op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
-  op.require(op.rows("out", out, F2 / 2) == N, "out ", describe(out), " must be (..., F) for inp ",
-             describe(inp));
+  LLMT_OP_REQUIRE(op, F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
+  LLMT_OP_REQUIRE(op, op.rows("out", out, F2 / 2) == N, "out ", describe(out),
+                  " must be (..., F) for inp ", describe(inp));
   LLMT_KERNEL(op, swiglu_forward)(op.out("out", out), op.in("inp", inp), N, F2 / 2);
 }
 
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
   Op op("swiglu_backward", {dinp, dout, inp});
   const auto [N, F2] = rows_of(op, "inp", inp);
-  op.require(F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
+  LLMT_OP_REQUIRE(op, F2 % 2 == 0, "inp ", describe(inp), " must be (..., 2F) = [gate | up]");
   op.same_shape("dinp", dinp, "inp", inp);
-  op.require(op.rows("dout", dout, F2 / 2) == N, "dout ", describe(dout),
-             " must be (..., F) for inp ", describe(inp));
+  LLMT_OP_REQUIRE(op, op.rows("dout", dout, F2 / 2) == N, "dout ", describe(dout),
+                  " must be (..., F) for inp ", describe(inp));
   LLMT_KERNEL(op, swiglu_backward)
   (op.out("dinp", dinp), op.in("dout", dout), op.in("inp", inp), N, F2 / 2);
 }
@@ -516,10 +527,10 @@ namespace {
 std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, int64_t pos_offset,
                                   float theta) {
   op.ndim("x", x, 4);
-  op.require(x.size(3) % 2 == 0, "x ", describe(x), " has an odd head dim");
-  op.require(0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ", x.size(2),
-             "] for x ", describe(x));
-  op.require(pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
+  LLMT_OP_REQUIRE(op, x.size(3) % 2 == 0, "x ", describe(x), " has an odd head dim");
+  LLMT_OP_REQUIRE(op, 0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ",
+                  x.size(2), "] for x ", describe(x));
+  LLMT_OP_REQUIRE(op, pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
   return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
 
@@ -576,19 +587,20 @@ struct BlockDims {
 BlockDims check_block(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& q_src,
                       const Tensor& kv_src, int64_t kv0, const Tensor& q_pos, const Tensor& k_pos,
                       int64_t H, int64_t KV) {
-  op.require(H > 0 && KV > 0 && H % KV == 0, "n_head=", H, " must be a positive multiple of ",
-             "n_kv_head=", KV);
+  LLMT_OP_REQUIRE(op, H > 0 && KV > 0 && H % KV == 0, "n_head=", H,
+                  " must be a positive multiple of ", "n_kv_head=", KV);
   op.ndim("q_src", q_src, 4);
   op.ndim("kv_src", kv_src, 4);
   const BlockDims d{q_src.size(0), q_src.size(1),  kv_src.size(1),
                     q_src.size(2), kv_src.size(2), q_src.size(3)};
-  op.require(d.Wq >= H, "q_src ", describe(q_src), " holds fewer than n_head=", H, " heads");
-  op.require(kv0 >= 0 && kv0 + 2 * KV <= d.Wk, "kv_src ", describe(kv_src), " has no heads [", kv0,
-             ", ", kv0 + 2 * KV, ") for n_kv_head=", KV);
+  LLMT_OP_REQUIRE(op, d.Wq >= H, "q_src ", describe(q_src), " holds fewer than n_head=", H,
+                  " heads");
+  LLMT_OP_REQUIRE(op, kv0 >= 0 && kv0 + 2 * KV <= d.Wk, "kv_src ", describe(kv_src),
+                  " has no heads [", kv0, ", ", kv0 + 2 * KV, ") for n_kv_head=", KV);
   op.shape("kv_src", kv_src, {d.B, d.Tk, d.Wk, d.D});
   op.shape("out", out, {d.B, d.Tq, H, d.D});
   op.shape("lse", lse, {d.B, H, d.Tq});
-  op.require(q_pos.defined() && k_pos.defined(), "q_pos and k_pos are required");
+  LLMT_OP_REQUIRE(op, q_pos.defined() && k_pos.defined(), "q_pos and k_pos are required");
   return d;
 }
 
@@ -638,12 +650,13 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
   op.ndim("dst", dst, 4);
   op.ndim("src", src, 4);
   const int64_t N = dst.size(0) * dst.size(1), D = dst.size(3);
-  op.require(src.size(0) * src.size(1) == N && src.size(3) == D, "src ", describe(src), " and dst ",
-             describe(dst), " differ in rows or head dim");
-  op.require(n_heads >= 0 && dst_head >= 0 && src_head >= 0 && dst_head + n_heads <= dst.size(2) &&
-                 src_head + n_heads <= src.size(2),
-             "heads [", src_head, ", +", n_heads, ") of src ", describe(src), " -> [", dst_head,
-             ", +", n_heads, ") of dst ", describe(dst));
+  LLMT_OP_REQUIRE(op, src.size(0) * src.size(1) == N && src.size(3) == D, "src ", describe(src),
+                  " and dst ", describe(dst), " differ in rows or head dim");
+  LLMT_OP_REQUIRE(op,
+                  n_heads >= 0 && dst_head >= 0 && src_head >= 0 &&
+                      dst_head + n_heads <= dst.size(2) && src_head + n_heads <= src.size(2),
+                  "heads [", src_head, ", +", n_heads, ") of src ", describe(src), " -> [",
+                  dst_head, ", +", n_heads, ") of dst ", describe(dst));
   LLMT_KERNEL(op, copy_heads)
   (op.inout("dst", dst), dst.size(2), dst_head, op.in("src", src), src.size(2), src_head, n_heads,
    N, D);
@@ -657,7 +670,7 @@ void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool si
   op.ndim("logits", logits, 2);
   op.ndim("idx", idx, 2);
   const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1);
-  op.require(k >= 1 && k <= E, "top k=", k, " of E=", E, " experts");
+  LLMT_OP_REQUIRE(op, k >= 1 && k <= E, "top k=", k, " of E=", E, " experts");
   op.shape("scores", scores, {N, E});
   op.shape("idx", idx, {N, k});
   op.shape("weights", weights, {N, k});
@@ -673,8 +686,8 @@ void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Ten
   op.ndim("idx", idx, 2);
   op.ndim("counts", counts, 2);
   const int64_t N = idx.size(0), k = idx.size(1), E = counts.size(1);
-  op.require(seq_len >= 1 && N % seq_len == 0, N, " rows are not sequences of ", seq_len);
-  op.require(capacity >= 0, "capacity=", capacity);
+  LLMT_OP_REQUIRE(op, seq_len >= 1 && N % seq_len == 0, N, " rows are not sequences of ", seq_len);
+  LLMT_OP_REQUIRE(op, capacity >= 0, "capacity=", capacity);
   const int64_t S = N / seq_len;
   op.shape("counts", counts, {S, E});
   op.shape("offsets", offsets, {E + 1});
@@ -685,7 +698,8 @@ void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Ten
     op.ndim("rank_base", rank_base, 4);
     H = rank_base.size(3);
     op.shape("rank_base", rank_base, {S, E, k, H});
-    op.require(H >= 1 && seq_len % H == 0, "seq_len ", seq_len, " is not ", H, " equal runs");
+    LLMT_OP_REQUIRE(op, H >= 1 && seq_len % H == 0, "seq_len ", seq_len, " is not ", H,
+                    " equal runs");
   }
   LLMT_KERNEL(op, moe_dispatch)
   (op.i32_out("counts", counts), op.i32_out("offsets", offsets), op.i32_out("assign", assign),
@@ -696,8 +710,8 @@ void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Ten
 void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights) {
   Op op("moe_permute", {out, in, assign, weights});
   const auto [N, C] = rows_of(op, "in", in);
-  op.require(assign.ndim() == 1 && N > 0 && assign.size(0) % N == 0, "assign ", describe(assign),
-             " is not k rows per token of ", describe(in));
+  LLMT_OP_REQUIRE(op, assign.ndim() == 1 && N > 0 && assign.size(0) % N == 0, "assign ",
+                  describe(assign), " is not k rows per token of ", describe(in));
   const int64_t k = assign.size(0) / N;
   op.shape("out", out, {N * k, C});
   op.shape_opt("weights", weights, {N, k});
@@ -743,8 +757,9 @@ void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor i
   int64_t T = N;
   if (aux_scale != 0.0f) {
     op.ndim("counts", counts, 2);
-    op.require(counts.size(1) == E && counts.size(0) >= 1 && N % counts.size(0) == 0, "counts ",
-               describe(counts), " is not (S,E) for ", N, " rows of ", E, " experts");
+    LLMT_OP_REQUIRE(op, counts.size(1) == E && counts.size(0) >= 1 && N % counts.size(0) == 0,
+                    "counts ", describe(counts), " is not (S,E) for ", N, " rows of ", E,
+                    " experts");
     T = N / counts.size(0);
   }
   LLMT_KERNEL(op, moe_route_backward)
@@ -759,8 +774,8 @@ void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int6
   op.ndim("logits", logits, 2);
   op.ndim("counts", counts, 2);
   const int64_t N = logits.size(0), E = logits.size(1), S = counts.size(0);
-  op.require(S >= 1 && N % S == 0 && counts.size(1) == E && k >= 1, "counts ", describe(counts),
-             " is not (S,E) for ", N, " rows of ", E, " experts");
+  LLMT_OP_REQUIRE(op, S >= 1 && N % S == 0 && counts.size(1) == E && k >= 1, "counts ",
+                  describe(counts), " is not (S,E) for ", N, " rows of ", E, " experts");
   op.shape("aux", aux, {S});
   op.shape("zsq", zsq, {N});
   LLMT_KERNEL(op, moe_route_losses)
@@ -774,19 +789,20 @@ namespace {
 // indices (G values below W, or none with G = W); returns G.
 int64_t check_groups(const Op& op, std::span<const int64_t> offsets,
                      std::span<const int64_t> weight_of, int64_t W, int64_t M) {
-  op.require(!offsets.empty(), "no offsets");
+  LLMT_OP_REQUIRE(op, !offsets.empty(), "no offsets");
   const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
   if (weight_of.empty())
-    op.require(G == W, offsets.size(), " offsets for W=", W, " weights, expected W+1");
+    LLMT_OP_REQUIRE(op, G == W, offsets.size(), " offsets for W=", W, " weights, expected W+1");
   else
-    op.require(static_cast<int64_t>(weight_of.size()) == G, weight_of.size(),
-               " weight indices for ", G, " groups");
+    LLMT_OP_REQUIRE(op, static_cast<int64_t>(weight_of.size()) == G, weight_of.size(),
+                    " weight indices for ", G, " groups");
   for (int64_t g = 0; g < G; ++g) {
-    op.require(offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M, "group ", g,
-               " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M, ")");
+    LLMT_OP_REQUIRE(op, offsets[g] >= 0 && offsets[g] <= offsets[g + 1] && offsets[g + 1] <= M,
+                    "group ", g, " rows [", offsets[g], ", ", offsets[g + 1], ") outside [0, ", M,
+                    ")");
     if (!weight_of.empty())
-      op.require(weight_of[g] >= 0 && weight_of[g] < W, "group ", g, " uses weight ", weight_of[g],
-                 " of ", W);
+      LLMT_OP_REQUIRE(op, weight_of[g] >= 0 && weight_of[g] < W, "group ", g, " uses weight ",
+                      weight_of[g], " of ", W);
   }
   return G;
 }
@@ -864,9 +880,9 @@ void add_bias(Tensor x, Tensor bias) {
 void copy(Tensor dst, Tensor src) {
   Op op("copy", {dst, src}, /*mixed_devices=*/true);
   op.same_shape("dst", dst, "src", src);
-  op.require(dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
-             " differ in dtype (use convert)");
-  op.require(present(dst) && present(src), "dst and src are required");
+  LLMT_OP_REQUIRE(op, dst.dtype == src.dtype, "dst ", describe(dst), " and src ", describe(src),
+                  " differ in dtype (use convert)");
+  LLMT_OP_REQUIRE(op, present(dst) && present(src), "dst and src are required");
   op.moves(dst, 1);
   op.moves(src, 1);
   LLMT_KERNEL(op, copy_bytes)(dst.data, src.data, src.nbytes());
@@ -874,7 +890,7 @@ void copy(Tensor dst, Tensor src) {
 
 void fill_zero(Tensor x) {
   Op op("fill_zero", {x});
-  op.require(present(x), "x is required");
+  LLMT_OP_REQUIRE(op, present(x), "x is required");
   op.moves(x, 1);
   LLMT_KERNEL(op, fill_zero)(x.data, x.nbytes());
 }
@@ -887,8 +903,8 @@ void fill(Tensor x, float value) {
 namespace {
 
 void check_dropout(const Op& op, float p, int64_t global_offset) {
-  op.require(p >= 0.0f && p < 1.0f, "p=", p, " must be in [0, 1)");
-  op.require(global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
+  LLMT_OP_REQUIRE(op, p >= 0.0f && p < 1.0f, "p=", p, " must be in [0, 1)");
+  LLMT_OP_REQUIRE(op, global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
 }
 
 }  // namespace
@@ -932,7 +948,7 @@ Rows check_ce_shard(const Op& op, const Tensor& logits, const Tensor& targets,
                     int64_t vocab_start) {
   const Rows r = rows_of(op, "logits", logits);
   op.numel("targets", targets, r.N);
-  op.require(vocab_start >= 0, "vocab_start=", vocab_start, " must be >= 0");
+  LLMT_OP_REQUIRE(op, vocab_start >= 0, "vocab_start=", vocab_start, " must be >= 0");
   return r;
 }
 
@@ -942,7 +958,8 @@ void cross_entropy_shard_max(Tensor max, Tensor logits, Tensor targets, int64_t 
   Op op("cross_entropy_shard_max", {max, logits, targets});
   const auto [N, Vl] = check_ce_shard(op, logits, targets, 0);
   op.numel("max", max, N);
-  op.require(vocab_size >= Vl, "vocab_size=", vocab_size, " is smaller than the shard's ", Vl);
+  LLMT_OP_REQUIRE(op, vocab_size >= Vl, "vocab_size=", vocab_size, " is smaller than the shard's ",
+                  Vl);
   LLMT_KERNEL(op, cross_entropy_shard_max)
   (op.f32("max", max), op.in("logits", logits), op.i32("targets", targets), N, Vl, vocab_size);
 }
@@ -978,7 +995,7 @@ void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWPara
   op.same_shape("grad", grad, "param", param);
   op.same_shape("m", m, "param", param);
   op.same_shape("v", v, "param", param);
-  op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
+  LLMT_OP_REQUIRE(op, hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
   LLMT_KERNEL(op, adamw_update)
   (op.f32("param", param), op.in("grad", grad), op.f32("m", m), op.f32("v", v), param.numel(),
    hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step, hp.grad_scale);
@@ -1034,7 +1051,7 @@ void adamw_update(std::span<const AdamWTensor> ts, const AdamWParams& hp) {
   std::vector<Tensor> all;
   for (const AdamWTensor& t : ts) all.insert(all.end(), {t.param, t.grad, t.m, t.v});
   Op op("adamw_update", all);
-  op.require(hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
+  LLMT_OP_REQUIRE(op, hp.step >= 1, "step=", hp.step, " must be >= 1 (1-based)");
   std::vector<float*> param, m, v;
   std::vector<const float*> grad;
   std::vector<int64_t> numel;
@@ -1115,15 +1132,15 @@ void round_to(Tensor x, DType target) {
     case DType::f64:
       break;
   }
-  op.require(false, "cannot round to ", dtype_name(target), " (bf16, f16 or f32 only)");
+  LLMT_OP_REQUIRE(op, false, "cannot round to ", dtype_name(target), " (bf16, f16 or f32 only)");
 }
 
 void convert(Tensor dst, Tensor src) {
   Op op("convert", {dst, src});
   op.same_shape("dst", dst, "src", src);
-  op.require(present(dst) && present(src), "dst and src are required");
-  op.require(dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst), ", src ",
-             describe(src), ": only f32, bf16 and f16 convert");
+  LLMT_OP_REQUIRE(op, present(dst) && present(src), "dst and src are required");
+  LLMT_OP_REQUIRE(op, dst.dtype != DType::i32 && src.dtype != DType::i32, "dst ", describe(dst),
+                  ", src ", describe(src), ": only f32, bf16 and f16 convert");
   op.moves(dst, 1);
   op.moves(src, 1);
   LLMT_KERNEL(op, convert)(dst.data, dst.dtype, src.data, src.dtype, src.numel());
@@ -1134,13 +1151,14 @@ void convert(Tensor dst, Tensor src) {
 void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset,
                  int64_t global_row_stride) {
   Op op("init_normal", {x});
-  op.require(global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
+  LLMT_OP_REQUIRE(op, global_offset >= 0, "global_offset=", global_offset, " must be >= 0");
   int64_t W = x.numel(), stride = W;
   if (global_row_stride > 0) {
     op.ndim("x", x, 2);
     W = x.size(1);
     stride = global_row_stride;
-    op.require(W <= stride, "x is ", describe(x), ", wider than global_row_stride=", stride);
+    LLMT_OP_REQUIRE(op, W <= stride, "x is ", describe(x),
+                    ", wider than global_row_stride=", stride);
   }
   if (x.numel() == 0) return;
   LLMT_KERNEL(op, init_normal)
