@@ -766,10 +766,11 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
 }
 
 // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
-// attention blocks as far as they last; Ulysses' all-to-alls do not hide. dp: DDP's buckets and
-// ZeRO-2/3's per-micro-batch collectives overlap the backward (two thirds of a micro-batch's
-// compute) or, for ZeRO-3's gathers, the whole micro-batch; ZeRO-1's reduce-scatter and every
-// stage's final all-gather wait. (Each window times the profile's comm_overlap: 0 on CPUs, whose
+// attention blocks as far as they last; Ulysses' all-to-alls do not hide. dp: DDP's buckets,
+// ZeRO-1's reduce-scatters (each unit's started as the last micro-batch's backward completes it,
+// ZeroSequence) and ZeRO-2/3's per-micro-batch collectives overlap the backward (two thirds of a
+// micro-batch's compute and other ops) or, for ZeRO-3's gathers, the whole micro-batch; stages
+// 1-2's all-gather of the updated weights (Zero::step, before the next forward) waits. (Each window times the profile's comm_overlap: 0 on CPUs, whose
 // MPI transfers hide behind nothing.) The optimizer: AdamW reads the parameter, gradient and
 // both moments and writes three (4 bytes each) of what the rank owns, and refreshes the 16-bit
 // copy of what it holds; Muon's elementwise work moves about as much (momentum, update, rows,
@@ -796,7 +797,8 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
       dp_s = std::max(0.0, g.all_reduce / j.bw_dp - bwd_s);
       break;
     case 1:
-      dp_s = rs_s + ag_s;
+      // Zero reduces each unit as the last micro-batch's backward finishes it, as DDP does.
+      dp_s = std::max(0.0, rs_s - bwd_s) + ag_s;
       break;
     case 2:
       dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;

@@ -216,6 +216,28 @@ TEST(CostModel, BandwidthFollowsTheNode) {
                    std::max(0.0, ddp_s - (d.compute_s + d.other_ops_s) / dp8.micro_batches * 2 / 3));
 }
 
+// ZeRO-1 reduces each unit as the last micro-batch's backward completes it (ZeroSequence), so its
+// reduce-scatter hides behind that backward as DDP's all-reduce does; the all-gather of the
+// updated weights (Zero::step) waits. Where the profile's collectives hide behind nothing
+// (comm_overlap = 0, the cpu profile) both are exposed.
+TEST(CostModel, ZeroOneReduceScatterHidesBehindTheLastBackward) {
+  for (const double overlap : {1.0, 0.0}) {
+    const HardwareProfile hw =
+        parse_hardware(concat(kGpu, "comm_overlap = ", overlap, "\n"), "gpu", 1);
+    const StepCost c = predict_step(
+        tiny({"parallel.tp=2", "parallel.dp=4", "parallel.zero_stage=1",
+              "train.micro_batch_size=1"}),
+        8, hw);
+    const StageCost& s = c.stages[0];
+    const AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
+    ASSERT_GT(g.reduce_scatter, 0);
+    const double bwd = overlap * (s.compute_s + s.other_ops_s) / c.micro_batches * 2 / 3;
+    EXPECT_DOUBLE_EQ(s.comm_s[static_cast<int>(Axis::dp)],
+                     std::max(0.0, g.reduce_scatter / 10e9 - bwd) + g.all_gather / 10e9)
+        << overlap;
+  }
+}
+
 // Expert parallelism's dispatch and combine all-to-alls (their bytes counted with dp) are timed,
 // all exposed, on every micro-batch's path, at the bandwidth of the ep group's span (tp x ep
 // ranks): within the 4-device node at ep 4, across nodes under tp 2 x ep 4.
