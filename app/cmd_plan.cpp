@@ -114,8 +114,8 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
   };
   print_lines([](const StageCost& s) {
     return concat("activations ", static_cast<long long>(s.memory.activations), " (", s.in_flight,
-                  " in flight), comm ", static_cast<long long>(s.memory.comm), "; total ",
-                  gib(s.memory.total()));
+                  " in flight), comm ", static_cast<long long>(s.memory.comm), "; peak ",
+                  gib(s.peak), " (the categories' peaks add up to ", gib(s.memory.total()), ")");
   });
   std::printf("bytes per step per rank, as the communicators count them:\n");
   print_lines([](const StageCost& s) {
@@ -142,11 +142,10 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
       "optimizer %s\n",
       w.rank, seconds(w.compute_s).c_str(), w.flops, pct(hw.matmul_efficiency).c_str(), c.peak,
       seconds(w.other_ops_s).c_str(), w.other_ops_bytes, hw.memory_bandwidth, largest.c_str(),
-      w.rounding_bytes > 0
-          ? concat("; not charged: 16-bit rounding passes, ",
-                   seconds(w.rounding_bytes / hw.memory_bandwidth))
-                .c_str()
-          : "",
+      w.rounding_bytes > 0 ? concat("; not charged: 16-bit rounding passes, ",
+                                    seconds(w.rounding_bytes / hw.memory_bandwidth))
+                                 .c_str()
+                           : "",
       seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(), seconds(w.comm_s[3]).c_str(),
       seconds(w.ep_s).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
       seconds(w.optimizer_s).c_str());
@@ -178,7 +177,7 @@ void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& s
         ", \"in_flight\": ", st.in_flight, ", \"memory\": {\"params\": ", num(st.memory.params),
         ", \"grads\": ", num(st.memory.grads), ", \"optimizer\": ", num(st.memory.optimizer),
         ", \"activations\": ", num(st.memory.activations), ", \"comm\": ", num(st.memory.comm),
-        "}, \"bytes\": {");
+        ", \"peak\": ", num(st.peak), "}, \"bytes\": {");
     for (int a = 0; a < kNumAxes; ++a) {
       const AxisBytes& b = st.bytes[a];
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": {\"all_reduce\": ", num(b.all_reduce),
@@ -300,7 +299,7 @@ Run add_plan_command(CLI::App& app) {
           char nums[160];
           std::snprintf(nums, sizeof nums, "\"step_s\": %.17g, \"mfu\": %.17g, \"memory\": %.17g",
                         c.cost.step_s, c.cost.mfu,
-                        c.cost.stages[static_cast<size_t>(c.cost.most_memory)].memory.total());
+                        c.cost.stages[static_cast<size_t>(c.cost.most_memory)].peak);
           j += concat(i ? ", " : "", "{\"layout\": \"", layout_text(c.cfg, args->world),
                       "\", \"sets\": [", sets, "], ", nums, "}");
         }
@@ -318,8 +317,8 @@ Run add_plan_command(CLI::App& app) {
         const Candidate& c = r.ranked[i];
         const StageCost& m = c.cost.stages[static_cast<size_t>(c.cost.most_memory)];
         std::printf("  %2zu. step %s, MFU %s, memory %s: %s\n", i + 1,
-                    seconds(c.cost.step_s).c_str(), pct(c.cost.mfu).c_str(),
-                    gib(m.memory.total()).c_str(), layout_text(c.cfg, args->world).c_str());
+                    seconds(c.cost.step_s).c_str(), pct(c.cost.mfu).c_str(), gib(m.peak).c_str(),
+                    layout_text(c.cfg, args->world).c_str());
       }
       if (r.ranked.empty())
         throw ConfigError(concat("no layout of ", args->config, " fits ", hw.name, " at world ",

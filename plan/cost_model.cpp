@@ -110,8 +110,8 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
       }
       for (int c = v - 1; c >= 0; --c) {
         model.backward_chunk(
-            c, 0, model.chunk_has_head(c) ? Tensor() : grad.tensor(model.activation_shape(),
-                                                                    DType::f32),
+            c, 0,
+            model.chunk_has_head(c) ? Tensor() : grad.tensor(model.activation_shape(), DType::f32),
             tokens, ctx);
         model.free_chunk(c, 0);
       }
@@ -207,12 +207,21 @@ class ZeroReplay final : public ZeroSequence {
         staged_(units_.size(), 0) {}
 
   double peak() const { return peak_; }
+  // The peak of ZeRO's buffers together with what hold() adds (the activations).
+  double peak_with_held() const { return peak_all_; }
+  void hold(double b) {
+    held_ += b;
+    peak_all_ = std::max(peak_all_, live_ + held_);
+  }
   double gather_bytes() const { return gathers_; }
   double gather_bytes_tp() const { return gathers_tp_; }
 
  private:
   const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
-  void take(double b) { peak_ = std::max(peak_, live_ += b); }
+  void take(double b) {
+    peak_ = std::max(peak_, live_ += b);
+    peak_all_ = std::max(peak_all_, live_ + held_);
+  }
   void give(double b) { live_ -= b; }
   bool holds(int k) const override { return at(k).whole > 0; }
   bool staged(int k) const override { return staged_[k] != 0; }
@@ -256,6 +265,7 @@ class ZeroReplay final : public ZeroSequence {
   std::vector<char> gathered_, gathering_, staged_;
   std::deque<int> reducing_;
   double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0;
+  double held_ = 0, peak_all_ = 0;
 };
 
 // Drives a ZeroReplay through one step of pipeline rank `pr` as the trainer and the pipeline
@@ -265,7 +275,7 @@ class ZeroReplay final : public ZeroSequence {
 // pp); `chunk_layers[c]`: chunk c's global layers.
 void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
                  const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
-                 bool root_params, int64_t L) {
+                 bool root_params, int64_t L, const RankActivations& act) {
   const int v = static_cast<int>(chunk_layers.size());
   const auto forward = [&](int c) {
     if (c == 0 && embedding) z.on_before_forward(0);
@@ -283,11 +293,15 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
     for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
     if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
   };
+  // The activations: a micro-batch's saved set from before its forward's hooks (chunk_input)
+  // to after its (weight) backward's (free_chunk), a zero-bubble stash from backward_input.
   if (!actions) {
     for (int mb = 0; mb < micro_batches; ++mb) {
       z.on_start_micro_batch(mb + 1 == micro_batches);
+      z.hold(act.per_mb);
       forward(0);
       backward(0);
+      z.hold(-act.per_mb);
     }
   } else {
     std::vector<int> last_mb(static_cast<size_t>(v), -1);
@@ -295,10 +309,15 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
         last_mb[static_cast<size_t>(a.chunk)] = a.mb;
     for (const Action& a : *actions) {
-      if (a.kind == ActionKind::forward) forward(a.chunk);
+      if (a.kind == ActionKind::forward) {
+        z.hold(act.per_mb);
+        forward(a.chunk);
+      }
+      if (a.kind == ActionKind::backward_input) z.hold(act.stash_mb);
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
         z.on_start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
         backward(a.chunk);
+        z.hold(-act.per_mb - (a.kind == ActionKind::backward_weight ? act.stash_mb : 0.0));
       }
     }
   }
@@ -591,7 +610,8 @@ struct DpCost {
   AxisBytes dp;          // over dp x cp (DDP's all-reduce, ZeRO's collectives, Muon's rows)
   AxisBytes on_tp;       // counted with tp: routed parameters when dp x cp is one rank; Muon's
   double zero_peak = 0;  // ZeRO's comm buffers at their peak
-  double whole = 0;      // parameters the rank holds
+  double zero_and_activations_peak = 0;   // with the activations live at each moment
+  double whole = 0;                       // parameters the rank holds
   double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
   double muon_flops = 0;                  // Newton-Schulz
 };
@@ -602,7 +622,8 @@ struct DpCost {
 // stacks do all of it over the edp group (group / ep ranks) instead; MoE under tp reduces the
 // routed parameters (router, expert stacks) over their groups times tp (ModelSpec::row_group),
 // counted with dp (with tp when dp x cp is one rank: the group is then the tp axis's own).
-DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
+DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
+               const RankActivations& act) {
   DpCost out;
   const ParallelConfig& par = j.par;
   const int tp = j.tp, ep = j.ep, group = j.group;
@@ -673,12 +694,16 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r) {
         out.on_tp.all_gather += (tp - 1.0) / tp * 4 * static_cast<double>(mm.whole.numel());
     }
   }
-  // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak.
-  ZeroReplay zero(static_cast<int>(par.zero_stage), zero_units);
-  if (par.zero_stage >= 1)
-    replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
-                r.chunk_layers, r.e > 0, r.h > 0, zero_units[0].whole > 0, j.mc.n_layers);
+  // Zero's hooks over this rank's step: stage 3's all-gathers and ZeRO's comm buffer peak, and
+  // with the activations the step holds at each moment (without ZeRO: no unit, the activations
+  // alone).
+  ZeroReplay zero(static_cast<int>(par.zero_stage),
+                  par.zero_stage >= 1 ? zero_units : std::vector<ZeroUnitBytes>(zero_units.size()));
+  replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
+              r.chunk_layers, r.e > 0, r.h > 0, par.zero_stage >= 1 && zero_units[0].whole > 0,
+              j.mc.n_layers, act);
   out.zero_peak = zero.peak();
+  out.zero_and_activations_peak = zero.peak_with_held();
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;
   const double m = j.m;
@@ -734,14 +759,12 @@ double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
 
 // Memory: the exact state, the in-flight activations and the buffers.
 void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r, const DpCost& dc,
-                 ActivationCache* cache, StageCost& s) {
+                 const RankActivations& act, StageCost& s) {
   s.memory = rank_state_bytes(rs, j.par.zero_stage, j.group, 0, j.sixteen, j.cfg.optimizer.type,
                               static_cast<int>(dtype_size(grad_dtype(j.cfg.train))));
   s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.
-  const RankActivations act =
-      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), cache);
   double held = s.in_flight * act.per_mb;
   if (j.p > 1 && j.par.pp_schedule == PipeSchedule::zb_h1)
     held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
@@ -763,6 +786,10 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
                       j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim,
                       compute_dtype(j.cfg.train.precision)));
   s.memory.comm = comm;
+  // The concurrent peak: the activations and ZeRO's buffers as the step's replay holds them
+  // together, beside what is held all step.
+  s.peak = s.memory.params + s.memory.grads + s.memory.optimizer + act.scratch +
+           (comm - dc.zero_peak) + dc.zero_and_activations_peak;
 }
 
 // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
@@ -770,12 +797,12 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
 // ZeRO-1's reduce-scatters (each unit's started as the last micro-batch's backward completes it,
 // ZeroSequence) and ZeRO-2/3's per-micro-batch collectives overlap the backward (two thirds of a
 // micro-batch's compute and other ops) or, for ZeRO-3's gathers, the whole micro-batch; stages
-// 1-2's all-gather of the updated weights (Zero::step, before the next forward) waits. (Each window times the profile's comm_overlap: 0 on CPUs, whose
-// MPI transfers hide behind nothing.) The optimizer: AdamW reads the parameter, gradient and
-// both moments and writes three (4 bytes each) of what the rank owns, and refreshes the 16-bit
-// copy of what it holds; Muon's elementwise work moves about as much (momentum, update, rows,
-// weights: 7 passes of 4 bytes), its Newton-Schulz GEMMs run at the matmul rate, and its
-// all-gathers wait.
+// 1-2's all-gather of the updated weights (Zero::step, before the next forward) waits. (Each window
+// times the profile's comm_overlap: 0 on CPUs, whose MPI transfers hide behind nothing.) The
+// optimizer: AdamW reads the parameter, gradient and both moments and writes three (4 bytes each)
+// of what the rank owns, and refreshes the 16-bit copy of what it holds; Muon's elementwise work
+// moves about as much (momentum, update, rows, weights: 7 passes of 4 bytes), its Newton-Schulz
+// GEMMs run at the matmul rate, and its all-gathers wait.
 void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& s) {
   const auto bw = [&](Axis a) { return j.bw[static_cast<int>(a)]; };
   const AxisBytes &q = s.bytes[static_cast<int>(Axis::pp)],
@@ -834,14 +861,16 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   t = tp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
-  const DpCost dc = dp_cost(j, pr, rs, r);
+  const RankActivations act =
+      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), cache);
+  const DpCost dc = dp_cost(j, pr, rs, r, act);
   AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
   g = dc.dp;
   t.all_reduce += dc.on_tp.all_reduce;
   t.reduce_scatter += dc.on_tp.reduce_scatter;
   t.all_gather += dc.on_tp.all_gather;
   g.all_to_all += ep_all_to_all_bytes(j, r);
-  rank_memory(j, pr, rs, r, dc, cache, s);
+  rank_memory(j, pr, rs, r, dc, act, s);
   stage_time(j, r, dc, s);
   return s;
 }
@@ -874,9 +903,9 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
     out.hardware_flops += s.recompute_flops * j.tp * j.cp * j.dp;
     if (s.step_s > out.stages[static_cast<size_t>(out.slowest)].step_s)
       out.slowest = static_cast<int>(i);
-    if (s.memory.total() > out.stages[static_cast<size_t>(out.most_memory)].memory.total())
+    if (s.peak > out.stages[static_cast<size_t>(out.most_memory)].peak)
       out.most_memory = static_cast<int>(i);
-    if (s.memory.total() > kUsableMemoryFraction * hw.memory_bytes) out.fits = false;
+    if (s.peak > kUsableMemoryFraction * hw.memory_bytes) out.fits = false;
   }
   out.step_s = out.stages[static_cast<size_t>(out.slowest)].step_s;
   out.tokens_per_s = j.tokens / out.step_s;

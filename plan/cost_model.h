@@ -41,6 +41,12 @@ struct StageCost {
   std::array<AxisBytes, kNumAxes> bytes{};  // by Axis
   // Training state exactly (rank_state_bytes), activations and comm buffers estimated.
   MemoryEstimate memory;
+  // The concurrent peak (what `fits` is judged by): the state, the model's scratch and the
+  // buffers held all step, and the largest sum of activations and ZeRO's buffers live at one
+  // moment of a replay of the step's allocations in order (forward and backward of each
+  // micro-batch, or the pipeline schedule's actions, through Zero's hooks). memory.total(), the
+  // sum of each category's peak, is at least this.
+  double peak = 0;
   int in_flight = 1;  // micro-batches (interleaved: (micro-batch, chunk) pairs) held at the peak
   // Seconds of a step: compute, the exposed communication of each axis (tp and the pp sends on
   // the critical path; cp ring transfers hidden behind attention; dp/ZeRO behind backward as far
@@ -72,8 +78,8 @@ struct StepCost {
   double peak = 0;                // FLOP/s of one device at the config's precision
   std::vector<StageCost> stages;  // one per pp rank
   int slowest = 0;                // index into stages
-  int most_memory = 0;            // index into stages
-  bool fits = true;               // every stage's memory within the device's
+  int most_memory = 0;            // index into stages: the highest concurrent peak
+  bool fits = true;               // every stage's concurrent peak within the device's
 };
 
 // The axis a group of consecutive-in-mesh-order ranks lives on decides its bandwidth: a group
@@ -89,7 +95,7 @@ struct RankActivations {
   // matmuls' and attention's, and every other op's (norms, activations, rotary, residual adds,
   // the loss, MoE's routing and permutations, conversions).
   double matmul_bytes_mb = 0, other_bytes_mb = 0;
-  double rounding_bytes_mb = 0;  // round_to's passes (ops::OpTally): not charged
+  double rounding_bytes_mb = 0;               // round_to's passes (ops::OpTally): not charged
   std::map<std::string, double> other_by_op;  // other_bytes_mb by op name
 };
 // The RankActivations of the layouts costed so far, for one model config (a search costs

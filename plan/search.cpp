@@ -143,8 +143,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   // overrides in text order: the ranking is the same on every run of the same config and profile.
   auto better = [](const Candidate& a, const Candidate& b) {
     if (a.cost.step_s != b.cost.step_s) return a.cost.step_s < b.cost.step_s;
-    const double ma = a.cost.stages[static_cast<size_t>(a.cost.most_memory)].memory.total(),
-                 mb = b.cost.stages[static_cast<size_t>(b.cost.most_memory)].memory.total();
+    const double ma = a.cost.stages[static_cast<size_t>(a.cost.most_memory)].peak,
+                 mb = b.cost.stages[static_cast<size_t>(b.cost.most_memory)].peak;
     if (ma != mb) return ma < mb;
     return a.sets < b.sets;
   };

@@ -13,7 +13,11 @@ tp, tp+sp, pp schedules, cp ring and Ulysses, recompute, 16-bit), rank 0 after t
 - activations: plan's figure (the blocks' saved tensors at the schedule's peak in-flight
   micro-batches, plus the model's scratch) within 2% of the allocator's peak;
 - comm buffers: plan's estimate within 2% of the allocator's peak on every layout (ZeRO's from
-  the same replay: gathered copies, gradient staging, reduce-scatters)."""
+  the same replay: gathered copies, gradient staging, reduce-scatters);
+- the concurrent peak (plan's `peak`: the activations and ZeRO's buffers held together at each
+  moment of the same replay, beside the state and the fixed buffers) within 1% of the
+  allocator's peak of all categories at once (ep with ZeRO: 15%, see below), where the sum of
+  the categories' peaks is 1.05-1.07x on pp x ZeRO-1."""
 import json
 import re
 
@@ -131,6 +135,7 @@ MUON_MOE_LAYOUTS = ["zero3-dp3", "ep2-zero3-dp4", "tp2-sp-dp2-zero3", "ep2-tp2-s
 DENSE_LAYOUTS = [n for n in LAYOUTS
                  if n not in ("full", "selective", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]
+PEAK_BOUND, PEAK_BOUND_EP_ZERO = 0.01, 0.15
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]
 
 
@@ -186,6 +191,20 @@ def main():
             print(f"{name}: {k} estimated {est:.0f} B, allocated {got} B (x{ratio:.3f})")
             if bound is not None and abs(ratio - 1) > bound:
                 failures.append(f"{name}: {k} estimated {est:.0f} B, allocated {got} B")
+        # The concurrent peak: a replay of the step's allocations (activations and ZeRO's
+        # buffers together) against the allocator's peak of all categories at once.
+        mem = stage["memory"]
+        summed = sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "comm"))
+        ratio = mem["peak"] / peak["total"]
+        print(f"{name}: concurrent peak planned {mem['peak']:.0f} B, allocated {peak['total']} B "
+              f"(x{ratio:.3f}; the categories' peaks summed x{summed / peak['total']:.3f})")
+        # Under ep with ZeRO the replay holds each MoE layer's received rows (EpRows) until the
+        # micro-batch's backward ends, where the run frees them layer by layer, before ZeRO's
+        # last reductions: plan errs high there (x1.07-1.12 measured).
+        bound = PEAK_BOUND_EP_ZERO if "ep2" in name and "zero" in name else PEAK_BOUND
+        if abs(ratio - 1) > bound:
+            failures.append(f"{name}: concurrent peak planned {mem['peak']:.0f} B, allocated "
+                            f"{peak['total']} B")
         comm = last.get("comm_bytes", {})
         planned_bytes = stage["bytes"]
         merged = "dp" not in comm and "cp" in comm
