@@ -129,7 +129,7 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
 // rows its rank receives for its experts (ep_rows_specs, R k rows at balanced routing) from its
 // forward to its backward, and for a moment in its backward their input gradients.
 RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
-                                 const MeshShape& mesh, int64_t moe_layers,
+                                 const MeshShape& mesh, int64_t moe_layers, bool count_ops,
                                  ActivationCache* cache) {
   const ParallelConfig& par = cfg.parallel;
   std::string key;
@@ -143,7 +143,7 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
                  " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, " ",
                  static_cast<int>(cfg.train.precision), static_cast<int>(grad_dtype(cfg.train)),
-                 " ", rank_spec.has_embedding, rank_spec.has_head);
+                 " ", rank_spec.has_embedding, rank_spec.has_head, count_ops);
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;
@@ -168,13 +168,16 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     const int64_t N = cfg.train.micro_batch_size * cfg.model.seq_len / cp;
     const int64_t routed =
         (cfg.parallel.sequence_parallel && tp > 1 ? N / tp : N) * cfg.model.moe.top_k;
-    out.per_mb += static_cast<double>(moe_layers) *
-                  static_cast<double>(spec_bytes(ep_rows_specs(rank_spec, routed)));
+    out.ep_rows = static_cast<double>(
+        spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
+    out.ep_rows_mb = static_cast<double>(moe_layers) * out.ep_rows / chunks;
+    out.per_mb += static_cast<double>(moe_layers) * out.ep_rows;
     out.scratch += static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
   }
   out.per_mb /= chunks;
-  record_step(*model, alloc, Shape({cfg.train.micro_batch_size, cfg.model.seq_len / cp}),
-              mesh.size(Axis::pp) > 1, out);
+  if (count_ops)
+    record_step(*model, alloc, Shape({cfg.train.micro_batch_size, cfg.model.seq_len / cp}),
+                mesh.size(Axis::pp) > 1, out);
   if (cache) cache->by_layout.emplace(key, out);
   return out;
 }
@@ -275,33 +278,40 @@ class ZeroReplay final : public ZeroSequence {
 // pp); `chunk_layers[c]`: chunk c's global layers.
 void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
                  const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
-                 bool root_params, int64_t L, const RankActivations& act) {
+                 bool root_params, int64_t L, const MoeConfig& moe, const RankActivations& act) {
   const int v = static_cast<int>(chunk_layers.size());
+  // The activations: a micro-batch's saved set from before its forward's hooks (chunk_input)
+  // to after its (weight) backward's (free_chunk), a zero-bubble stash from backward_input;
+  // under ep each MoE layer's received rows from its forward to its (weight) backward.
+  const auto ep_rows = [&](int64_t l) { return act.ep_rows > 0 && moe.layer(l); };
+  const double saved = act.per_mb - act.ep_rows_mb;
   const auto forward = [&](int c) {
+    z.hold(saved);
     if (c == 0 && embedding) z.on_before_forward(0);
-    for (int64_t l : chunk_layers[static_cast<size_t>(c)])
+    for (int64_t l : chunk_layers[static_cast<size_t>(c)]) {
       z.on_before_forward(static_cast<int>(l) + 1);
+      if (ep_rows(l)) z.hold(act.ep_rows);
+    }
     if (c + 1 == v && head) z.on_before_forward(static_cast<int>(L) + 1);
   };
   const auto backward = [&](int c) {
+    // (The rows go in the layer's weight backward, before its after-hook starts a reduction.)
     const auto pair = [&](int64_t block) {
       z.on_before_backward(static_cast<int>(block));
+      if (block >= 1 && block <= L && ep_rows(block - 1)) z.hold(-act.ep_rows);
       z.on_after_backward(static_cast<int>(block));
     };
     if (c + 1 == v && head) pair(L + 1);
     const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
     for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
     if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
+    z.hold(-saved);
   };
-  // The activations: a micro-batch's saved set from before its forward's hooks (chunk_input)
-  // to after its (weight) backward's (free_chunk), a zero-bubble stash from backward_input.
   if (!actions) {
     for (int mb = 0; mb < micro_batches; ++mb) {
       z.on_start_micro_batch(mb + 1 == micro_batches);
-      z.hold(act.per_mb);
       forward(0);
       backward(0);
-      z.hold(-act.per_mb);
     }
   } else {
     std::vector<int> last_mb(static_cast<size_t>(v), -1);
@@ -309,15 +319,12 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
         last_mb[static_cast<size_t>(a.chunk)] = a.mb;
     for (const Action& a : *actions) {
-      if (a.kind == ActionKind::forward) {
-        z.hold(act.per_mb);
-        forward(a.chunk);
-      }
+      if (a.kind == ActionKind::forward) forward(a.chunk);
       if (a.kind == ActionKind::backward_input) z.hold(act.stash_mb);
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
         z.on_start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
         backward(a.chunk);
-        z.hold(-act.per_mb - (a.kind == ActionKind::backward_weight ? act.stash_mb : 0.0));
+        if (a.kind == ActionKind::backward_weight) z.hold(-act.stash_mb);
       }
     }
   }
@@ -332,8 +339,9 @@ bool within_node(const HardwareProfile& hw, int span) {
 // costs: the mesh, the micro-batches, the shapes of a rank's blocks, the schedule, FLOPs per
 // token and each axis's bandwidth.
 struct Job {
-  Job(const Config& c, int world, const HardwareProfile& h)
-      : cfg(c),
+  Job(const Config& c, int world, const HardwareProfile& h, bool ops)
+      : count_ops(ops),
+        cfg(c),
         hw(h),
         par(c.parallel),
         spec(ModelSpec::from_config(c.model)),
@@ -357,6 +365,7 @@ struct Job {
     derive();
   }
 
+  const bool count_ops;  // run each rank's model for its other ops' bytes (record_step)
   const Config& cfg;
   const HardwareProfile& hw;
   const ParallelConfig& par;
@@ -701,7 +710,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
                   par.zero_stage >= 1 ? zero_units : std::vector<ZeroUnitBytes>(zero_units.size()));
   replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
               r.chunk_layers, r.e > 0, r.h > 0, par.zero_stage >= 1 && zero_units[0].whole > 0,
-              j.mc.n_layers, act);
+              j.mc.n_layers, j.mc.moe, act);
   out.zero_peak = zero.peak();
   out.zero_and_activations_peak = zero.peak_with_held();
   AxisBytes& g = out.dp;
@@ -746,15 +755,16 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
 
 // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
 // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts and
-// of those received, at balanced routing (each a fraction (ep-1)/ep of the N k); a full-
+// of those received, at balanced routing (each a fraction (ep-1)/ep of the N k): the rows and the
+// experts' outputs in the compute type (16 bits in bf16/fp16), their gradients in fp32; a full-
 // recompute replay of an MoE layer brings the experts' outputs back once more (one crossing;
 // MoeMlp::ep_forward). All-to-all bytes.
 double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
   if (j.ep == 1) return 0;
-  const double ep = j.ep;
-  const double crossing = j.d.R * j.d.k * (ep - 1.0) / ep * j.C * 4;  // of the rank's R rows
-  return j.m * r.moe_layers * (4 * crossing + (ep - 1.0) * (j.d.E / ep) * 4) +
-         j.m * r.moe_replays * crossing;
+  const double ep = j.ep, act = j.sixteen ? 2 : 4;
+  const double rows = j.d.R * j.d.k * (ep - 1.0) / ep * j.C;  // of the rank's R rows, elements
+  return j.m * r.moe_layers * (2 * act * rows + 2 * 4 * rows + (ep - 1.0) * (j.d.E / ep) * 4) +
+         j.m * r.moe_replays * act * rows;
 }
 
 // Memory: the exact state, the in-flight activations and the buffers.
@@ -862,7 +872,7 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
   const RankActivations act =
-      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), cache);
+      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), j.count_ops, cache);
   const DpCost dc = dp_cost(j, pr, rs, r, act);
   AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
   g = dc.dp;
@@ -878,9 +888,9 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
 }  // namespace
 
 StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
-                      ActivationCache* cache) {
+                      ActivationCache* cache, bool count_ops) {
   validate_layout(cfg, world);
-  const Job j(cfg, world, hw);
+  const Job j(cfg, world, hw, count_ops);
   StepCost out;
   out.world = world;
   out.micro_batches = j.m;
@@ -919,7 +929,8 @@ std::vector<MemoryEstimate> stage_memory(const Config& cfg, int world) {
   any.peak_fp32 = any.peak_bf16 = any.peak_fp16 = 1;
   any.memory_bandwidth = any.intra_node_bandwidth = any.inter_node_bandwidth = 1;
   std::vector<MemoryEstimate> out;
-  for (const StageCost& s : predict_step(cfg, world, any).stages) out.push_back(s.memory);
+  for (const StageCost& s : predict_step(cfg, world, any, nullptr, /*count_ops=*/false).stages)
+    out.push_back(s.memory);
   return out;
 }
 

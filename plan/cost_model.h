@@ -90,6 +90,9 @@ struct RankActivations {
   double per_mb = 0;    // one micro-batch's saved set, the average of the rank's chunks
   double stash_mb = 0;  // one micro-batch's zero-bubble stash (of chunk 0)
   double scratch = 0;   // shared by every micro-batch
+  // Under ep: one MoE layer's received rows for one micro-batch (MoeMlp::EpRows, included in
+  // per_mb), held from the layer's forward to its weight backward, and per_mb's share of them.
+  double ep_rows = 0, ep_rows_mb = 0;
   // The bytes the rank's ops move in one micro-batch's forward and backward of all its chunks
   // (recompute included), counted by running them on the meta device (ops::Recording): the
   // matmuls' and attention's, and every other op's (norms, activations, rotary, residual adds,
@@ -104,8 +107,10 @@ struct RankActivations {
 struct ActivationCache {
   std::map<std::string, RankActivations> by_layout;
 };
+// count_ops false: the other ops' bytes are not counted (their time is 0): for what needs only
+// the memory (stage_memory), so a run's memory check never runs a model step.
 StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
-                      ActivationCache* cache = nullptr);
+                      ActivationCache* cache = nullptr, bool count_ops = true);
 
 // Each pipeline rank's memory as predict_step reports it (the state exactly, activations and comm
 // buffers estimated), indexed by pp coordinate; it does not depend on the hardware. Builds the

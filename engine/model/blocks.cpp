@@ -335,10 +335,14 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
   }
 }
 
-std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R) {
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute) {
   const int64_t C = spec.cfg.d_model, Fe = spec.cfg.moe.d_ff_expert, Fe1 = spec.expert_fc1_out;
-  return {{"xr", {R, C}}, {"hr", {R, Fe1}}, {"gr", {R, Fe}},
-          {"er", {R, C}}, {"d_er", {R, C}}, {"dh_r", {R, Fe1}}};
+  return {{"xr", {R, C}, false, compute},
+          {"hr", {R, Fe1}, false, compute},
+          {"gr", {R, Fe}, false, compute},
+          {"er", {R, C}, false, compute},
+          {"d_er", {R, C}},
+          {"dh_r", {R, Fe1}}};
 }
 
 int64_t ep_count_bytes(const ModelSpec& spec) {
@@ -352,12 +356,15 @@ std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R) {
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
-  std::vector<TensorSpec> out{{"logits", {N, E_}},   {"idx", {N, k_}},
-                              {"weights", {N, k_}},  {"counts", {rows_.segments, E_}},
-                              {"offsets", {E_ + 1}}, {"assign", {M}},
-                              {"slot", {N, k_}},     {"xp", {M, C}},
-                              {"h", {Mh, Fe1_}},     {"g", {Mh, Fe_}},
-                              {"eo", {M, C}}};
+  // The routed rows, the experts' fc1 outputs, activations and outputs in the compute type (each
+  // written by one op, which rounds it once); the router's tensors f32.
+  const DType t = env_.tp.compute;
+  std::vector<TensorSpec> out{{"logits", {N, E_}},         {"idx", {N, k_}},
+                              {"weights", {N, k_}},        {"counts", {rows_.segments, E_}},
+                              {"offsets", {E_ + 1}},       {"assign", {M}},
+                              {"slot", {N, k_}},           {"xp", {M, C}, false, t},
+                              {"h", {Mh, Fe1_}, false, t}, {"g", {Mh, Fe_}, false, t},
+                              {"eo", {M, C}, false, t}};
   if (shared_)
     for (const TensorSpec& t : shared_->saved()) out.push_back(t);
   return out;
@@ -431,7 +438,7 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
         env_.moe_stats.ep_rows +=
             (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
-  const std::vector<TensorSpec> specs = ep_rows_specs(env_.spec, R);
+  const std::vector<TensorSpec> specs = ep_rows_specs(env_.spec, R, env_.tp.compute);
   const size_t bytes = spec_bytes(specs);
   r.buf = env_.alloc.allocate(bytes, MemCategory::activations);
   TensorLayout lay(r.buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));

@@ -267,10 +267,11 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 
 // Expert parallelism's memory of an MoE layer of `spec` for the R rows its rank receives for
 // its experts in one micro-batch: what the forward keeps for the backward (MoeMlp::EpRows: the
-// rows xr (R,C), their fc1 output hr (R,Fe1), activation gr (R,Fe) and output er (R,C), the
-// gradients d_er (R,C) and dh_r (R,Fe1)), and what the backward adds for a moment (fc2's and
-// fc1's input gradients dgr (R,Fe), dxr (R,C)). R depends on the routing (R k at balance).
-std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R);
+// rows xr (R,C), their fc1 output hr (R,Fe1), activation gr (R,Fe) and output er (R,C), stored
+// in the compute type `compute` (16 bits in bf16/fp16, and sent so), the gradients d_er (R,C)
+// and dh_r (R,Fe1), f32), and what the backward adds for a moment (fc2's and fc1's input
+// gradients dgr (R,Fe), dxr (R,C), f32). R depends on the routing (R k at balance).
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute);
 std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R);
 // The counts an MoE layer exchanges over its ep group before the rows: rows per (peer, local
 // expert) sent and the same received, E int32 each (MemCategory::comm, for the exchange only).

@@ -148,6 +148,7 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   LLMT_CHECK(u_ >= 1 && p % u_ == 0, "context parallelism: the all-to-all group of ", u_,
              " ranks does not divide cp = ", p);
   r_ = p / u_;
+  ring_rank_ = rank / u_;
   LLMT_CHECK(H % u_ == 0 && KV % u_ == 0, cp_impl_name(cp_.impl), ": this rank's ", H,
              " query and ", KV, " kv heads are not divisible by the all-to-all group of ", u_,
              " ranks");
@@ -266,7 +267,7 @@ void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv) {
   // The blocks merge in fp32; a 16-bit output is stored once, merged.
   const Tensor out = out_to.dtype == DType::f32 ? out_to : merged_;
   Communicator& comm = *ring_;
-  const int p = comm.size(), j = comm.rank();
+  const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
   ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   for (int i = 0; i < p; ++i) {
@@ -298,7 +299,7 @@ void ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tensor 
     return;
   }
   Communicator& comm = *ring_;
-  const int p = comm.size(), j = comm.rank();
+  const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
   ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   ops::fill_zero(dkv_[0]);
@@ -345,7 +346,7 @@ Tensor staging(const Tensor& buf, DType t) {
 
 void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
   Communicator& comm = *uly_;
-  const int p = comm.size();
+  const int p = u_;
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_;
@@ -372,7 +373,7 @@ void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
 
 void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
   Communicator& comm = *uly_;
-  const int p = comm.size();
+  const int p = u_;
   const int64_t W = seq.size(2), w = W / p;
   const HeadGroups g = groups_of(W, H_, KV_);
   const int64_t block = B_ * Tl_ * w * D_, chunk = Tl_ * w * D_;

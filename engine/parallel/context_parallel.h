@@ -126,6 +126,8 @@ class ContextParallelAttention final : public AttentionCore {
   Communicator* uly_ = nullptr;  // the all-to-all group: u ranks (null when u = 1)
   int64_t B_, T_, Tl_, H_, KV_, D_;
   int u_ = 1, r_ = 1;      // Ulysses and ring degrees, u * r = cp
+  int ring_rank_ = 0;      // this rank's in the ring (cp rank / u); groups' shapes from u and r,
+                           // which a model built for counting knows without its split groups
   int64_t Tg_, Hg_, KVg_;  // what the ring attends: u*Tl positions of H/u and KV/u heads
   DType compute_;
   SequenceShard shard_;
