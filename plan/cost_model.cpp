@@ -127,7 +127,8 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
 // (make_rank_model), built on the meta device with groups of the mesh's shape, so the bytes are
 // counted by the code that allocates them. Under ep each MoE layer adds, per micro-batch, the
 // rows its rank receives for its experts (ep_rows_specs, R k rows at balanced routing) from its
-// forward to its backward, and for a moment in its backward their input gradients.
+// forward to its backward, their gradients from its input backward to its weight backward, and
+// for a moment in its backward their input gradients.
 RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                                  const MeshShape& mesh, int64_t moe_layers, bool count_ops,
                                  ActivationCache* cache) {
@@ -172,7 +173,15 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
         spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
     out.ep_rows_mb = static_cast<double>(moe_layers) * out.ep_rows / chunks;
     out.per_mb += static_cast<double>(moe_layers) * out.ep_rows;
-    out.scratch += static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
+    out.ep_transient = static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
+    // The gradients the weight half reads: one layer's for a moment under back-to-back
+    // backwards, every MoE layer's from input half to weight half under a zero-bubble schedule.
+    const double grads = static_cast<double>(spec_bytes(ep_grad_specs(rank_spec, routed)));
+    if (mesh.size(Axis::pp) > 1 && cfg.parallel.pp_schedule == PipeSchedule::zb_h1)
+      out.stash_mb += static_cast<double>(moe_layers) * grads;
+    else
+      out.ep_transient += grads;
+    out.scratch += out.ep_transient;
   }
   out.per_mb /= chunks;
   if (count_ops)
@@ -298,7 +307,10 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
     // (The rows go in the layer's weight backward, before its after-hook starts a reduction.)
     const auto pair = [&](int64_t block) {
       z.on_before_backward(static_cast<int>(block));
-      if (block >= 1 && block <= L && ep_rows(block - 1)) z.hold(-act.ep_rows);
+      if (block >= 1 && block <= L && ep_rows(block - 1)) {
+        z.hold(act.ep_transient);
+        z.hold(-act.ep_transient - act.ep_rows);
+      }
       z.on_after_backward(static_cast<int>(block));
     };
     if (c + 1 == v && head) pair(L + 1);
@@ -798,8 +810,8 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   s.memory.comm = comm;
   // The concurrent peak: the activations and ZeRO's buffers as the step's replay holds them
   // together, beside what is held all step.
-  s.peak = s.memory.params + s.memory.grads + s.memory.optimizer + act.scratch +
-           (comm - dc.zero_peak) + dc.zero_and_activations_peak;
+  s.peak = s.memory.params + s.memory.grads + s.memory.optimizer +
+           (act.scratch - act.ep_transient) + (comm - dc.zero_peak) + dc.zero_and_activations_peak;
 }
 
 // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the

@@ -340,9 +340,11 @@ std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType co
   return {{"xr", {R, C}, false, compute},
           {"hr", {R, Fe1}, false, compute},
           {"gr", {R, Fe}, false, compute},
-          {"er", {R, C}, false, compute},
-          {"d_er", {R, C}},
-          {"dh_r", {R, Fe1}}};
+          {"er", {R, C}, false, compute}};
+}
+
+std::vector<TensorSpec> ep_grad_specs(const ModelSpec& spec, int64_t R) {
+  return {{"d_er", {R, spec.cfg.d_model}}, {"dh_r", {R, spec.expert_fc1_out}}};
 }
 
 int64_t ep_count_bytes(const ModelSpec& spec) {
@@ -447,8 +449,6 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   r.hr = t[1];
   r.gr = t[2];
   r.er = t[3];
-  r.d_er = t[4];
-  r.dh_r = t[5];
   // The rows to the experts' ranks, the experts (grouped by peer and local expert), and back.
   ep.all_to_allv(r.xr, r.recv, xp, r.send).wait();
   ops::grouped_linear_forward(r.hr, r.xr, env_.w(fc1_w_), r.groups, r.weight_of);
@@ -622,6 +622,16 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
     EpRows& r = ep_rows_.at(env_.scratch.layer_input);
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
+    // The gradients the weight half reads, kept with the rows until backward_weight.
+    {
+      const std::vector<TensorSpec> specs = ep_grad_specs(env_.spec, R);
+      const size_t bytes = spec_bytes(specs);
+      r.grad_buf = env_.alloc.allocate(bytes, MemCategory::activations);
+      TensorLayout lay(r.grad_buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
+      const std::vector<Tensor> g = lay.take_all(specs);
+      r.d_er = g[0];
+      r.dh_r = g[1];
+    }
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
     const std::vector<TensorSpec> specs = ep_backward_specs(env_.spec, R);
     const size_t bytes = spec_bytes(specs);

@@ -268,10 +268,13 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 // Expert parallelism's memory of an MoE layer of `spec` for the R rows its rank receives for
 // its experts in one micro-batch: what the forward keeps for the backward (MoeMlp::EpRows: the
 // rows xr (R,C), their fc1 output hr (R,Fe1), activation gr (R,Fe) and output er (R,C), stored
-// in the compute type `compute` (16 bits in bf16/fp16, and sent so), the gradients d_er (R,C)
-// and dh_r (R,Fe1), f32), and what the backward adds for a moment (fc2's and fc1's input
-// gradients dgr (R,Fe), dxr (R,C), f32). R depends on the routing (R k at balance).
+// in the compute type `compute`, 16 bits in bf16/fp16, and sent so); the gradients the weight
+// backward reads, from the input backward on (d_er (R,C), dh_r (R,Fe1), f32: a moment under
+// back-to-back backwards, input half to weight half under zero-bubble schedules); and what the
+// input backward adds for a moment (fc2's and fc1's input gradients dgr (R,Fe), dxr (R,C), f32).
+// R depends on the routing (R k at balance).
 std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute);
+std::vector<TensorSpec> ep_grad_specs(const ModelSpec& spec, int64_t R);
 std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R);
 // The counts an MoE layer exchanges over its ep group before the rows: rows per (peer, local
 // expert) sent and the same received, E int32 each (MemCategory::comm, for the exchange only).
@@ -317,7 +320,7 @@ class MoeMlp final : public Branch {
   // forward to backward_weight, by the layer's input (scratch.layer_input). A full-recompute
   // replay of the layer finds them and only returns the outputs again.
   struct EpRows {
-    Buffer buf;
+    Buffer buf, grad_buf;  // xr, hr, gr, er from the forward; d_er, dh_r from backward_input
     std::vector<int64_t> send, recv;         // elements per peer: to it, from it (rows x C)
     std::vector<int64_t> groups, weight_of;  // grouped GEMM row runs (peer, local expert)
     Tensor xr, hr, gr, er, d_er, dh_r;       // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
