@@ -136,7 +136,7 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
   std::string key;
   if (cache) {
     // What the rank's model depends on beyond the model config: its part of the model and the
-    // shapes of its micro-batch and groups.
+    // shapes of its micro-batch and groups (and whether ep's gradients are a zero-bubble stash).
     std::string layers;
     for (const auto& [b, e] : rank_spec.chunks) layers += concat(b, "-", e, ",");
     key = concat(layers, rank_spec.tp_rank, "/", rank_spec.tp_size, " ep ", rank_spec.ep_rank, "/",
@@ -144,7 +144,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
                  " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, " ",
                  static_cast<int>(cfg.train.precision), static_cast<int>(grad_dtype(cfg.train)),
-                 " ", rank_spec.has_embedding, rank_spec.has_head, count_ops);
+                 " ", rank_spec.has_embedding, rank_spec.has_head, count_ops, " zb ",
+                 mesh.size(Axis::pp) > 1 && par.pp_schedule == PipeSchedule::zb_h1);
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;

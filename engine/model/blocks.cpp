@@ -17,6 +17,19 @@ size_t spec_bytes(const std::vector<TensorSpec>& specs) {
   return count.bytes();
 }
 
+namespace {
+
+// `specs` laid out in a fresh buffer of `category` (into `buf`), their tensors in order.
+std::vector<Tensor> allocate_specs(Allocator& alloc, const std::vector<TensorSpec>& specs,
+                                   MemCategory category, Buffer& buf) {
+  const size_t bytes = spec_bytes(specs);
+  buf = alloc.allocate(bytes, category);
+  TensorLayout lay(buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
+  return lay.take_all(specs);
+}
+
+}  // namespace
+
 Tensor TensorLayout::take(Shape s, DType t) {
   const size_t used = static_cast<size_t>(s.numel()) * dtype_size(t);
   Tensor out;
@@ -440,11 +453,8 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
         env_.moe_stats.ep_rows +=
             (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
-  const std::vector<TensorSpec> specs = ep_rows_specs(env_.spec, R, env_.tp.compute);
-  const size_t bytes = spec_bytes(specs);
-  r.buf = env_.alloc.allocate(bytes, MemCategory::activations);
-  TensorLayout lay(r.buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
-  const std::vector<Tensor> t = lay.take_all(specs);
+  const std::vector<Tensor> t = allocate_specs(
+      env_.alloc, ep_rows_specs(env_.spec, R, env_.tp.compute), MemCategory::activations, r.buf);
   r.xr = t[0];
   r.hr = t[1];
   r.gr = t[2];
@@ -623,21 +633,14 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
     // The gradients the weight half reads, kept with the rows until backward_weight.
-    {
-      const std::vector<TensorSpec> specs = ep_grad_specs(env_.spec, R);
-      const size_t bytes = spec_bytes(specs);
-      r.grad_buf = env_.alloc.allocate(bytes, MemCategory::activations);
-      TensorLayout lay(r.grad_buf.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
-      const std::vector<Tensor> g = lay.take_all(specs);
-      r.d_er = g[0];
-      r.dh_r = g[1];
-    }
+    const std::vector<Tensor> g = allocate_specs(env_.alloc, ep_grad_specs(env_.spec, R),
+                                                 MemCategory::activations, r.grad_buf);
+    r.d_er = g[0];
+    r.dh_r = g[1];
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
-    const std::vector<TensorSpec> specs = ep_backward_specs(env_.spec, R);
-    const size_t bytes = spec_bytes(specs);
-    Buffer tmp = env_.alloc.allocate(bytes, MemCategory::activations);
-    TensorLayout lay(tmp.tensor({static_cast<int64_t>(bytes / 4)}, DType::f32));
-    const std::vector<Tensor> t = lay.take_all(specs);
+    Buffer tmp;
+    const std::vector<Tensor> t =
+        allocate_specs(env_.alloc, ep_backward_specs(env_.spec, R), MemCategory::activations, tmp);
     const Tensor dgr = t[0], dxr = t[1];
     ops::grouped_linear_backward(dgr, Tensor(), r.d_er, Tensor(), env_.w(fc2_w_), r.groups,
                                  r.weight_of);

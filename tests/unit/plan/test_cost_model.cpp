@@ -263,6 +263,30 @@ TEST(CostModel, ConcurrentPeakReplaysTheStep) {
   EXPECT_LT(c.stages[0].peak, c.stages[0].memory.total());
 }
 
+// A search shares each rank model's figures between layouts (ActivationCache); a layout costed
+// after others that share its rank model gives what it gives alone, also where the schedule
+// changes what the model holds (under ep with ZB-H1 the received rows' gradients are a stash).
+TEST(CostModel, CachedFiguresAreTheLayoutsOwn) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.top_k=2",
+                                     "model.moe.d_ff_expert=64", "train.micro_batch_size=1",
+                                     "parallel.pp=2", "parallel.ep=2", "parallel.dp=2"};
+  auto with = [&](const std::string& schedule) {
+    std::vector<std::string> sets = moe;
+    sets.push_back("parallel.pp_schedule=\"" + schedule + "\"");
+    return tiny(sets);
+  };
+  ActivationCache cache;
+  predict_step(with("1f1b"), 4, hw, &cache);
+  const StepCost cached = predict_step(with("zb-h1"), 4, hw, &cache);
+  const StepCost alone = predict_step(with("zb-h1"), 4, hw);
+  for (size_t i = 0; i < alone.stages.size(); ++i) {
+    EXPECT_DOUBLE_EQ(cached.stages[i].peak, alone.stages[i].peak) << i;
+    EXPECT_DOUBLE_EQ(cached.stages[i].memory.activations, alone.stages[i].memory.activations) << i;
+    EXPECT_DOUBLE_EQ(cached.stages[i].step_s, alone.stages[i].step_s) << i;
+  }
+}
+
 // Expert parallelism's dispatch and combine all-to-alls (their bytes counted with dp) are timed,
 // all exposed, on every micro-batch's path, at the bandwidth of the ep group's span (tp x ep
 // ranks): within the 4-device node at ep 4, across nodes under tp 2 x ep 4.
