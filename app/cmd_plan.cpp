@@ -275,8 +275,18 @@ Run add_plan_command(CLI::App& app) {
     const Config cfg = parse_config(args->config, args->overrides);
     // What the flags leave unsaid, the config's [plan] says (a paper config: the hardware and
     // world size it was trained on).
-    if (args->hardware.empty())
+    if (args->hardware.empty()) {
       args->hardware = cfg.plan.hardware.empty() ? "cpu" : cfg.plan.hardware;
+      // A profile the config's [plan] names is refused naming that key, not a flag never given.
+      if (!cfg.plan.hardware.empty()) {
+        try {
+          load_hardware(args->hardware, 1);
+        } catch (const ConfigError& e) {
+          throw ConfigError(concat("plan.hardware = \"", cfg.plan.hardware, "\" (", args->config,
+                                   "): ", e.what()));
+        }
+      }
+    }
     if (args->world <= 0 && cfg.plan.world > 0) args->world = static_cast<int>(cfg.plan.world);
     if (args->search) {
       if (args->world <= 0) throw ConfigError("plan --search needs --world N");

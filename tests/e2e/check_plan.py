@@ -155,6 +155,9 @@ def main():
     out = plan(args, schedule=False, extra=["--hardware", "h100"], expect_rc=2)
     check("--hardware h100: no such profile" in out and "h100-80gb-sxm" in out,
           "--hardware h100: exit 2 naming the built-in profiles")
+    out = plan(args, 'plan.hardware="h100"', schedule=False, expect_rc=2)
+    check('plan.hardware = "h100"' in out and "no such profile" in out and "h100-80gb-sxm" in out,
+          "[plan] hardware = \"h100\": exit 2 naming the key and the built-in profiles")
     papers = pathlib.Path(args.config).resolve().parent / "papers"
     frag = pathlib.Path(args.workdir).resolve() / "best.toml"
     proc = subprocess.run([args.llmtrain, "plan", "--config", str(papers / "gpt2-1558m.toml"),
