@@ -142,9 +142,10 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     key = concat(layers, rank_spec.tp_rank, "/", rank_spec.tp_size, " ep ", rank_spec.ep_rank, "/",
                  rank_spec.ep_size, " sp ", par.sequence_parallel, " cp ", mesh.size(Axis::cp),
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
-                 " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, " ",
-                 static_cast<int>(cfg.train.precision), static_cast<int>(grad_dtype(cfg.train)),
-                 " ", rank_spec.has_embedding, rank_spec.has_head, count_ops, " zb ",
+                 " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers,
+                 cfg.train.distribute_saved_activations, " ", static_cast<int>(cfg.train.precision),
+                 static_cast<int>(grad_dtype(cfg.train)), " ", rank_spec.has_embedding,
+                 rank_spec.has_head, count_ops, " zb ",
                  mesh.size(Axis::pp) > 1 && par.pp_schedule == PipeSchedule::zb_h1);
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
@@ -371,6 +372,7 @@ struct Job {
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
         sixteen(c.train.precision != Precision::fp32),
+        distribute(c.train.distribute_saved_activations),
         grad_bytes(static_cast<double>(dtype_size(grad_dtype(c.train)))),
         rc(c.train.recompute),
         shape{p, v, m},
@@ -390,6 +392,7 @@ struct Job {
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
+  const bool distribute;    // train.distribute_saved_activations: 1/tp of replayed inputs
   const double grad_bytes;  // 4, or 2 with train.grad_dtype = "compute" in 16-bit
   const Recompute rc;
   const ScheduleShape shape;
@@ -491,20 +494,75 @@ struct RankLayers {
   bool moe = false;
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
-  // Layers replayed per micro-batch under full recompute: each runs its forward's tp
-  // collectives again (two all-reduces, or two all-gathers and two reduce-scatters under SP).
-  double full_replays = 0;
+  // Layers replayed per micro-batch under full recompute (replayed_layers): each runs its
+  // forward's tp collectives again (two all-reduces, or two all-gathers and two reduce-scatters
+  // under SP); under distributed saved inputs each gathers its input, as does each forward of a
+  // chunk that receives its input (input_gathers).
+  double full_replays = 0, input_gathers = 0;
   std::vector<std::vector<int64_t>> chunk_layers;  // global layers of each chunk
   int boundaries = 0, boundaries_back = 0;         // chunk ends that send forward; that send back
 };
+
+// Full recompute: which layers replay their forward in backward, as Layer::full_set decides it
+// over this rank's actions in order (no pp: each micro-batch's forward, then its backward). The
+// model's replay set holds the last fully recomputed layer a forward or a replay ran (its
+// scratch.replay_of); a layer's backward (input or weight half) replays unless the set holds its
+// own micro-batch. Under distributed saved inputs the forward forgets it wherever it writes the
+// residual stream whole for a consumer that saves or sends a part (Transformer::forward_layers).
+// Per micro-batch: r.full_replays and r.moe_replays, and r.input_gathers.
+void replayed_layers(const Job& j, int pr, RankLayers& r) {
+  const int64_t k_full = j.cfg.train.recompute_layers;
+  auto full = [&](int64_t k) { return k_full == 0 || k < k_full; };
+  std::pair<int64_t, int> last{-1, -1};  // (global layer, micro-batch)
+  double replays = 0, moe = 0, gathers = 0;
+  auto forward = [&](int c, int mb) {
+    const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
+    const int64_t n = static_cast<int64_t>(ls.size());
+    const bool head = c + 1 == j.v && pr + 1 == j.p, embedding = c == 0 && pr == 0;
+    auto part = [&](int64_t k) { return j.distribute && (k < n ? full(k) : !head); };
+    if (part(0)) last = {-1, -1};
+    if (part(0) && !embedding) ++gathers;
+    for (int64_t k = 0; k < n; ++k) {
+      if (part(k + 1)) last = {-1, -1};
+      if (full(k)) last = {ls[static_cast<size_t>(k)], mb};
+    }
+  };
+  auto backward = [&](int c, int mb) {
+    const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
+    for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k) {
+      if (!full(k)) continue;
+      const std::pair<int64_t, int> mine{ls[static_cast<size_t>(k)], mb};
+      if (last != mine) {
+        ++replays;
+        moe += j.mc.moe.layer(mine.first);
+      }
+      last = mine;
+    }
+  };
+  if (j.p == 1) {
+    for (int mb = 0; mb < j.m; ++mb) {
+      forward(0, mb);
+      backward(0, mb);
+    }
+  } else {
+    for (const Action& a : j.schedule.ranks[static_cast<size_t>(pr)]) {
+      if (a.kind == ActionKind::forward) forward(a.chunk, a.mb);
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input ||
+          a.kind == ActionKind::backward_weight)
+        backward(a.chunk, a.mb);
+    }
+  }
+  r.full_replays = replays / j.m;
+  r.moe_replays = moe / j.m;
+  r.input_gathers = gathers / j.m;
+}
 
 RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   RankLayers r;
   r.e = rs.has_embedding ? 1 : 0;
   r.h = rs.has_head ? 1 : 0;
   r.chunk_layers.resize(static_cast<size_t>(j.v));
-  int64_t layers = 0, recomputed = 0;
-  double unreplayed_last = 0;
+  int64_t layers = 0;
   for (int c = 0; c < j.v; ++c) {
     const int st = stage_of(j.shape, pr, c);
     if (j.p > 1) {
@@ -523,22 +581,12 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
                       (j.cfg.train.recompute_layers == 0 || k < j.cfg.train.recompute_layers);
       r.moe = r.moe || is_moe;
       r.moe_layers += is_moe;
-      recomputed += re;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
-      const bool replayed = re && j.rc == Recompute::full;
-      r.moe_replays += is_moe && replayed;
-      // Without pp the last layer's forward leaves its replay set valid for its backward, which
-      // then runs no replay (Layer::full_set); under pp other micro-batches' forwards come
-      // between, so every recomputed layer is counted.
-      if (replayed && j.p == 1 && k == n - 1) {
-        unreplayed_last = 1;
-        r.moe_replays -= is_moe;
-      }
     }
   }
   r.L = static_cast<double>(layers);
-  r.full_replays = j.rc == Recompute::full ? static_cast<double>(recomputed) - unreplayed_last : 0;
+  if (j.rc == Recompute::full) replayed_layers(j, pr, r);
   return r;
 }
 
@@ -572,6 +620,10 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
   const double m = j.m, f = j.f_tp, E = j.E, L = r.L;
   if (!j.sp) {
     t.all_reduce = m * 2 * f * (E * (4 * L + 2 * r.full_replays + r.e + r.h) + r.h * 4 * 3 * j.d.N);
+    // Distributed saved inputs: each replay gathers its layer's input, and each chunk that
+    // receives its input (1/tp of it) gathers it before its forward; in the compute type.
+    if (j.distribute)
+      t.all_gather = m * f * E * (j.sixteen ? 0.5 : 1.0) * (r.full_replays + r.input_gathers);
     return t;
   }
   // An MoE layer without shared experts routes its own rows: its MLP has no collective
@@ -615,7 +667,9 @@ AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
 AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes q;
   if (j.p == 1) return q;
-  const double act = j.sixteen ? 2 : 4, fwd = r.boundaries - r.boundaries_back,
+  // A chunk's output is sent as 1/tp of it under distributed saved inputs (PTD-P's scatter/gather).
+  const double act = (j.sixteen ? 2 : 4) / (j.distribute ? j.tp : 1.0),
+               fwd = r.boundaries - r.boundaries_back,
                back = r.boundaries_back;  // chunk ends sending forward; chunk starts sending back
   q.send = j.m * j.d.R * j.C * (act * fwd + 4 * back);
   q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);

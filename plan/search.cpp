@@ -157,6 +157,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       std::vector<std::string> all = overrides;
       all.insert(all.end(), sets.begin(), sets.end());
       all.push_back("parallel.zero_stage=0");
+      all.push_back("train.distribute_saved_activations=false");  // chosen per candidate below
       shaped = parse_config(path, all);
     } catch (const ConfigError&) {
       continue;  // a rule of [model] or [parallel] refuses this shape
@@ -170,13 +171,18 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
         for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
-          for (int rc = 0; rc < 3; ++rc) {
+          // Recompute none, selective, full, and full with its inputs distributed over tp
+          // (tp > 1 without SP).
+          for (int rc = 0; rc < 4; ++rc) {
+            const bool distribute = rc == 3;
+            if (distribute && (s.tp == 1 || s.sp)) continue;
             Candidate c{sets, shaped, {}};
             c.cfg.parallel.ep = ep;
             c.cfg.parallel.zero_stage = zero;
             c.cfg.train.micro_batch_size = mbs;
-            c.cfg.train.recompute = static_cast<Recompute>(rc);
+            c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
             c.cfg.train.recompute_layers = 0;
+            c.cfg.train.distribute_saved_activations = distribute;
             try {
               c.cost = predict_step(c.cfg, world, hw, &activations);
             } catch (const ConfigError&) {
@@ -188,8 +194,11 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             c.sets.push_back(concat("parallel.ep=", ep));
             c.sets.push_back(concat("parallel.zero_stage=", zero));
             c.sets.push_back(concat("train.micro_batch_size=", mbs));
-            c.sets.push_back(concat("train.recompute=\"", kRecompute[rc], "\""));
+            c.sets.push_back(concat("train.recompute=\"",
+                                    kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));
             c.sets.push_back("train.recompute_layers=0");
+            c.sets.push_back(
+                concat("train.distribute_saved_activations=", distribute ? "true" : "false"));
             out.ranked.push_back(std::move(c));
             if (out.ranked.size() > 4 * keep + 64) {
               std::sort(out.ranked.begin(), out.ranked.end(), better);
@@ -232,6 +241,7 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");
+  if (c.cfg.train.distribute_saved_activations) s += "distribute_saved_activations = true\n";
   return s;
 }
 

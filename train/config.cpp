@@ -192,6 +192,7 @@ const std::vector<Section>& sections() {
                     .add("eval_iters", &T::eval_iters)
                     .add("recompute", &T::recompute, kRecomputeNames)
                     .add("recompute_layers", &T::recompute_layers)
+                    .add("distribute_saved_activations", &T::distribute_saved_activations)
                     .add("on_nonfinite", &T::on_nonfinite, kOnNonfiniteNames)
                     .add("max_skipped_steps", &T::max_skipped_steps)
                     .add("time_limit", &T::time_limit)
@@ -352,6 +353,25 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               concat("train.recompute_layers=", t.recompute_layers,
                      " chooses layers to recompute, but train.recompute=\"none\"; set "
                      "train.recompute to \"selective\" or \"full\", or recompute_layers to 0"));
+  }
+
+  if (t.distribute_saved_activations) {
+    const ParallelConfig& p = c.parallel;
+    r.require(t.recompute == Recompute::full,
+              {"train.distribute_saved_activations", "train.recompute"},
+              "train.distribute_saved_activations splits the input a fully recomputed layer "
+              "saves over tp, but train.recompute is not \"full\": set it to \"full\", or "
+              "distribute_saved_activations to false");
+    r.require(p.tp > 1 && !p.sequence_parallel,
+              {"train.distribute_saved_activations", "parallel.tp", "parallel.sequence_parallel"},
+              concat("train.distribute_saved_activations splits what every tp rank saves alike, "
+                     "which needs parallel.tp > 1 without sequence parallelism (tp=",
+                     p.tp, ", sequence_parallel=", p.sequence_parallel ? "true" : "false",
+                     "; under sequence parallelism each rank already saves 1/tp of the rows)"));
+    r.require(std::find(p.pp_layers.begin(), p.pp_layers.end(), int64_t{0}) == p.pp_layers.end(),
+              {"train.distribute_saved_activations", "parallel.pp_layers"},
+              "train.distribute_saved_activations needs a layer on every pipeline stage "
+              "(parallel.pp_layers has a 0): a stage's first layer saves the part it receives");
   }
 
   r.at_least<int64_t>("train.max_skipped_steps", t.max_skipped_steps, 0, " (0 = never stop)");

@@ -45,6 +45,10 @@ struct TrainConfig {
   int64_t eval_iters = 10;                // global batches of the valid split per validation
   Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
   int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
+  // Full recompute under tp without sequence parallelism: each tp rank saves 1/tp of a recomputed
+  // layer's input and pipeline stages send 1/tp of their output (Megatron's
+  // distribute-saved-activations and PTD-P's scatter/gather); docs/model.md.
+  bool distribute_saved_activations = false;
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   // Stop (exit 1) after this many skipped steps in a row (fp16 overflow, on_nonfinite = "skip");
   // 0 = never.

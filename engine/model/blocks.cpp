@@ -722,10 +722,12 @@ std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer) {
 
 }  // namespace
 
-Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay)
+Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay,
+             bool distributed)
     : env_(env),
       layer_(layer),
       recompute_(recompute),
+      distributed_(distributed),
       replay_(replay),
       norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
@@ -745,6 +747,10 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
   st_end_ = st_n1_ + norm_1_.stash().size();
   LLMT_CHECK(recompute_ != Recompute::full || replay_.size() == end_, "layer ", layer,
              ": the replay set has ", replay_.size(), " tensors, full recompute needs ", end_);
+  LLMT_CHECK(!distributed_ || (recompute_ == Recompute::full && env_.tp.parallel() &&
+                               !env_.tp.sp() && env_.scratch.whole[0].defined()),
+             "layer ", layer, ": distributed saved inputs need full recompute under tp without ",
+             "sequence parallelism, and the model's whole-input scratch");
 }
 
 std::vector<TensorSpec> Layer::full_saved() const {
@@ -761,8 +767,9 @@ std::vector<TensorSpec> Layer::full_saved() const {
 }
 
 std::vector<TensorSpec> Layer::saved() const {
-  if (recompute_ == Recompute::full)
-    return {{"res_in", {env_.tp.R, env_.spec.cfg.d_model}, false, env_.tp.compute}};
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  if (distributed_) return {{"res_in", {R * C / env_.tp.tp.size()}, false, env_.tp.compute}};
+  if (recompute_ == Recompute::full) return {{"res_in", {R, C}, false, env_.tp.compute}};
   return full_saved();
 }
 
@@ -822,7 +829,6 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
 
 void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx) {
   const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
-  env_.scratch.layer_input = res_in.data;
   norm_1_.forward(f.subspan(n1_, attn_ - n1_), a, res_in);
   Tensor y = attn_block_.forward(f.subspan(attn_, n2_ - attn_), a);
   residual(res_mid, res_in, y, 0, ctx);
@@ -831,22 +837,33 @@ void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext
   residual(out, res_mid, y, 1, ctx);
 }
 
-void Layer::forward(std::span<const Tensor> s, Tensor out, const StepContext& ctx) {
+void Layer::forward(std::span<const Tensor> s, Tensor in, Tensor out, const StepContext& ctx) {
+  LLMT_CHECK(distributed_ ? in.data != s[0].data && in.numel() == s[0].numel() * env_.tp.tp.size()
+                          : in.data == s[0].data,
+             "layer ", layer_, ": the forward's input must be ",
+             distributed_ ? "the whole of its saved part" : "its saved res_in");
+  // The layer's per-micro-batch state is keyed by its saved input (whole or this rank's part).
+  env_.scratch.layer_input = s[0].data;
   if (recompute_ != Recompute::full) {
     run_forward(s, out, ctx);
     return;
   }
   // The forward of a fully recomputed layer runs in the replay set, which then holds its
   // activations until another layer uses it.
-  replay_[0] = s[0];
+  replay_[0] = in;
   run_forward(replay_, out, ctx);
   env_.scratch.replay_of = s[0].data;
 }
 
 std::span<const Tensor> Layer::full_set(std::span<const Tensor> s, const StepContext& ctx) {
+  env_.scratch.layer_input = s[0].data;
   if (recompute_ != Recompute::full) return s;
-  replay_[0] = s[0];
   if (env_.scratch.replay_of != s[0].data) {
+    replay_[0] = s[0];
+    if (distributed_) {
+      replay_[0] = env_.scratch.whole[0];
+      tp::gather_1d(*env_.tp.tp.comm, replay_[0], s[0]);
+    }
     env_.moe_stats.replaying = true;
     run_forward(replay_, env_.scratch.replay_out, ctx);
     env_.moe_stats.replaying = false;
@@ -859,7 +876,6 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
                            bool then_weight) {
   const BlockScratch& sc = env_.scratch;
   const std::span<const Tensor> f = full_set(s, ctx);
-  env_.scratch.layer_input = f[0].data;
   const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
   Stash st_mlp = st.part(st_mlp_, st_n2_ - st_mlp_), st_n2 = st.part(st_n2_, st_attn_ - st_n2_);
   Stash st_attn = st.part(st_attn_, st_n1_ - st_attn_), st_n1 = st.part(st_n1_, st_end_ - st_n1_);
@@ -884,7 +900,6 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 
 void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
   const std::span<const Tensor> f = full_set(s, ctx);
-  env_.scratch.layer_input = f[0].data;
   mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_),
                               f[3]);
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,9 @@ struct BlockScratch {
   Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
   Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
   Tensor stash;               // the non-view stash entries of a back-to-back backward
+  // Distributed saved inputs (Layer::distributed): the residual stream in full, (R,C) in the
+  // compute type; the forward passes it between two, a replay gathers its input into [0].
+  std::array<Tensor, 2> whole;
   // Mixture-of-experts layers (MoeMlp): router scores (N,E), the branch output y (N,C), the input
   // gradient dx and the router's part dx_router (N,C), the routing weights' gradient dw (N,k),
   // the experts' gradients d_g (M,Fe) and d_xp (M,C), per-sequence aux (S) and per-token z (N).
@@ -350,18 +354,24 @@ class MoeMlp final : public Branch {
 // res_mid + dropout(mlp(norm_2(res_mid))); the dropout mask keyed by (layer, site, step, global
 // element index), so a replay draws the same mask. Its saved tensors are [res_in, a, res_mid, m]
 // (a, m: the norms' outputs) then each block's; under full recompute only res_in, the rest
-// replayed into `replay` (one layer's full set, the model's scratch) in backward.
+// replayed into `replay` (one layer's full set, the model's scratch) in backward. `distributed`
+// (full recompute under tp without SP, train.distribute_saved_activations): res_in, the same on
+// every tp rank, is saved as this rank's 1/tp of its elements (tp::split_1d) and gathered over tp
+// before the replay, into scratch.whole[0] (Megatron's distribute-saved-activations).
 class Layer {
  public:
-  Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay);
+  Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay,
+        bool distributed = false);
   int64_t index() const { return layer_; }
   Recompute recompute() const { return recompute_; }
+  bool distributed() const { return distributed_; }
   std::vector<TensorSpec> saved() const;
   std::vector<TensorSpec> stash() const;
   // The full saved set of this layer's shapes (what full recompute replays into).
   std::vector<TensorSpec> full_saved() const;
-  // out (R,C) = layer(s[0] = res_in).
-  void forward(std::span<const Tensor> s, Tensor out, const StepContext& ctx);
+  // out (R,C) = layer(in (R,C)); in is s[0] (res_in), or for a distributed layer the whole
+  // input, of which s[0] holds this rank's part (the caller's split).
+  void forward(std::span<const Tensor> s, Tensor in, Tensor out, const StepContext& ctx);
   // scratch.d_res (R,C): on entry the gradient of the layer's output, on return of its input.
   // With `then_weight` every block's backward_weight follows its backward_input at once (and
   // `st` need not persist); otherwise backward_weight(s, st) runs later (zero-bubble).
@@ -385,6 +395,7 @@ class Layer {
   const BlockEnv& env_;
   int64_t layer_;
   Recompute recompute_;
+  bool distributed_;
   std::span<Tensor> replay_;
   Norm norm_1_, norm_2_;
   Attention attn_block_;

@@ -116,6 +116,17 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       modes.push_back(recompute.layers == 0 || j < recompute.layers ? recompute.mode
                                                                     : Recompute::none);
   const bool any_core = std::count(modes.begin(), modes.end(), Recompute::selective) > 0;
+  distribute_ = recompute.distribute;
+  LLMT_CHECK(!distribute_ || (recompute.mode == Recompute::full && p > 1 && !tp_.sp() &&
+                              decode_len == 0 && (R * C) % p == 0),
+             "distributed saved activations need full recompute under tp > 1 without sequence "
+             "parallelism, and no decoding (tp=",
+             p, tp_.sp() ? " with sp" : "",
+             recompute.mode == Recompute::full ? ", full recompute" : ", not full recompute",
+             decode_len > 0 ? ", decoding" : "", ")");
+  for (int c = 0; c < num_chunks(); ++c)
+    LLMT_CHECK(!distribute_ || chunk_layers(c) > 0, "distributed saved activations: model chunk ",
+               c, " has no layers (its input and output would be the same tensor)");
   // The layers' shapes: one kind for dense layers and one for mixture-of-experts layers
   // (LayerKind), each with its full saved set, whether a layer of it recomputes fully, and its
   // stash.
@@ -202,6 +213,8 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       for (const Tensor& t : lay.take_all({f.begin() + 1, f.end()})) set.push_back(t);
     }
     if (full_of[0] || full_of[1]) sc.replay_out = lay.take({R, C});
+    if (distribute_)
+      for (Tensor& w : sc.whole) w = lay.take({R, C}, compute_);
     recompute_scratch_bytes_ = lay.bytes() - before;
   };
   TensorLayout count;
@@ -226,7 +239,8 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     std::vector<Tensor>& replay = replay_sets_[cfg.moe.layer(layers_[j]) ? 1 : 0];
     layer_blocks_.push_back(std::make_unique<Layer>(
         env_, layers_[j], modes[j],
-        modes[j] == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>()));
+        modes[j] == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(),
+        distribute_ && modes[j] == Recompute::full));
   }
   if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums);
 
@@ -252,7 +266,10 @@ void Transformer::carve_acts(TensorLayout& lay, Acts& a, int chunk) const {
   a.layers.clear();
   for (int64_t j = chunk_first_[chunk]; j < chunk_first_[chunk + 1]; ++j)
     a.layers.push_back(lay.take_all(layer_blocks_[static_cast<size_t>(j)]->saved()));
-  a.out = lay.take({tp_.R, spec_.cfg.d_model}, compute_);  // the next layer's res_in
+  // The next layer's res_in: (R,C), or this rank's part of it (R*C/tp) where it is sent to a
+  // stage that saves only that.
+  const int64_t R = tp_.R, C = spec_.cfg.d_model;
+  a.out = lay.take(out_distributed(chunk) ? Shape{R * C / tp_.tp.size()} : Shape{R, C}, compute_);
   if (chunk_has_head(chunk)) a.head = lay.take_all(head_->saved());
 }
 
@@ -450,16 +467,49 @@ bool Transformer::is_bt(const Tensor& t) const {
 }
 
 void Transformer::forward_layers(int chunk, Acts& acts, Tensor tokens, const StepContext& ctx) {
+  const int64_t first = chunk_first_[chunk], n = chunk_layers(chunk);
+  // Distributed saved inputs: where a layer saves (or the chunk sends) only this rank's part of
+  // the residual stream, the stream passes whole between scratch.whole[0] and [1]; `whole` holds
+  // the next layer's input, k its buffer.
+  Tensor whole;
+  int k = 0;
+  auto is_part = [&](int64_t j) {
+    return j < n ? layer_blocks_[static_cast<size_t>(first + j)]->distributed()
+                 : out_distributed(chunk);
+  };
+  auto slot_of = [&](int64_t j) {
+    return j < n ? acts.layers[static_cast<size_t>(j)][0] : acts.out;
+  };
+  // Where the producer of layer j's input (the embedding, or layer j-1) writes it.
+  auto destination = [&](int64_t j) {
+    if (!is_part(j)) return slot_of(j);
+    scratch_.replay_of = nullptr;  // the replay set may hold this buffer as its input
+    k = whole.defined() ? 1 - k : 0;
+    return scratch_.whole[static_cast<size_t>(k)];
+  };
+  auto produced = [&](int64_t j, Tensor x) {
+    whole = Tensor();
+    if (!is_part(j)) return;
+    tp::split_1d(*tp_.tp.comm, slot_of(j), x);
+    whole = x;
+  };
   if (chunk_has_embedding(chunk)) {
     LLMT_CHECK(is_bt(tokens), "tokens ", tokens.shape.str(), " must be (", B_, ", ", T_, ")");
     if (hooks_) hooks_->before_forward(0);
-    embedding_->forward(input_of(acts), tokens);
+    const Tensor x = destination(0);
+    embedding_->forward(x, tokens);
+    produced(0, x);
+  } else if (is_part(0)) {
+    // A received part: the whole input, gathered over tp.
+    whole = destination(0);
+    tp::gather_1d(*tp_.tp.comm, whole, slot_of(0));
   }
-  const int64_t first = chunk_first_[chunk], n = chunk_layers(chunk);
   for (int64_t j = 0; j < n; ++j) {
     Layer& layer = *layer_blocks_[static_cast<size_t>(first + j)];
     if (hooks_) hooks_->before_forward(static_cast<int>(layer.index()) + 1);
-    layer.forward(acts.layers[j], j + 1 < n ? acts.layers[j + 1][0] : acts.out, ctx);
+    const Tensor in = is_part(j) ? whole : slot_of(j), out = destination(j + 1);
+    layer.forward(acts.layers[static_cast<size_t>(j)], in, out, ctx);
+    produced(j + 1, out);
   }
 }
 

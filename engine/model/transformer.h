@@ -62,6 +62,10 @@ struct ModelStorage {
 struct RecomputeOptions {
   Recompute mode = Recompute::none;
   int64_t layers = 0;
+  // train.distribute_saved_activations (full recompute, tp > 1 without SP): a fully recomputed
+  // layer saves 1/tp of its input (Layer's `distributed`), and a pipeline chunk without the head
+  // keeps and sends 1/tp of its output, which the next stage receives as its first layer's part.
+  bool distribute = false;
 };
 
 class Transformer {
@@ -194,6 +198,8 @@ class Transformer {
   void carve_stash(TensorLayout& lay, Acts& a, int chunk) const;
   Acts& acts_of(int chunk, int mb);
   Tensor input_of(Acts& a) { return a.layers.empty() ? a.out : a.layers[0][0]; }
+  // Whether chunk `chunk`'s output is kept (and sent) as this rank's 1/tp part.
+  bool out_distributed(int chunk) const { return distribute_ && !chunk_has_head(chunk); }
   float forward(int chunk, Acts& a, Tensor tokens, Tensor targets, float dloss,
                 const StepContext& ctx);
   // The embedding (on its chunk) and the chunk's layers.
@@ -232,6 +238,7 @@ class Transformer {
   // Full recompute: one layer's full saved set, of a dense layer [0] and of an MoE layer [1].
   std::array<std::vector<Tensor>, 2> replay_sets_;
   size_t recompute_scratch_bytes_ = 0;
+  bool distribute_ = false;  // RecomputeOptions::distribute
   std::optional<Embedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layer_blocks_;  // per local layer
   std::optional<Head> head_;

@@ -16,7 +16,26 @@ void check_rows(const char* what, const Communicator& tp, const Tensor& full, co
              " stacked along dim 0 (tp=", tp.size(), ")");
 }
 
+// full (n elements, any shape) and shard (n/p) over a group of p.
+void check_1d(const char* what, const Communicator& tp, const Tensor& full, const Tensor& shard) {
+  LLMT_CHECK(
+      shard.ndim() == 1 && full.numel() == shard.numel() * tp.size() && full.dtype == shard.dtype,
+      what, ": full ", describe(full), " must be ", tp.size(), " flat shards ", describe(shard),
+      " of its type (tp=", tp.size(), ")");
+}
+
 }  // namespace
+
+void split_1d(const Communicator& tp, Tensor shard, Tensor full) {
+  check_1d("split_1d", tp, full, shard);
+  const int64_t n = shard.numel(), r = tp.rank();
+  ops::copy(shard, full.view({full.numel()}).rows(r * n, (r + 1) * n));
+}
+
+void gather_1d(Communicator& tp, Tensor full, Tensor shard) {
+  check_1d("gather_1d", tp, full, shard);
+  tp.all_gather(full.view({full.numel()}), shard).device_wait();
+}
 
 void copy_to_region_backward(Communicator& tp, Tensor dx) {
   tp.all_reduce(dx).device_wait();

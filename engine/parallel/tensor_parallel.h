@@ -45,6 +45,14 @@ void reduce_scatter_to_sequence_forward(Communicator& tp, Tensor shard, Tensor f
 // reduce_scatter_to_sequence backward: dfull (N, C) = all ranks' dshard (N/tp, C) in rank order.
 void reduce_scatter_to_sequence_backward(Communicator& tp, Tensor dfull, Tensor dshard);
 
+// Distributed saved activations (Megatron's distribute-saved-activations): a tensor replicated
+// over tp (without SP, a fully recomputed layer's input) kept as 1/tp of its n elements per rank,
+// the flat split (n divisible by tp). split_1d: shard (n/tp) = elements [r n/tp, (r+1) n/tp) of
+// full on tp rank r, no communication; gather_1d: full (any shape, n) = the ranks' shards in rank
+// order (an all-gather).
+void split_1d(const Communicator& tp, Tensor shard, Tensor full);
+void gather_1d(Communicator& tp, Tensor full, Tensor shard);
+
 // Vocab-parallel softmax cross-entropy (Megatron cross_entropy.py). logits (N, Vl): this rank's
 // vocabulary rows [vocab_start, vocab_start + Vl) of vocab_size. losses (N) = the full loss per
 // row (the same on every rank); logits are overwritten by d(dloss * loss)/d logits for this

@@ -45,7 +45,6 @@ UNPUBLISHED = {
 # Published layouts that do not fit their hardware in llmtrain yet (plan without flags prints
 # DOES NOT FIT; the config's header says why, in a sentence with "does not fit").
 DOES_NOT_FIT = {
-    "ptdp-1t.toml": "full recompute keeps each layer's input whole on every tp rank",
     "llama3-405b.toml": "1F1B keeps 16 micro-batches in flight on the first stage",
     "llama3-405b-128k.toml": "1F1B keeps 16 micro-batches in flight on the first stage",
 }

@@ -26,5 +26,17 @@ awk -v a="$tp2" -v b="$(val_at 4)" 'BEGIN {d = (a - b) / b; exit !(a != "" && d 
 test_loss="$("$llmtrain" eval --checkpoint "$work/ck" --split test --set train.threads=1 | loss_of)"
 echo "test split: $test_loss"
 [[ -n "$test_loss" && "$test_loss" != "$(val_at 4)" ]] || { echo "FAIL: the test split gave the validation loss"; fail=1; }
+# A run whose layout cannot be the evaluation's (tp2 with full recompute's inputs split over tp,
+# train.distribute_saved_activations): eval runs it at one rank, within 1e-6 of its val.
+"$mpirun" --oversubscribe -np 2 "$llmtrain" train --config "$config" -q --set train.steps=2 \
+  --set train.eval_interval=2 --set train.eval_iters=2 --set train.run_dir=\""$work/dist"\" \
+  --set checkpoint.dir=\""$work/dist-ck"\" --set checkpoint.interval=2 --set optimizer.warmup_steps=1 \
+  --set train.threads=1 --set parallel.tp=2 --set train.recompute=\"full\" \
+  --set train.distribute_saved_activations=true > /dev/null
+dist_val="$(grep '"step": 2,' "$work/dist/metrics.jsonl" | sed 's/.*"val_loss": \([^,}]*\).*/\1/')"
+dist="$("$llmtrain" eval --checkpoint "$work/dist-ck" --set train.threads=1 | loss_of)"
+echo "tp2 distributed run: val $dist_val, eval at one rank $dist"
+awk -v a="$dist" -v b="$dist_val" 'BEGIN {d = (a - b) / b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' ||
+  { echo "FAIL: eval of the distributed run is not within 1e-6 of its val"; fail=1; }
 [[ $fail -eq 0 ]] && echo "eval: checks passed"
 exit $fail

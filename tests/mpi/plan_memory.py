@@ -66,6 +66,21 @@ LAYOUTS = {  # name: (ranks, sets)
                         "train.recompute=\"full\""]),
     "tp2-full": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"full\""]),
     "tp2-selective": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"selective\""]),
+    # Full recompute's saved inputs split over tp (train.distribute_saved_activations): 1/tp of
+    # each layer's input and of each stage's sent output, the gathers before each replay and
+    # after each receive; under ZB-H1 the weight half replays (and gathers) again.
+    "tp2-full-dist-bf16": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"full\"",
+                               "train.distribute_saved_activations=true", "train.precision=bf16"]),
+    "pp2-interleaved-tp2-full-dist-bf16": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=1",
+                                               "model.n_layers=4", "parallel.virtual_stages=2",
+                                               "parallel.pp_schedule=\"interleaved\"",
+                                               "train.recompute=\"full\"",
+                                               "train.distribute_saved_activations=true",
+                                               "train.precision=bf16"]),
+    "pp2-zb-h1-tp2-full-dist": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=1",
+                                    "model.n_layers=4", "parallel.pp_schedule=\"zb-h1\"",
+                                    "train.recompute=\"full\"", "train.recompute_layers=1",
+                                    "train.distribute_saved_activations=true"]),
     "pp2": (2, ["parallel.pp=2", "parallel.dp=1"]),
     "pp2-interleaved": (2, ["parallel.pp=2", "parallel.dp=1", "model.n_layers=4",
                             "parallel.pp_schedule=\"interleaved\"", "parallel.virtual_stages=2"]),

@@ -11,7 +11,14 @@ buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 Layouts: single (one rank), tp2 and tp2-sp (a replay repeats the forward's collectives),
 dp2-zero3 (a replay after ZeRO-3's gather), pp2-1f1b, pp2-interleaved (2 chunks per rank,
 4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused),
-pp2-zb-h1-tp2-sp and, for mixture-of-experts configs, ep2-pp2-zb-h1."""
+pp2-zb-h1-tp2-sp and, for mixture-of-experts configs, ep2-pp2-zb-h1.
+
+Under tp without sequence parallelism, full recompute also runs with its saved inputs split over
+tp (train.distribute_saved_activations: "full-dist", and "full-first-dist" under pp, where a
+stage sends 1/tp of its output and the next gathers it): bitwise "none" as well, at tp2 (one
+stage: the embedding's output split, the last layer's set kept for its backward),
+pp2-interleaved-tp2 (every chunk's input received as a part) and pp2-zb-h1-tp2 (the weight half
+gathers and replays again). Their activation bytes are plan_memory.py's to check."""
 import os
 
 from harness import finish, parse_args, train
@@ -27,6 +34,10 @@ LAYOUTS = {
     "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1", "model.n_layers=4"]),
     "pp2-zb-h1-tp2-sp": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.tp=2",
                              "parallel.sequence_parallel=true"]),
+    "pp2-interleaved-tp2": (4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                "parallel.virtual_stages=2", "model.n_layers=4", "parallel.tp=2"]),
+    "pp2-zb-h1-tp2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.tp=2",
+                          "model.n_layers=4"]),
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     # Context parallelism under MoE: the replay sums the chunks' expert counts over cp again.
@@ -34,6 +45,7 @@ LAYOUTS = {
                               "parallel.pp_schedule=zb-h1"]),
 }
 MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.recompute_layers=1"])]
+DIST = ["train.distribute_saved_activations=true"]
 COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1", "train.eval_interval=5",
           "train.eval_iters=2"]
 
@@ -47,12 +59,17 @@ def train_run(args, out, ranks, sets):
 def main():
     args = parse_args(lambda ap: ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS)))
     ranks, sets = LAYOUTS[args.layout]
+    modes = MODES
+    if "parallel.tp=2" in sets and "parallel.sequence_parallel=true" not in sets:
+        modes = modes + [("full-dist", DIST)]
+        if "parallel.pp=2" in sets:
+            modes.append(("full-first-dist", DIST + ["train.recompute_layers=1"]))
     failures = []
     for precision in ["fp32", "bf16"]:
         runs = {}
-        for mode, extra in MODES:
+        for mode, extra in modes:
             out = os.path.join(args.workdir, args.layout, precision, mode)
-            recompute = "full" if mode == "full-first" else mode
+            recompute = "full" if mode.startswith("full") else mode
             runs[mode] = train_run(args, out, ranks, sets + extra + [
                 f"train.precision={precision}", f"train.recompute={recompute}"])
         ref_steps, ref_params = runs["none"]

@@ -143,6 +143,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("train.eval_iters", train.eval_iters),
       LLMT_KEY("train.recompute", train.recompute),
       LLMT_KEY("train.recompute_layers", train.recompute_layers),
+      LLMT_KEY("train.distribute_saved_activations", train.distribute_saved_activations),
       LLMT_KEY("train.on_nonfinite", train.on_nonfinite),
       LLMT_KEY("train.max_skipped_steps", train.max_skipped_steps),
       LLMT_KEY("train.time_limit", train.time_limit),
@@ -606,7 +607,8 @@ world = 4096
   const std::string text = to_toml(c);
   // Every key is set away from its default (the llama preset's, for the keys the preset sets), so
   // the round trip above exercises every key; but data.source, whose other value needs dataset
-  // files.
+  // files, and train.distribute_saved_activations, whose other value needs full recompute without
+  // the sequence parallelism set here (DistributeSavedActivationsRoundTrips).
   const std::vector<std::string> keys = config_keys();
   const auto values = [&keys](const std::string& toml) {  // key -> its line, in key order
     std::vector<std::string> out;
@@ -624,7 +626,7 @@ world = 4096
   ASSERT_EQ(set.size(), keys.size());
   ASSERT_EQ(gpt2.size(), keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
-    if (keys[k] == "data.source") continue;
+    if (keys[k] == "data.source" || keys[k] == "train.distribute_saved_activations") continue;
     EXPECT_NE(set[k], keys[k] == "model.arch" ? gpt2[k] : llama[k]) << "left at default";
   }
   for (const char* line :
@@ -633,6 +635,16 @@ world = 4096
         "\nsources = [{path = \"corpus/b\", weight = 0.3}, {path = \"/abs/c\", weight = 2.0}]\n"}) {
     expect_contains(text, {line});
   }
+}
+
+TEST(ConfigToToml, DistributeSavedActivationsRoundTrips) {
+  const Config c = parse_config_string(
+      "[model]\nvocab_size = 256\n[train]\nrecompute = \"full\"\n"
+      "distribute_saved_activations = true\n[parallel]\ntp = 2\n",
+      "t.toml");
+  EXPECT_TRUE(c.train.distribute_saved_activations);
+  expect_contains(to_toml(c), {"\ndistribute_saved_activations = true\n"});
+  expect_same(round_trip(c), c);
 }
 
 TEST(ConfigToToml, RandomFloatsRoundTripBitExactly) {
@@ -848,6 +860,25 @@ INSTANTIATE_TEST_SUITE_P(
                   {"train.grad_dtype=\"compute\" stores gradients in the compute type, which "
                    "train.precision=\"fp32\" does not have",
                    "(train.grad_dtype at t.toml:2:1)"}},
+        ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"selective\"\n"
+                  "[parallel]\ntp = 2\n[model]\nvocab_size = 256\n",
+                  {"train.distribute_saved_activations splits the input a fully recomputed layer "
+                   "saves over tp, but train.recompute is not \"full\"",
+                   "(train.distribute_saved_activations at t.toml:2:1, train.recompute at "
+                   "t.toml:3:1)"}},
+        ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"full\"\n"
+                  "[parallel]\ntp = 2\nsequence_parallel = true\n[model]\nvocab_size = 256\n",
+                  {"needs parallel.tp > 1 without sequence parallelism (tp=2, "
+                   "sequence_parallel=true;",
+                   "parallel.sequence_parallel at t.toml:6:1"}},
+        ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"full\"\n",
+                  {"needs parallel.tp > 1 without sequence parallelism (tp=1, "
+                   "sequence_parallel=false;"}},
+        ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"full\"\n"
+                  "[model]\nn_layers = 2\nvocab_size = 256\n[parallel]\ntp = 2\npp = 2\n"
+                  "pp_layers = [2, 0]\n",
+                  {"train.distribute_saved_activations needs a layer on every pipeline stage "
+                   "(parallel.pp_layers has a 0)"}},
         ErrorCase{"[train]\nprecision = \"fp16\"\n[optimizer]\ninitial_loss_scale = 0\n",
                   {"optimizer.initial_loss_scale=0.0 must be > 0 with train.precision=\"fp16\"",
                    "optimizer.initial_loss_scale at t.toml:4:1, train.precision at t.toml:2:1"}},
