@@ -60,6 +60,12 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
       if (e.shared_experts > 0)
         p.push_back(detail::concat("model.moe.shared_experts=", e.shared_experts,
                                    ": Mixtral has no shared experts"));
+      if (e.groups_picked() < e.n_group)
+        p.push_back(detail::concat("model.moe.topk_group=", e.topk_group, " of model.moe.n_group=",
+                                   e.n_group, ": Mixtral's router picks from every expert"));
+      if (e.routed_scaling_factor != 1.0f)
+        p.push_back(detail::concat("model.moe.routed_scaling_factor=", e.routed_scaling_factor,
+                                   ": Mixtral's routing weights are not scaled"));
       if (e.first_dense_layers > 0 || e.every > 1)
         p.push_back(detail::concat("model.moe.first_dense_layers=", e.first_dense_layers,
                                    ", model.moe.every=", e.every,

@@ -664,20 +664,25 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
 
 // ---- mixture of experts -----------------------------------------------------------------------
 
-void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
-               bool normalize, Tensor bias) {
+void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, const MoeRouting& r,
+               Tensor bias) {
   Op op("moe_route", {scores, idx, weights, logits, bias});
   op.ndim("logits", logits, 2);
   op.ndim("idx", idx, 2);
-  const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1);
-  LLMT_OP_REQUIRE(op, k >= 1 && k <= E, "top k=", k, " of E=", E, " experts");
+  const int64_t N = logits.size(0), E = logits.size(1), k = idx.size(1), G = r.groups;
+  LLMT_OP_REQUIRE(op, G >= 1 && E % G == 0 && r.topk_group >= 1 && r.topk_group <= G, E,
+                  " experts in ", G, " groups, ", r.topk_group, " of them picked");
+  LLMT_OP_REQUIRE(op, k >= 1 && k <= r.topk_group * (E / G), "top k=", k, " of ",
+                  r.topk_group * (E / G), " experts (", r.topk_group, " of ", G, " groups of E=", E,
+                  ")");
   op.shape("scores", scores, {N, E});
   op.shape("idx", idx, {N, k});
   op.shape("weights", weights, {N, k});
   op.shape_opt("bias", bias, {E});
   LLMT_KERNEL(op, moe_route)
   (op.f32("scores", scores), op.i32_out("idx", idx), op.f32("weights", weights),
-   op.f32("logits", logits), op.in_opt("bias", bias), N, E, k, sigmoid, normalize);
+   op.f32("logits", logits), op.in_opt("bias", bias), N, E, k, r.sigmoid, r.normalize, G,
+   r.topk_group, r.scale);
 }
 
 void moe_dispatch(Tensor counts, Tensor offsets, Tensor assign, Tensor slot, Tensor idx,
@@ -746,7 +751,7 @@ void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot) 
 }
 
 void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor idx, Tensor counts,
-                        bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+                        const MoeRouting& r, float aux_scale, float z_scale) {
   Op op("moe_route_backward", {dlogits, dweights, logits, idx, counts});
   op.ndim("logits", logits, 2);
   op.ndim("idx", idx, 2);
@@ -764,8 +769,8 @@ void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor i
   }
   LLMT_KERNEL(op, moe_route_backward)
   (op.f32("dlogits", dlogits), op.f32("dweights", dweights), op.f32("logits", logits),
-   op.i32("idx", idx), aux_scale != 0.0f ? op.i32("counts", counts) : nullptr, N, T, E, k, sigmoid,
-   normalize, aux_scale, z_scale);
+   op.i32("idx", idx), aux_scale != 0.0f ? op.i32("counts", counts) : nullptr, N, T, E, k,
+   r.sigmoid, r.normalize, r.scale, aux_scale, z_scale);
 }
 
 void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,

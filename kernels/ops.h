@@ -126,9 +126,16 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
 // rows (those past the dispatch's offsets[E] unused). Index tensors are i32; router math is f32.
 // scores (N,E) = softmax(logits (N,E)) per row (sigmoid: elementwise); idx (N,k) the top k
 // scores (+ bias (E), optional: aux-loss-free balancing, for selection only), decreasing, ties to
-// the lower expert; weights (N,k) their scores (/ their sum when `normalize`).
-void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, bool sigmoid,
-               bool normalize, Tensor bias = {});
+// the lower expert, from the experts of the topk_group of `groups` groups (E/groups consecutive
+// experts each) whose two largest keys sum highest (group-limited routing; topk_group = groups:
+// every expert); weights (N,k) their scores (/ their sum when `normalize`) times `scale`.
+struct MoeRouting {
+  bool sigmoid = false, normalize = true;
+  int64_t groups = 1, topk_group = 1;
+  float scale = 1.0f;
+};
+void moe_route(Tensor scores, Tensor idx, Tensor weights, Tensor logits, const MoeRouting& r,
+               Tensor bias = {});
 // The dispatch of idx (N,k) over sequences of seq_len tokens: counts (S,E) assignments per
 // sequence and expert (before dropping); offsets (E+1) each expert's run of permuted rows;
 // assign (M) the assignment t*k+j of each permuted row (-1 unused); slot (N,k) the permuted row
@@ -147,11 +154,11 @@ void moe_permute(Tensor out, Tensor in, Tensor assign, Tensor weights = {});
 void moe_unpermute(Tensor out, Tensor in, Tensor slot, Tensor weights = {});
 // dweights (N,k) := <dout (N,C) row t, in (M,C) row slot[t,j]> (0 for a dropped one).
 void moe_weights_backward(Tensor dweights, Tensor dout, Tensor in, Tensor slot);
-// dlogits (N,E) := the gradient of the router's logits: through moe_route's weights from
-// dweights (N,k), the aux loss's aux_scale * counts[s,e] per unit of q[t,e], and the z-loss's
-// z_scale * lse * softmax. counts (S,E) may be absent when aux_scale is 0.
+// dlogits (N,E) := the gradient of the router's logits: through moe_route's weights (routed as
+// r says) from dweights (N,k), the aux loss's aux_scale * counts[s,e] per unit of q[t,e], and the
+// z-loss's z_scale * lse * softmax. counts (S,E) may be absent when aux_scale is 0.
 void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor logits, Tensor idx, Tensor counts,
-                        bool sigmoid, bool normalize, float aux_scale, float z_scale);
+                        const MoeRouting& r, float aux_scale, float z_scale);
 // aux (S) = E * sum_e counts[s,e]/(T k) * mean_t q[t,e]; zsq (N) = logsumexp(logits row)^2.
 void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int64_t k,
                       bool sigmoid);

@@ -542,6 +542,19 @@ void MoeMlp::sequence_counts(Tensor counts, const std::vector<int32_t>& local) c
   env_.alloc.backend().copy_from_host(counts.data, out.data(), out.size() * 4);
 }
 
+namespace {
+
+// The router's settings (model.moe).
+ops::MoeRouting routing(const MoeConfig& c) {
+  return {.sigmoid = c.router == MoeRouter::sigmoid,
+          .normalize = c.normalize,
+          .groups = c.n_group,
+          .topk_group = c.groups_picked(),
+          .scale = c.routed_scaling_factor};
+}
+
+}  // namespace
+
 Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   const BlockScratch& sc = env_.scratch;
   const int64_t N = rows_.R, C = env_.spec.cfg.d_model, S = rows_.segments;
@@ -552,7 +565,7 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   x = x.view({N, C});
   // The router in fp32 (its logits are not rounded to the compute type).
   ops::linear_forward(logits, x, env_.w(router_w_), Tensor());
-  ops::moe_route(sc.moe_scores, idx, weights, logits, sigmoid, cfg_.normalize, env_.w(bias_));
+  ops::moe_route(sc.moe_scores, idx, weights, logits, routing(cfg_), env_.w(bias_));
   Buffer base_buf;
   const Tensor base =
       capacity_ > 0 && (env_.cp != nullptr || env_.tp.sp()) ? rank_base(idx, base_buf) : Tensor();
@@ -615,7 +628,6 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
 Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   const BlockScratch& sc = env_.scratch;
   const int64_t N = rows_.R, C = env_.spec.cfg.d_model;
-  const bool sigmoid = cfg_.router == MoeRouter::sigmoid;
   const Tensor logits = s[0], idx = as_i32(s[1]), weights = s[2], counts = as_i32(s[3]);
   const Tensor assign = as_i32(s[5]), slot = as_i32(s[6]), h = s[8], eo = s[10];
   const Tensor d_logits = st[0], d_eo = st[1], d_h = st[2];
@@ -678,8 +690,8 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
           : 0.0f;
   const float z_scale = static_cast<float>(static_cast<double>(ms.dloss) * cfg_.z_loss_coef * 2.0 /
                                            static_cast<double>(env_.tp.N));
-  ops::moe_route_backward(d_logits, sc.moe_dw, logits, idx, counts, sigmoid, cfg_.normalize,
-                          aux_scale, z_scale);
+  ops::moe_route_backward(d_logits, sc.moe_dw, logits, idx, counts, routing(cfg_), aux_scale,
+                          z_scale);
   ops::linear_backward(sc.moe_dx_router, Tensor(), Tensor(), d_logits, Tensor(), env_.w(router_w_));
   ops::add_inplace(sc.moe_dx, sc.moe_dx_router);
   if (shared_) {

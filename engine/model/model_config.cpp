@@ -56,6 +56,27 @@ void check_moe_config(const ModelConfig& m, Rules& r) {
     r.require(e.top_k <= e.num_experts, {"model.moe.top_k", "model.moe.num_experts"},
               concat("model.moe.top_k=", e.top_k, " exceeds model.moe.num_experts=", e.num_experts,
                      ": each token goes to top_k different experts"));
+  r.at_least<int64_t>("model.moe.n_group", e.n_group, 1);
+  if (e.n_group >= 1) {
+    r.require(e.num_experts % e.n_group == 0, {"model.moe.num_experts", "model.moe.n_group"},
+              concat("model.moe.num_experts=", e.num_experts,
+                     " is not divisible by model.moe.n_group=", e.n_group,
+                     ": each group holds num_experts/n_group consecutive experts"));
+    r.require(e.topk_group >= 0 && e.topk_group <= e.n_group,
+              {"model.moe.topk_group", "model.moe.n_group"},
+              concat("model.moe.topk_group=", e.topk_group,
+                     " must be in [1, model.moe.n_group=", e.n_group, "], or 0 for every group"));
+    if (e.num_experts % e.n_group == 0 && e.topk_group >= 0 && e.topk_group <= e.n_group &&
+        e.top_k >= 1)
+      r.require(e.top_k <= e.groups_picked() * (e.num_experts / e.n_group),
+                {"model.moe.top_k", "model.moe.topk_group", "model.moe.n_group"},
+                concat("model.moe.top_k=", e.top_k, " exceeds the ",
+                       e.groups_picked() * (e.num_experts / e.n_group),
+                       " experts a token may pick from: model.moe.topk_group=", e.topk_group,
+                       " of model.moe.n_group=", e.n_group, " groups of ",
+                       e.num_experts / e.n_group, " experts"));
+  }
+  r.positive("model.moe.routed_scaling_factor", e.routed_scaling_factor);
   r.at_least<int64_t>("model.moe.d_ff_expert", e.d_ff_expert, 1, ", or 0 for model.d_ff");
   r.at_least<int64_t>("model.moe.shared_experts", e.shared_experts, 0);
   if (e.shared_experts > 0)

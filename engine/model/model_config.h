@@ -34,6 +34,12 @@ struct MoeConfig {
   int64_t d_ff_expert = 0;  // each expert's hidden width; 0 = model.d_ff
   MoeRouter router = MoeRouter::softmax;
   bool normalize = true;  // the k routing weights divided by their sum (Mixtral); false: Switch
+  // Group-limited routing (DeepSeek-V3): the experts are n_group groups of E/n_group consecutive
+  // ones; a token picks its top_k among the topk_group groups whose two largest scores (+ bias)
+  // sum highest. topk_group 0 = n_group (no limit).
+  int64_t n_group = 1;
+  int64_t topk_group = 0;
+  float routed_scaling_factor = 1.0f;  // the routing weights' factor, after normalize
   MoeBalance balance = MoeBalance::aux_loss;
   float aux_loss_coef = 0.01f;
   float bias_update_rate = 1e-3f;  // balance = "bias": each step's move of an expert's bias
@@ -45,6 +51,8 @@ struct MoeConfig {
   int64_t every = 1;  // an MoE MLP on every `every`-th layer from first_dense_layers
 
   bool enabled() const { return num_experts > 0; }
+  // The groups a token may pick from (topk_group, or all when 0).
+  int64_t groups_picked() const { return topk_group > 0 ? topk_group : n_group; }
   // Whether global layer l's MLP is a mixture of experts.
   bool layer(int64_t l) const {
     return enabled() && l >= first_dense_layers && (l - first_dense_layers) % every == 0;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -28,13 +29,47 @@ float router_scores(float* p, const float* z, int64_t E, bool sigmoid) {
   return lse;
 }
 
-// idx (k) := the k largest of p (E) + bias (E, may be null), decreasing, ties to the lower index.
-void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k) {
+// idx (k) := the k largest of p (E) + bias (E, may be null), decreasing, ties to the lower index,
+// among the experts of the topk_group groups (of G groups of E/G consecutive experts) whose two
+// largest keys sum highest, ties to the lower group. picked (G) is scratch.
+void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k, int64_t G,
+           int64_t topk_group, char* picked) {
   auto key = [&](int64_t e) { return bias ? p[e] + bias[e] : p[e]; };
+  const int64_t per = E / G;
+  std::fill(picked, picked + G, G == topk_group ? 1 : 0);
+  if (G != topk_group) {
+    // A group's score: the sum of its two largest keys (its one key when it holds one expert).
+    auto group_score = [&](int64_t g) {
+      float first = -std::numeric_limits<float>::infinity(), second = first;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const float v = key(e);
+        if (v > first) {
+          second = first;
+          first = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      return per > 1 ? first + second : first;
+    };
+    for (int64_t i = 0; i < topk_group; ++i) {
+      int64_t best = -1;
+      float best_score = 0.0f;
+      for (int64_t g = 0; g < G; ++g) {
+        if (picked[g]) continue;
+        const float s = group_score(g);
+        if (best < 0 || s > best_score) {
+          best = g;
+          best_score = s;
+        }
+      }
+      picked[best] = 1;
+    }
+  }
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
     for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
+      bool taken = !picked[e / per];
       for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
       if (!taken && (best < 0 || key(e) > key(best))) best = e;
     }
@@ -45,16 +80,19 @@ void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k
 }  // namespace
 
 void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, const float* bias,
-               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
+               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize, int64_t G,
+               int64_t topk_group, float scale) {
   parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
+    std::vector<char> picked(static_cast<size_t>(G));
     for (int64_t t = begin; t < end; ++t) {
       float* p = scores + t * E;
       router_scores(p, logits + t * E, E, sigmoid);
       int32_t* ix = idx + t * k;
-      top_k(ix, p, bias, E, k);
+      top_k(ix, p, bias, E, k, G, topk_group, picked.data());
       float sum = 0.0f;
       for (int64_t j = 0; j < k; ++j) sum += p[ix[j]];
-      for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? p[ix[j]] / sum : p[ix[j]];
+      for (int64_t j = 0; j < k; ++j)
+        weights[t * k + j] = (normalize ? p[ix[j]] / sum : p[ix[j]]) * scale;
     }
   });
 }
@@ -158,16 +196,19 @@ void moe_weights_backward(float* dweights, const float* dout, const float* in, c
 
 void moe_route_backward(float* dlogits, const float* dweights, const float* logits,
                         const int32_t* idx, const int32_t* counts, int64_t N, int64_t T, int64_t E,
-                        int64_t k, bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+                        int64_t k, bool sigmoid, bool normalize, float scale, float aux_scale,
+                        float z_scale) {
   parallel_for(N, grain_rows(E * 8), [&](int64_t begin, int64_t end) {
-    std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
+    std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E)),
+        scaled(static_cast<size_t>(k));
+    float* dw = scaled.data();
     for (int64_t t = begin; t < end; ++t) {
       const float* z = logits + t * E;
       const float lse = router_scores(p.data(), z, E, sigmoid);
       std::fill(dp.begin(), dp.end(), 0.0f);
-      // The routing weights w_j = p[i_j] (/ their sum).
+      // The routing weights w_j = scale p[i_j] (/ their sum).
       const int32_t* ix = idx + t * k;
-      const float* dw = dweights + t * k;
+      for (int64_t j = 0; j < k; ++j) dw[j] = dweights[t * k + j] * scale;
       if (normalize) {
         float sum = 0.0f, wdw = 0.0f;
         for (int64_t j = 0; j < k; ++j) sum += p[ix[j]];

@@ -30,12 +30,40 @@ __device__ float score(const float* z, int64_t e, float lse, bool sigmoid) {
 }  // namespace
 
 void moe_route(float* scores, int32_t* idx, float* weights, const float* logits, const float* bias,
-               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize) {
+               int64_t N, int64_t E, int64_t k, bool sigmoid, bool normalize, int64_t G,
+               int64_t topk_group, float scale) {
   for_each(N, [=] __device__(int64_t t) {
     const float* z = logits + t * E;
     float* p = scores + t * E;
     const float lse = row_lse(z, E);
     for (int64_t e = 0; e < E; ++e) p[e] = score(z, e, lse, sigmoid);
+    auto key = [&](int64_t e) { return bias ? p[e] + bias[e] : p[e]; };
+    // Group-limited routing: group g is open when fewer than topk_group groups rank above it by
+    // the sum of their two largest keys (ties: the lower group ranks above).
+    const int64_t per = E / G;
+    auto group_score = [&](int64_t g) {
+      float first = -INFINITY, second = -INFINITY;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const float v = key(e);
+        if (v > first) {
+          second = first;
+          first = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      return per > 1 ? first + second : first;
+    };
+    auto open = [&](int64_t g) {
+      if (topk_group == G) return true;
+      const float mine = group_score(g);
+      int64_t above = 0;
+      for (int64_t h = 0; h < G; ++h) {
+        const float other = group_score(h);
+        above += other > mine || (other == mine && h < g);
+      }
+      return above < topk_group;
+    };
     int32_t* ix = idx + t * k;
     float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
@@ -43,13 +71,13 @@ void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken = taken || ix[i] == e;
-        const float ke = bias ? p[e] + bias[e] : p[e];
-        if (!taken && (best < 0 || ke > (bias ? p[best] + bias[best] : p[best]))) best = e;
+        if (!taken && (best < 0 || key(e) > key(best)) && open(e / per)) best = e;
       }
       ix[j] = static_cast<int32_t>(best);
       sum += p[best];
     }
-    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? p[ix[j]] / sum : p[ix[j]];
+    for (int64_t j = 0; j < k; ++j)
+      weights[t * k + j] = (normalize ? p[ix[j]] / sum : p[ix[j]]) * scale;
   });
 }
 
@@ -141,16 +169,18 @@ void moe_weights_backward(float* dweights, const float* dout, const float* in, c
 
 void moe_route_backward(float* dlogits, const float* dweights, const float* logits,
                         const int32_t* idx, const int32_t* counts, int64_t N, int64_t T, int64_t E,
-                        int64_t k, bool sigmoid, bool normalize, float aux_scale, float z_scale) {
+                        int64_t k, bool sigmoid, bool normalize, float scale, float aux_scale,
+                        float z_scale) {
   for_each(N, [=] __device__(int64_t t) {
     const float* z = logits + t * E;
     const float lse = row_lse(z, E);
     const int32_t* ix = idx + t * k;
-    const float* dw = dweights + t * k;
+    const float* dws = dweights + t * k;
+    auto dw = [&](int64_t j) { return dws[j] * scale; };  // the routing weights' factor
     const int32_t* c = aux_scale != 0.0f ? counts + (t / T) * E : nullptr;
     float sel = 0.0f, wdw = 0.0f, all = 0.0f, qdq = 0.0f;
     for (int64_t j = 0; j < k; ++j) sel += score(z, ix[j], lse, sigmoid);
-    for (int64_t j = 0; j < k; ++j) wdw += score(z, ix[j], lse, sigmoid) / sel * dw[j];
+    for (int64_t j = 0; j < k; ++j) wdw += score(z, ix[j], lse, sigmoid) / sel * dw(j);
     if (c && sigmoid) {
       for (int64_t e = 0; e < E; ++e) all += score(z, e, lse, true);
       for (int64_t e = 0; e < E; ++e)
@@ -160,7 +190,7 @@ void moe_route_backward(float* dlogits, const float* dweights, const float* logi
     auto dp = [&](int64_t e) {
       float d = 0.0f;
       for (int64_t j = 0; j < k; ++j)
-        if (ix[j] == e) d += normalize ? (dw[j] - wdw) / sel : dw[j];
+        if (ix[j] == e) d += normalize ? (dw(j) - wdw) / sel : dw(j);
       if (c) {
         const float a = aux_scale * static_cast<float>(c[e]);
         d += sigmoid ? (a - qdq) / all : a;

@@ -349,15 +349,19 @@ def errors(args):
           and 'model.position="rope"' in msg and not (work / "d").exists(),
           f"gpt2 with swiglu and rope refused, no OUT: {msg.strip()!r}")
 
-    # A mixture of experts Mixtral cannot represent: shared experts, a dense first layer.
+    # A mixture of experts Mixtral cannot represent: shared experts, a dense first layer,
+    # DeepSeek-V3's group-limited and scaled routing.
     ck3 = work / "ck_moe"
     run([args.llmtrain, "train", "--config", args.config, "--set", f"train.run_dir={work / 'run3'}",
          "--set", "train.steps=2", "--set", f"checkpoint.dir={ck3}", "--set", "model.moe.num_experts=4",
-         "--set", "model.moe.shared_experts=1", "--set", "model.moe.first_dense_layers=1"])
+         "--set", "model.moe.shared_experts=1", "--set", "model.moe.first_dense_layers=1",
+         "--set", "model.moe.n_group=2", "--set", "model.moe.topk_group=1",
+         "--set", "model.moe.routed_scaling_factor=2.5"])
     msg = run(exporter + [ck3, work / "f"], expect_rc=2)
     check("cannot export to Hugging Face MixtralForCausalLM" in msg and "shared_experts=1" in msg
-          and "first_dense_layers=1" in msg and not (work / "f").exists(),
-          f"MoE with a shared expert and a dense layer refused, no OUT: {msg.strip()!r}")
+          and "first_dense_layers=1" in msg and "topk_group=1 of model.moe.n_group=2" in msg
+          and "routed_scaling_factor=2.5" in msg and not (work / "f").exists(),
+          f"MoE with a shared expert, a dense layer and grouped routing refused, no OUT: {msg.strip()!r}")
 
     # A damaged checkpoint (a rank file gone): runtime error naming the file, nothing at OUT.
     (ck / "step_00000002" / "rank_00000.h5").unlink()

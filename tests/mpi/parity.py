@@ -19,6 +19,9 @@ from harness import finish, parse_args, train
 GBS6 = ["train.global_batch_size=6"]  # 3 ranks: uneven shards (vocab 256, d_model 64 over 3)
 L4 = ["model.n_layers=4"]
 BIAS = ["model.moe.balance=bias", "model.moe.bias_update_rate=0.01"]
+# DeepSeek-V3's router: sigmoid scores, bias balancing, group-limited (1 of 2 groups), scaled.
+GROUP = BIAS + ["model.moe.router=sigmoid", "model.moe.n_group=2", "model.moe.topk_group=1",
+                "model.moe.routed_scaling_factor=2.5"]
 LAYOUTS = {
     "dp2": (2, [], []),
     "dp4": (4, [], []),
@@ -125,6 +128,8 @@ LAYOUTS = {
     "tp2-sp-full-recompute": (2, ["parallel.tp=2", "parallel.sequence_parallel=true",
                                   "train.recompute=full"], []),
     "tp2-sp-bias": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], BIAS),
+    "ep2-tp2-sp-group": (4, ["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+                         GROUP),
     # ep under tp: each tp coordinate's ep group exchanges its own rows; the experts' gradients
     # reduce over the ranks holding the same experts at any tp coordinate.
     "ep2-tp2-sp": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"], []),

@@ -110,6 +110,9 @@ class MoeCfg:
     d_ff_shared: int = 0  # 0 = d_ff_expert
     first_dense_layers: int = 0
     every: int = 1
+    n_group: int = 1  # group-limited routing (DeepSeek-V3)
+    topk_group: int = 0  # 0 = n_group
+    routed_scaling_factor: float = 1.0
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and layer >= self.first_dense_layers and (layer - self.first_dense_layers) % self.every == 0
@@ -253,11 +256,20 @@ class MoE(nn.Module):
         p = torch.sigmoid(z) if m.router == "sigmoid" else torch.softmax(z, dim=-1)
         # top-k by score (+ the balancing bias), decreasing, ties to the lower index (stable sort)
         key = p.detach() + (self.router.expert_bias if m.balance == "bias" else 0.0)
+        if m.n_group > 1 and 0 < m.topk_group < m.n_group:
+            # group-limited: a group's score is the sum of its two largest keys; the topk_group
+            # best groups (ties to the lower) stay open, the other experts are never picked
+            grouped = key.view(B, T, m.n_group, E // m.n_group)
+            gscore = grouped.topk(min(2, E // m.n_group), dim=-1).values.sum(-1)  # (B,T,G)
+            gsel = torch.sort(-gscore, dim=-1, stable=True).indices[..., :m.topk_group]
+            closed = torch.ones_like(gscore, dtype=torch.bool).scatter(-1, gsel, False)
+            key = key.masked_fill(closed.repeat_interleave(E // m.n_group, dim=-1), float("-inf"))
         sel = torch.sort(-key, dim=-1, stable=True).indices[..., :k]  # (B,T,k)
         self.load += torch.bincount(sel.reshape(-1), minlength=E).to(torch.float64)
         w = torch.gather(p, -1, sel)
         if m.normalize:
             w = w / w.sum(-1, keepdim=True)
+        w = w * m.routed_scaling_factor
         keep = torch.ones(B, T, k, dtype=torch.bool)
         if m.capacity_factor > 0:
             cap = math.ceil(m.capacity_factor * T * k / E)

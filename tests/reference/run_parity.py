@@ -54,6 +54,11 @@ PRESETS = {
     "moe-bias": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
                      moe=dict(num_experts=8, top_k=2, d_ff_expert=16, router="sigmoid", balance="bias",
                               bias_update_rate=0.01, shared_experts=1, d_ff_shared=32)),
+    # DeepSeek-V3's router: group-limited (2 of 4 groups of 4), weights scaled by 2.5.
+    "moe-group": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
+                      moe=dict(num_experts=16, top_k=4, d_ff_expert=16, router="sigmoid", balance="bias",
+                               bias_update_rate=0.01, shared_experts=1, d_ff_shared=32, n_group=4,
+                               topk_group=2, routed_scaling_factor=2.5)),
 }
 GLOBAL_BATCH = 4
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, decay="cosine", weight_decay=0.1, grad_clip=1.0,
@@ -309,6 +314,9 @@ def main() -> int:
               f"step-1 loss moves {l1:.1e}, grad_norm {g1:.1e} rel; first: {errs[0]})")
         # Each MoE feature must matter: the reference without it must fail.
         variants = []
+        if moe is not None and moe.n_group > 1 and 0 < moe.topk_group < moe.n_group:
+            variants.append(("without the group limit", dict(n_group=1, topk_group=0)))
+            variants.append(("without routed_scaling_factor", dict(routed_scaling_factor=1.0)))
         if moe is not None and moe.balance == "bias":
             variants.append(("without the balancing bias updates", dict(bias_update_rate=0.0)))
         elif moe is not None:

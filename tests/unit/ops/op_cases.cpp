@@ -46,22 +46,20 @@ void add_embedding(std::vector<OpCase>& cases) {
   // Rows at explicit positions (context parallelism), out of order.
   HostTensor pos({37}, DType::i32);
   for (int32_t i = 0; i < 37; ++i) pos.i32()[i] = (i * 7) % 50;
-  cases.push_back({"embedding_forward",
-                   "embedding_forward_positions",
-                   {uniform({2, 37, 48}, 1), tokens({2, 37}, 100, 2), uniform({100, 48}, 3),
-                    uniform({50, 48}, 4), pos},
-                   op([](const Views& v) {
-                     ops::embedding_forward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]);
-                   }),
-                   kExact});
-  cases.push_back({"embedding_backward",
-                   "embedding_backward_positions",
-                   {uniform({20, 48}, 5), uniform({50, 48}, 6), uniform({2, 37, 48}, 7),
-                    tokens({2, 37}, 20, 8), pos},
-                   op([](const Views& v) {
-                     ops::embedding_backward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]);
-                   }),
-                   kTight});
+  cases.push_back(
+      {"embedding_forward",
+       "embedding_forward_positions",
+       {uniform({2, 37, 48}, 1), tokens({2, 37}, 100, 2), uniform({100, 48}, 3),
+        uniform({50, 48}, 4), pos},
+       op([](const Views& v) { ops::embedding_forward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]); }),
+       kExact});
+  cases.push_back(
+      {"embedding_backward",
+       "embedding_backward_positions",
+       {uniform({20, 48}, 5), uniform({50, 48}, 6), uniform({2, 37, 48}, 7), tokens({2, 37}, 20, 8),
+        pos},
+       op([](const Views& v) { ops::embedding_backward(v[0], v[1], v[2], v[3], 0, 0, 0, v[4]); }),
+       kTight});
   cases.push_back(
       {"embedding_forward",
        "embedding_forward_vocab_shard",
@@ -686,7 +684,7 @@ void add_moe(std::vector<OpCase>& cases) {
   const int64_t S = 2, T = 37, N = S * T, E = 6, k = 2, M = N * k, C = 48;
   HostTensor logits = uniform({N, E}, 1, -3.0f, 3.0f);
   HostTensor scores({N, E}), idx({N, k}, DType::i32), weights({N, k});
-  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), false, true);
+  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), ops::MoeRouting{});
   for (const auto& [sigmoid, normalize] : {std::pair{false, true}, std::pair{true, false}}) {
     const std::string name = std::string("moe_route_") + (sigmoid ? "sigmoid" : "softmax") +
                              (normalize ? "_normalized" : "");
@@ -695,18 +693,31 @@ void add_moe(std::vector<OpCase>& cases) {
          name,
          {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits},
          op([sigmoid, normalize](const Views& v) {
-           ops::moe_route(v[0], v[1], v[2], v[3], sigmoid, normalize);
+           ops::moe_route(v[0], v[1], v[2], v[3], {.sigmoid = sigmoid, .normalize = normalize});
          }),
          kTight});
   }
   // Aux-loss-free balancing: a bias on the scores for selection.
-  cases.push_back(
-      {"moe_route",
-       "moe_route_sigmoid_bias",
-       {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
-        uniform({E}, 21, -0.3f, 0.3f)},
-       op([](const Views& v) { ops::moe_route(v[0], v[1], v[2], v[3], true, true, v[4]); }),
-       kTight});
+  cases.push_back({"moe_route",
+                   "moe_route_sigmoid_bias",
+                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
+                    uniform({E}, 21, -0.3f, 0.3f)},
+                   op([](const Views& v) {
+                     ops::moe_route(v[0], v[1], v[2], v[3], {.sigmoid = true, .normalize = true},
+                                    v[4]);
+                   }),
+                   kTight});
+  // Group-limited routing (DeepSeek-V3): 2 of 3 groups of 2 experts, weights scaled.
+  cases.push_back({"moe_route",
+                   "moe_route_sigmoid_bias_grouped",
+                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
+                    uniform({E}, 21, -0.3f, 0.3f)},
+                   op([](const Views& v) {
+                     ops::moe_route(v[0], v[1], v[2], v[3],
+                                    {.sigmoid = true, .groups = 3, .topk_group = 2, .scale = 2.5f},
+                                    v[4]);
+                   }),
+                   kTight});
   HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({M}, DType::i32);
   HostTensor slot({N, k}, DType::i32);
   const int64_t capacity = 10;  // of ~12 per (sequence, expert): some drop
@@ -754,8 +765,9 @@ void add_moe(std::vector<OpCase>& cases) {
                      std::string("moe_route_backward_") + (sigmoid ? "sigmoid" : "softmax"),
                      {uniform({N, E}, 11), uniform({N, k}, 12), logits, idx, counts},
                      op([sigmoid, normalize](const Views& v) {
-                       ops::moe_route_backward(v[0], v[1], v[2], v[3], v[4], sigmoid, normalize,
-                                               0.3f, 0.1f);
+                       ops::moe_route_backward(
+                           v[0], v[1], v[2], v[3], v[4],
+                           {.sigmoid = sigmoid, .normalize = normalize, .scale = 2.5f}, 0.3f, 0.1f);
                      }),
                      kReduced});
   cases.push_back(

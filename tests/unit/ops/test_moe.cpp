@@ -18,11 +18,17 @@ struct Routed {
   HostTensor scores, idx, weights;
 };
 
-Routed route(HostTensor& logits, int64_t k, bool sigmoid, bool normalize) {
+Routed route(HostTensor& logits, int64_t k, const ops::MoeRouting& how,
+             HostTensor* bias = nullptr) {
   const int64_t N = logits.shape()[0], E = logits.shape()[1];
   Routed r{HostTensor({N, E}), HostTensor({N, k}, DType::i32), HostTensor({N, k})};
-  ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(), sigmoid, normalize);
+  ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(), how,
+                 bias ? bias->t() : Tensor());
   return r;
+}
+
+Routed route(HostTensor& logits, int64_t k, bool sigmoid, bool normalize) {
+  return route(logits, k, {.sigmoid = sigmoid, .normalize = normalize});
 }
 
 TEST(MoeRoute, TopKAndWeightsMatchDoubleReference) {
@@ -66,7 +72,8 @@ TEST(MoeRoute, BiasSelectsButDoesNotWeigh) {
   for (const bool sigmoid : {false, true}) {
     const Routed plain = route(logits, k, sigmoid, false);
     Routed r{HostTensor({N, E}), HostTensor({N, k}, DType::i32), HostTensor({N, k})};
-    ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(), sigmoid, false, bias.t());
+    ops::moe_route(r.scores.t(), r.idx.t(), r.weights.t(), logits.t(),
+                   {.sigmoid = sigmoid, .normalize = false}, bias.t());
     for (int64_t t = 0; t < N; ++t) {
       EXPECT_EQ(r.idx.i32()[t * k], 4);
       const int32_t second = r.idx.i32()[t * k + 1];
@@ -96,8 +103,9 @@ TEST(MoeRoute, GradientMatchesFiniteDifferences) {
       ops::moe_dispatch(counts.t(), offsets.t(), assign.t(), slot.t(), r0.idx.t(), T, 0);
       HostTensor c = uniform({N, k}, 3);
       HostTensor dlogits({N, E});
-      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(), r0.idx.t(), counts.t(), sigmoid,
-                              normalize, static_cast<float>(lambda * E / (T * T * k)),
+      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(), r0.idx.t(), counts.t(),
+                              {.sigmoid = sigmoid, .normalize = normalize},
+                              static_cast<float>(lambda * E / (T * T * k)),
                               static_cast<float>(2 * mu));
       auto loss = [&] {
         Routed r = route(logits, k, sigmoid, normalize);
@@ -110,6 +118,85 @@ TEST(MoeRoute, GradientMatchesFiniteDifferences) {
         for (int64_t s = 0; s < S; ++s) l += lambda * aux[s];
         for (int64_t t = 0; t < N; ++t) l += mu * zsq[t];
         return l;
+      };
+      EXPECT_TRUE(check_gradient(loss, logits, dlogits, GradCheck{.eps = 1e-3}))
+          << (sigmoid ? "sigmoid" : "softmax") << (normalize ? " normalized" : "");
+    }
+}
+
+// Group-limited routing (DeepSeek-V3), against a reference that sorts: each group's score is the
+// sum of its two largest keys (score + bias), the topk_group best groups (ties: the lower group)
+// are open, and the k best keys among their experts are picked (ties: the lower expert); the
+// weights are the picked scores (normalized) times routed_scaling_factor.
+TEST(MoeRoute, GroupLimitedRoutingPicksFromTheBestGroups) {
+  const int64_t N = 64, E = 16, G = 4, per = E / G, k = 3;
+  HostTensor logits = uniform({N, E}, 31, -3.0f, 3.0f), bias = uniform({E}, 32, -0.5f, 0.5f);
+  for (int64_t e = 0; e < E; ++e) logits[E + e] = 0.5f;  // row 1: scores tie (groups and experts)
+  for (const bool sigmoid : {false, true})
+    for (const int64_t topk_group : {int64_t{1}, int64_t{2}, G})
+      for (const bool with_bias : {false, true}) {
+        const ops::MoeRouting how{.sigmoid = sigmoid,
+                                  .normalize = true,
+                                  .groups = G,
+                                  .topk_group = topk_group,
+                                  .scale = 2.5f};
+        const Routed r = route(logits, k, how, with_bias ? &bias : nullptr);
+        for (int64_t t = 0; t < N; ++t) {
+          const float* p = r.scores.f32() + t * E;
+          auto key = [&](int64_t e) { return with_bias ? p[e] + bias[e] : p[e]; };
+          std::vector<std::pair<float, int64_t>> groups;
+          for (int64_t g = 0; g < G; ++g) {
+            std::vector<float> keys;
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) keys.push_back(key(e));
+            std::sort(keys.rbegin(), keys.rend());
+            groups.push_back({keys[0] + keys[1], g});
+          }
+          std::stable_sort(groups.begin(), groups.end(),
+                           [](const auto& a, const auto& b) { return a.first > b.first; });
+          std::vector<std::pair<float, int64_t>> open;
+          for (int64_t i = 0; i < topk_group; ++i)
+            for (int64_t e = groups[i].second * per; e < (groups[i].second + 1) * per; ++e)
+              open.push_back({key(e), e});
+          std::stable_sort(open.begin(), open.end(), [](const auto& a, const auto& b) {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+          });
+          double sum = 0;
+          for (int64_t j = 0; j < k; ++j) sum += p[open[j].second];
+          for (int64_t j = 0; j < k; ++j) {
+            ASSERT_EQ(r.idx.i32()[t * k + j], open[j].second)
+                << "row " << t << " choice " << j << (sigmoid ? " sigmoid" : " softmax")
+                << " topk_group " << topk_group << (with_bias ? " bias" : "");
+            EXPECT_NEAR(r.weights[t * k + j], 2.5 * p[open[j].second] / sum, 1e-6);
+          }
+        }
+      }
+  // A group limit of every group picks what ungrouped routing picks, bit for bit.
+  const Routed all = route(logits, k, {.sigmoid = true, .groups = G, .topk_group = G}, &bias);
+  const Routed plain = route(logits, k, {.sigmoid = true}, &bias);
+  for (int64_t i = 0; i < N * k; ++i) {
+    EXPECT_EQ(all.idx.i32()[i], plain.idx.i32()[i]);
+    EXPECT_EQ(all.weights[i], plain.weights[i]);
+  }
+}
+
+// routed_scaling_factor and group limits in the gradient: the scale multiplies the weights'
+// gradient; the groups change only which experts were picked.
+TEST(MoeRoute, ScaledGroupLimitedGradientMatchesFiniteDifferences) {
+  const int64_t N = 12, E = 8, k = 2;
+  for (const bool sigmoid : {false, true})
+    for (const bool normalize : {false, true}) {
+      const ops::MoeRouting how{
+          .sigmoid = sigmoid, .normalize = normalize, .groups = 4, .topk_group = 2, .scale = 2.5f};
+      HostTensor logits = uniform({N, E}, 5, -2.0f, 2.0f);
+      Routed r0 = route(logits, k, how);
+      HostTensor c = uniform({N, k}, 6), dlogits({N, E});
+      ops::moe_route_backward(dlogits.t(), c.t(), logits.t(), r0.idx.t(), Tensor(), how, 0.0f,
+                              0.0f);
+      auto loss = [&] {
+        Routed r = route(logits, k, how);
+        for (int64_t i = 0; i < N * k; ++i)
+          if (r.idx.i32()[i] != r0.idx.i32()[i]) ADD_FAILURE() << "probe changed the routing";
+        return weighted_sum(r.weights, c);
       };
       EXPECT_TRUE(check_gradient(loss, logits, dlogits, GradCheck{.eps = 1e-3}))
           << (sigmoid ? "sigmoid" : "softmax") << (normalize ? " normalized" : "");
@@ -176,7 +263,7 @@ TEST(MoeDispatch, RankBaseOfRunsKeepsWhatTheWholeSequenceKeeps) {
   const int64_t S = 2, T = 12, H = 3, run = T / H, E = 3, k = 2, N = S * T;
   HostTensor logits = uniform({N, E}, 11, -2.0f, 2.0f);
   HostTensor scores({N, E}), idx({N, k}, DType::i32), weights({N, k});
-  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), false, true);
+  ops::moe_route(scores.t(), idx.t(), weights.t(), logits.t(), ops::MoeRouting{});
   HostTensor base({S, E, k, H}, DType::i32);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t e = 0; e < E; ++e) {

@@ -121,6 +121,9 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("model.moe.d_ff_expert", model.moe.d_ff_expert),
       LLMT_KEY("model.moe.router", model.moe.router),
       LLMT_KEY("model.moe.normalize", model.moe.normalize),
+      LLMT_KEY("model.moe.n_group", model.moe.n_group),
+      LLMT_KEY("model.moe.topk_group", model.moe.topk_group),
+      LLMT_KEY("model.moe.routed_scaling_factor", model.moe.routed_scaling_factor),
       LLMT_KEY("model.moe.balance", model.moe.balance),
       LLMT_KEY("model.moe.aux_loss_coef", model.moe.aux_loss_coef),
       LLMT_KEY("model.moe.bias_update_rate", model.moe.bias_update_rate),
@@ -510,6 +513,9 @@ top_k = 1
 d_ff_expert = 96
 router = "sigmoid"
 normalize = false
+n_group = 2
+topk_group = 1
+routed_scaling_factor = 2.5
 balance = "bias"
 aux_loss_coef = 0.02
 bias_update_rate = 0.002
@@ -860,6 +866,16 @@ INSTANTIATE_TEST_SUITE_P(
                   {"train.grad_dtype=\"compute\" stores gradients in the compute type, which "
                    "train.precision=\"fp32\" does not have",
                    "(train.grad_dtype at t.toml:2:1)"}},
+        ErrorCase{"[model.moe]\nnum_experts = 6\nn_group = 4\n",
+                  {"model.moe.num_experts=6 is not divisible by model.moe.n_group=4"}},
+        ErrorCase{"[model.moe]\nnum_experts = 8\nn_group = 4\ntopk_group = 5\n",
+                  {"model.moe.topk_group=5 must be in [1, model.moe.n_group=4], or 0 for every "
+                   "group"}},
+        ErrorCase{"[model.moe]\nnum_experts = 8\ntop_k = 3\nn_group = 4\ntopk_group = 1\n",
+                  {"model.moe.top_k=3 exceeds the 2 experts a token may pick from: "
+                   "model.moe.topk_group=1 of model.moe.n_group=4 groups of 2 experts"}},
+        ErrorCase{"[model.moe]\nnum_experts = 8\nrouted_scaling_factor = 0\n",
+                  {"model.moe.routed_scaling_factor=0.0 must be > 0"}},
         ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"selective\"\n"
                   "[parallel]\ntp = 2\n[model]\nvocab_size = 256\n",
                   {"train.distribute_saved_activations splits the input a fully recomputed layer "
