@@ -7,11 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define LLMT_HOST_DEVICE __host__ __device__
-#else
-#define LLMT_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace llmt::kernel_math {
 

@@ -7,7 +7,7 @@ LLMT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libopenmpi-dev openmpi-bin libhdf5-dev
   libtomlplusplus-dev libcli11-dev libsentencepiece-dev
-  libopenblas-openmp-dev libxxhash-dev fortunes
+  libopenblas-openmp-dev libdnnl-dev libxxhash-dev fortunes
 )
 # What the tests add (scripts/test.sh): GoogleTest, h5dump, the spm_train CLI, the Python
 # readers and the independent PyTorch model the tests compare against, and a one-node Slurm.

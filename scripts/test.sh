@@ -31,7 +31,7 @@ stage() {
 cuda_build() {
   # Only what the CUDA build adds: the binary (with the CUDA kernels) and the GPU tests.
   LLMT_TARGETS="llmtrain test_gpu test_gpu_ops test_gpu_train" llmt_build "$LLMT_ROOT/build-cuda" \
-    -DLLMTRAIN_CUDA=ON -DLLMTRAIN_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_path"
+    -DLLMTRAIN_CUDA=ON -DLLMTRAIN_WERROR=ON -DLLMTRAIN_DNNL=OFF -DCMAKE_CUDA_COMPILER="$nvcc_path"
 }
 # With a GPU, ctest runs every case as its own test. Without one, each case would only skip, and
 # a process that loads the CUDA libraries takes ~0.4 s to start (219 cases: 85 s): each program

@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
+#include "kernels/moe_math.h"
 
 namespace llmt::cpu {
 namespace {
@@ -38,20 +38,7 @@ void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k
   const int64_t per = E / G;
   std::fill(picked, picked + G, G == topk_group ? 1 : 0);
   if (G != topk_group) {
-    // A group's score: the sum of its two largest keys (its one key when it holds one expert).
-    auto group_score = [&](int64_t g) {
-      float first = -std::numeric_limits<float>::infinity(), second = first;
-      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-        const float v = key(e);
-        if (v > first) {
-          second = first;
-          first = v;
-        } else if (v > second) {
-          second = v;
-        }
-      }
-      return per > 1 ? first + second : first;
-    };
+    auto group_score = [&](int64_t g) { return kernel_math::group_score(key, g * per, per); };
     for (int64_t i = 0; i < topk_group; ++i) {
       int64_t best = -1;
       float best_score = 0.0f;
@@ -63,6 +50,7 @@ void top_k(int32_t* idx, const float* p, const float* bias, int64_t E, int64_t k
           best_score = s;
         }
       }
+      if (best < 0) break;  // (never: topk_group <= G)
       picked[best] = 1;
     }
   }

@@ -10,6 +10,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/moe_math.h"
 
 namespace llmt::cuda {
 namespace {
@@ -41,19 +42,7 @@ void moe_route(float* scores, int32_t* idx, float* weights, const float* logits,
     // Group-limited routing: group g is open when fewer than topk_group groups rank above it by
     // the sum of their two largest keys (ties: the lower group ranks above).
     const int64_t per = E / G;
-    auto group_score = [&](int64_t g) {
-      float first = -INFINITY, second = -INFINITY;
-      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-        const float v = key(e);
-        if (v > first) {
-          second = first;
-          first = v;
-        } else if (v > second) {
-          second = v;
-        }
-      }
-      return per > 1 ? first + second : first;
-    };
+    auto group_score = [&](int64_t g) { return kernel_math::group_score(key, g * per, per); };
     auto open = [&](int64_t g) {
       if (topk_group == G) return true;
       const float mine = group_score(g);

@@ -19,7 +19,8 @@ KIT_NVIDIA_LIBS=(
 )
 
 # Everything else: the Debian packages' libraries, copied into the kit's lib/ (HDF5 brings
-# curl and its TLS and Kerberos stack; OpenBLAS brings gfortran).
+# curl and its TLS and Kerberos stack; OpenBLAS brings gfortran; oneDNN, the CPU's bf16 GEMMs,
+# brings the OpenCL loader of its GPU runtime).
 KIT_LIBS=(
   libstdc++.so.6 libgcc_s.so.1 libgomp.so.1
   libmpi.so.40 libopen-rte.so.40 libopen-pal.so.40 libhwloc.so.15 libevent_core-2.1.so.7
@@ -31,7 +32,7 @@ KIT_LIBS=(
   libsasl2.so.2 libbrotlidec.so.1 libbrotlicommon.so.1 libgnutls.so.30 libhogweed.so.6
   libnettle.so.8 libgmp.so.10 libp11-kit.so.0 libtasn1.so.6 libffi.so.8
   libsentencepiece.so.0 libsentencepiece_train.so.0 libtomlplusplus.so.3 libxxhash.so.0
-  libopenblas.so.0 libgfortran.so.5 libquadmath.so.0
+  libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libdnnl.so.2 libOpenCL.so.1
 )
 
 # kit_uncovered BINARY...: prints each soname `ldd` reports for the binaries that no list above
