@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -40,21 +41,14 @@ bool dnnl_bf16(DType operands) {
   return operands == DType::bf16 && usable;
 }
 
-// x (n) fp32 holding bf16 values, as bf16 in this thread's buffer `slot` (round to nearest even,
-// exact for such values).
-const uint16_t* as_bf16(int slot, const float* x, int64_t n) {
+// x (n) fp32 holding bf16 values, as bf16 in this thread's buffer `slot` (the storage codec's
+// rounding, exact for such values).
+uint16_t* as_bf16(int slot, const float* x, int64_t n) {
   thread_local std::vector<uint16_t> buffers[2];
   std::vector<uint16_t>& b = buffers[slot];
   if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
-  uint16_t* out = b.data();
-  parallel_for(n, kGrainElems, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-      out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-  });
-  return out;
+  convert(b.data(), DType::bf16, x, DType::f32, n);
+  return b.data();
 }
 
 // c (M,N) row-major = a (M,K) @ b (K,N) (+ c when `accumulate`), in bf16 with fp32 accumulation;
@@ -77,8 +71,8 @@ void gemm_bf16(float* c, const float* a, bool a_t, const float* b, bool b_t, int
   // oneDNN's primitive cache keeps the kernels of the shapes seen before.
   const dnnl::matmul matmul(
       dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine));
-  memory am(ad, engine, const_cast<uint16_t*>(as_bf16(0, a, M * K)));
-  memory bm(bd, engine, const_cast<uint16_t*>(as_bf16(1, b, K * N)));
+  memory am(ad, engine, as_bf16(0, a, M * K));
+  memory bm(bd, engine, as_bf16(1, b, K * N));
   memory cm(cd, engine, c);
   matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();
