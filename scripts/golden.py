@@ -104,6 +104,9 @@ def record(args):
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)
     env = {**os.environ}
+    # bf16 GEMMs through sgemm on every CPU: oneDNN's bf16 path (CPUs with AVX512-BF16) sums in
+    # another order, and a binary without it would differ from one with it on such a CPU.
+    env.setdefault("LLMTRAIN_CPU_BF16_GEMM", "blas")
     if os.getuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     result = {}
