@@ -23,6 +23,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #endif
 
+#include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 
@@ -31,12 +32,16 @@ namespace {
 
 #if LLMTRAIN_HAVE_DNNL
 // Whether bf16 operands go to oneDNN: the CPU multiplies bf16 natively (AVX512-BF16; AMX CPUs
-// have it too) and the environment does not ask for sgemm.
+// have it too) and LLMTRAIN_CPU_BF16_GEMM does not say "blas" ("auto" or unset: oneDNN where the
+// CPU has it; anything else is refused).
 bool dnnl_bf16(DType operands) {
   static const bool usable = [] {
     const char* e = std::getenv("LLMTRAIN_CPU_BF16_GEMM");
-    if (e != nullptr && std::string_view(e) == "blas") return false;
-    return __builtin_cpu_supports("avx512bf16") != 0;
+    const std::string_view v = e != nullptr ? e : "";
+    LLMT_CHECK(v.empty() || v == "auto" || v == "blas", "LLMTRAIN_CPU_BF16_GEMM=", v,
+               " is not \"auto\" (oneDNN bf16 GEMMs where the CPU has AVX512-BF16) or \"blas\" "
+               "(fp32 sgemm)");
+    return v != "blas" && __builtin_cpu_supports("avx512bf16") != 0;
   }();
   return operands == DType::bf16 && usable;
 }
@@ -59,7 +64,7 @@ void gemm_bf16(float* c, const float* a, bool a_t, const float* b, bool b_t, int
   using dt = memory::data_type;
   using tag = memory::format_tag;
   static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
+  static dnnl::stream stream(engine);  // in order; each GEMM waits for its own result
   const memory::desc ad({M, K}, dt::bf16, a_t ? tag::ba : tag::ab),
       bd({K, N}, dt::bf16, b_t ? tag::ba : tag::ab), cd({M, N}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;

@@ -697,27 +697,19 @@ void add_moe(std::vector<OpCase>& cases) {
          }),
          kTight});
   }
-  // Aux-loss-free balancing: a bias on the scores for selection.
-  cases.push_back({"moe_route",
-                   "moe_route_sigmoid_bias",
-                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
-                    uniform({E}, 21, -0.3f, 0.3f)},
-                   op([](const Views& v) {
-                     ops::moe_route(v[0], v[1], v[2], v[3], {.sigmoid = true, .normalize = true},
-                                    v[4]);
-                   }),
-                   kTight});
-  // Group-limited routing (DeepSeek-V3): 2 of 3 groups of 2 experts, weights scaled.
-  cases.push_back({"moe_route",
-                   "moe_route_sigmoid_bias_grouped",
-                   {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
-                    uniform({E}, 21, -0.3f, 0.3f)},
-                   op([](const Views& v) {
-                     ops::moe_route(v[0], v[1], v[2], v[3],
-                                    {.sigmoid = true, .groups = 3, .topk_group = 2, .scale = 2.5f},
-                                    v[4]);
-                   }),
-                   kTight});
+  // Aux-loss-free balancing: a bias on the scores for selection; and with it DeepSeek-V3's
+  // group-limited routing (2 of 3 groups of 2 experts), the weights scaled.
+  for (const auto& [name, how] :
+       {std::pair{"moe_route_sigmoid_bias", ops::MoeRouting{.sigmoid = true}},
+        std::pair{"moe_route_sigmoid_bias_grouped",
+                  ops::MoeRouting{.sigmoid = true, .groups = 3, .topk_group = 2, .scale = 2.5f}}})
+    cases.push_back(
+        {"moe_route",
+         name,
+         {uniform({N, E}, 2), HostTensor({N, k}, DType::i32), uniform({N, k}, 3), logits,
+          uniform({E}, 21, -0.3f, 0.3f)},
+         op([how](const Views& v) { ops::moe_route(v[0], v[1], v[2], v[3], how, v[4]); }),
+         kTight});
   HostTensor counts({S, E}, DType::i32), offsets({E + 1}, DType::i32), assign({M}, DType::i32);
   HostTensor slot({N, k}, DType::i32);
   const int64_t capacity = 10;  // of ~12 per (sequence, expert): some drop
