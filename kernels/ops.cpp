@@ -1151,6 +1151,41 @@ void convert(Tensor dst, Tensor src) {
   LLMT_KERNEL(op, convert)(dst.data, dst.dtype, src.data, src.dtype, src.numel());
 }
 
+// ---- FP8 --------------------------------------------------------------------------------------
+
+namespace {
+
+// The (TR, TC) tile grid of an (M,K) tensor cut into tr x tc tiles.
+std::array<int64_t, 2> fp8_tiles(Op& op, const Tensor& in, int64_t tr, int64_t tc) {
+  LLMT_OP_REQUIRE(op, in.ndim() == 2, "in is ", describe(in), ", expected (M,K)");
+  LLMT_OP_REQUIRE(op, tr >= 1 && tc >= 1, "tile ", tr, "x", tc, ": both sides must be >= 1");
+  return {(in.shape[0] + tr - 1) / tr, (in.shape[1] + tc - 1) / tc};
+}
+
+}  // namespace
+
+void fp8_amax(Tensor amax, Tensor in, int64_t tile_rows, int64_t tile_cols) {
+  Op op("fp8_amax", {amax, in});
+  const auto [TR, TC] = fp8_tiles(op, in, tile_rows, tile_cols);
+  op.shape("amax", amax, {TR, TC});
+  const float* x = op.in("in", in);
+  LLMT_KERNEL(op, fp8_amax)
+  (op.f32("amax", amax), x, in.shape[0], in.shape[1], tile_rows, tile_cols);
+}
+
+void fp8_quantize(Tensor out, Tensor in, Tensor amax, int64_t tile_rows, int64_t tile_cols,
+                  Fp8Format fmt) {
+  Op op("fp8_quantize", {out, in, amax});
+  const auto [TR, TC] = fp8_tiles(op, in, tile_rows, tile_cols);
+  op.same_shape("out", out, "in", in);
+  op.shape("amax", amax, {TR, TC});
+  LLMT_OP_REQUIRE(op, out.data == nullptr || out.data != in.data, "out may not alias in");
+  const float* x = op.in("in", in);
+  LLMT_KERNEL(op, fp8_quantize)
+  (op.f32("out", out), x, op.f32("amax", amax), in.shape[0], in.shape[1], tile_rows, tile_cols,
+   static_cast<int>(fmt));
+}
+
 // ---- initialisation ---------------------------------------------------------------------------
 
 void init_normal(Tensor x, float std, uint64_t seed, uint64_t stream, int64_t global_offset,

@@ -252,6 +252,20 @@ void round_to(Tensor x, DType target);
 // Converts between f32, bf16 and f16 storage (same shape).
 void convert(Tensor dst, Tensor src);
 
+// ---- FP8 (train.fp8, emulated; kernels/fp8_math.h) --------------------------------------------
+// The OCP formats: E4M3 (largest 448) and E5M2 (largest 57344).
+enum class Fp8Format : uint8_t { e4m3, e5m2 };
+// in (M,K) is cut into tiles of tile_rows x tile_cols (each >= 1; a tile wider than the tensor
+// covers it; edge tiles partial). amax (ceil(M/tile_rows), ceil(K/tile_cols)) f32 = the largest
+// |value| of each tile.
+void fp8_amax(Tensor amax, Tensor in, int64_t tile_rows, int64_t tile_cols);
+// out (M,K) f32 = in quantised to `fmt` with its tile's scale s = amax / fmt's largest value and
+// dequantised: s * fp8(in / s), round to nearest even, saturating; 0 in a tile whose amax is 0.
+// What an FP8 GEMM with fp32 accumulation multiplies; amax from fp8_amax (possibly reduced over
+// ranks first). out may not alias in.
+void fp8_quantize(Tensor out, Tensor in, Tensor amax, int64_t tile_rows, int64_t tile_cols,
+                  Fp8Format fmt);
+
 // ---- initialisation ---------------------------------------------------------------------------
 // x[i] = std * normal(key(seed, stream, global_offset + i)): depends only on the seed, the
 // parameter's stream (hash of its global name) and the global index, never on the layout.

@@ -144,6 +144,7 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
                  " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers,
                  cfg.train.distribute_saved_activations, " ", static_cast<int>(cfg.train.precision),
+                 " fp8 ", static_cast<int>(cfg.train.fp8), "/", cfg.train.fp8_block, " ",
                  static_cast<int>(grad_dtype(cfg.train)), " ", rank_spec.has_embedding,
                  rank_spec.has_head, count_ops, " zb ",
                  mesh.size(Axis::pp) > 1 && par.pp_schedule == PipeSchedule::zb_h1);

@@ -36,6 +36,7 @@ constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
 constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
 constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
+constexpr std::array<std::string_view, 3> kFp8Names{"none", "tensorwise", "blockwise"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
@@ -196,6 +197,8 @@ const std::vector<Section>& sections() {
                     .add("recompute", &T::recompute, kRecomputeNames)
                     .add("recompute_layers", &T::recompute_layers)
                     .add("distribute_saved_activations", &T::distribute_saved_activations)
+                    .add("fp8", &T::fp8, kFp8Names)
+                    .add("fp8_block", &T::fp8_block)
                     .add("on_nonfinite", &T::on_nonfinite, kOnNonfiniteNames)
                     .add("max_skipped_steps", &T::max_skipped_steps)
                     .add("time_limit", &T::time_limit)
@@ -377,6 +380,14 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               "(parallel.pp_layers has a 0): a stage's first layer saves the part it receives");
   }
 
+  if (t.fp8 != Fp8Scaling::none) {
+    r.require(t.precision != Precision::fp32, {"train.fp8", "train.precision"},
+              concat("train.fp8=\"", kFp8Names[static_cast<size_t>(t.fp8)],
+                     "\" quantises the GEMM inputs of a 16-bit run (bf16, as DeepSeek-V3, or "
+                     "fp16), but train.precision=\"fp32\": set train.precision to \"bf16\", "
+                     "or train.fp8 to \"none\""));
+    r.at_least<int64_t>("train.fp8_block", t.fp8_block, 1, " (the tile side, 128 in DeepSeek-V3)");
+  }
   r.at_least<int64_t>("train.max_skipped_steps", t.max_skipped_steps, 0, " (0 = never stop)");
   r.at_least("train.time_limit", t.time_limit, 0.0, " (seconds; 0 = no limit)");
 

@@ -17,6 +17,7 @@
 #include "engine/optim/optimizer_config.h"
 #include "engine/parallel/mesh.h"
 #include "engine/parallel/parallel_config.h"
+#include "engine/parallel/parallel_layers.h"
 
 namespace llmt {
 
@@ -49,6 +50,10 @@ struct TrainConfig {
   // layer's input and pipeline stages send 1/tp of their output (Megatron's
   // distribute-saved-activations and PTD-P's scatter/gather); docs/model.md.
   bool distribute_saved_activations = false;
+  // FP8 GEMM inputs of the transformer layers' linears, emulated (parallel_layers.h's Fp8Recipe,
+  // docs/precision.md): "none", "tensorwise" or "blockwise" (tiles of fp8_block); bf16 only.
+  Fp8Scaling fp8 = Fp8Scaling::none;
+  int64_t fp8_block = 128;
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   // Stop (exit 1) after this many skipped steps in a row (fp16 overflow, on_nonfinite = "skip");
   // 0 = never.

@@ -15,7 +15,8 @@ std::unique_ptr<Transformer> make_rank_model(const Config& cfg, const ModelSpec&
       TensorParallel{tp, cfg.parallel.sequence_parallel},
       RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers,
                        cfg.train.distribute_saved_activations},
-      ContextParallel{cp, cfg.parallel.cp_impl, static_cast<int>(cfg.parallel.cp_ulysses)}, ep);
+      ContextParallel{cp, cfg.parallel.cp_impl, static_cast<int>(cfg.parallel.cp_ulysses)}, ep,
+      /*decode_len=*/0, Fp8Recipe{cfg.train.fp8, cfg.train.fp8_block});
 }
 
 }  // namespace llmt

@@ -169,8 +169,8 @@ Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recomp
       qkv_b_(env.param_opt(prefix + ".qkv.bias")),
       proj_w_(env.param(prefix + ".proj.weight")),
       proj_b_(env.param_opt(prefix + ".proj.bias")),
-      qkv_(env.tp),
-      proj_(env.tp) {}
+      qkv_(env.tp, true),
+      proj_(env.tp, true) {}
 
 std::vector<TensorSpec> Attention::saved() const {
   const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
@@ -262,8 +262,8 @@ Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn)
       fc1_b_(env.param_opt(prefix + ".fc1.bias")),
       fc2_w_(env.param(prefix + ".fc2.weight")),
       fc2_b_(env.param_opt(prefix + ".fc2.bias")),
-      fc1_(env.tp),
-      fc2_(env.tp) {}
+      fc1_(env.tp, true),
+      fc2_(env.tp, true) {}
 
 std::vector<TensorSpec> Mlp::saved() const {
   const DType t = env_.tp.compute;

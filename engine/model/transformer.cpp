@@ -14,7 +14,7 @@ namespace llmt {
 Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch,
                          DType compute, ModelStorage storage, TensorParallel tp,
                          RecomputeOptions recompute, ContextParallel cp, Communicator* ep,
-                         int64_t decode_len)
+                         int64_t decode_len, Fp8Recipe fp8)
     : spec_(spec),
       alloc_(alloc),
       B_(decode_len > 0 ? 1 : micro_batch),
@@ -52,6 +52,8 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   const int64_t N = B_ * T_, C = cfg.d_model;
   tp_.tp = tp;
   tp_.compute = compute_;
+  LLMT_CHECK(!fp8.on() || fp8.block >= 1, "fp8 block ", fp8.block, " must be >= 1");
+  tp_.fp8 = fp8;
   tp_.N = N;
   tp_.R = N;
   if (tp_.sp()) {
@@ -197,6 +199,24 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     if (tp_.sp()) {
       tp_.gathered = lay.take({N, C}, compute_);  // the layers' norm outputs, gathered
       tp_.shard = lay.take({R, C});
+    }
+    if (tp_.fp8.on()) {
+      // The FP8 inputs of the layers' linears (TpLayers): every GEMM of theirs has N rows, and
+      // its features and weight are at most those of this rank's widest and largest 2-D layer
+      // weight.
+      int64_t width = 1, numel = 1;
+      for (const ParamSpec& ps : spec_.params) {
+        if (ps.layer < 0 || ps.shape.ndim() != 2) continue;
+        width = std::max({width, ps.shape[0], ps.shape[1]});
+        numel = std::max(numel, ps.shape.numel());
+      }
+      const int64_t b = tp_.fp8.block;
+      tp_.fp8_a = lay.take({N * width});
+      tp_.fp8_b = lay.take({N * width});
+      tp_.fp8_w = lay.take({numel});
+      tp_.fp8_amax = lay.take({tp_.fp8.scaling == Fp8Scaling::blockwise
+                                   ? std::max(N * ((width + b - 1) / b), (N + b - 1) / b * width)
+                                   : 1});
     }
     sc.stash = lay.take({static_cast<int64_t>(stash_bytes / 4)});
     const size_t before = lay.bytes();

@@ -81,9 +81,11 @@ class Transformer {
   // decode_len > 0: a decoder (llmtrain generate) of sequences up to decode_len positions, one
   // position at a time (B = T = 1, micro_batch ignored) through a KV cache (KvCacheAttention);
   // forward only (decode()), without cp or sequence parallelism.
+  // fp8: train.fp8, the FP8 inputs of the layers' linears (parallel_layers.h).
   Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_batch, DType compute,
               ModelStorage storage = {}, TensorParallel tp = {}, RecomputeOptions recompute = {},
-              ContextParallel cp = {}, Communicator* ep = nullptr, int64_t decode_len = 0);
+              ContextParallel cp = {}, Communicator* ep = nullptr, int64_t decode_len = 0,
+              Fp8Recipe fp8 = {});
   Transformer(const Transformer&) = delete;  // the blocks hold references into the model
   Transformer& operator=(const Transformer&) = delete;
 

@@ -2,9 +2,54 @@
 // collective here runs on the tp group the TpLayers carries; with tp = 1 only the ops run.
 #include "engine/parallel/parallel_layers.h"
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 
 namespace llmt {
+
+namespace {
+
+// How an FP8 GEMM input is tiled under blockwise scaling.
+enum class Fp8Tiles : uint8_t {
+  rows,    // 1 x block: the left operand of a forward or input-gradient GEMM (reduced along K)
+  cols,    // block x 1: the operands of a weight gradient (reduced over the tokens)
+  weight,  // block x block
+};
+
+// x (..., K) quantised and dequantised (ops::fp8_quantize) into the 1-D scratch `into`, returned
+// in x's shape. `grad`: an output gradient (E5M2 under tensorwise); `sharded`: x is this rank's
+// part of a tensor split over tp (a tensorwise amax is then the max over tp).
+Tensor fp8_input(const TpLayers& t, Tensor x, Fp8Tiles tiles, bool grad, bool sharded,
+                 Tensor into) {
+  const int64_t K = x.shape[x.ndim() - 1], M = K > 0 ? x.numel() / K : 0;
+  int64_t tr = std::max<int64_t>(M, 1), tc = std::max<int64_t>(K, 1);  // tensorwise: one tile
+  const bool blockwise = t.fp8.scaling == Fp8Scaling::blockwise;
+  if (blockwise) {
+    tr = tiles == Fp8Tiles::rows ? 1 : t.fp8.block;
+    tc = tiles == Fp8Tiles::cols ? 1 : t.fp8.block;
+  }
+  const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+  const Tensor amax = t.fp8_amax.rows(0, TR * TC).view({TR, TC});
+  ops::fp8_amax(amax, x.view({M, K}), tr, tc);
+  if (!blockwise && sharded && t.parallel()) t.tp.comm->all_reduce(amax, ReduceOp::max).wait();
+  const Tensor out = into.rows(0, M * K);
+  ops::fp8_quantize(out.view({M, K}), x.view({M, K}), amax, tr, tc,
+                    grad && !blockwise ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3);
+  return out.view(x.shape);
+}
+
+// The weight gradient from FP8 operands (both tiled down the tokens); the bias gradient from the
+// unquantised output gradient.
+void fp8_backward_weight(const TpLayers& t, Tensor dw, Tensor db, Tensor dy, bool dy_sharded,
+                         Tensor x, bool x_sharded) {
+  ops::linear_backward(Tensor(), dw, Tensor(),
+                       fp8_input(t, dy, Fp8Tiles::cols, true, dy_sharded, t.fp8_b),
+                       fp8_input(t, x, Fp8Tiles::cols, false, x_sharded, t.fp8_a), Tensor());
+  if (db.defined()) ops::linear_backward(Tensor(), Tensor(), db, dy, Tensor(), Tensor());
+}
+
+}  // namespace
 
 void TpLayers::round(Tensor x) const {
   // A tensor stored in 16 bits was rounded by the op that wrote it.
@@ -19,11 +64,22 @@ Tensor ColumnParallelLinear::input(Tensor x, Tensor into) const {
 }
 
 void ColumnParallelLinear::forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const {
+  if (fp8_ && t_.fp8.on()) {
+    ops::linear_forward(y, fp8_input(t_, x_full, Fp8Tiles::rows, false, false, t_.fp8_a),
+                        fp8_input(t_, w, Fp8Tiles::weight, false, t_.parallel(), t_.fp8_w), b);
+    return;
+  }
   ops::linear_forward(y, x_full, w, b, t_.compute);
 }
 
 Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w) const {
-  ops::linear_backward(dx_partial, Tensor(), Tensor(), dy, Tensor(), w, t_.compute);
+  if (fp8_ && t_.fp8.on()) {
+    ops::linear_backward(dx_partial, Tensor(), Tensor(),
+                         fp8_input(t_, dy, Fp8Tiles::rows, true, t_.parallel(), t_.fp8_b), Tensor(),
+                         fp8_input(t_, w, Fp8Tiles::weight, false, t_.parallel(), t_.fp8_w));
+  } else {
+    ops::linear_backward(dx_partial, Tensor(), Tensor(), dy, Tensor(), w, t_.compute);
+  }
   // The partial sums are reduced in fp32 and the sum rounded once, as one rank rounds the whole
   // GEMM's output (rounding each rank's partial first drifts several times further from the
   // single-rank run: tests/mpi/precision_tp.py).
@@ -39,12 +95,19 @@ Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor
 }
 
 void ColumnParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const {
+  if (fp8_ && t_.fp8.on()) return fp8_backward_weight(t_, dw, db, dy, t_.parallel(), x_full, false);
   ops::linear_backward(Tensor(), dw, db, dy, x_full, Tensor(), t_.compute);
 }
 
 Tensor RowParallelLinear::forward(Tensor x, Tensor w, Tensor b) const {
   // Under tp the bias is added once, after the reduction.
-  ops::linear_forward(t_.full, x, w, t_.parallel() ? Tensor() : b, t_.compute);
+  if (fp8_ && t_.fp8.on()) {
+    ops::linear_forward(t_.full, fp8_input(t_, x, Fp8Tiles::rows, false, t_.parallel(), t_.fp8_a),
+                        fp8_input(t_, w, Fp8Tiles::weight, false, t_.parallel(), t_.fp8_w),
+                        t_.parallel() ? Tensor() : b);
+  } else {
+    ops::linear_forward(t_.full, x, w, t_.parallel() ? Tensor() : b, t_.compute);
+  }
   if (!t_.parallel()) return t_.full;
   Tensor out = t_.full;
   if (t_.sp()) {
@@ -63,11 +126,18 @@ Tensor RowParallelLinear::backward_input(Tensor dx, Tensor dy, Tensor w) const {
     tp::reduce_scatter_to_sequence_backward(*t_.tp.comm, t_.full, dy);
     dy_full = t_.full;
   }
-  ops::linear_backward(dx, Tensor(), Tensor(), dy_full, Tensor(), w, t_.compute);
+  if (fp8_ && t_.fp8.on()) {
+    ops::linear_backward(dx, Tensor(), Tensor(),
+                         fp8_input(t_, dy_full, Fp8Tiles::rows, true, false, t_.fp8_b), Tensor(),
+                         fp8_input(t_, w, Fp8Tiles::weight, false, t_.parallel(), t_.fp8_w));
+  } else {
+    ops::linear_backward(dx, Tensor(), Tensor(), dy_full, Tensor(), w, t_.compute);
+  }
   return dy_full;
 }
 
 void RowParallelLinear::backward_weight(Tensor dw, Tensor db, Tensor dy_full, Tensor x) const {
+  if (fp8_ && t_.fp8.on()) return fp8_backward_weight(t_, dw, db, dy_full, false, x, t_.parallel());
   ops::linear_backward(Tensor(), dw, db, dy_full, x, Tensor(), t_.compute);
 }
 

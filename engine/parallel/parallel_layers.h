@@ -22,6 +22,22 @@
 
 namespace llmt {
 
+// train.fp8 (docs/precision.md): the transformer layers' linears multiply FP8 inputs with fp32
+// accumulation, emulated: each GEMM input is quantised and dequantised into fp32 scratch
+// (ops::fp8_quantize), then multiplied by the fp32 GEMM. `blockwise` (DeepSeek-V3 §3.3): E4M3
+// everywhere, activations and output gradients in 1 x block tiles along the GEMM's reduction
+// dim (block x 1 for the weight gradient, whose reduction dim is the tokens), weights in
+// block x block squares. `tensorwise`: one scale per tensor (its amax taken over tp where the
+// tensor is split over tp), E4M3 for activations and weights, E5M2 for gradients (Transformer
+// Engine's hybrid format). The head, the router, the experts' grouped GEMMs and attention stay
+// in the compute type.
+enum class Fp8Scaling : uint8_t { none, tensorwise, blockwise };
+struct Fp8Recipe {
+  Fp8Scaling scaling = Fp8Scaling::none;
+  int64_t block = 128;  // tile side under blockwise
+  bool on() const { return scaling != Fp8Scaling::none; }
+};
+
 // The tp setting of one model and the buffers its regions share: `gathered` (N,C) holds a
 // column-parallel input gathered over the sequence, `shard` (R,C) a reduce-scattered output or
 // input gradient, `full` (N,C) a row-parallel linear's partial output or its gathered output
@@ -32,6 +48,12 @@ struct TpLayers {
   DType compute = DType::f32;
   int64_t N = 0, R = 0, row0 = 0;
   Tensor gathered, shard, full;
+  // train.fp8 and its scratch (1-D f32, allocated by the model when fp8.on()): the quantised
+  // activation or input gradient (fp8_a) and output gradient (fp8_b) of one GEMM, N x the widest
+  // layer linear's in/out features each; its weight (fp8_w), the largest layer weight; the
+  // tiles' amax (fp8_amax).
+  Fp8Recipe fp8;
+  Tensor fp8_a, fp8_b, fp8_w, fp8_amax;
 
   bool parallel() const { return tp.size() > 1; }
   bool sp() const { return tp.sequence_parallel && tp.size() > 1; }
@@ -41,9 +63,10 @@ struct TpLayers {
 
 // Y = X W^T + b with W (OC, IC) sharded on its output rows over tp (Shard(0)). Its input region
 // (input()) is separate from the GEMMs, so a caller may keep the gathered input (the head does).
+// `fp8`: its GEMMs take FP8 inputs when t.fp8 is on (the layers' linears; not the head).
 class ColumnParallelLinear {
  public:
-  explicit ColumnParallelLinear(const TpLayers& t) : t_(t) {}
+  explicit ColumnParallelLinear(const TpLayers& t, bool fp8 = false) : t_(t), fp8_(fp8) {}
   // The (N,IC) input of x (R,IC): x itself, or gathered over tp into `into` (default t.gathered)
   // under SP.
   Tensor input(Tensor x, Tensor into = {}) const;
@@ -61,13 +84,14 @@ class ColumnParallelLinear {
 
  private:
   const TpLayers& t_;
+  bool fp8_;
 };
 
 // Y = X W^T + b with W (OC, IC) sharded on its input columns over tp (Shard(1)); b replicated,
-// added once after the reduction.
+// added once after the reduction. `fp8` as for ColumnParallelLinear.
 class RowParallelLinear {
  public:
-  explicit RowParallelLinear(const TpLayers& t) : t_(t) {}
+  explicit RowParallelLinear(const TpLayers& t, bool fp8 = false) : t_(t), fp8_(fp8) {}
   // y (R,OC) = sum over tp of x (N,IC) @ w^T (all-reduce, or reduce-scatter under SP), + b.
   // The product goes to t.full; returns the view holding y (t.full, or t.shard under SP).
   Tensor forward(Tensor x, Tensor w, Tensor b) const;
@@ -79,6 +103,7 @@ class RowParallelLinear {
 
  private:
   const TpLayers& t_;
+  bool fp8_;
 };
 
 // Token (+ learned position) embedding with wte (V/tp, C) sharded over the vocabulary: each rank

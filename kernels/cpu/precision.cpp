@@ -2,7 +2,9 @@
 // round-to-nearest-even) and every conversion or rounding is one vectorisable loop over a pair of
 // codecs. f16 uses the compiler's _Float16 (F16C instructions where available): IEEE half
 // including subnormals and overflow to inf.
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
+#include "kernels/fp8_math.h"
 
 namespace llmt::cpu {
 namespace {
@@ -83,6 +86,42 @@ void round_to_bf16(float* x, int64_t n) {
 
 void round_to_f16(float* x, int64_t n) {
   round_through<F16>(x, n);
+}
+
+void fp8_amax(float* amax, const float* in, int64_t M, int64_t K, int64_t tr, int64_t tc) {
+  const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+  // A tile row at a time (the max is exact in any order).
+  parallel_for(TR, std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, tr * K)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t ti = begin; ti < end; ++ti) {
+                   float* a = amax + ti * TC;
+                   for (int64_t j = 0; j < TC; ++j) a[j] = 0.0f;
+                   for (int64_t i = ti * tr; i < std::min(M, (ti + 1) * tr); ++i) {
+                     const float* row = in + i * K;
+                     for (int64_t j = 0; j < TC; ++j) {
+                       float m = a[j];
+                       for (int64_t k = j * tc; k < std::min(K, (j + 1) * tc); ++k)
+                         m = std::max(m, std::fabs(row[k]));
+                       a[j] = m;
+                     }
+                   }
+                 }
+               });
+}
+
+void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int64_t K, int64_t tr,
+                  int64_t tc, int fmt) {
+  const int64_t TC = (K + tc - 1) / tc;
+  parallel_for(M, grain_rows(K), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* a = amax + (i / tr) * TC;
+      for (int64_t j = 0; j < TC; ++j) {
+        const float m = a[j];
+        for (int64_t k = j * tc; k < std::min(K, (j + 1) * tc); ++k)
+          out[i * K + k] = kernel_math::fp8_quantize_value(in[i * K + k], m, fmt);
+      }
+    }
+  });
 }
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/fp8_math.h"
 
 namespace llmt::cuda {
 namespace {
@@ -73,6 +74,43 @@ void round_to_bf16(float* x, int64_t n) {
 
 void round_to_f16(float* x, int64_t n) {
   round_through<F16>(x, n);
+}
+
+namespace {
+
+// One block per tile: its threads stride over the tile's elements, then a block max.
+__global__ void fp8_amax_kernel(float* amax, const float* in, int64_t M, int64_t K, int64_t tr,
+                                int64_t tc, int64_t TC) {
+  const int64_t tile = blockIdx.x, ti = tile / TC, tj = tile % TC;
+  const int64_t r0 = ti * tr, c0 = tj * tc;
+  const int64_t rows = min(tr, M - r0), cols = min(tc, K - c0);
+  float m = 0.0f;
+  for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+    const float v = fabsf(in[(r0 + e / cols) * K + c0 + e % cols]);
+    if (v > m) m = v;
+  }
+  m = block_reduce(m, MaxOp{}, 0.0f);
+  if (threadIdx.x == 0) amax[tile] = m;
+}
+
+}  // namespace
+
+void fp8_amax(float* amax, const float* in, int64_t M, int64_t K, int64_t tr, int64_t tc) {
+  const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+  if (TR * TC == 0) return;
+  LLMT_CHECK(TR * TC <= 0x7fffffff, "fp8_amax: ", TR * TC, " tiles exceed one CUDA grid");
+  fp8_amax_kernel<<<static_cast<unsigned>(TR * TC), kThreads, 0, stream()>>>(amax, in, M, K, tr, tc,
+                                                                             TC);
+  LLMT_CUDA_LAUNCHED();
+}
+
+void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int64_t K, int64_t tr,
+                  int64_t tc, int fmt) {
+  const int64_t TC = (K + tc - 1) / tc;
+  for_each(M * K, [=] __device__(int64_t e) {
+    const int64_t i = e / K, k = e % K;
+    out[e] = kernel_math::fp8_quantize_value(in[e], amax[(i / tr) * TC + k / tc], fmt);
+  });
 }
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {

@@ -662,6 +662,33 @@ void add_precision(std::vector<OpCase>& cases) {
                    kExact});
 }
 
+// FP8 (emulated): the tiles the GEMMs use over a tensor with edge tiles, many tiles per CUDA
+// block row, and magnitudes that reach both formats' subnormals.
+void add_fp8(std::vector<OpCase>& cases) {
+  const int64_t M = 70, K = 300;
+  HostTensor x = normal({M, K}, 4);
+  for (int64_t i = 0; i < x.numel(); i += 13) x[i] *= 1e-4f;
+  for (const auto& [tr, tc, tiles] : std::vector<std::tuple<int64_t, int64_t, std::string>>{
+           {1, 128, "1x128"}, {128, 1, "128x1"}, {128, 128, "128x128"}, {M, K, "tensor"}}) {
+    const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+    cases.push_back({"fp8_amax",
+                     "fp8_amax_" + tiles,
+                     {uniform({TR, TC}, 5), x},
+                     op([tr, tc](const Views& v) { ops::fp8_amax(v[0], v[1], tr, tc); }),
+                     kExact});
+    HostTensor amax({TR, TC});
+    ops::fp8_amax(amax.t(), x.t(), tr, tc);
+    for (const auto& [fmt, name] :
+         {std::pair{ops::Fp8Format::e4m3, "e4m3"}, std::pair{ops::Fp8Format::e5m2, "e5m2"}})
+      cases.push_back(
+          {"fp8_quantize",
+           "fp8_quantize_" + tiles + "_" + name,
+           {uniform({M, K}, 6), x, amax},
+           op([tr, tc, fmt](const Views& v) { ops::fp8_quantize(v[0], v[1], v[2], tr, tc, fmt); }),
+           kExact});
+  }
+}
+
 void add_init(std::vector<OpCase>& cases) {
   cases.push_back({"init_normal",
                    "init_normal_contiguous",
@@ -819,6 +846,7 @@ std::vector<OpCase> op_cases() {
   add_loss(cases);
   add_optim_and_reductions(cases);
   add_precision(cases);
+  add_fp8(cases);
   add_init(cases);
   return cases;
 }

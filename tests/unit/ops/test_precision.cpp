@@ -1,5 +1,6 @@
 // bf16/f16 rounding and conversion on known values: round-to-nearest-even ties, overflow to inf,
-// f16 subnormals, NaN, and that every conversion path agrees with round_to.
+// f16 subnormals, NaN, and that every conversion path agrees with round_to. FP8 quantisation
+// against fp8_reference.h's table of every value of each format.
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "tests/unit/ops/fp8_reference.h"
 #include "tests/unit/ops/harness.h"
 
 namespace llmt::test {
@@ -101,6 +103,99 @@ TEST(Convert, PathsAgreeWithRoundTo) {
   ops::convert(b.t(), h.t());
   ops::convert(back.t(), b.t());
   EXPECT_TRUE(bits_equal(back, want));
+}
+
+// With a tile whose amax is the format's largest value the scale is 1, so fp8_quantize rounds
+// each value to the format: every value of the format, every midpoint between neighbours (ties:
+// to the even code), just either side of each midpoint, subnormals and negatives.
+TEST(Fp8, RoundsToTheNearestValueTiesToEven) {
+  for (const bool e5m2 : {false, true}) {
+    const Fp8Table& t = fp8_table(e5m2);
+    std::vector<float> v{static_cast<float>(t.max)};
+    for (size_t i = 0; i + 1 < t.value.size(); ++i) {
+      const auto mid = static_cast<float>((t.value[i] + t.value[i + 1]) / 2);  // exact
+      for (const float x : {static_cast<float>(t.value[i]), mid, std::nextafter(mid, 0.0f),
+                            std::nextafter(mid, 1e9f)})
+        for (const float sign : {1.0f, -1.0f}) v.push_back(sign * x);
+    }
+    const auto n = static_cast<int64_t>(v.size());
+    HostTensor x({1, n}), out({1, n}), amax({1, 1});
+    std::copy(v.begin(), v.end(), x.f32());
+    const auto fmt = e5m2 ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3;
+    ops::fp8_amax(amax.t(), x.t(), 1, n);
+    ASSERT_EQ(amax[0], t.max);
+    ops::fp8_quantize(out.t(), x.t(), amax.t(), 1, n, fmt);
+    int ties_up = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], fp8_nearest(v[i], e5m2)) << (e5m2 ? "E5M2" : "E4M3") << " of " << v[i];
+      ties_up += out[i] > v[i] && v[i] > 0;
+    }
+    EXPECT_GT(ties_up, 10);  // the midpoints did round both ways
+  }
+  // The formats' ends: E4M3's smallest subnormal 2^-9 and largest 448, E5M2's 2^-16 and 57344.
+  EXPECT_EQ(fp8_table(false).value[1], std::ldexp(1.0, -9));
+  EXPECT_EQ(fp8_table(false).max, 448.0);
+  EXPECT_EQ(fp8_table(true).value[1], std::ldexp(1.0, -16));
+  EXPECT_EQ(fp8_table(true).max, 57344.0);
+}
+
+// Tiles of every shape the FP8 GEMMs use (1x128, 128x1, 128x128, whole) and an odd one, over a
+// tensor with edge tiles and magnitudes from 1e-6 to 1e3 (so that small tiles get subnormal-free
+// scales large ones cannot): amax and the quantised values equal the reference's bitwise, a bf16
+// input equals its f32 copy, and an all-zero tile stays 0.
+TEST(Fp8, TilesScaleByTheirOwnLargestValue) {
+  const int64_t M = 150, K = 300;
+  HostTensor x = normal({M, K}, 9);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k)
+      x[i * K + k] *= std::pow(10.0f, static_cast<float>((i + k) % 10) - 6);
+  for (int64_t k = 0; k < 20; ++k) x[5 * K + k] = 0;  // a zero 1x16 tile at row 5
+  HostTensor xb({M, K}, DType::bf16), xr = x;
+  ops::round_to(xr.t(), DType::bf16);
+  ops::convert(xb.t(), xr.t());
+  for (const auto& [tr, tc] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 128}, {128, 1}, {128, 128}, {M, K}, {7, 5}, {1, 16}}) {
+    const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+    for (const bool e5m2 : {false, true}) {
+      const auto fmt = e5m2 ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3;
+      HostTensor amax({TR, TC}), out({M, K}), outb({M, K}), amaxb({TR, TC});
+      ops::fp8_amax(amax.t(), x.t(), tr, tc);
+      ops::fp8_quantize(out.t(), x.t(), amax.t(), tr, tc, fmt);
+      const std::vector<float> want = fp8_reference(x.f32(), M, K, tr, tc, e5m2);
+      int64_t changed = 0;
+      for (int64_t i = 0; i < M * K; ++i) {
+        ASSERT_EQ(out[i], want[static_cast<size_t>(i)]) << tr << "x" << tc << " element " << i;
+        changed += out[i] != x[i];
+      }
+      EXPECT_GT(changed, M * K / 2) << tr << "x" << tc;  // FP8 keeps 3 (2) mantissa bits
+      for (int64_t i0 = 0; i0 < M; i0 += tr)
+        for (int64_t k0 = 0; k0 < K; k0 += tc) {
+          float m = 0;
+          for (int64_t i = i0; i < std::min(M, i0 + tr); ++i)
+            for (int64_t k = k0; k < std::min(K, k0 + tc); ++k)
+              m = std::max(m, std::fabs(x[i * K + k]));
+          ASSERT_EQ(amax[(i0 / tr) * TC + k0 / tc], m) << tr << "x" << tc;
+        }
+      if (tr == 1 && tc == 16) {
+        EXPECT_EQ(amax[5 * TC], 0.0f);
+      }
+      ops::fp8_amax(amaxb.t(), xb.t(), tr, tc);
+      ops::fp8_quantize(outb.t(), xb.t(), amaxb.t(), tr, tc, fmt);
+      const std::vector<float> wantb = fp8_reference(xr.f32(), M, K, tr, tc, e5m2);
+      for (int64_t i = 0; i < M * K; ++i)
+        ASSERT_EQ(outb[i], wantb[static_cast<size_t>(i)]) << "bf16 input, " << tr << "x" << tc;
+    }
+  }
+}
+
+TEST(Fp8, RefusesBadTilesAndAliasing) {
+  HostTensor x = normal({4, 8}, 1), out({4, 8}), amax({1, 1});
+  EXPECT_THROW(ops::fp8_amax(amax.t(), x.t(), 0, 8), Error);
+  EXPECT_THROW(ops::fp8_amax(HostTensor({2, 1}).t(), x.t(), 4, 8), Error);  // wrong tile grid
+  ops::fp8_amax(amax.t(), x.t(), 4, 8);
+  EXPECT_THROW(ops::fp8_quantize(x.t(), x.t(), amax.t(), 4, 8, ops::Fp8Format::e4m3), Error);
+  EXPECT_THROW(ops::fp8_quantize(out.t(), x.t().view({32}), amax.t(), 4, 8, ops::Fp8Format::e4m3),
+               Error);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // rank's initial shard is bit for bit the slice of the single-rank weights, and that tp=2/4, with
 // and without sequence parallelism, reproduce the single-rank loss and gradients (GPT-2 and Llama
 // presets, dropout on, two accumulated micro-batches).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
+#include "engine/parallel/parallel_layers.h"
 #include "engine/parallel/tensor_parallel.h"
+#include "kernels/ops.h"
+#include "tests/unit/ops/fp8_reference.h"
 #include "tests/unit/parallel/thread_group.h"
 #include "tests/unit/tiny_model.h"
 
@@ -136,9 +140,10 @@ struct RankRun {
   std::vector<float> losses;
   static constexpr int64_t B = 2;
 
-  RankRun(const ModelConfig& c, TensorParallel tp) {
+  RankRun(const ModelConfig& c, TensorParallel tp, Fp8Recipe fp8 = {}) {
     model = std::make_unique<Transformer>(ModelSpec::from_config(c).shard_tp(tp.size(), tp.rank()),
-                                          alloc, B, DType::f32, ModelStorage{}, tp);
+                                          alloc, B, DType::f32, ModelStorage{}, tp,
+                                          RecomputeOptions{}, ContextParallel{}, nullptr, 0, fp8);
     model->init(7);
     model->zero_grads();
     Buffer buf = alloc.allocate_tensor({2, B, c.seq_len}, DType::i32, MemCategory::other);
@@ -157,9 +162,11 @@ struct RankRun {
 // bitwise the same on every rank.
 using Globals = std::vector<std::vector<float>>;
 
-void check_tp(Arch arch, int p, bool sp) {
+// grad_tol: the largest relative difference of a gradient (its norm) to the single rank's.
+// Returns the largest one seen.
+double check_tp(Arch arch, int p, bool sp, Fp8Recipe fp8 = {}, double grad_tol = 1e-5) {
   const ModelConfig c = tiny(arch);
-  RankRun ref(c, {});
+  RankRun ref(c, {}, fp8);
   const ModelSpec& gs = ref.model->spec();
   Globals params(gs.params.size()), grads(gs.params.size());
   for (size_t i = 0; i < gs.params.size(); ++i) {
@@ -169,7 +176,7 @@ void check_tp(Arch arch, int p, bool sp) {
   std::vector<std::vector<float>> rank_losses(p);
   std::vector<Globals> rank_params(p, params), rank_grads(p, grads);
   run_ranks(p, [&](Communicator& comm) {
-    RankRun run(c, {&comm, sp});
+    RankRun run(c, {&comm, sp}, fp8);
     const int r = comm.rank();
     rank_losses[r] = run.losses;
     const ModelSpec& s = run.model->spec();
@@ -197,18 +204,21 @@ void check_tp(Arch arch, int p, bool sp) {
     for (size_t k = 0; k < ref.losses.size(); ++k)
       EXPECT_NEAR(rank_losses[r][k], ref.losses[k], 1e-5 * std::abs(ref.losses[k]))
           << "rank " << r << " micro-batch " << k;
+  double worst = 0;
   for (size_t i = 0; i < gs.params.size(); ++i) {
     const float* want_p = ref.model->params()[i].f32();
     const float* want_g = ref.model->grads()[i].f32();
     double diff = 0, norm = 0;
     for (size_t k = 0; k < params[i].size(); ++k) {
-      ASSERT_EQ(params[i][k], want_p[k]) << gs.params[i].name << " initial value " << k;
+      EXPECT_EQ(params[i][k], want_p[k]) << gs.params[i].name << " initial value " << k;
       diff += std::pow(static_cast<double>(grads[i][k]) - want_g[k], 2);
       norm += std::pow(static_cast<double>(want_g[k]), 2);
     }
     EXPECT_GT(norm, 0) << gs.params[i].name;
-    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << gs.params[i].name << " gradient";
+    worst = std::max(worst, std::sqrt(diff / norm));
+    EXPECT_LE(std::sqrt(diff), grad_tol * std::sqrt(norm)) << gs.params[i].name << " gradient";
   }
+  return worst;
 }
 
 TEST(TensorParallel, Gpt2Tp2) {
@@ -238,6 +248,105 @@ TEST(TensorParallel, LlamaTp4SequenceParallel) {
 
 // The regions move exactly the bytes of their collective: per layer without SP two all-reduces
 // of (N,C) forward (row-parallel outputs) and two backward (column-parallel input grads).
+// The FP8 GEMMs of a column- and a row-parallel linear (tp 1): each multiplies exactly the
+// reference quantisations (fp8_reference.h) of its inputs, tiled as DeepSeek-V3 does under
+// blockwise (forward x 1x16 and w 16x16; input gradient dy 1x16 and w 16x16; weight gradient dy
+// and x 16x1) and whole under tensorwise (dy E5M2); the bias gradient takes dy unquantised.
+TEST(Fp8Linear, GemmsMultiplyTheTiledQuantisations) {
+  const int64_t N = 40, IC = 48, OC = 36, b = 16;
+  auto filled = [](int64_t n, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = d(gen);
+    return v;
+  };
+  auto t = [](std::vector<float>& v, Shape s) { return Tensor(v.data(), s, DType::f32); };
+  for (const Fp8Scaling sc : {Fp8Scaling::blockwise, Fp8Scaling::tensorwise}) {
+    const bool bw = sc == Fp8Scaling::blockwise;
+    auto q = [&](std::vector<float>& v, int64_t M, int64_t K, int64_t tr, int64_t tc, bool grad) {
+      return bw ? test::fp8_reference(v.data(), M, K, tr, tc, false)
+                : test::fp8_reference(v.data(), M, K, M, K, grad);
+    };
+    const int64_t W = std::max(IC, OC);
+    std::vector<float> a(N * W), bb(N * W), w8(OC * IC), amax(N * W);
+    TpLayers tl;
+    tl.fp8 = {sc, b};
+    tl.fp8_a = t(a, {N * W});
+    tl.fp8_b = t(bb, {N * W});
+    tl.fp8_w = t(w8, {OC * IC});
+    tl.fp8_amax = t(amax, {N * W});
+    tl.N = tl.R = N;
+    for (const bool column : {true, false}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (bw ? "blockwise " : "tensorwise ") << (column ? "column" : "row"));
+      std::vector<float> x = filled(N * IC, 1), w = filled(OC * IC, 2), bias = filled(OC, 3),
+                         dy = filled(N * OC, 4), y(N * OC), full(N * OC), dx(N * IC),
+                         dw(OC * IC, 0.5f), db(OC, 0.25f);
+      std::vector<float> want_y(N * OC), want_dx(N * IC), want_dw(OC * IC, 0.5f),
+          want_db(OC, 0.25f);
+      tl.full = t(full, {N, OC});
+      Tensor got_y = t(y, {N, OC});
+      if (column) {
+        ColumnParallelLinear lin(tl, true);
+        lin.forward(got_y, t(x, {N, IC}), t(w, {OC, IC}), t(bias, {OC}));
+        lin.backward_input(t(dx, {N, IC}), t(dy, {N, OC}), t(w, {OC, IC}));
+        lin.backward_weight(t(dw, {OC, IC}), t(db, {OC}), t(dy, {N, OC}), t(x, {N, IC}));
+      } else {
+        RowParallelLinear lin(tl, true);
+        got_y = lin.forward(t(x, {N, IC}), t(w, {OC, IC}), t(bias, {OC}));
+        lin.backward_input(t(dx, {N, IC}), t(dy, {N, OC}), t(w, {OC, IC}));
+        lin.backward_weight(t(dw, {OC, IC}), t(db, {OC}), t(dy, {N, OC}), t(x, {N, IC}));
+      }
+      std::vector<float> xr = q(x, N, IC, 1, b, false), wq = q(w, OC, IC, b, b, false),
+                         dyr = q(dy, N, OC, 1, b, true), dyc = q(dy, N, OC, b, 1, true),
+                         xc = q(x, N, IC, b, 1, false);
+      ops::linear_forward(t(want_y, {N, OC}), t(xr, {N, IC}), t(wq, {OC, IC}), t(bias, {OC}));
+      ops::linear_backward(t(want_dx, {N, IC}), Tensor(), Tensor(), t(dyr, {N, OC}), Tensor(),
+                           t(wq, {OC, IC}));
+      ops::linear_backward(Tensor(), t(want_dw, {OC, IC}), Tensor(), t(dyc, {N, OC}),
+                           t(xc, {N, IC}), Tensor());
+      ops::linear_backward(Tensor(), Tensor(), t(want_db, {OC}), t(dy, {N, OC}), Tensor(),
+                           Tensor());
+      EXPECT_EQ(std::vector<float>(got_y.f32(), got_y.f32() + N * OC), want_y);
+      EXPECT_EQ(dx, want_dx);
+      EXPECT_EQ(dw, want_dw);
+      EXPECT_EQ(db, want_db);
+      EXPECT_NE(xr, x);  // the quantisation did change the inputs
+    }
+  }
+}
+
+// train.fp8 under tp2 (+SP). With tiles of 8 every rank's q, k and v rows, fc1 rows and
+// proj/fc2 columns are whole tiles of the single rank's, so the ranks quantise the same tiles as
+// one rank, and a tensorwise amax is taken over tp; the gradients then differ from the single
+// rank's by fp32 reordering, plus the odd value that reordering moves across an FP8 rounding
+// boundary (one FP8 step is 2^-4 relative: measured 2.8e-4 on GPT-2 blockwise, < 1e-6 on the
+// others). Tiles of 16 straddle Llama's k and v rows on a rank (8 each): the control then differs
+// by 0.17, so these checks can fail.
+constexpr double kFp8TpTol = 2e-3;
+
+TEST(TensorParallel, Fp8TilesAlignedWithTheShards) {
+  for (const Arch arch : {Arch::gpt2, Arch::llama})
+    for (const bool sp : {false, true})
+      for (const Fp8Scaling sc : {Fp8Scaling::blockwise, Fp8Scaling::tensorwise}) {
+        SCOPED_TRACE(::testing::Message() << "arch " << static_cast<int>(arch) << " sp " << sp
+                                          << " scaling " << static_cast<int>(sc));
+        check_tp(arch, 2, sp, {sc, 8}, kFp8TpTol);
+      }
+}
+
+TEST(TensorParallel, Fp8TilesAcrossShardsChangeTheGradients) {
+  double worst = 0;
+  {  // its own checks fail, as they should: kept out of the result
+    ::testing::TestPartResultArray failures;
+    ::testing::ScopedFakeTestPartResultReporter quiet(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &failures);
+    worst = check_tp(Arch::llama, 2, false, {Fp8Scaling::blockwise, 16}, 1.0);
+  }
+  EXPECT_GT(worst, 20 * kFp8TpTol);
+}
+
 TEST(TensorParallel, RegionsMoveTheExpectedCollectives) {
   const ModelConfig c = tiny(Arch::llama);
   run_ranks(2, [&](Communicator& comm) {

@@ -147,6 +147,8 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("train.recompute", train.recompute),
       LLMT_KEY("train.recompute_layers", train.recompute_layers),
       LLMT_KEY("train.distribute_saved_activations", train.distribute_saved_activations),
+      LLMT_KEY("train.fp8", train.fp8),
+      LLMT_KEY("train.fp8_block", train.fp8_block),
       LLMT_KEY("train.on_nonfinite", train.on_nonfinite),
       LLMT_KEY("train.max_skipped_steps", train.max_skipped_steps),
       LLMT_KEY("train.time_limit", train.time_limit),
@@ -539,6 +541,8 @@ eval_interval = 25
 eval_iters = 4
 recompute = "selective"
 recompute_layers = 1
+fp8 = "tensorwise"
+fp8_block = 64
 on_nonfinite = "skip"
 max_skipped_steps = 7
 time_limit = 3600.5
@@ -650,6 +654,17 @@ TEST(ConfigToToml, DistributeSavedActivationsRoundTrips) {
       "t.toml");
   EXPECT_TRUE(c.train.distribute_saved_activations);
   expect_contains(to_toml(c), {"\ndistribute_saved_activations = true\n"});
+  expect_same(round_trip(c), c);
+}
+
+TEST(ConfigToToml, Fp8RoundTrips) {
+  const Config c = parse_config_string(
+      "[model]\nvocab_size = 256\n[train]\nprecision = \"bf16\"\nfp8 = \"blockwise\"\n"
+      "fp8_block = 64\n",
+      "t.toml");
+  EXPECT_EQ(c.train.fp8, Fp8Scaling::blockwise);
+  EXPECT_EQ(c.train.fp8_block, 64);
+  expect_contains(to_toml(c), {"\nfp8 = \"blockwise\"\n", "\nfp8_block = 64\n"});
   expect_same(round_trip(c), c);
 }
 

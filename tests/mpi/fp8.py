@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""FP8 GEMM inputs (train.fp8, docs/model.md "FP8 GEMM inputs") on the tiny config in bf16, for
+"blockwise" (tiles of 16, so that every tp rank's q, k and v rows, fc1 rows and proj/fc2 columns
+are whole tiles of the single rank's) and "tensorwise":
+- drift: the largest per-step loss difference to the bf16 run without FP8 over STEPS steps (one
+  rank), beside the micro-batch-size noise (the bf16 run against the same batch split into 8, 2
+  and 1 micro-batches); it must be larger than that noise (FP8 did change the GEMMs) and at most
+  DRIFT_BOUND relative to the loss;
+- layouts: DDP, ZeRO-1 and 3, tp2, tp2-sp and pp2 (1F1B and ZB-H1) against the single rank with
+  the same recipe, at fixed weights (optimizer.lr = 1e-30, as precision_tp.py: every step's
+  gradient is taken at the same weights, so the comparison measures the gradient, not two
+  trajectories apart): the median over the steps of the relative grad_norm difference within
+  LAYOUT_BOUND. These layouts quantise the same tiles as one rank; what differs is fp32 summation
+  order, and the odd value it moves across an FP8 rounding boundary (one FP8 step is 2^-4
+  relative). Context parallelism is left out: a cp rank's weight-gradient tiles run down its own
+  tokens and a tensorwise amax covers its own part of the sequence, so cp changes the
+  quantisation itself (docs/model.md);
+- control: tiles of 64 straddle a Llama tp rank's q, k and v rows (32, 16, 16) and cover two
+  ranks' attention output columns (32 each), so tp2 then quantises other tiles than one rank:
+  its difference must exceed CONTROL_FACTOR x LAYOUT_BOUND.
+Usage: fp8.py --llmtrain BIN --mpirun MPIRUN --config C --workdir W"""
+import os
+import statistics
+
+from harness import finish, parse_args, train
+
+STEPS = 12
+COMMON = ["train.threads=1", "log.progress=false", f"train.steps={STEPS}",
+          "train.precision=bf16", "train.global_batch_size=8", "train.micro_batch_size=2"]
+FIXED = ["optimizer.lr=1e-30", "optimizer.min_lr=0"]
+DRIFT_BOUND = 0.01
+LAYOUT_BOUND = 3e-5
+CONTROL_FACTOR = 5
+LAYOUTS = {
+    "ddp-dp2": (2, ["parallel.dp=2"]),
+    "zero1-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=1"]),
+    "zero3-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=3"]),
+    "tp2": (2, ["parallel.tp=2"]),
+    "tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "pp2": (2, ["parallel.pp=2"]),
+    "pp2-zb-h1": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
+}
+
+
+def losses(runs):
+    return [m["loss"] for m in runs]
+
+
+def grad_error(a, b):
+    """The median over the steps of |grad_norm(a) / grad_norm(b) - 1| (inf if a run is short)."""
+    if len(a) != STEPS or len(b) != STEPS:
+        return float("inf")
+    return statistics.median(abs(x["grad_norm"] / y["grad_norm"] - 1) for x, y in zip(a, b))
+
+
+def main():
+    args = parse_args()
+    w = args.workdir
+    failures = []
+    bf16 = train(args, os.path.join(w, "bf16"), 1, COMMON)
+    splits = [train(args, os.path.join(w, f"bf16-mbs{m}"), 1,
+                    COMMON + [f"train.micro_batch_size={m}"]) for m in (8, 4, 1)]
+    noise = max(abs(a - b) for run in splits for a, b in zip(losses(bf16), losses(run)))
+    llama = "llama" in os.path.basename(args.config)
+    for scaling in ("blockwise", "tensorwise"):
+        recipe = [f"train.fp8={scaling}", "train.fp8_block=16"]
+        one = train(args, os.path.join(w, scaling), 1, COMMON + recipe)
+        drift = max(abs(a - b) for a, b in zip(losses(bf16), losses(one)))
+        rel = max(abs(a / b - 1) for a, b in zip(losses(one), losses(bf16)))
+        print(f"{scaling}: drift against bf16 over {STEPS} steps: max |loss difference| "
+              f"{drift:.3g} ({rel:.2e} relative); micro-batch-size noise {noise:.3g} "
+              f"({drift / noise:.1f}x)")
+        if len(one) != STEPS or not noise < drift or rel > DRIFT_BOUND:
+            failures.append(f"{scaling}: drift {drift:.3g} ({rel:.2e} relative) against the "
+                            f"noise {noise:.3g} and the bound {DRIFT_BOUND} relative")
+        fixed = train(args, os.path.join(w, f"{scaling}-fixed"), 1, COMMON + recipe + FIXED)
+        for name, (ranks, sets) in LAYOUTS.items():
+            got = train(args, os.path.join(w, f"{scaling}-{name}"), ranks,
+                        COMMON + recipe + FIXED + sets)
+            err = grad_error(got, fixed)
+            print(f"{scaling} {name}: median relative grad_norm difference to one rank {err:.2e}")
+            if not err <= LAYOUT_BOUND:
+                failures.append(f"{scaling} {name}: grad_norm differs from the single rank by "
+                                f"{err:.2e} relative (median)")
+        if llama and scaling == "blockwise":
+            straddle = ["train.fp8=blockwise", "train.fp8_block=64"] + FIXED
+            ref = train(args, os.path.join(w, "straddle"), 1, COMMON + straddle)
+            got = train(args, os.path.join(w, "straddle-tp2"), 2,
+                        COMMON + straddle + ["parallel.tp=2"])
+            err = grad_error(got, ref)
+            print(f"control: tiles of 64 across the tp shards: {err:.2e}")
+            if not err > CONTROL_FACTOR * LAYOUT_BOUND:
+                failures.append(f"control: tp2 with tiles across its shards differs by only "
+                                f"{err:.2e}: the layout check cannot tell")
+    finish(failures)
+
+
+if __name__ == "__main__":
+    main()
