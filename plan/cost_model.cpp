@@ -176,7 +176,12 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
         spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
     out.ep_rows_mb = static_cast<double>(moe_layers) * out.ep_rows / chunks;
     out.per_mb += static_cast<double>(moe_layers) * out.ep_rows;
-    out.ep_transient = static_cast<double>(spec_bytes(ep_backward_specs(rank_spec, routed)));
+    // The backward's buffers, and under train.fp8 the quantised copies of the received rows
+    // (allocated by the forward, the input and the weight backward for their GEMMs alike; counted
+    // once, at the input backward's moment, where they join the backward's buffers).
+    out.ep_transient = static_cast<double>(
+        spec_bytes(ep_backward_specs(rank_spec, routed)) +
+        spec_bytes(ep_fp8_specs(rank_spec, routed, {cfg.train.fp8, cfg.train.fp8_block})));
     // The gradients the weight half reads: one layer's for a moment under back-to-back
     // backwards, every MoE layer's from input half to weight half under a zero-bubble schedule.
     const double grads = static_cast<double>(spec_bytes(ep_grad_specs(rank_spec, routed)));

@@ -356,6 +356,12 @@ std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType co
           {"er", {R, C}, false, compute}};
 }
 
+std::vector<TensorSpec> ep_fp8_specs(const ModelSpec& spec, int64_t R, const Fp8Recipe& fp8) {
+  if (!fp8.on()) return {};
+  const int64_t W = std::max({spec.cfg.d_model, spec.expert_fc1_out, spec.cfg.moe.d_ff_expert});
+  return {{"fp8_a", {R * W}}, {"fp8_b", {R * W}}, {"fp8_amax", {fp8_amax_size(fp8, R, W)}}};
+}
+
 std::vector<TensorSpec> ep_grad_specs(const ModelSpec& spec, int64_t R) {
   return {{"d_er", {R, spec.cfg.d_model}}, {"dh_r", {R, spec.expert_fc1_out}}};
 }
@@ -461,14 +467,16 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   r.er = t[3];
   // The rows to the experts' ranks, the experts (grouped by peer and local expert), and back.
   ep.all_to_allv(r.xr, r.recv, xp, r.send).wait();
-  ops::grouped_linear_forward(r.hr, r.xr, env_.w(fc1_w_), r.groups, r.weight_of);
+  Buffer fp8_buf;
+  const Fp8Scratch q = fp8_scratch(R, fp8_buf);
+  experts_forward(r.hr, r.xr, fc1_w_, r.groups, r.weight_of, q);
   env_.round(r.hr);
   if (gelu_)
     ops::gelu_forward(r.gr, r.hr);
   else
     ops::swiglu_forward(r.gr, r.hr);
   env_.round(r.gr);
-  ops::grouped_linear_forward(r.er, r.gr, env_.w(fc2_w_), r.groups, r.weight_of);
+  experts_forward(r.er, r.gr, fc2_w_, r.groups, r.weight_of, q);
   env_.round(r.er);
   ep.all_to_allv(eo, r.send, r.er, r.recv).wait();
   if (env_.moe_stats.forward_only) {
@@ -584,14 +592,16 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
   if (ep()) {
     ep_forward(s, off);
   } else {
-    ops::grouped_linear_forward(h, xp, env_.w(fc1_w_), off);
+    Buffer none;
+    const Fp8Scratch q = fp8_scratch(M, none);
+    experts_forward(h, xp, fc1_w_, off, {}, q);
     env_.round(h.rows(0, M));
     if (gelu_)
       ops::gelu_forward(g.rows(0, M), h.rows(0, M));
     else
       ops::swiglu_forward(g.rows(0, M), h.rows(0, M));
     env_.round(g.rows(0, M));
-    ops::grouped_linear_forward(eo, g, env_.w(fc2_w_), off);
+    experts_forward(eo, g, fc2_w_, off, {}, q);
     env_.round(eo.rows(0, M));
   }
   const Tensor y = sc.moe_y;
@@ -650,30 +660,31 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
     r.d_er = g[0];
     r.dh_r = g[1];
     ep.all_to_allv(r.d_er, r.recv, d_eo, r.send).wait();
-    Buffer tmp;
+    Buffer tmp, fp8_buf;
     const std::vector<Tensor> t =
         allocate_specs(env_.alloc, ep_backward_specs(env_.spec, R), MemCategory::activations, tmp);
     const Tensor dgr = t[0], dxr = t[1];
-    ops::grouped_linear_backward(dgr, Tensor(), r.d_er, Tensor(), env_.w(fc2_w_), r.groups,
-                                 r.weight_of);
+    const Fp8Scratch q = fp8_scratch(R, fp8_buf);
+    experts_backward_input(dgr, r.d_er, fc2_w_, r.groups, r.weight_of, q);
     env_.round(dgr);
     if (gelu_)
       ops::gelu_backward(r.dh_r, dgr, r.hr);
     else
       ops::swiglu_backward(r.dh_r, dgr, r.hr);
     env_.round(r.dh_r);
-    ops::grouped_linear_backward(dxr, Tensor(), r.dh_r, Tensor(), env_.w(fc1_w_), r.groups,
-                                 r.weight_of);
+    experts_backward_input(dxr, r.dh_r, fc1_w_, r.groups, r.weight_of, q);
     ep.all_to_allv(sc.moe_dxp, r.send, dxr, r.recv).wait();
   } else {
-    ops::grouped_linear_backward(sc.moe_dg, Tensor(), d_eo, Tensor(), env_.w(fc2_w_), off);
+    Buffer none;
+    const Fp8Scratch q = fp8_scratch(M, none);
+    experts_backward_input(sc.moe_dg, d_eo, fc2_w_, off, {}, q);
     env_.round(sc.moe_dg.rows(0, M));
     if (gelu_)
       ops::gelu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
     else
       ops::swiglu_backward(d_h.rows(0, M), sc.moe_dg.rows(0, M), h.rows(0, M));
     env_.round(d_h.rows(0, M));
-    ops::grouped_linear_backward(sc.moe_dxp, Tensor(), d_h, Tensor(), env_.w(fc1_w_), off);
+    experts_backward_input(sc.moe_dxp, d_h, fc1_w_, off, {}, q);
   }
   ops::moe_unpermute(sc.moe_dx, sc.moe_dxp, slot);
   // The router: through the routing weights, the aux loss and the z-loss (each scaled as the
@@ -708,18 +719,64 @@ void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor 
     auto it = ep_rows_.find(env_.scratch.layer_input);
     LLMT_CHECK(it != ep_rows_.end(), "MoE backward_weight before its forward");
     const EpRows& r = it->second;
-    ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), r.d_er, r.gr, Tensor(), r.groups,
-                                 r.weight_of);
-    ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), r.dh_r, r.xr, Tensor(), r.groups,
-                                 r.weight_of);
+    Buffer fp8_buf;
+    const Fp8Scratch q = fp8_scratch(r.xr.size(0), fp8_buf);
+    experts_backward_weight(fc2_w_, r.d_er, r.gr, r.groups, r.weight_of, q);
+    experts_backward_weight(fc1_w_, r.dh_r, r.xr, r.groups, r.weight_of, q);
     ep_rows_.erase(it);
   } else {
     const std::vector<int64_t> off = offsets(s);
-    ops::grouped_linear_backward(Tensor(), env_.g(fc2_w_), st[1], s[9], Tensor(), off);
-    ops::grouped_linear_backward(Tensor(), env_.g(fc1_w_), st[2], s[7], Tensor(), off);
+    Buffer none;
+    const Fp8Scratch q = fp8_scratch(off.back(), none);
+    experts_backward_weight(fc2_w_, st[1], s[9], off, {}, q);
+    experts_backward_weight(fc1_w_, st[2], s[7], off, {}, q);
   }
   ops::linear_backward(Tensor(), env_.g(router_w_), Tensor(), st[0], x.view({N, C}), Tensor());
   if (shared_) shared_->backward_weight(s.subspan(kSaved), st.part(kStash, st_shared_), x);
+}
+
+MoeMlp::Fp8Scratch MoeMlp::fp8_scratch(int64_t R, Buffer& buf) const {
+  const TpLayers& t = env_.tp;
+  if (!t.fp8.on()) return {};
+  if (!ep()) return {t.fp8_a, t.fp8_b, t.fp8_amax};
+  const std::vector<Tensor> q =
+      allocate_specs(env_.alloc, ep_fp8_specs(env_.spec, R, t.fp8), MemCategory::activations, buf);
+  return {q[0], q[1], q[2]};
+}
+
+void MoeMlp::experts_forward(Tensor out, Tensor in, int64_t w, std::span<const int64_t> groups,
+                             std::span<const int64_t> weight_of, const Fp8Scratch& q) const {
+  const TpLayers& t = env_.tp;
+  if (!t.fp8.on()) return ops::grouped_linear_forward(out, in, env_.w(w), groups, weight_of);
+  ops::grouped_linear_forward(
+      out, fp8_quantized_groups(t.fp8, in, groups, Fp8Tiles::rows, false, q.a, q.amax),
+      fp8_quantized_stack(t.fp8, env_.w(w), t.fp8_w, t.fp8_amax), groups, weight_of);
+}
+
+void MoeMlp::experts_backward_input(Tensor din, Tensor dout, int64_t w,
+                                    std::span<const int64_t> groups,
+                                    std::span<const int64_t> weight_of, const Fp8Scratch& q) const {
+  const TpLayers& t = env_.tp;
+  if (!t.fp8.on())
+    return ops::grouped_linear_backward(din, Tensor(), dout, Tensor(), env_.w(w), groups,
+                                        weight_of);
+  ops::grouped_linear_backward(
+      din, Tensor(), fp8_quantized_groups(t.fp8, dout, groups, Fp8Tiles::rows, true, q.b, q.amax),
+      Tensor(), fp8_quantized_stack(t.fp8, env_.w(w), t.fp8_w, t.fp8_amax), groups, weight_of);
+}
+
+void MoeMlp::experts_backward_weight(int64_t w, Tensor dout, Tensor in,
+                                     std::span<const int64_t> groups,
+                                     std::span<const int64_t> weight_of,
+                                     const Fp8Scratch& q) const {
+  const TpLayers& t = env_.tp;
+  if (!t.fp8.on())
+    return ops::grouped_linear_backward(Tensor(), env_.g(w), dout, in, Tensor(), groups, weight_of);
+  ops::grouped_linear_backward(
+      Tensor(), env_.g(w),
+      fp8_quantized_groups(t.fp8, dout, groups, Fp8Tiles::cols, true, q.b, q.amax),
+      fp8_quantized_groups(t.fp8, in, groups, Fp8Tiles::cols, false, q.a, q.amax), Tensor(), groups,
+      weight_of);
 }
 
 // ---- Layer --------------------------------------------------------------------------------------

@@ -278,6 +278,10 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 // input backward adds for a moment (fc2's and fc1's input gradients dgr (R,Fe), dxr (R,C), f32).
 // R depends on the routing (R k at balance).
 std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute);
+// Under ep with train.fp8 on: the quantised copies of R received rows' GEMM inputs (two of R x
+// the widest of C, Fe1 and Fe) and their tiles' maxima, allocated for one pass's expert GEMMs
+// (forward, backward_input, backward_weight each); none without FP8.
+std::vector<TensorSpec> ep_fp8_specs(const ModelSpec& spec, int64_t R, const Fp8Recipe& fp8);
 std::vector<TensorSpec> ep_grad_specs(const ModelSpec& spec, int64_t R);
 std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R);
 // The counts an MoE layer exchanges over its ep group before the rows: rows per (peer, local
@@ -330,6 +334,22 @@ class MoeMlp final : public Branch {
     Tensor xr, hr, gr, er, d_er, dh_r;       // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
   };
   bool ep() const { return env_.ep != nullptr && env_.ep->size() > 1; }
+  // The experts' grouped GEMMs (ops::grouped_linear_*) over the row runs `groups` (weight_of:
+  // each run's local expert; empty: one run per expert) of weight stack `w` (a param index), with
+  // FP8 inputs under train.fp8 (TpLayers' recipe): the rows quantised run by run into q, the
+  // stack expert by expert into TpLayers::fp8_w.
+  struct Fp8Scratch {
+    Tensor a, b, amax;
+  };
+  // The model's scratch (the rows routed here), or under ep `buf` allocated for R received rows
+  // (ep_fp8_specs). Empty tensors without FP8.
+  Fp8Scratch fp8_scratch(int64_t R, Buffer& buf) const;
+  void experts_forward(Tensor out, Tensor in, int64_t w, std::span<const int64_t> groups,
+                       std::span<const int64_t> weight_of, const Fp8Scratch& q) const;
+  void experts_backward_input(Tensor din, Tensor dout, int64_t w, std::span<const int64_t> groups,
+                              std::span<const int64_t> weight_of, const Fp8Scratch& q) const;
+  void experts_backward_weight(int64_t w, Tensor dout, Tensor in, std::span<const int64_t> groups,
+                               std::span<const int64_t> weight_of, const Fp8Scratch& q) const;
   // Forward under ep: the permuted rows xp (M,C) to the experts' ranks, the experts, and their
   // outputs back into eo (M,C) in xp's order.
   void ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off);

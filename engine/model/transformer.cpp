@@ -201,22 +201,23 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       tp_.shard = lay.take({R, C});
     }
     if (tp_.fp8.on()) {
-      // The FP8 inputs of the layers' linears (TpLayers): every GEMM of theirs has N rows, and
-      // its features and weight are at most those of this rank's widest and largest 2-D layer
-      // weight.
-      int64_t width = 1, numel = 1;
+      // The FP8 inputs of the layers' linears and, routed here (without ep), the experts'
+      // grouped GEMMs (TpLayers): every dense GEMM has N rows, the experts' at most the routed
+      // rows' k assignments each; features and weights are at most this rank's widest and
+      // largest layer weight (an expert stack whole: its experts are quantised one by one).
+      int64_t width = 1, numel = 1, rows = N;
       for (const ParamSpec& ps : spec_.params) {
-        if (ps.layer < 0 || ps.shape.ndim() != 2) continue;
-        width = std::max({width, ps.shape[0], ps.shape[1]});
+        if (ps.layer < 0 || ps.shape.ndim() < 2) continue;
+        const int d = ps.shape.ndim();
+        width = std::max({width, ps.shape[d - 2], ps.shape[d - 1]});
         numel = std::max(numel, ps.shape.numel());
       }
-      const int64_t b = tp_.fp8.block;
-      tp_.fp8_a = lay.take({N * width});
-      tp_.fp8_b = lay.take({N * width});
+      if (has_moe && (ep == nullptr || ep->size() == 1))
+        rows = std::max(rows, moe_rows(tp_, T_).R * cfg.moe.top_k);
+      tp_.fp8_a = lay.take({rows * width});
+      tp_.fp8_b = lay.take({rows * width});
       tp_.fp8_w = lay.take({numel});
-      tp_.fp8_amax = lay.take({tp_.fp8.scaling == Fp8Scaling::blockwise
-                                   ? std::max(N * ((width + b - 1) / b), (N + b - 1) / b * width)
-                                   : 1});
+      tp_.fp8_amax = lay.take({fp8_amax_size(tp_.fp8, std::max(rows, width), width)});
     }
     sc.stash = lay.take({static_cast<int64_t>(stash_bytes / 4)});
     const size_t before = lay.bytes();

@@ -10,33 +10,12 @@ namespace llmt {
 
 namespace {
 
-// How an FP8 GEMM input is tiled under blockwise scaling.
-enum class Fp8Tiles : uint8_t {
-  rows,    // 1 x block: the left operand of a forward or input-gradient GEMM (reduced along K)
-  cols,    // block x 1: the operands of a weight gradient (reduced over the tokens)
-  weight,  // block x block
-};
-
-// x (..., K) quantised and dequantised (ops::fp8_quantize) into the 1-D scratch `into`, returned
-// in x's shape. `grad`: an output gradient (E5M2 under tensorwise); `sharded`: x is this rank's
-// part of a tensor split over tp (a tensorwise amax is then the max over tp).
+// x quantised into the model's scratch (TpLayers); `sharded`: x is this rank's part of a tensor
+// split over tp.
 Tensor fp8_input(const TpLayers& t, Tensor x, Fp8Tiles tiles, bool grad, bool sharded,
                  Tensor into) {
-  const int64_t K = x.shape[x.ndim() - 1], M = K > 0 ? x.numel() / K : 0;
-  int64_t tr = std::max<int64_t>(M, 1), tc = std::max<int64_t>(K, 1);  // tensorwise: one tile
-  const bool blockwise = t.fp8.scaling == Fp8Scaling::blockwise;
-  if (blockwise) {
-    tr = tiles == Fp8Tiles::rows ? 1 : t.fp8.block;
-    tc = tiles == Fp8Tiles::cols ? 1 : t.fp8.block;
-  }
-  const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
-  const Tensor amax = t.fp8_amax.rows(0, TR * TC).view({TR, TC});
-  ops::fp8_amax(amax, x.view({M, K}), tr, tc);
-  if (!blockwise && sharded && t.parallel()) t.tp.comm->all_reduce(amax, ReduceOp::max).wait();
-  const Tensor out = into.rows(0, M * K);
-  ops::fp8_quantize(out.view({M, K}), x.view({M, K}), amax, tr, tc,
-                    grad && !blockwise ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3);
-  return out.view(x.shape);
+  return fp8_quantized(t.fp8, x, tiles, grad, into, t.fp8_amax,
+                       sharded && t.parallel() ? t.tp.comm : nullptr);
 }
 
 // The weight gradient from FP8 operands (both tiled down the tokens); the bias gradient from the
@@ -50,6 +29,56 @@ void fp8_backward_weight(const TpLayers& t, Tensor dw, Tensor db, Tensor dy, boo
 }
 
 }  // namespace
+
+Tensor fp8_quantized(const Fp8Recipe& r, Tensor x, Fp8Tiles tiles, bool grad, Tensor values,
+                     Tensor amax, Communicator* amax_group) {
+  const int64_t K = x.shape[x.ndim() - 1], M = K > 0 ? x.numel() / K : 0;
+  int64_t tr = std::max<int64_t>(M, 1), tc = std::max<int64_t>(K, 1);  // tensorwise: one tile
+  const bool blockwise = r.scaling == Fp8Scaling::blockwise;
+  if (blockwise) {
+    tr = tiles == Fp8Tiles::rows ? 1 : r.block;
+    tc = tiles == Fp8Tiles::cols ? 1 : r.block;
+  }
+  const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
+  const Tensor tile_max = amax.rows(0, TR * TC).view({TR, TC});
+  ops::fp8_amax(tile_max, x.view({M, K}), tr, tc);
+  if (!blockwise && amax_group != nullptr) amax_group->all_reduce(tile_max, ReduceOp::max).wait();
+  const Tensor out = values.rows(0, M * K);
+  ops::fp8_quantize(out.view({M, K}), x.view({M, K}), tile_max, tr, tc,
+                    grad && !blockwise ? ops::Fp8Format::e5m2 : ops::Fp8Format::e4m3);
+  return out.view(x.shape);
+}
+
+Tensor fp8_quantized_groups(const Fp8Recipe& r, Tensor x, std::span<const int64_t> offsets,
+                            Fp8Tiles tiles, bool grad, Tensor values, Tensor amax) {
+  const int64_t K = x.shape[x.ndim() - 1];
+  if (r.scaling == Fp8Scaling::blockwise && tiles == Fp8Tiles::rows) {
+    const int64_t M = offsets.back();
+    fp8_quantized(r, x.rows(0, M), tiles, grad, values, amax);
+  } else {
+    for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+      if (offsets[g + 1] == offsets[g]) continue;
+      fp8_quantized(r, x.rows(offsets[g], offsets[g + 1]), tiles, grad,
+                    values.rows(offsets[g] * K, offsets[g + 1] * K), amax);
+    }
+  }
+  return values.rows(0, x.numel()).view(x.shape);
+}
+
+Tensor fp8_quantized_stack(const Fp8Recipe& r, Tensor w, Tensor values, Tensor amax) {
+  const int64_t W = w.shape[0], OC = w.shape[1], IC = w.shape[2];
+  for (int64_t e = 0; e < W; ++e)
+    fp8_quantized(r, w.rows(e, e + 1).view({OC, IC}), Fp8Tiles::weight, false,
+                  values.rows(e * OC * IC, (e + 1) * OC * IC), amax);
+  return values.rows(0, w.numel()).view(w.shape);
+}
+
+int64_t fp8_amax_size(const Fp8Recipe& r, int64_t rows, int64_t width) {
+  if (r.scaling != Fp8Scaling::blockwise) return 1;
+  const int64_t b = r.block;
+  return std::max({rows * ((width + b - 1) / b), (rows + b - 1) / b * width,
+                   ((rows + b - 1) / b) * ((width + b - 1) / b)});
+}
 
 void TpLayers::round(Tensor x) const {
   // A tensor stored in 16 bits was rounded by the op that wrote it.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "engine/parallel/tensor_parallel.h"
@@ -29,14 +30,39 @@ namespace llmt {
 // dim (block x 1 for the weight gradient, whose reduction dim is the tokens), weights in
 // block x block squares. `tensorwise`: one scale per tensor (its amax taken over tp where the
 // tensor is split over tp), E4M3 for activations and weights, E5M2 for gradients (Transformer
-// Engine's hybrid format). The head, the router, the experts' grouped GEMMs and attention stay
-// in the compute type.
+// Engine's hybrid format). The experts' grouped GEMMs quantise each run of rows and each expert
+// apart (fp8_quantized_groups, fp8_quantized_stack). The head, the router and attention stay in
+// the compute type.
 enum class Fp8Scaling : uint8_t { none, tensorwise, blockwise };
 struct Fp8Recipe {
   Fp8Scaling scaling = Fp8Scaling::none;
   int64_t block = 128;  // tile side under blockwise
   bool on() const { return scaling != Fp8Scaling::none; }
 };
+
+// How an FP8 GEMM input is tiled under blockwise scaling.
+enum class Fp8Tiles : uint8_t {
+  rows,    // 1 x block: the left operand of a forward or input-gradient GEMM (reduced along K)
+  cols,    // block x 1: the operands of a weight gradient (reduced over the tokens)
+  weight,  // block x block
+};
+
+// x (..., K) quantised and dequantised as recipe r says (ops::fp8_quantize) into the 1-D f32
+// scratch `values`, returned in x's shape; `amax` (1-D f32) holds the tiles' maxima meanwhile
+// (fp8_amax_size). `grad`: an output gradient (E5M2 under tensorwise). `amax_group`: under
+// tensorwise, the group a split tensor's amax is the max over (tp), or null.
+Tensor fp8_quantized(const Fp8Recipe& r, Tensor x, Fp8Tiles tiles, bool grad, Tensor values,
+                     Tensor amax, Communicator* amax_group = nullptr);
+// The experts' grouped GEMM inputs: x (M,K) whose rows [offsets[g], offsets[g+1]) are group g's
+// (an expert's rows, under ep from one peer), each group quantised apart (its own column tiles,
+// its own tensorwise scale; row tiles never span two rows anyway). Returns x's shape.
+Tensor fp8_quantized_groups(const Fp8Recipe& r, Tensor x, std::span<const int64_t> offsets,
+                            Fp8Tiles tiles, bool grad, Tensor values, Tensor amax);
+// A stack of expert weights (W,OC,IC), each expert's matrix quantised apart.
+Tensor fp8_quantized_stack(const Fp8Recipe& r, Tensor w, Tensor values, Tensor amax);
+// The amax scratch (floats) the quantisation of an input of `rows` x `width` needs, and of a
+// weight of at most that many rows and columns.
+int64_t fp8_amax_size(const Fp8Recipe& r, int64_t rows, int64_t width);
 
 // The tp setting of one model and the buffers its regions share: `gathered` (N,C) holds a
 // column-parallel input gathered over the sequence, `shard` (R,C) a reduce-scattered output or

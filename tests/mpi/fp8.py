@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """FP8 GEMM inputs (train.fp8, docs/model.md "FP8 GEMM inputs") on the tiny config in bf16, for
 "blockwise" (tiles of 16, so that every tp rank's q, k and v rows, fc1 rows and proj/fc2 columns
-are whole tiles of the single rank's) and "tensorwise":
+are whole tiles of the single rank's) and "tensorwise"; on the dense configs and the MoE one
+(its routed experts' grouped GEMMs too):
 - drift: the largest per-step loss difference to the bf16 run without FP8 over STEPS steps (one
   rank), beside the micro-batch-size noise (the bf16 run against the same batch split into 8, 2
   and 1 micro-batches); it must be larger than that noise (FP8 did change the GEMMs) and at most
@@ -40,6 +41,17 @@ LAYOUTS = {
     "pp2": (2, ["parallel.pp=2"]),
     "pp2-zb-h1": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
 }
+# The MoE config (routed experts' grouped GEMMs quantised run by run: an expert's rows of one
+# micro-batch, on one rank or, under ep, received from one peer). MoE under tp routes each tp
+# rank's rows, so its experts' weight-gradient tiles cover those rows (as cp's): left out.
+MOE_LAYOUTS = {
+    "ddp-dp2": (2, ["parallel.dp=2"]),
+    "zero3-dp2": (2, ["parallel.dp=2", "parallel.zero_stage=3"]),
+    "ep2": (2, ["parallel.ep=2"]),
+    "ep2-zero1-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=1"]),
+    "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
+    "pp2": (2, ["parallel.pp=2"]),
+}
 
 
 def losses(runs):
@@ -62,6 +74,7 @@ def main():
                     COMMON + [f"train.micro_batch_size={m}"]) for m in (8, 4, 1)]
     noise = max(abs(a - b) for run in splits for a, b in zip(losses(bf16), losses(run)))
     llama = "llama" in os.path.basename(args.config)
+    layouts = MOE_LAYOUTS if "moe" in os.path.basename(args.config) else LAYOUTS
     for scaling in ("blockwise", "tensorwise"):
         recipe = [f"train.fp8={scaling}", "train.fp8_block=16"]
         one = train(args, os.path.join(w, scaling), 1, COMMON + recipe)
@@ -74,7 +87,7 @@ def main():
             failures.append(f"{scaling}: drift {drift:.3g} ({rel:.2e} relative) against the "
                             f"noise {noise:.3g} and the bound {DRIFT_BOUND} relative")
         fixed = train(args, os.path.join(w, f"{scaling}-fixed"), 1, COMMON + recipe + FIXED)
-        for name, (ranks, sets) in LAYOUTS.items():
+        for name, (ranks, sets) in layouts.items():
             got = train(args, os.path.join(w, f"{scaling}-{name}"), ranks,
                         COMMON + recipe + FIXED + sets)
             err = grad_error(got, fixed)

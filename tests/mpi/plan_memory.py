@@ -132,6 +132,15 @@ LAYOUTS = {  # name: (ranks, sets)
     "ep2-full": (4, ["parallel.dp=4", "parallel.ep=2", "train.recompute=\"full\""]),
     "ep2-tp2-sp-full": (4, ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
                             "parallel.ep=2", "train.recompute=\"full\""]),
+    # FP8 GEMM inputs: the quantised copies in the model's scratch (the experts' too), and under
+    # ep for the received rows (counted at the input backward's moment); tensorwise under tp
+    # all-reduces one amax per split tensor (4 bytes each: within the comm tolerance).
+    "bf16-fp8": (1, ["train.precision=\"bf16\"", "train.fp8=\"blockwise\"",
+                     "train.fp8_block=16"]),
+    "tp2-fp8-tensorwise": (2, ["parallel.tp=2", "parallel.dp=1", "train.precision=\"bf16\"",
+                               "train.fp8=\"tensorwise\""]),
+    "ep2-dp4-fp8": (4, ["parallel.dp=4", "parallel.ep=2", "train.precision=\"bf16\"",
+                        "train.fp8=\"blockwise\"", "train.fp8_block=16"]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -142,7 +151,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
                "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
-               "ep2-dp4-bf16-gradc"]
+               "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",

@@ -317,6 +317,51 @@ TEST(Fp8Linear, GemmsMultiplyTheTiledQuantisations) {
   }
 }
 
+// The experts' FP8 inputs: rows quantised group by group (a group's column tiles and tensorwise
+// scale its own, so that a run of rows quantises alike wherever ep sends it), a weight stack
+// expert by expert; each equal to the reference on that group's or expert's matrix alone.
+TEST(Fp8Linear, ExpertInputsQuantiseEachGroupAndExpertApart) {
+  const int64_t K = 24, b = 8, E = 3, OC = 20;
+  const std::vector<int64_t> off{0, 13, 13, 30, 37};  // an empty group, groups across tiles
+  const int64_t M = off.back() + 3;                   // rows past the groups: not read
+  std::mt19937 gen(5);
+  std::normal_distribution<float> d;
+  std::vector<float> x(M * K), w(E * OC * K), vals(M * K), wq(E * OC * K), amax(M * K);
+  for (float& v : x) v = d(gen);
+  for (float& v : w) v = d(gen);
+  auto t = [](std::vector<float>& v, Shape s) { return Tensor(v.data(), s, DType::f32); };
+  for (const Fp8Scaling sc : {Fp8Scaling::blockwise, Fp8Scaling::tensorwise})
+    for (const Fp8Tiles tiles : {Fp8Tiles::rows, Fp8Tiles::cols}) {
+      const Fp8Recipe r{sc, b};
+      const bool bw = sc == Fp8Scaling::blockwise;
+      const Tensor got = fp8_quantized_groups(r, t(x, {M, K}), off, tiles, true, t(vals, {M * K}),
+                                              t(amax, {M * K}));
+      ASSERT_EQ(got.shape, Shape({M, K}));
+      for (size_t g = 0; g + 1 < off.size(); ++g) {
+        const int64_t rows = off[g + 1] - off[g];
+        if (rows == 0) continue;
+        const int64_t tr = !bw ? rows : tiles == Fp8Tiles::rows ? 1 : b;
+        const int64_t tc = !bw ? K : tiles == Fp8Tiles::rows ? b : 1;
+        const std::vector<float> want =
+            test::fp8_reference(x.data() + off[g] * K, rows, K, tr, tc, !bw);
+        for (int64_t i = 0; i < rows * K; ++i)
+          ASSERT_EQ(got.f32()[off[g] * K + i], want[static_cast<size_t>(i)])
+              << (bw ? "blockwise" : "tensorwise") << " group " << g << " element " << i;
+      }
+    }
+  for (const Fp8Scaling sc : {Fp8Scaling::blockwise, Fp8Scaling::tensorwise}) {
+    const bool bw = sc == Fp8Scaling::blockwise;
+    fp8_quantized_stack({sc, b}, t(w, {E, OC, K}), t(wq, {E * OC * K}), t(amax, {M * K}));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> want =
+          test::fp8_reference(w.data() + e * OC * K, OC, K, bw ? b : OC, bw ? b : K, false);
+      for (int64_t i = 0; i < OC * K; ++i)
+        ASSERT_EQ(wq[static_cast<size_t>(e * OC * K + i)], want[static_cast<size_t>(i)])
+            << "expert " << e;
+    }
+  }
+}
+
 // train.fp8 under tp2 (+SP). With tiles of 8 every rank's q, k and v rows, fc1 rows and
 // proj/fc2 columns are whole tiles of the single rank's, so the ranks quantise the same tiles as
 // one rank, and a tensorwise amax is taken over tp; the gradients then differ from the single
