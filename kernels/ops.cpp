@@ -815,8 +815,9 @@ int64_t check_groups(const Op& op, std::span<const int64_t> offsets,
 }  // namespace
 
 void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets,
-                            std::span<const int64_t> weight_of) {
+                            std::span<const int64_t> weight_of, DType operands) {
   Op op("grouped_linear_forward", {out, inp, weight});
+  gemm_operands(op, operands);
   op.ndim("weight", weight, 3);
   const int64_t W = weight.size(0), OC = weight.size(1), IC = weight.size(2);
   op.ndim("inp", inp, 2);
@@ -826,12 +827,14 @@ void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<con
   const int64_t G = check_groups(op, offsets, weight_of, W, M);
   LLMT_KERNEL(op, grouped_linear_forward)
   (op.inout("out", out), op.in("inp", inp), op.in("weight", weight), offsets.data(),
-   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
+   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC, operands);
 }
 
 void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
-                             std::span<const int64_t> offsets, std::span<const int64_t> weight_of) {
+                             std::span<const int64_t> offsets, std::span<const int64_t> weight_of,
+                             DType operands) {
   Op op("grouped_linear_backward", {dinp, dweight, dout, inp, weight});
+  gemm_operands(op, operands);
   op.ndim("dout", dout, 2);
   const int64_t M = dout.size(0), OC = dout.size(1);
   const Tensor& w = weight.defined() ? weight : dweight;
@@ -851,7 +854,7 @@ void grouped_linear_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor in
   (op.inout_opt("dinp", dinp), op.inout_opt("dweight", dweight), op.in("dout", dout),
    dweight.defined() ? op.in("inp", inp) : nullptr,
    dinp.defined() ? op.in("weight", weight) : nullptr, offsets.data(),
-   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC);
+   weight_of.empty() ? nullptr : weight_of.data(), G, W, IC, OC, operands);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------

@@ -747,7 +747,8 @@ MoeMlp::Fp8Scratch MoeMlp::fp8_scratch(int64_t R, Buffer& buf) const {
 void MoeMlp::experts_forward(Tensor out, Tensor in, int64_t w, std::span<const int64_t> groups,
                              std::span<const int64_t> weight_of, const Fp8Scratch& q) const {
   const TpLayers& t = env_.tp;
-  if (!t.fp8.on()) return ops::grouped_linear_forward(out, in, env_.w(w), groups, weight_of);
+  if (!t.fp8.on())
+    return ops::grouped_linear_forward(out, in, env_.w(w), groups, weight_of, t.compute);
   ops::grouped_linear_forward(
       out, fp8_quantized_groups(t.fp8, in, groups, Fp8Tiles::rows, false, q.a, q.amax),
       fp8_quantized_stack(t.fp8, env_.w(w), t.fp8_w, t.fp8_amax), groups, weight_of);
@@ -758,8 +759,8 @@ void MoeMlp::experts_backward_input(Tensor din, Tensor dout, int64_t w,
                                     std::span<const int64_t> weight_of, const Fp8Scratch& q) const {
   const TpLayers& t = env_.tp;
   if (!t.fp8.on())
-    return ops::grouped_linear_backward(din, Tensor(), dout, Tensor(), env_.w(w), groups,
-                                        weight_of);
+    return ops::grouped_linear_backward(din, Tensor(), dout, Tensor(), env_.w(w), groups, weight_of,
+                                        t.compute);
   ops::grouped_linear_backward(
       din, Tensor(), fp8_quantized_groups(t.fp8, dout, groups, Fp8Tiles::rows, true, q.b, q.amax),
       Tensor(), fp8_quantized_stack(t.fp8, env_.w(w), t.fp8_w, t.fp8_amax), groups, weight_of);
@@ -771,7 +772,8 @@ void MoeMlp::experts_backward_weight(int64_t w, Tensor dout, Tensor in,
                                      const Fp8Scratch& q) const {
   const TpLayers& t = env_.tp;
   if (!t.fp8.on())
-    return ops::grouped_linear_backward(Tensor(), env_.g(w), dout, in, Tensor(), groups, weight_of);
+    return ops::grouped_linear_backward(Tensor(), env_.g(w), dout, in, Tensor(), groups, weight_of,
+                                        t.compute);
   ops::grouped_linear_backward(
       Tensor(), env_.g(w),
       fp8_quantized_groups(t.fp8, dout, groups, Fp8Tiles::cols, true, q.b, q.amax),

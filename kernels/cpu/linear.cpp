@@ -25,15 +25,20 @@
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernel_util.h"
 
 namespace llmt::cpu {
-namespace {
 
 #if LLMTRAIN_HAVE_DNNL
-// Whether bf16 operands go to oneDNN: the CPU multiplies bf16 natively (AVX512-BF16; AMX CPUs
-// have it too) and LLMTRAIN_CPU_BF16_GEMM does not say "blas" ("auto" or unset: oneDNN where the
-// CPU has it; anything else is refused).
+const uint16_t* bf16_copy(int slot, const float* x, int64_t n) {
+  thread_local std::vector<uint16_t> buffers[3];
+  std::vector<uint16_t>& b = buffers[slot];
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  convert(b.data(), DType::bf16, x, DType::f32, n);  // the storage codec's rounding: exact here
+  return b.data();
+}
+
 bool dnnl_bf16(DType operands) {
   static const bool usable = [] {
     const char* e = std::getenv("LLMTRAIN_CPU_BF16_GEMM");
@@ -46,20 +51,14 @@ bool dnnl_bf16(DType operands) {
   return operands == DType::bf16 && usable;
 }
 
-// x (n) fp32 holding bf16 values, as bf16 in this thread's buffer `slot` (the storage codec's
-// rounding, exact for such values).
-uint16_t* as_bf16(int slot, const float* x, int64_t n) {
-  thread_local std::vector<uint16_t> buffers[2];
-  std::vector<uint16_t>& b = buffers[slot];
-  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
-  convert(b.data(), DType::bf16, x, DType::f32, n);
-  return b.data();
-}
-
-// c (M,N) row-major = a (M,K) @ b (K,N) (+ c when `accumulate`), in bf16 with fp32 accumulation;
-// a is given row-major as (M,K), or as its transpose (K,M) when a_t; b as (K,N), or (N,K) when b_t.
 void gemm_bf16(float* c, const float* a, bool a_t, const float* b, bool b_t, int64_t M, int64_t N,
                int64_t K, bool accumulate) {
+  gemm_bf16_copies(c, bf16_copy(0, a, M * K), a_t, bf16_copy(1, b, K * N), b_t, M, N, K,
+                   accumulate);
+}
+
+void gemm_bf16_copies(float* c, const uint16_t* a, bool a_t, const uint16_t* b, bool b_t, int64_t M,
+                      int64_t N, int64_t K, bool accumulate) {
   using dnnl::memory;
   using dt = memory::data_type;
   using tag = memory::format_tag;
@@ -76,8 +75,8 @@ void gemm_bf16(float* c, const float* a, bool a_t, const float* b, bool b_t, int
   // oneDNN's primitive cache keeps the kernels of the shapes seen before.
   const dnnl::matmul matmul(
       dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine));
-  memory am(ad, engine, as_bf16(0, a, M * K));
-  memory bm(bd, engine, as_bf16(1, b, K * N));
+  memory am(ad, engine, const_cast<uint16_t*>(a));
+  memory bm(bd, engine, const_cast<uint16_t*>(b));
   memory cm(cd, engine, c);
   matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();
@@ -86,10 +85,18 @@ void gemm_bf16(float* c, const float* a, bool a_t, const float* b, bool b_t, int
 bool dnnl_bf16(DType) {
   return false;
 }
-void gemm_bf16(float*, const float*, bool, const float*, bool, int64_t, int64_t, int64_t, bool) {}
+void gemm_bf16(float*, const float*, bool, const float*, bool, int64_t, int64_t, int64_t, bool) {
+  LLMT_CHECK(false, "gemm_bf16: this build has no oneDNN");
+}
+void gemm_bf16_copies(float*, const uint16_t*, bool, const uint16_t*, bool, int64_t, int64_t,
+                      int64_t, bool) {
+  LLMT_CHECK(false, "gemm_bf16: this build has no oneDNN");
+}
+const uint16_t* bf16_copy(int, const float*, int64_t) {
+  LLMT_CHECK(false, "gemm_bf16: this build has no oneDNN");
+  return nullptr;
+}
 #endif
-
-}  // namespace
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
                     int64_t IC, int64_t OC, DType operands) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernel_util.h"
 #include "kernels/moe_math.h"
 
@@ -288,9 +289,74 @@ int64_t tile_size(int64_t total, int nt) {
 
 }  // namespace
 
+namespace {
+
+// bf16 grouped GEMMs through oneDNN (gemm_bf16.h). oneDNN builds a kernel for each GEMM shape it
+// meets (a JIT compile, costing as much as running it), and routing gives every group another
+// row count each step; so each group's rows go to oneDNN padded with zero rows to a bucket (a
+// multiple of 64, or of a quarter of the largest power of two <= n: at most 25% more rows, about
+// four shapes per doubling), whose kernels oneDNN's primitive cache then keeps. Zero rows add
+// exact zeros to a weight gradient; their output rows are dropped.
+int64_t padded_rows(int64_t n) {
+  if (n == 0) return 0;
+  int64_t p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int64_t q = std::max<int64_t>(64, p2 / 4);
+  return (n + q - 1) / q * q;
+}
+
+struct PaddedGroups {
+  std::vector<int64_t> at;  // (G+1): group g's rows start at row at[g] of a padded array
+
+  PaddedGroups(const int64_t* offsets, int64_t G) : at(static_cast<size_t>(G) + 1, 0) {
+    for (int64_t g = 0; g < G; ++g) at[g + 1] = at[g] + padded_rows(offsets[g + 1] - offsets[g]);
+  }
+  // x's group rows (K wide) as bf16 at the padded rows, zeros after each group's rows, in this
+  // thread's buffer `slot` (0-2).
+  const uint16_t* bf16(int slot, const float* x, const int64_t* offsets, int64_t K) const {
+    thread_local std::vector<uint16_t> buffers[3];
+    std::vector<uint16_t>& b = buffers[slot];
+    const auto G = static_cast<int64_t>(at.size()) - 1;
+    b.assign(static_cast<size_t>(at[G] * K), 0);
+    for (int64_t g = 0; g < G; ++g)
+      convert(b.data() + at[g] * K, DType::bf16, x + offsets[g] * K, DType::f32,
+              (offsets[g + 1] - offsets[g]) * K);
+    return b.data();
+  }
+  // A padded fp32 result (at[G], K) in this thread's buffer; copy_out moves the group rows.
+  float* result(int64_t K) const {
+    thread_local std::vector<float> b;
+    b.resize(static_cast<size_t>(at.back() * K));
+    return b.data();
+  }
+  void copy_out(float* dst, const float* padded, const int64_t* offsets, int64_t K) const {
+    for (size_t g = 0; g + 1 < at.size(); ++g)
+      std::copy(padded + at[g] * K, padded + (at[g] + offsets[g + 1] - offsets[g]) * K,
+                dst + offsets[g] * K);
+  }
+};
+
+}  // namespace
+
+// With bf16 operands on a CPU that multiplies them (gemm_bf16.h): one oneDNN GEMM per group on
+// padded rows (PaddedGroups), each threaded by oneDNN, a weight's groups added in group order.
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
-                            const int64_t* offsets, const int64_t* weight_of, int64_t G,
-                            int64_t /*W*/, int64_t IC, int64_t OC) {
+                            const int64_t* offsets, const int64_t* weight_of, int64_t G, int64_t W,
+                            int64_t IC, int64_t OC, DType operands) {
+  if (dnnl_bf16(operands)) {
+    const PaddedGroups pad(offsets, G);
+    const uint16_t* in16 = pad.bf16(0, inp, offsets, IC);
+    const uint16_t* w16 = bf16_copy(1, weight, W * OC * IC);
+    float* res = pad.result(OC);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = pad.at[g + 1] - pad.at[g], w = weight_of ? weight_of[g] : g;
+      if (n > 0)
+        gemm_bf16_copies(res + pad.at[g] * OC, in16 + pad.at[g] * IC, false, w16 + w * OC * IC,
+                         true, n, OC, IC, false);
+    }
+    pad.copy_out(out, res, offsets, OC);
+    return;
+  }
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
   const auto ts =
@@ -305,10 +371,29 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                              const float* weight, const int64_t* offsets, const int64_t* weight_of,
-                             int64_t G, int64_t W, int64_t IC, int64_t OC) {
+                             int64_t G, int64_t W, int64_t IC, int64_t OC, DType operands) {
   const int64_t M = offsets[G] - offsets[0];
   const int nt = threads_for(M * IC * OC / 64, kGrainElems * 16);
   auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
+  if (dnnl_bf16(operands)) {
+    const PaddedGroups pad(offsets, G);
+    const uint16_t* dout16 = pad.bf16(0, dout, offsets, OC);
+    const uint16_t* w16 = dinp ? bf16_copy(1, weight, W * OC * IC) : nullptr;
+    const uint16_t* in16 = dweight ? pad.bf16(2, inp, offsets, IC) : nullptr;
+    float* res = dinp ? pad.result(IC) : nullptr;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = pad.at[g], n = pad.at[g + 1] - r0;
+      if (n == 0) continue;
+      if (dinp)
+        gemm_bf16_copies(res + r0 * IC, dout16 + r0 * OC, false, w16 + w_of(g) * OC * IC, false, n,
+                         IC, OC, false);
+      if (dweight)
+        gemm_bf16_copies(dweight + w_of(g) * OC * IC, dout16 + r0 * OC, true, in16 + r0 * IC, false,
+                         OC, IC, n, true);
+    }
+    if (dinp) pad.copy_out(dinp, res, offsets, IC);
+    return;
+  }
   if (dinp) {  // rows of (n,IC) = (n,OC) @ (OC,IC)
     const auto ts =
         tiles(G, tile_size(M, nt), [&](int64_t g) { return offsets[g + 1] - offsets[g]; });

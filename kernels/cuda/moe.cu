@@ -287,9 +287,10 @@ struct Groups {
 }  // namespace
 
 // Row-major (rows, cols) is column-major (cols, rows): out^T (OC,n) = W (OC,IC) . inp^T (IC,n).
+// fp32 GEMMs whatever the operands (16-bit grouped GEMMs on tensor cores: not yet).
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
                             const int64_t* offsets, const int64_t* weight_of, int64_t G,
-                            int64_t /*W*/, int64_t IC, int64_t OC) {
+                            int64_t /*W*/, int64_t IC, int64_t OC, DType /*operands*/) {
   Groups gs;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r0 = offsets[g], n = offsets[g + 1] - r0, w = weight_of ? weight_of[g] : g;
@@ -304,7 +305,7 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 // each weight per call), since a grouped call's GEMMs run concurrently.
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                              const float* weight, const int64_t* offsets, const int64_t* weight_of,
-                             int64_t G, int64_t W, int64_t IC, int64_t OC) {
+                             int64_t G, int64_t W, int64_t IC, int64_t OC, DType /*operands*/) {
   auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
   if (dinp) {
     Groups gs;

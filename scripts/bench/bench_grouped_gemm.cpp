@@ -2,7 +2,8 @@
 // both) as one grouped call per GEMM (ops::grouped_linear_*) against a loop of one linear call
 // per expert on the same buffers, in the same process, interleaved. Tokens are routed unevenly
 // (expert e gets a share proportional to e + 1), as a router in training does. Prints the median
-// time of each and the loop / grouped ratio. CPU only.
+// time of each and the loop / grouped ratio; and the grouped call with bf16 operands (every input
+// a bf16 value) against fp32. CPU only.
 //
 //   build/scripts/bench/bench_grouped_gemm [E (8)] [ROWS (4096)] [C (512)] [FE (1024)]
 //                                          [REPEATS (7)] [THREADS (all cores)]
@@ -43,14 +44,22 @@ int main(int argc, char** argv) {
     ops::init_normal(view(*b, {static_cast<int64_t>(b->size())}), 0.02f, 1, b->size());
   ops::init_normal(view(g, {M * Fe}), 1.0f, 2, 3);
 
-  auto grouped = [&] {
-    ops::grouped_linear_forward(view(h, {M, F1}), view(x, {M, C}), view(w1, {E, F1, C}), off);
-    ops::grouped_linear_forward(view(y, {M, C}), view(g, {M, Fe}), view(w2, {E, C, Fe}), off);
+  // Every input a bf16 value, as in a bf16 run: the fp32 runs do not mind, the bf16 one needs it.
+  for (auto* b : {&x, &w1, &w2, &dy, &dh, &g})
+    ops::round_to(view(*b, {static_cast<int64_t>(b->size())}), DType::bf16);
+
+  auto grouped_as = [&](DType operands) {
+    ops::grouped_linear_forward(view(h, {M, F1}), view(x, {M, C}), view(w1, {E, F1, C}), off, {},
+                                operands);
+    ops::grouped_linear_forward(view(y, {M, C}), view(g, {M, Fe}), view(w2, {E, C, Fe}), off, {},
+                                operands);
     ops::grouped_linear_backward(view(dg, {M, Fe}), view(dw2, {E, C, Fe}), view(dy, {M, C}),
-                                 view(g, {M, Fe}), view(w2, {E, C, Fe}), off);
+                                 view(g, {M, Fe}), view(w2, {E, C, Fe}), off, {}, operands);
     ops::grouped_linear_backward(view(dx, {M, C}), view(dw1, {E, F1, C}), view(dh, {M, F1}),
-                                 view(x, {M, C}), view(w1, {E, F1, C}), off);
+                                 view(x, {M, C}), view(w1, {E, F1, C}), off, {}, operands);
   };
+  auto grouped = [&] { grouped_as(DType::f32); };
+  auto grouped16 = [&] { grouped_as(DType::bf16); };
   auto loop = [&] {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t a = off[e], b = off[e + 1];
@@ -69,13 +78,15 @@ int main(int argc, char** argv) {
   };
   grouped();
   loop();
-  std::vector<double> tg, tl;
+  grouped16();
+  std::vector<double> tg, tl, t16;
   for (int r = 0; r < repeats; ++r) {
     tg.push_back(time_ms(grouped));
     tl.push_back(time_ms(loop));
+    t16.push_back(time_ms(grouped16));
   }
   const double flops = 6.0 * static_cast<double>(M) * C * (F1 + Fe);
-  const double mg = median_ms(tg), ml = median_ms(tl);
+  const double mg = median_ms(tg), ml = median_ms(tl), m16 = median_ms(t16);
   std::printf(
       "experts E=%lld, rows %lld (expert e gets (e+1)/%lld of them), C=%lld, Fe=%lld "
       "(SwiGLU fc1 %lld rows); %d threads; median of %d\n",
@@ -85,5 +96,9 @@ int main(int argc, char** argv) {
   std::printf("grouped (one call per GEMM)  %8.2f ms  %6.1f GFLOP/s\n", mg, flops / mg / 1e6);
   std::printf("loop (one call per expert)   %8.2f ms  %6.1f GFLOP/s\n", ml, flops / ml / 1e6);
   std::printf("loop / grouped: %.3f\n", ml / mg);
+  std::printf(
+      "grouped, bf16 operands       %8.2f ms  %6.1f GFLOP/s  (%.2fx fp32; oneDNN where "
+      "the CPU has AVX512-BF16 and LLMTRAIN_CPU_BF16_GEMM is not blas)\n",
+      m16, flops / m16 / 1e6, mg / m16);
   return 0;
 }

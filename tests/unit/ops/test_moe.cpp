@@ -412,6 +412,48 @@ TEST(GroupedLinear, GroupsSharingAWeightEqualTheirConcatenation) {
                Error);
 }
 
+// bf16 operands (the CPU multiplies them through oneDNN where it has AVX512-BF16, a group at a
+// time): the same products as the fp32 path, summed in another order, so the two agree to the
+// reordering bound; with groups sharing a weight, an empty group, and dweight accumulating.
+TEST(GroupedLinear, Bf16OperandsComputeTheSameProducts) {
+  const int64_t IC = 40, OC = 24, M = 300;
+  const std::vector<int64_t> off{0, 70, 70, 210, 300}, weight_of{0, 1, 0, 1};
+  HostTensor inp = uniform({M, IC}, 41), weight = uniform({2, OC, IC}, 42),
+             dout = uniform({M, OC}, 43);
+  for (HostTensor* x : {&inp, &weight, &dout}) ops::round_to(x->t(), DType::bf16);
+  const HostTensor dw0 = uniform({2, OC, IC}, 44);
+  HostTensor out32({M, OC}), out16({M, OC}), dinp32({M, IC}), dinp16({M, IC});
+  HostTensor dw32 = dw0, dw16 = dw0;
+  ops::grouped_linear_forward(out32.t(), inp.t(), weight.t(), off, weight_of);
+  ops::grouped_linear_forward(out16.t(), inp.t(), weight.t(), off, weight_of, DType::bf16);
+  ops::grouped_linear_backward(dinp32.t(), dw32.t(), dout.t(), inp.t(), weight.t(), off, weight_of);
+  ops::grouped_linear_backward(dinp16.t(), dw16.t(), dout.t(), inp.t(), weight.t(), off, weight_of,
+                               DType::bf16);
+  std::vector<double> mag(2 * OC * IC, 0.0);
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t w = weight_of[g];
+    const float* wg = weight.f32() + w * OC * IC;
+    for (int64_t r = off[g]; r < off[g + 1]; ++r) {
+      for (int64_t c = 0; c < OC; ++c)
+        ASSERT_NEAR(out16[r * OC + c], out32[r * OC + c],
+                    reorder_bound(inp.f32() + r * IC, 1, wg + c * IC, 1, IC))
+            << "out " << r << "," << c;
+      for (int64_t i = 0; i < IC; ++i)
+        ASSERT_NEAR(dinp16[r * IC + i], dinp32[r * IC + i],
+                    reorder_bound(dout.f32() + r * OC, 1, wg + i, IC, OC))
+            << "dinp " << r << "," << i;
+      for (int64_t c = 0; c < OC; ++c)
+        for (int64_t i = 0; i < IC; ++i)
+          mag[w * OC * IC + c * IC + i] += std::fabs(double{dout[r * OC + c]} * inp[r * IC + i]);
+    }
+  }
+  for (int64_t j = 0; j < 2 * OC * IC; ++j)
+    ASSERT_NEAR(dw16[j], dw32[j],
+                (M + 2) * double{std::numeric_limits<float>::epsilon()} *
+                    (mag[static_cast<size_t>(j)] + std::fabs(dw0[j])))
+        << "dweight " << j;
+}
+
 TEST(GroupedLinear, RefusesBadOffsets) {
   HostTensor inp({10, 4}), weight({2, 3, 4}), out({10, 3});
   EXPECT_THROW(
