@@ -1,4 +1,4 @@
-// FP8 quantisation (train.fp8, docs/precision.md), written once for the CPU kernels
+// FP8 quantisation (train.fp8, docs/model.md), written once for the CPU kernels
 // (kernels/cpu/precision.cpp) and the CUDA ones (kernels/cuda/precision.cu), so the two give the
 // same bits. Plain C++ that nvcc also compiles as __host__ __device__; included only by kernel
 // sources.

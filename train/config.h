@@ -51,7 +51,7 @@ struct TrainConfig {
   // distribute-saved-activations and PTD-P's scatter/gather); docs/model.md.
   bool distribute_saved_activations = false;
   // FP8 GEMM inputs of the transformer layers' linears, emulated (parallel_layers.h's Fp8Recipe,
-  // docs/precision.md): "none", "tensorwise" or "blockwise" (tiles of fp8_block); bf16 only.
+  // docs/model.md): "none", "tensorwise" or "blockwise" (tiles of fp8_block); 16-bit only.
   Fp8Scaling fp8 = Fp8Scaling::none;
   int64_t fp8_block = 128;
   OnNonfinite on_nonfinite = OnNonfinite::stop;

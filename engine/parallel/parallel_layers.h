@@ -23,7 +23,7 @@
 
 namespace llmt {
 
-// train.fp8 (docs/precision.md): the transformer layers' linears multiply FP8 inputs with fp32
+// train.fp8 (docs/model.md, "FP8 GEMM inputs"): the transformer layers' linears multiply FP8 inputs with fp32
 // accumulation, emulated: each GEMM input is quantised and dequantised into fp32 scratch
 // (ops::fp8_quantize), then multiplied by the fp32 GEMM. `blockwise` (DeepSeek-V3 §3.3): E4M3
 // everywhere, activations and output gradients in 1 x block tiles along the GEMM's reduction
@@ -75,9 +75,9 @@ struct TpLayers {
   int64_t N = 0, R = 0, row0 = 0;
   Tensor gathered, shard, full;
   // train.fp8 and its scratch (1-D f32, allocated by the model when fp8.on()): the quantised
-  // activation or input gradient (fp8_a) and output gradient (fp8_b) of one GEMM, N x the widest
-  // layer linear's in/out features each; its weight (fp8_w), the largest layer weight; the
-  // tiles' amax (fp8_amax).
+  // activation or input gradient (fp8_a) and output gradient (fp8_b) of one GEMM, (N, or the
+  // experts' routed rows) x the widest layer weight's features each; its weight (fp8_w), the
+  // largest layer weight or expert stack; the tiles' amax (fp8_amax).
   Fp8Recipe fp8;
   Tensor fp8_a, fp8_b, fp8_w, fp8_amax;
 

@@ -9,12 +9,8 @@
 #   scripts/bench/bench_muon.sh LLMTRAIN_BINARY [STEPS]     (default 200, the quickstart's)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}" "${2:-200}"
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mapfile -t corpus < <("$root/scripts/corpus.sh" "$llmtrain")
-prefix="${corpus[1]#data_prefix=}"
-tokenizer="${corpus[2]#tokenizer=}"
+quickstart_bench
 
-cp "$root/configs/quickstart.toml" "$work/bench.toml"
 run() {
   local name="$1"
   shift

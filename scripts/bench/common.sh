@@ -58,3 +58,15 @@ bench_run() {
     "${timer[@]}" "${cmd[@]}"
   fi
 }
+
+# quickstart_bench: $work/bench.toml = configs/quickstart.toml, and $prefix / $tokenizer the
+# fortunes corpus scripts/corpus.sh prepares (bench_muon.sh, bench_fp8.sh).
+quickstart_bench() {
+  local root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  local corpus
+  mapfile -t corpus < <("$root/scripts/corpus.sh" "$llmtrain")
+  prefix="${corpus[1]#data_prefix=}"
+  tokenizer="${corpus[2]#tokenizer=}"
+  cp "$root/configs/quickstart.toml" "$work/bench.toml"
+}

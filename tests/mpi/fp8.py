@@ -23,7 +23,7 @@ Usage: fp8.py --llmtrain BIN --mpirun MPIRUN --config C --workdir W"""
 import os
 import statistics
 
-from harness import finish, parse_args, train
+from harness import finish, parse_args, split_noise, train
 
 STEPS = 12
 COMMON = ["train.threads=1", "log.progress=false", f"train.steps={STEPS}",
@@ -70,9 +70,7 @@ def main():
     w = args.workdir
     failures = []
     bf16 = train(args, os.path.join(w, "bf16"), 1, COMMON)
-    splits = [train(args, os.path.join(w, f"bf16-mbs{m}"), 1,
-                    COMMON + [f"train.micro_batch_size={m}"]) for m in (8, 4, 1)]
-    noise = max(abs(a - b) for run in splits for a, b in zip(losses(bf16), losses(run)))
+    noise = split_noise(args, w, "bf16", COMMON, bf16)
     llama = "llama" in os.path.basename(args.config)
     layouts = MOE_LAYOUTS if "moe" in os.path.basename(args.config) else LAYOUTS
     for scaling in ("blockwise", "tensorwise"):

@@ -21,7 +21,7 @@ three splits (1.4e-4; 4.6x the 1-micro-batch split's 6.6e-5).
 Usage: grad_dtype.py --llmtrain BIN --mpirun MPIRUN --config C --workdir W"""
 import os
 
-from harness import finish, parse_args, train
+from harness import finish, parse_args, split_noise, train
 
 STEPS = 12
 COMMON = ["train.threads=1", "log.progress=false", f"train.steps={STEPS}",
@@ -48,10 +48,8 @@ def main():
     w = args.workdir
     failures = []
     ref = train(args, os.path.join(w, "fp32"), 1, COMMON)
-    splits = [train(args, os.path.join(w, f"fp32-mbs{m}"), 1,
-                    COMMON + [f"train.micro_batch_size={m}"]) for m in (8, 4, 1)]
+    noise = split_noise(args, w, "fp32", COMMON, ref)
     c16 = train(args, os.path.join(w, "compute"), 1, COMMON + ["train.grad_dtype=compute"])
-    noise = max(abs(a - b) for run in splits for a, b in zip(losses(ref), losses(run)))
     drift = max(abs(a - b) for a, b in zip(losses(ref), losses(c16)))
     print(f"drift of 16-bit gradients over {STEPS} steps: max |loss difference| {drift:.3g}; "
           f"micro-batch-size noise {noise:.3g} ({drift / noise:.2f}x)")

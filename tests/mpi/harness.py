@@ -1,6 +1,7 @@
 """Shared by the mpirun test scripts (parity.py, recompute.py, precision_tp.py, volume_memory.py,
-tp_volume.py, checkpoint_reshard.py): their common arguments, running a command (failing the test
-with its output), a training run's metrics, the resolved config, and the verdict."""
+tp_volume.py, checkpoint_reshard.py, grad_dtype.py, fp8.py): their common arguments, running a
+command (failing the test with its output), a training run's metrics, the resolved config, the
+micro-batch-size noise of a run, and the verdict."""
 import argparse
 import json
 import os
@@ -55,6 +56,15 @@ def train(args, out, ranks, sets, dump_final=False):
         cmd = [args.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
     run(cmd)
     return metrics(out)
+
+
+def split_noise(args, workdir, name, sets, ref):
+    """The micro-batch-size noise of the single-rank run `ref` (its metrics, made with `sets`):
+    the largest per-step loss difference to the runs that split the same batches into micro-batches
+    of 8, 4 and 1 instead (the same sums in other orders), trained into workdir/NAME-mbsM."""
+    splits = [train(args, os.path.join(workdir, f"{name}-mbs{m}"), 1,
+                    sets + [f"train.micro_batch_size={m}"]) for m in (8, 4, 1)]
+    return max(abs(a["loss"] - b["loss"]) for run in splits for a, b in zip(ref, run))
 
 
 def metrics(run_dir):

@@ -54,6 +54,16 @@ inline float fp8_nearest(float v, bool e5m2) {
   return static_cast<float>(v < 0 ? -r : r);
 }
 
+// The largest |value| of the tile of x (M,K) whose first element is (i0, k0), tiles tr x tc.
+inline float fp8_tile_amax(const float* x, int64_t M, int64_t K, int64_t i0, int64_t k0, int64_t tr,
+                           int64_t tc) {
+  float amax = 0;
+  for (int64_t i = i0; i < std::min(M, i0 + tr); ++i)
+    for (int64_t k = k0; k < std::min(K, k0 + tc); ++k)
+      amax = std::max(amax, std::fabs(x[i * K + k]));
+  return amax;
+}
+
 // x (M,K) quantised in tiles of tr x tc: each tile's amax, s = amax / max (float), s * fp8(v / s)
 // (float), 0 where amax is 0.
 inline std::vector<float> fp8_reference(const float* x, int64_t M, int64_t K, int64_t tr,
@@ -62,10 +72,7 @@ inline std::vector<float> fp8_reference(const float* x, int64_t M, int64_t K, in
   const float fmax = static_cast<float>(fp8_table(e5m2).max);
   for (int64_t i0 = 0; i0 < M; i0 += tr)
     for (int64_t k0 = 0; k0 < K; k0 += tc) {
-      float amax = 0;
-      for (int64_t i = i0; i < std::min(M, i0 + tr); ++i)
-        for (int64_t k = k0; k < std::min(K, k0 + tc); ++k)
-          amax = std::max(amax, std::fabs(x[i * K + k]));
+      const float amax = fp8_tile_amax(x, M, K, i0, k0, tr, tc);
       const float s = amax / fmax;
       for (int64_t i = i0; i < std::min(M, i0 + tr); ++i)
         for (int64_t k = k0; k < std::min(K, k0 + tc); ++k)
