@@ -42,21 +42,31 @@ LLMT_HOST_DEVICE inline float bits_float(uint32_t u) {
 }
 
 // v rounded to the nearest value of the format, ties to even, saturating at +-max; +-0, inf and
-// NaN unchanged.
+// NaN unchanged. Branch-free, so that the CPU loops over it vectorise.
 LLMT_HOST_DEVICE inline float fp8_round(float v, int fmt) {
   const Fp8Spec f = fp8_spec(fmt);
-  const uint32_t bits = float_bits(v) & 0x7fffffffu;
-  if (bits == 0 || bits >= 0x7f800000u) return v;
+  const uint32_t bits = float_bits(v), mag = bits & 0x7fffffffu;
   // The exponent of |v|'s leading bit, or the format's smallest normal one (its subnormals share
-  // that spacing); the format's values around |v| are 2^(lead - mantissa_bits) apart. Scaling by
-  // powers of two is exact (|v| / spacing < 2^(mantissa_bits + 1)), rintf rounds to nearest even.
-  int lead = static_cast<int>(bits >> 23) - 127;
-  if (lead < f.min_exponent) lead = f.min_exponent;
+  // that spacing), at most 127 (inf and NaN, replaced below); the format's values around |v| are
+  // 2^(lead - mantissa_bits) apart. Scaling by powers of two is exact (|v| / spacing <
+  // 2^(mantissa_bits + 1)), rintf rounds to nearest even.
+  int lead = static_cast<int>(mag >> 23) - 127;
+  lead = lead < f.min_exponent ? f.min_exponent : lead;
+  lead = lead > 127 ? 127 : lead;
   const int shift = lead - f.mantissa_bits;
-  float r = rintf(bits_float(bits) * bits_float(static_cast<uint32_t>(127 - shift) << 23)) *
+  float r = rintf(bits_float(mag) * bits_float(static_cast<uint32_t>(127 - shift) << 23)) *
             bits_float(static_cast<uint32_t>(127 + shift) << 23);
-  if (r > f.max) r = f.max;
-  return v < 0.0f ? -r : r;
+  r = r > f.max ? f.max : r;
+  r = bits_float(float_bits(r) | (bits & 0x80000000u));  // v's sign
+  return mag >= 0x7f800000u ? v : r;
+}
+
+// The bits of |v| as an unsigned integer (ordered as |v| is), NaN as 0: the tiles' maxima are
+// taken on these, so that a NaN never becomes a scale (it propagates through the quantised
+// value instead).
+LLMT_HOST_DEVICE inline uint32_t abs_bits(float v) {
+  const uint32_t mag = float_bits(v) & 0x7fffffffu;
+  return mag > 0x7f800000u ? 0u : mag;
 }
 
 // One value of a tile with absolute maximum amax, quantised and dequantised.

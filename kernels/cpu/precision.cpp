@@ -90,21 +90,32 @@ void round_to_f16(float* x, int64_t n) {
 
 void fp8_amax(float* amax, const float* in, int64_t M, int64_t K, int64_t tr, int64_t tc) {
   const int64_t TR = (M + tr - 1) / tr, TC = (K + tc - 1) / tc;
-  // A tile row at a time (the max is exact in any order).
+  // A tile row at a time; the max of the magnitudes' bits (kernel_math::abs_bits), exact in any
+  // order and vectorised.
   parallel_for(TR, std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, tr * K)),
                [&](int64_t begin, int64_t end) {
+                 std::vector<uint32_t> m(static_cast<size_t>(TC));
                  for (int64_t ti = begin; ti < end; ++ti) {
-                   float* a = amax + ti * TC;
-                   for (int64_t j = 0; j < TC; ++j) a[j] = 0.0f;
+                   std::fill(m.begin(), m.end(), 0u);
                    for (int64_t i = ti * tr; i < std::min(M, (ti + 1) * tr); ++i) {
                      const float* row = in + i * K;
+                     if (tc == 1) {  // a column's tile: down the rows, vectorised along them
+                       uint32_t* mk = m.data();
+#pragma omp simd
+                       for (int64_t k = 0; k < K; ++k)
+                         mk[k] = std::max(mk[k], kernel_math::abs_bits(row[k]));
+                       continue;
+                     }
                      for (int64_t j = 0; j < TC; ++j) {
-                       float m = a[j];
+                       uint32_t mj = m[j];
+#pragma omp simd reduction(max : mj)
                        for (int64_t k = j * tc; k < std::min(K, (j + 1) * tc); ++k)
-                         m = std::max(m, std::fabs(row[k]));
-                       a[j] = m;
+                         mj = std::max(mj, kernel_math::abs_bits(row[k]));
+                       m[j] = mj;
                      }
                    }
+                   for (int64_t j = 0; j < TC; ++j)
+                     amax[ti * TC + j] = kernel_math::bits_float(m[j]);
                  }
                });
 }
@@ -112,13 +123,35 @@ void fp8_amax(float* amax, const float* in, int64_t M, int64_t K, int64_t tr, in
 void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int64_t K, int64_t tr,
                   int64_t tc, int fmt) {
   const int64_t TC = (K + tc - 1) / tc;
+  const float fmax = kernel_math::fp8_spec(fmt).max;
   parallel_for(M, grain_rows(K), [&](int64_t begin, int64_t end) {
+    std::vector<float> scale(tc == 1 ? static_cast<size_t>(K) : 0);
     for (int64_t i = begin; i < end; ++i) {
       const float* a = amax + (i / tr) * TC;
+      if (tc == 1) {  // a scale per column (tiles down the rows), vectorised along the row
+        float* sc = scale.data();
+        float* o = out + i * K;
+        const float* x = in + i * K;
+#pragma omp simd
+        for (int64_t k = 0; k < K; ++k) sc[k] = a[k] / fmax;
+#pragma omp simd
+        for (int64_t k = 0; k < K; ++k) {
+          const float q = sc[k] * kernel_math::fp8_round(x[k] / sc[k], fmt);
+          o[k] = a[k] > 0.0f ? q : 0.0f;  // kernel_math::fp8_quantize_value's zero tile
+        }
+        continue;
+      }
       for (int64_t j = 0; j < TC; ++j) {
-        const float m = a[j];
-        for (int64_t k = j * tc; k < std::min(K, (j + 1) * tc); ++k)
-          out[i * K + k] = kernel_math::fp8_quantize_value(in[i * K + k], m, fmt);
+        const int64_t k0 = j * tc, k1 = std::min(K, (j + 1) * tc);
+        float* o = out + i * K;
+        const float* x = in + i * K;
+        if (!(a[j] > 0.0f)) {  // kernel_math::fp8_quantize_value's zero tile
+          std::fill(o + k0, o + k1, 0.0f);
+          continue;
+        }
+        const float s = a[j] / fmax;
+#pragma omp simd
+        for (int64_t k = k0; k < k1; ++k) o[k] = s * kernel_math::fp8_round(x[k] / s, fmt);
       }
     }
   });

@@ -84,13 +84,11 @@ __global__ void fp8_amax_kernel(float* amax, const float* in, int64_t M, int64_t
   const int64_t tile = blockIdx.x, ti = tile / TC, tj = tile % TC;
   const int64_t r0 = ti * tr, c0 = tj * tc;
   const int64_t rows = min(tr, M - r0), cols = min(tc, K - c0);
-  float m = 0.0f;
-  for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x) {
-    const float v = fabsf(in[(r0 + e / cols) * K + c0 + e % cols]);
-    if (v > m) m = v;
-  }
-  m = block_reduce(m, MaxOp{}, 0.0f);
-  if (threadIdx.x == 0) amax[tile] = m;
+  uint32_t m = 0;  // the magnitudes' bits, NaN as 0 (kernel_math::abs_bits), as on the CPU
+  for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x)
+    m = max(m, kernel_math::abs_bits(in[(r0 + e / cols) * K + c0 + e % cols]));
+  m = block_reduce(m, MaxOp{}, 0u);
+  if (threadIdx.x == 0) amax[tile] = kernel_math::bits_float(m);
 }
 
 }  // namespace

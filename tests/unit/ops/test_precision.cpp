@@ -184,6 +184,26 @@ TEST(Fp8, TilesScaleByTheirOwnLargestValue) {
   }
 }
 
+// A NaN is no tile's amax (it would make every value of its tile NaN or 0): it stays NaN where
+// it is, its tile scaled by the finite values; an inf is the amax, so its whole tile turns
+// non-finite, which the run's non-finite checks see.
+TEST(Fp8, NonFiniteValuesPropagate) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor x({2, 4}), out({2, 4}), amax({2, 1});
+  const float v[8] = {1.0f, nan, -3.0f, 0.3f, kInf, 2.0f, -0.5f, 0.0f};
+  std::copy(v, v + 8, x.f32());
+  ops::fp8_amax(amax.t(), x.t(), 1, 4);
+  EXPECT_EQ(amax[0], 3.0f);
+  EXPECT_EQ(amax[1], kInf);
+  ops::fp8_quantize(out.t(), x.t(), amax.t(), 1, 4, ops::Fp8Format::e4m3);
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], -3.0f);
+  const float s = 3.0f / 448.0f;  // the finite values' scale
+  EXPECT_EQ(out[0], s * fp8_nearest(1.0f / s, false));
+  EXPECT_EQ(out[3], s * fp8_nearest(0.3f / s, false));
+  for (int64_t i = 4; i < 8; ++i) EXPECT_FALSE(std::isfinite(out[i])) << i;
+}
+
 TEST(Fp8, RefusesBadTilesAndAliasing) {
   HostTensor x = normal({4, 8}, 1), out({4, 8}), amax({1, 1});
   EXPECT_THROW(ops::fp8_amax(amax.t(), x.t(), 0, 8), Error);
