@@ -409,6 +409,9 @@ struct Job {
   Schedule schedule;                  // every pp rank's actions (pp > 1)
   std::vector<int64_t> stage_layers;  // layers of each pipeline stage
   std::vector<double> layer_params;   // each layer's matmul weights (active), global
+  // Of those, the weights whose GEMMs take FP8 inputs under train.fp8 (all but the router's);
+  // empty without FP8.
+  std::vector<double> layer_fp8_params;
   double head_fpt = 0, attn_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
@@ -463,10 +466,14 @@ void Job::derive() {
   }
   // Each layer's matmul weights (ModelSpec::matmul_weights: an MoE layer's experts k of E).
   j.layer_params.assign(static_cast<size_t>(mc.n_layers), 0.0);
+  if (j.cfg.train.fp8 != Fp8Scaling::none)
+    j.layer_fp8_params.assign(static_cast<size_t>(mc.n_layers), 0.0);
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& ps = spec.params[i];
     if (ps.layer < 0) continue;
     j.layer_params[static_cast<size_t>(ps.layer)] += spec.matmul_weights(i);
+    if (!j.layer_fp8_params.empty() && ps.kind != ParamKind::router)
+      j.layer_fp8_params[static_cast<size_t>(ps.layer)] += spec.matmul_weights(i);
   }
   j.head_fpt = 6 * static_cast<double>(mc.vocab_size) * j.C;
   j.attn_fpt = 6 * j.C * j.T;  // the attention core, forward and backward
@@ -497,6 +504,7 @@ void Job::derive() {
 struct RankLayers {
   double L = 0, e = 0, h = 0;         // layers; whether the rank holds the embedding, the head
   double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
+  double fp8_fpt = 0;  // of those, the GEMMs with FP8 inputs (train.fp8), replays included
   bool moe = false;
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
@@ -589,6 +597,10 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.moe_layers += is_moe;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
+      if (!j.layer_fp8_params.empty()) {
+        const double w = j.layer_fp8_params[static_cast<size_t>(l)];
+        r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0);
+      }
     }
   }
   r.L = static_cast<double>(layers);
@@ -939,7 +951,11 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   // FLOPs and compute time.
   s.flops = j.per_rank_tokens * (r.fpt + r.recompute_fpt + r.h * j.head_fpt) / j.tp;
   s.recompute_flops = j.per_rank_tokens * r.recompute_fpt / j.tp;
-  s.compute_s = s.flops / j.eff_peak;
+  // train.fp8 is emulated (docs/model.md): those GEMMs multiply dequantised fp32 values, at the
+  // profile's fp32 peak.
+  const double fp8_flops = j.per_rank_tokens * r.fp8_fpt / j.tp;
+  s.compute_s = (s.flops - fp8_flops) / j.eff_peak +
+                fp8_flops / (j.hw.peak(DType::f32) * j.hw.matmul_efficiency);
   AxisBytes& t = s.bytes[static_cast<int>(Axis::tp)];
   t = tp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);

@@ -238,6 +238,27 @@ TEST(CostModel, ZeroOneReduceScatterHidesBehindTheLastBackward) {
   }
 }
 
+// train.fp8 is emulated: the layers' linears (GPT-2 tiny: qkv, proj, fc1, fc2 = 12 C^2 a layer)
+// multiply dequantised fp32 values, timed at the fp32 peak; the rest (attention core, head)
+// at bf16's. Full recompute replays those GEMMs' forward too (2 FLOPs a weight).
+TEST(CostModel, Fp8EmulationTimesItsGemmsAtTheFp32Peak) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const double C = 64, L = 4, tokens = 8 * 32;
+  for (const bool full : {false, true}) {
+    std::vector<std::string> sets{"train.precision=\"bf16\""};
+    if (full) sets.push_back("train.recompute=\"full\"");
+    const StageCost base = predict_step(tiny(sets), 1, hw).stages[0];
+    sets.push_back("train.fp8=\"blockwise\"");
+    const StageCost fp8 = predict_step(tiny(sets), 1, hw).stages[0];
+    EXPECT_DOUBLE_EQ(fp8.flops, base.flops) << full;
+    const double f = tokens * L * 12 * C * C * (full ? 8 : 6);
+    EXPECT_NEAR(fp8.compute_s, base.compute_s + f / (1e12 * 0.5) - f / (8e12 * 0.5),
+                1e-12 * base.compute_s)
+        << full;
+    EXPECT_GT(fp8.other_ops_bytes, base.other_ops_bytes);  // the quantisation passes
+  }
+}
+
 // The concurrent peak replays the step: never above the sum of the categories' peaks, and below
 // it where ZeRO-1's reductions (during the last micro-batch's backward) and the pipeline's
 // activations (most of them freed by then) do not coincide. tests/mpi/plan_memory.py checks it
@@ -268,9 +289,13 @@ TEST(CostModel, ConcurrentPeakReplaysTheStep) {
 // changes what the model holds (under ep with ZB-H1 the received rows' gradients are a stash).
 TEST(CostModel, CachedFiguresAreTheLayoutsOwn) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
-  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.top_k=2",
-                                     "model.moe.d_ff_expert=64", "train.micro_batch_size=1",
-                                     "parallel.pp=2", "parallel.ep=2", "parallel.dp=2"};
+  const std::vector<std::string> moe{"model.moe.num_experts=4",
+                                     "model.moe.top_k=2",
+                                     "model.moe.d_ff_expert=64",
+                                     "train.micro_batch_size=1",
+                                     "parallel.pp=2",
+                                     "parallel.ep=2",
+                                     "parallel.dp=2"};
   auto with = [&](const std::string& schedule) {
     std::vector<std::string> sets = moe;
     sets.push_back("parallel.pp_schedule=\"" + schedule + "\"");
