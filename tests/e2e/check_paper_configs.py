@@ -31,6 +31,7 @@ PUBLISHED = {
     "llama3-405b.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
     "llama3-405b-128k.toml": ("405853388800", "Hugging Face Llama-3.1-405B"),
     "mixtral-8x7b.toml": ("46702792704", "Hugging Face Mixtral-8x7B-v0.1"),
+    "deepseekmoe-16b.toml": ("16.4", "Dai et al. 2024, §5 and its model card (\"16.4B\")"),
 }
 # Sizes a paper names without counting them: (billions, the source, how far ours may be and why).
 NOMINAL = {
@@ -51,6 +52,7 @@ DOES_NOT_FIT = {
 # Mixture-of-experts configs: the active parameters per token, in billions (plan's "N active").
 PUBLISHED_ACTIVE = {
     "mixtral-8x7b.toml": ("12.9", "Jiang et al. 2024, Section 1 (13B active; 12.9B on the model card)"),
+    "deepseekmoe-16b.toml": ("2.8", "Dai et al. 2024, §5 and its model card (\"2.8B\" activated)"),
 }
 
 
