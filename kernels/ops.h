@@ -167,7 +167,7 @@ void moe_route_losses(Tensor aux, Tensor zsq, Tensor logits, Tensor counts, int6
 // (several groups may share a weight: expert parallelism's rows from each peer), or g without
 // weight_of (then G = W). Host values. One call for all groups (CPU: one OpenMP region; CUDA:
 // one grouped cuBLAS call). `operands` as for linear_forward (the CPU multiplies bf16 operands
-// through oneDNN where it can, a group at a time; CUDA ignores it).
+// through oneDNN where it can, a group at a time; CUDA 16-bit operands on tensor cores).
 void grouped_linear_forward(Tensor out, Tensor inp, Tensor weight, std::span<const int64_t> offsets,
                             std::span<const int64_t> weight_of = {}, DType operands = DType::f32);
 // dinp (M,IC) := dout (M,OC) @ weight[w(g)] per group's rows (optional); dweight (W,OC,IC) +=

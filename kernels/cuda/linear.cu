@@ -23,57 +23,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm_operands.cuh"
 
 namespace llmt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    case DType::i32:
-    case DType::f64:
-      break;
-  }
-  LLMT_CHECK(false, "linear: no GEMM operands of type ", dtype_name(t));
-  return CUDA_R_32F;
-}
-
-// The inputs of one linear call as cuBLASLt multiplies them: the fp32 tensors themselves, or
-// (16-bit operands) their copies in that type. Absent inputs (nullptr) stay absent.
-struct Operands {
-  cudaDataType_t type;
-  std::array<const void*, 3> p{};
-};
-
-Operands gemm_operands(DType t, std::array<const float*, 3> src, std::array<int64_t, 3> n) {
-  Operands o{cuda_type(t), {}};
-  if (t == DType::f32) {
-    for (size_t i = 0; i < src.size(); ++i) o.p[i] = src[i];
-    return o;
-  }
-  constexpr size_t kAlign = 256;  // every copy starts on cuBLASLt's preferred alignment
-  std::array<size_t, 3> off{};
-  size_t total = 0;
-  for (size_t i = 0; i < src.size(); ++i) {
-    off[i] = total;
-    if (src[i]) total += (static_cast<size_t>(n[i]) * 2 + kAlign - 1) / kAlign * kAlign;
-  }
-  static Scratch staging;  // the 16-bit copies of GEMM inputs
-  char* base = static_cast<char*>(staging.reserve(total));
-  for (size_t i = 0; i < src.size(); ++i) {
-    if (!src[i]) continue;
-    convert(base + off[i], t, src[i], DType::f32, n[i]);
-    o.p[i] = base + off[i];
-  }
-  return o;
-}
 
 // The largest power of two up to 256 dividing p's address. cuBLASLt's heuristics assume 256-byte
 // aligned matrices unless told otherwise (cublasLt.h: CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES,

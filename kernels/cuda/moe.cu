@@ -2,14 +2,19 @@
 // the CPU kernels' (kernels/cpu/moe.cpp). The router runs a thread per token (E is small); the
 // dispatch a thread per (sequence, expert), which scans its sequence in the dropping order, so no
 // atomics decide which assignment keeps its place; the grouped GEMM is one
-// cublasSgemmGroupedBatched call (fp32, no TF32) with one group per expert that has rows.
+// cublasSgemmGroupedBatched call (fp32, no TF32) with one group per expert that has rows, or with
+// 16-bit operands one cublasGemmGroupedBatchedEx call on their 16-bit copies (gemm_operands.cuh;
+// fp32 accumulation and output, where cuBLAS takes that combination; compiled, not yet run on a
+// GPU).
 #include <cublas_v2.h>
 
+#include <map>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm_operands.cuh"
 #include "kernels/moe_math.h"
 
 namespace llmt::cuda {
@@ -236,16 +241,15 @@ cublasHandle_t blas() {
   return h;
 }
 
-// One column-major GEMM per non-empty group, C_g = op(A_g) op(B_g) (+ beta C_g), in one call.
+// One column-major GEMM per non-empty group, C_g = op(A_g) op(B_g) (+ beta C_g), in one call,
+// on the inputs `in` (gemm_operands: fp32, or 16-bit copies multiplied on tensor cores with fp32
+// accumulation into the fp32 C). A_g and B_g are element offsets into in.p[ia] and in.p[ib].
 struct Groups {
-  std::vector<cublasOperation_t> ta, tb;
-  std::vector<int> m, n, k, lda, ldb, ldc, size;
-  std::vector<float> alpha, beta;
-  std::vector<const float*> a, b;
-  std::vector<float*> c;
+  explicit Groups(const Operands& in) : in_(in), es_(in.type == CUDA_R_32F ? 4 : 2) {}
 
-  void add(bool trans_a, bool trans_b, int64_t m_, int64_t n_, int64_t k_, const float* a_,
-           int64_t lda_, const float* b_, int64_t ldb_, float beta_, float* c_, int64_t ldc_) {
+  void add(bool trans_a, bool trans_b, int64_t m_, int64_t n_, int64_t k_, int ia, int64_t a_off,
+           int64_t lda_, int ib, int64_t b_off, int64_t ldb_, float beta_, float* c_,
+           int64_t ldc_) {
     if (m_ == 0 || n_ == 0 || k_ == 0) return;  // nothing to compute (beta = 1 for dweight)
     ta.push_back(trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     tb.push_back(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -257,8 +261,8 @@ struct Groups {
     ldc.push_back(static_cast<int>(ldc_));
     alpha.push_back(1.0f);
     beta.push_back(beta_);
-    a.push_back(a_);
-    b.push_back(b_);
+    a.push_back(static_cast<const char*>(in_.p[static_cast<size_t>(ia)]) + a_off * es_);
+    b.push_back(static_cast<const char*>(in_.p[static_cast<size_t>(ib)]) + b_off * es_);
     c.push_back(c_);
     size.push_back(1);
   }
@@ -269,33 +273,80 @@ struct Groups {
     // The pointer arrays live on the device; the rest are host arrays.
     static Scratch pointers;
     auto** dev = static_cast<void**>(pointers.reserve(3 * g * sizeof(void*)));
-    std::vector<const void*> host;
-    for (const float* p : a) host.push_back(p);
-    for (const float* p : b) host.push_back(p);
+    std::vector<const void*> host(a.begin(), a.end());
+    host.insert(host.end(), b.begin(), b.end());
     for (float* p : c) host.push_back(p);
     LLMT_CUDA_CHECK(
         cudaMemcpyAsync(dev, host.data(), 3 * g * sizeof(void*), cudaMemcpyHostToDevice, stream()));
-    LLMT_CUBLAS_CHECK(cublasSgemmGroupedBatched(
+    if (in_.type == CUDA_R_32F) {
+      LLMT_CUBLAS_CHECK(cublasSgemmGroupedBatched(
+          blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+          reinterpret_cast<const float* const*>(dev), lda.data(),
+          reinterpret_cast<const float* const*>(dev + g), ldb.data(), beta.data(),
+          reinterpret_cast<float* const*>(dev + 2 * g), ldc.data(), static_cast<int>(g),
+          size.data()));
+      return;
+    }
+    // 16-bit A and B, fp32 C, fp32 compute (the type combination linear.cu's cuBLASLt GEMMs use).
+    LLMT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-        reinterpret_cast<const float* const*>(dev), lda.data(),
-        reinterpret_cast<const float* const*>(dev + g), ldb.data(), beta.data(),
-        reinterpret_cast<float* const*>(dev + 2 * g), ldc.data(), static_cast<int>(g),
-        size.data()));
+        reinterpret_cast<const void* const*>(dev), in_.type, lda.data(),
+        reinterpret_cast<const void* const*>(dev + g), in_.type, ldb.data(), beta.data(),
+        reinterpret_cast<void* const*>(dev + 2 * g), CUDA_R_32F, ldc.data(), static_cast<int>(g),
+        size.data(), CUBLAS_COMPUTE_32F));
   }
+
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<float> alpha, beta;
+  std::vector<const void*> a, b;
+  std::vector<float*> c;
+
+ private:
+  const Operands& in_;
+  int64_t es_;
 };
+
+// The operands the grouped GEMMs use: 16-bit ones where cublasGemmGroupedBatchedEx takes them
+// with an fp32 C (tried once per type on a 16 x 16 x 16 problem), else fp32 (the same values,
+// at fp32 speed).
+DType grouped_operands(DType requested) {
+  if (requested == DType::f32) return requested;
+  static std::map<DType, bool> supported;
+  auto it = supported.find(requested);
+  if (it == supported.end()) {
+    static Scratch probe;
+    const cudaDataType_t t = cuda_type(requested);
+    char* base = static_cast<char*>(probe.reserve(3 * 256 * 4 + 3 * sizeof(void*)));
+    void* host[3] = {base, base + 1024, base + 2048};
+    auto** dev = reinterpret_cast<void**>(base + 3072);
+    LLMT_CUDA_CHECK(cudaMemsetAsync(base, 0, 3072, stream()));
+    LLMT_CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof host, cudaMemcpyHostToDevice, stream()));
+    const cublasOperation_t op = CUBLAS_OP_N;
+    const int d = 16, one = 1;
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        blas(), &op, &op, &d, &d, &d, &alpha, reinterpret_cast<const void* const*>(dev), t, &d,
+        reinterpret_cast<const void* const*>(dev + 1), t, &d, &beta,
+        reinterpret_cast<void* const*>(dev + 2), CUDA_R_32F, &d, 1, &one, CUBLAS_COMPUTE_32F);
+    LLMT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    it = supported.emplace(requested, st == CUBLAS_STATUS_SUCCESS).first;
+  }
+  return it->second ? requested : DType::f32;
+}
 
 }  // namespace
 
 // Row-major (rows, cols) is column-major (cols, rows): out^T (OC,n) = W (OC,IC) . inp^T (IC,n).
-// fp32 GEMMs whatever the operands (16-bit grouped GEMMs on tensor cores: not yet).
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
-                            const int64_t* offsets, const int64_t* weight_of, int64_t G,
-                            int64_t /*W*/, int64_t IC, int64_t OC, DType /*operands*/) {
-  Groups gs;
+                            const int64_t* offsets, const int64_t* weight_of, int64_t G, int64_t W,
+                            int64_t IC, int64_t OC, DType operands) {
+  const Operands in = gemm_operands(grouped_operands(operands), {inp, weight, nullptr},
+                                    {offsets[G] * IC, W * OC * IC, 0});
+  Groups gs(in);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r0 = offsets[g], n = offsets[g + 1] - r0, w = weight_of ? weight_of[g] : g;
-    gs.add(true, false, OC, n, IC, weight + w * OC * IC, IC, inp + r0 * IC, IC, 0.0f, out + r0 * OC,
-           OC);
+    gs.add(true, false, OC, n, IC, 1, w * OC * IC, IC, 0, r0 * IC, IC, 0.0f, out + r0 * OC, OC);
   }
   gs.run();
 }
@@ -305,20 +356,25 @@ void grouped_linear_forward(float* out, const float* inp, const float* weight,
 // each weight per call), since a grouped call's GEMMs run concurrently.
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                              const float* weight, const int64_t* offsets, const int64_t* weight_of,
-                             int64_t G, int64_t W, int64_t IC, int64_t OC, DType /*operands*/) {
+                             int64_t G, int64_t W, int64_t IC, int64_t OC, DType operands) {
   auto w_of = [&](int64_t g) { return weight_of ? weight_of[g] : g; };
+  const int64_t M = offsets[G];
+  // Operands 0: dout, 1: weight (for dinp), 2: inp (for dweight).
+  const Operands in = gemm_operands(grouped_operands(operands),
+                                    {dout, dinp ? weight : nullptr, dweight ? inp : nullptr},
+                                    {M * OC, W * OC * IC, M * IC});
   if (dinp) {
-    Groups gs;
+    Groups gs(in);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-      gs.add(false, false, IC, n, OC, weight + w_of(g) * OC * IC, IC, dout + r0 * OC, OC, 0.0f,
+      gs.add(false, false, IC, n, OC, 1, w_of(g) * OC * IC, IC, 0, r0 * OC, OC, 0.0f,
              dinp + r0 * IC, IC);
     }
     gs.run();
   }
   if (!dweight) return;
   for (int64_t round = 0;; ++round) {
-    Groups gs;
+    Groups gs(in);
     std::vector<int64_t> rank_in_weight(static_cast<size_t>(W), 0);
     bool any = false;
     for (int64_t g = 0; g < G; ++g) {
@@ -326,8 +382,8 @@ void grouped_linear_backward(float* dinp, float* dweight, const float* dout, con
       if (rank_in_weight[static_cast<size_t>(w)]++ != round) continue;
       any = true;
       const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
-      gs.add(false, true, IC, OC, n, inp + r0 * IC, IC, dout + r0 * OC, OC, 1.0f,
-             dweight + w * OC * IC, IC);
+      gs.add(false, true, IC, OC, n, 2, r0 * IC, IC, 0, r0 * OC, OC, 1.0f, dweight + w * OC * IC,
+             IC);
     }
     if (!any) break;
     gs.run();

@@ -830,6 +830,31 @@ void add_moe(std::vector<OpCase>& cases) {
                      ops::grouped_linear_backward(v[0], v[1], v[2], v[3], v[4], groups);
                    }),
                    kReduced});
+  // 16-bit operands (CUDA: one grouped tensor-core call on bf16/f16 copies; the CPU: oneDNN
+  // where it multiplies bf16): inputs representable in the type, so only the summation order
+  // differs from the fp32 kernel, as for the linear cases.
+  for (const DType t : {DType::bf16, DType::f16}) {
+    const std::string ty = t == DType::bf16 ? "_bf16_operands" : "_f16_operands";
+    auto in = [t](HostTensor x) {  // x's values rounded to t
+      ops::round_to(x.t(), t);
+      return x;
+    };
+    cases.push_back({"grouped_linear_forward",
+                     "grouped_linear_forward_shared_weights" + ty,
+                     {uniform({R, OC}, 15), in(uniform({R, IC}, 16)), in(uniform({3, OC, IC}, 17))},
+                     op([shared_groups, weight_of, t](const Views& v) {
+                       ops::grouped_linear_forward(v[0], v[1], v[2], shared_groups, weight_of, t);
+                     }),
+                     kReduced});
+    cases.push_back({"grouped_linear_backward",
+                     "grouped_linear_backward" + ty,
+                     {uniform({R, IC}, 18), uniform({G, OC, IC}, 19), in(uniform({R, OC}, 20)),
+                      in(uniform({R, IC}, 16)), in(uniform({G, OC, IC}, 17))},
+                     op([groups, t](const Views& v) {
+                       ops::grouped_linear_backward(v[0], v[1], v[2], v[3], v[4], groups, {}, t);
+                     }),
+                     kReduced});
+  }
 }
 
 std::vector<OpCase> op_cases() {
