@@ -287,10 +287,6 @@ int64_t tile_size(int64_t total, int nt) {
   return std::max<int64_t>(kMinTile, (total + 4 * nt - 1) / (4 * nt));
 }
 
-}  // namespace
-
-namespace {
-
 // bf16 grouped GEMMs through oneDNN (gemm_bf16.h). oneDNN builds a kernel for each GEMM shape it
 // meets (a JIT compile, costing as much as running it), and routing gives every group another
 // row count each step; so each group's rows go to oneDNN padded with zero rows to a bucket (a
