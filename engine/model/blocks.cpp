@@ -1012,8 +1012,9 @@ void Embedding::backward_weight(const Stash& st, Tensor tokens) const {
 
 // ---- Head ---------------------------------------------------------------------------------------
 
-Head::Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums)
+Head::Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits)
     : env_(env),
+      f32_logits_(f32_logits),
       norm_f_(env, "norm_f"),
       head_(env.param(env.spec.cfg.tie_embeddings ? "wte.weight" : "lm_head.weight")),
       linear_(env.tp),
@@ -1025,7 +1026,10 @@ std::vector<TensorSpec> Head::saved() const {
   const int64_t N = env_.tp.N;
   std::vector<TensorSpec> out{{"xf", {N, d.C}}};
   for (const TensorSpec& t : norm_f_.saved()) out.push_back(t);
-  out.push_back({"logits", {N, d.V}});
+  // The logits, then in place their gradient: each written by one op that rounds it to the
+  // compute type (the head's GEMM, the cross-entropy), so 16-bit storage holds what the fp32
+  // buffer held after its rounding.
+  out.push_back({"logits", {N, d.V}, false, f32_logits_ ? DType::f32 : env_.tp.compute});
   out.push_back({"losses", {env_.B, env_.T}});
   return out;
 }

@@ -444,7 +444,9 @@ class Embedding {
 // gradient in forward) and the losses (B,T).
 class Head {
  public:
-  Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums);
+  // f32_logits: the logits stay fp32 (a decoder's, which generate samples from); otherwise they
+  // are stored in the compute type, the values the 16-bit rounding gave them anyway.
+  Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits = false);
   std::vector<TensorSpec> saved() const;
   std::vector<TensorSpec> stash() const;  // the final norm's
   // The micro-batch's mean loss of the residual stream x (R,C) against targets (B,T); the
@@ -458,6 +460,7 @@ class Head {
 
  private:
   const BlockEnv& env_;
+  bool f32_logits_;
   Norm norm_f_;
   int64_t head_;
   ColumnParallelLinear linear_;

@@ -263,7 +263,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
         modes[j] == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(),
         distribute_ && modes[j] == Recompute::full));
   }
-  if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums);
+  if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums, /*f32_logits=*/decode_len > 0);
 
   if (num_chunks() == 1 && spec_.has_embedding && spec_.has_head) {
     // The whole model: one micro-batch's activations, kept for the model's lifetime.
