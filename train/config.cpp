@@ -386,8 +386,14 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
                      "\" quantises the GEMM inputs of a 16-bit run (bf16, as DeepSeek-V3, or "
                      "fp16), but train.precision=\"fp32\": set train.precision to \"bf16\", "
                      "or train.fp8 to \"none\""));
-    r.at_least<int64_t>("train.fp8_block", t.fp8_block, 1, " (the tile side, 128 in DeepSeek-V3)");
   }
+  r.at_least<int64_t>("train.fp8_block", t.fp8_block, 1, " (the tile side, 128 in DeepSeek-V3)");
+  r.require(t.fp8 == Fp8Scaling::blockwise || t.fp8_block == 128, {"train.fp8_block", "train.fp8"},
+            concat("train.fp8_block=", t.fp8_block,
+                   " sets the tiles of train.fp8=\"blockwise\", "
+                   "but train.fp8=\"",
+                   kFp8Names[static_cast<size_t>(t.fp8)],
+                   "\": set train.fp8 to \"blockwise\", or leave fp8_block at 128"));
   r.at_least<int64_t>("train.max_skipped_steps", t.max_skipped_steps, 0, " (0 = never stop)");
   r.at_least("train.time_limit", t.time_limit, 0.0, " (seconds; 0 = no limit)");
 

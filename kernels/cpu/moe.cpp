@@ -313,10 +313,12 @@ struct PaddedGroups {
     thread_local std::vector<uint16_t> buffers[3];
     std::vector<uint16_t>& b = buffers[slot];
     const auto G = static_cast<int64_t>(at.size()) - 1;
-    b.assign(static_cast<size_t>(at[G] * K), 0);
-    for (int64_t g = 0; g < G; ++g)
-      convert(b.data() + at[g] * K, DType::bf16, x + offsets[g] * K, DType::f32,
-              (offsets[g + 1] - offsets[g]) * K);
+    b.resize(static_cast<size_t>(at[G] * K));
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = (offsets[g + 1] - offsets[g]) * K;
+      convert(b.data() + at[g] * K, DType::bf16, x + offsets[g] * K, DType::f32, n);
+      std::fill(b.data() + at[g] * K + n, b.data() + at[g + 1] * K, uint16_t{0});  // padding
+    }
     return b.data();
   }
   // A padded fp32 result (at[G], K) in this thread's buffer; copy_out moves the group rows.
