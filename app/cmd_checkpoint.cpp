@@ -70,6 +70,7 @@ ckpt::RunState layout_state(ckpt::RunState state, const Config& cfg, int world) 
   state.virtual_stages = cfg.parallel.virtual_stages;
   state.pp_layers = cfg.parallel.pp_layers;
   state.ep = cfg.parallel.ep;
+  state.zero_shard_group = cfg.parallel.zero_shard_group;
   state.config = to_toml(cfg);
   return state;
 }

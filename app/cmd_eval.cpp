@@ -52,6 +52,7 @@ Run add_eval_command(CLI::App& app) {
                                      "parallel.virtual_stages=1",
                                      "parallel.pp_layers=[]",
                                      "parallel.zero_stage=0",
+                                     "parallel.zero_shard_group=0",
                                      "parallel.sequence_parallel=false",
                                      "train.distribute_saved_activations=false"};
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());

@@ -397,10 +397,17 @@ Run add_plan_command(CLI::App& app) {
     std::printf("parameters: %lld%s; training FLOPs per step %.4g\n",
                 static_cast<long long>(spec.num_params()), active_params_text(spec).c_str(),
                 spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
-    std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld):\n",
-                static_cast<long long>(par.zero_stage));
+    std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld%s):\n",
+                static_cast<long long>(par.zero_stage),
+                par.zero_shard_group > 0
+                    ? concat(", sharded over groups of ", par.zero_shard_group, " dp ranks, ",
+                             zero_replicas(par, mesh.size(Axis::dp)), " replicas")
+                          .c_str()
+                    : "");
     const ModelLayout layout = model_layout(par, mesh);
-    const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+    // ZeRO's group: dp x cp, or under hybrid sharding one replica's chunk of it.
+    const int group = mesh.size(Axis::dp) * mesh.size(Axis::cp) /
+                      static_cast<int>(zero_replicas(par, mesh.size(Axis::dp)));
     // Ranks whose figures equal the line above are counted, not printed (a 3072-rank mesh has
     // 512 (tp, pp) coordinates but a handful of distinct stages).
     MemoryEstimate shown;

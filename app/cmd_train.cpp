@@ -224,9 +224,14 @@ Run add_train_command(CLI::App& app) {
               ? detail::concat(" (", cp_impl_name(cfg.parallel.cp_impl), ", ",
                                cfg.model.seq_len / mesh.size(Axis::cp), " positions per rank)")
               : "";
-      std::printf("mesh: tp %d, cp %d%s, dp %d, pp %d; zero_stage %lld\n", mesh.size(Axis::tp),
+      const std::string hsdp_text =
+          cfg.parallel.zero_shard_group > 0
+              ? detail::concat(" (hybrid: shard groups of ", cfg.parallel.zero_shard_group,
+                               " dp ranks)")
+              : "";
+      std::printf("mesh: tp %d, cp %d%s, dp %d, pp %d; zero_stage %lld%s\n", mesh.size(Axis::tp),
                   mesh.size(Axis::cp), cp_text.c_str(), mesh.size(Axis::dp), mesh.size(Axis::pp),
-                  static_cast<long long>(cfg.parallel.zero_stage));
+                  static_cast<long long>(cfg.parallel.zero_stage), hsdp_text.c_str());
     }
     TrainOptions opts;
     opts.dump_dir = args->dump_dir;

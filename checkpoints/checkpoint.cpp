@@ -253,7 +253,8 @@ PendingSave::PendingSave(const CheckpointConfig& cfg, const RunState& run, const
   // This rank's pieces, from the state tensors that hold their rows.
   std::map<std::pair<std::string, size_t>, std::vector<StateTensor>> held;
   for (const StateTensor& st : state.state_tensors()) held[{st.state, st.param}].push_back(st);
-  for (const Piece& pc : pieces_to_write(tp_spec, mesh.shape(), mesh.rank(), states_)) {
+  for (const Piece& pc :
+       pieces_to_write(tp_spec, mesh.shape(), mesh.rank(), states_, run.zero_shard_group)) {
     const ParamSpec& p = tp_spec.params[pc.param];
     const int64_t row_numel = p.shape.numel() / tp_spec.cut_rows(pc.param);
     const StateTensor* src = nullptr;

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include "core/check.h"
+
 namespace llmt::ckpt {
 
 namespace {
@@ -129,13 +131,21 @@ std::vector<LocalBox> global_boxes(const ModelSpec& tp_spec, size_t i, int64_t r
 }
 
 std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank,
-                                   const std::vector<std::string>& states) {
+                                   const std::vector<std::string>& states,
+                                   int64_t zero_shard_group) {
   const int tp_rank = mesh.coords(rank)[static_cast<int>(Axis::tp)];
   // The ranks that hold the same parameters and see different data (ZeRO's group).
   const std::vector<int> group = mesh.group(rank, {Axis::dp, Axis::cp});
-  const int n = static_cast<int>(group.size());
-  const int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+  int n = static_cast<int>(group.size());
+  int d = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   std::vector<Piece> out;
+  if (zero_shard_group > 0) {  // hybrid sharding: chunks of zero_shard_group x cp group ranks
+    const int64_t dp = mesh.size(Axis::dp);
+    LLMT_CHECK(dp % zero_shard_group == 0, "zero_shard_group ", zero_shard_group,
+               " does not divide dp ", dp);
+    n = static_cast<int>(n / (dp / zero_shard_group));
+    if (d >= n) return out;  // a replica of the first chunk's rows
+  }
   for (size_t i = 0; i < tp_spec.params.size(); ++i) {
     const ParamSpec& p = tp_spec.params[i];
     if (p.tied_copy) continue;  // the last stage's copy of wte: stage 0 writes wte
@@ -180,7 +190,7 @@ std::vector<IndexTensor> plan_index(const ModelSpec& spec, const WriteLayout& la
     }
   for (int r = 0; r < layout.mesh.world(); ++r) {
     const ModelSpec held = parallelize(spec, layout, r);
-    for (const Piece& pc : pieces_to_write(held, layout.mesh, r, states)) {
+    for (const Piece& pc : pieces_to_write(held, layout.mesh, r, states, layout.zero_shard_group)) {
       const std::string& name = held.params[pc.param].name;
       IndexTensor& t = out[at.at(tensor_path(pc.state, name))];
       const auto boxes = global_boxes(held, pc.param, pc.row_begin, pc.row_end);

@@ -72,8 +72,12 @@ struct Piece {
 };
 // What global rank `rank` of `mesh` writes of each of `states` (the rule above); tp_spec =
 // spec.shard_tp for that rank's tp coordinate. Order: spec order, then states.
+// Under hybrid sharding (`zero_shard_group` N > 0 dp ranks) the group is cut into dp/N chunks of
+// consecutive dp coordinates, as ZeRO shards (Mesh::zero_shard_group): the first chunk's ranks
+// write, cutting rows over the chunk; the other chunks hold replicas of the same rows.
 std::vector<Piece> pieces_to_write(const ModelSpec& tp_spec, const MeshShape& mesh, int rank,
-                                   const std::vector<std::string>& states);
+                                   const std::vector<std::string>& states,
+                                   int64_t zero_shard_group = 0);
 
 // The name of box k of a piece inside a rank file: "model/wte.weight/0".
 std::string shard_dataset(const std::string& state, const std::string& param_name, size_t box);

@@ -45,6 +45,8 @@ struct RunState {
   int64_t zero_stage = 0;
   bool sequence_parallel = false;
   int64_t ep = 1;  // expert parallel degree (absent from checkpoints written before it: 1)
+  // parallel.zero_shard_group (hybrid sharding; 0, and absent from the index: plain ZeRO)
+  int64_t zero_shard_group = 0;
 };
 std::string layout_text(const RunState& s);  // "tp=2 cp=1 dp=2 pp=1 zero_stage=1 sp=false"
 WriteLayout write_layout(const RunState& s);

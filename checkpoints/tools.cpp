@@ -70,7 +70,8 @@ ToolMemory reshard_memory(const Checkpoint& src, const ModelSpec& spec, const Ru
   ToolMemory out;
   for (int r = 0; r < layout.mesh.world(); ++r) {
     const ModelSpec tp_spec = parallelize(spec, layout, r);
-    for (const Piece& pc : pieces_to_write(tp_spec, layout.mesh, r, src.states())) {
+    for (const Piece& pc :
+         pieces_to_write(tp_spec, layout.mesh, r, src.states(), layout.zero_shard_group)) {
       const std::string& name = tp_spec.params[pc.param].name;
       for (const auto& b : global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end))
         if (b.global.numel() * 4 > out.bytes)
@@ -148,7 +149,8 @@ int64_t reshard(const Checkpoint& src, const ModelSpec& spec, const RunState& st
   for (int r = 0; r < mesh.world(); ++r) {
     const ModelSpec tp_spec = parallelize(spec, layout, r);
     ShardFileWriter w((tmp / rank_file_name(r)).string(), r, state.step);
-    for (const Piece& pc : pieces_to_write(tp_spec, mesh, r, src.states())) {
+    for (const Piece& pc :
+         pieces_to_write(tp_spec, mesh, r, src.states(), layout.zero_shard_group)) {
       const std::string& name = tp_spec.params[pc.param].name;
       const auto boxes = global_boxes(tp_spec, pc.param, pc.row_begin, pc.row_end);
       for (size_t b = 0; b < boxes.size(); ++b) {

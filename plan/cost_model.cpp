@@ -374,6 +374,8 @@ struct Job {
         v(static_cast<int>(par.virtual_stages)),
         ep(static_cast<int>(par.ep)),
         group(dp * cp),
+        replicas(static_cast<int>(zero_replicas(par, dp))),
+        zero_group(group / replicas),
         mbs(c.train.micro_batch_size),
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
@@ -395,6 +397,9 @@ struct Job {
   const MeshShape mesh;
   const int tp, cp, dp, p, v, ep;
   const int group;  // DDP and ZeRO reduce over dp x cp
+  // Hybrid sharding (parallel.zero_shard_group): ZeRO's state in `replicas` copies, each sharded
+  // over zero_group = group / replicas ranks (all of dp x cp: 1, group).
+  const int replicas, zero_group;
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
@@ -415,6 +420,7 @@ struct Job {
   double head_fpt = 0, attn_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
+  double bw_zero = 0;                 // ZeRO's shard group's (dp x cp's without hybrid sharding)
   double bw_ep = 0;                   // an ep group's: ep consecutive ranks of dp x cp
   double per_rank_tokens = 0;         // positions of a step on one rank
   double E = 0;                       // one (N, C) f32 activation, bytes
@@ -490,6 +496,9 @@ void Job::derive() {
   }
   j.bw_dp =
       within_node(j.hw, j.tp * j.cp * j.dp) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
+  // A shard group is zero_group consecutive ranks of dp x cp: world ranks spanning tp x them.
+  j.bw_zero = within_node(j.hw, j.tp * j.zero_group) ? j.hw.intra_node_bandwidth
+                                                     : j.hw.inter_node_bandwidth;
   // The ep group's members are ep consecutive ranks of the dp x cp group (Mesh::expert_group):
   // world ranks tp apart, so it spans tp x ep ranks.
   j.bw_ep = within_node(j.hw, j.tp * j.ep) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
@@ -693,7 +702,8 @@ AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
   q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);
   if (j.mc.tie_embeddings && (r.e > 0 || r.h > 0)) {
     const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
-    q.all_reduce = j.grad_bytes * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.group) : rows);
+    q.all_reduce =
+        j.grad_bytes * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.zero_group) : rows);
   }
   return q;
 }
@@ -704,6 +714,9 @@ struct DpCost {
   AxisBytes dp;          // over dp x cp (DDP's all-reduce, ZeRO's collectives, Muon's rows)
   AxisBytes on_tp;       // counted with tp: routed parameters when dp x cp is one rank; Muon's
   double zero_peak = 0;  // ZeRO's comm buffers at their peak
+  // Hybrid sharding: the bytes of the all-reduce of every gradient shard across the replicas
+  // (counted in dp.all_reduce too), once a step.
+  double replica_all_reduce = 0;
   double zero_and_activations_peak = 0;   // with the activations live at each moment
   double whole = 0;                       // parameters the rank holds
   double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
@@ -733,7 +746,8 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   double muon_rows = 0, muon_rows_tp = 0;
   // ZeRO's units as Zero lays them out on rank 0 of the group (zero_layout.h): each unit's
   // buffers and all-gather bytes (ZeroReplay); units[0] the root, units[l + 1] layer l.
-  const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, group, 0);
+  const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, j.zero_group, 0);
+  double own_shards = 0;  // this rank's padded gradient shards, elements
   std::vector<ZeroUnitBytes> zero_units(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     ZeroUnitBytes& zu = zero_units[u];
@@ -743,6 +757,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     for (int k = 0; k < kZeroParts; ++k) {
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
+      own_shards += static_cast<double>(layout.own_shard(u, k));
       zu.gather += cw * all + (j.sixteen ? cw * own : 0);
       zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
       const bool tp = layout.over_tp[static_cast<size_t>(k)];
@@ -835,6 +850,12 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     g.all_gather += muon_rows;
     g_tp.all_gather += muon_rows_tp;
   }
+  // Hybrid sharding: each shard's step gradient all-reduced over the replicas (Zero's
+  // complete_reductions; every part, whatever its group, under dp).
+  if (par.zero_stage >= 1 && j.replicas > 1) {
+    out.replica_all_reduce = 2 * (j.replicas - 1.0) / j.replicas * j.grad_bytes * own_shards;
+    g.all_reduce += out.replica_all_reduce;
+  }
   return out;
 }
 
@@ -855,8 +876,9 @@ double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
 // Memory: the exact state, the in-flight activations and the buffers.
 void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r, const DpCost& dc,
                  const RankActivations& act, StageCost& s) {
-  s.memory = rank_state_bytes(rs, j.par.zero_stage, j.group, 0, j.sixteen, j.cfg.optimizer.type,
-                              static_cast<int>(dtype_size(grad_dtype(j.cfg.train))));
+  s.memory =
+      rank_state_bytes(rs, j.par.zero_stage, j.zero_group, 0, j.sixteen, j.cfg.optimizer.type,
+                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))));
   s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.
@@ -912,7 +934,11 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   s.other_ops_s = s.other_ops_bytes / j.hw.memory_bandwidth;
   const double m = j.m;
   const double mb_s = (s.compute_s + s.other_ops_s) / m * j.hw.comm_overlap, bwd_s = mb_s * 2 / 3;
-  const double rs_s = g.reduce_scatter / j.bw_dp, ag_s = g.all_gather / j.bw_dp;
+  // ZeRO's collectives run over its shard group; under hybrid sharding each unit's shard is
+  // all-reduced over the replicas (dp x cp's span) as the last micro-batch's reduce-scatter of it
+  // completes: behind that backward with the reduce-scatters (stage 1: blocking, on the way).
+  const double rs_s = g.reduce_scatter / j.bw_zero, ag_s = g.all_gather / j.bw_zero,
+               ar_s = dc.replica_all_reduce / j.bw_dp;
   double dp_s = 0;
   switch (j.par.zero_stage) {
     case 0:
@@ -920,13 +946,15 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
       break;
     case 1:
       // Zero reduces each unit as the last micro-batch's backward finishes it, as DDP does.
-      dp_s = std::max(0.0, rs_s - bwd_s) + ag_s;
+      dp_s = std::max(0.0, rs_s + ar_s - bwd_s) + ag_s;
       break;
     case 2:
-      dp_s = m * std::max(0.0, rs_s / m - bwd_s) + ag_s;
+      dp_s =
+          (m - 1) * std::max(0.0, rs_s / m - bwd_s) + std::max(0.0, rs_s / m + ar_s - bwd_s) + ag_s;
       break;
     default:
-      dp_s = m * std::max(0.0, (rs_s + ag_s) / m - mb_s);
+      dp_s = (m - 1) * std::max(0.0, (rs_s + ag_s) / m - mb_s) +
+             std::max(0.0, (rs_s + ag_s) / m + ar_s - mb_s);
   }
   s.comm_s[static_cast<int>(Axis::dp)] = dp_s;
   // ep's dispatch and combine all-to-alls (their bytes counted with dp): MoeMlp waits for each

@@ -102,8 +102,9 @@ std::string layout_text(const Config& cfg, int world) {
     if (!p.pp_layers.empty()) s += concat(" layers ", split_text(p.pp_layers));
   }
   s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
-              ", zero ", p.zero_stage, ", recompute ",
-              kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
+              ", zero ", p.zero_stage,
+              p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
+              ", recompute ", kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
               cfg.train.micro_batch_size);
   return s;
 }
@@ -157,6 +158,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       std::vector<std::string> all = overrides;
       all.insert(all.end(), sets.begin(), sets.end());
       all.push_back("parallel.zero_stage=0");
+      all.push_back("parallel.zero_shard_group=0");
       all.push_back("train.distribute_saved_activations=false");  // chosen per candidate below
       shaped = parse_config(path, all);
     } catch (const ConfigError&) {
@@ -171,40 +173,51 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
         for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
+          // ZeRO over all of dp x cp, and hybrid sharding with a node's dp ranks in each shard
+          // group (its collectives inside the node, one all-reduce of the shards across nodes),
+          // when dp spans more than a node.
+          std::vector<int> shard_groups{0};
+          const int node_dp = per_node / (s.tp * s.cp);
+          if (zero >= 1 && node_dp >= 1 && node_dp < dp && dp % node_dp == 0 &&
+              (node_dp * s.cp) % ep == 0)
+            shard_groups.push_back(node_dp);
           // Recompute none, selective, full, and full with its inputs distributed over tp
           // (tp > 1 without SP).
-          for (int rc = 0; rc < 4; ++rc) {
-            const bool distribute = rc == 3;
-            if (distribute && (s.tp == 1 || s.sp)) continue;
-            Candidate c{sets, shaped, {}};
-            c.cfg.parallel.ep = ep;
-            c.cfg.parallel.zero_stage = zero;
-            c.cfg.train.micro_batch_size = mbs;
-            c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
-            c.cfg.train.recompute_layers = 0;
-            c.cfg.train.distribute_saved_activations = distribute;
-            try {
-              c.cost = predict_step(c.cfg, world, hw, &activations);
-            } catch (const ConfigError&) {
-              continue;
+          for (int shard_group : shard_groups)
+            for (int rc = 0; rc < 4; ++rc) {
+              const bool distribute = rc == 3;
+              if (distribute && (s.tp == 1 || s.sp)) continue;
+              Candidate c{sets, shaped, {}};
+              c.cfg.parallel.ep = ep;
+              c.cfg.parallel.zero_stage = zero;
+              c.cfg.parallel.zero_shard_group = shard_group;
+              c.cfg.train.micro_batch_size = mbs;
+              c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
+              c.cfg.train.recompute_layers = 0;
+              c.cfg.train.distribute_saved_activations = distribute;
+              try {
+                c.cost = predict_step(c.cfg, world, hw, &activations);
+              } catch (const ConfigError&) {
+                continue;
+              }
+              ++out.valid;
+              if (!c.cost.fits) continue;
+              ++out.fitting;
+              c.sets.push_back(concat("parallel.ep=", ep));
+              c.sets.push_back(concat("parallel.zero_stage=", zero));
+              c.sets.push_back(concat("parallel.zero_shard_group=", shard_group));
+              c.sets.push_back(concat("train.micro_batch_size=", mbs));
+              c.sets.push_back(concat("train.recompute=\"",
+                                      kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));
+              c.sets.push_back("train.recompute_layers=0");
+              c.sets.push_back(
+                  concat("train.distribute_saved_activations=", distribute ? "true" : "false"));
+              out.ranked.push_back(std::move(c));
+              if (out.ranked.size() > 4 * keep + 64) {
+                std::sort(out.ranked.begin(), out.ranked.end(), better);
+                out.ranked.resize(2 * keep);
+              }
             }
-            ++out.valid;
-            if (!c.cost.fits) continue;
-            ++out.fitting;
-            c.sets.push_back(concat("parallel.ep=", ep));
-            c.sets.push_back(concat("parallel.zero_stage=", zero));
-            c.sets.push_back(concat("train.micro_batch_size=", mbs));
-            c.sets.push_back(concat("train.recompute=\"",
-                                    kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));
-            c.sets.push_back("train.recompute_layers=0");
-            c.sets.push_back(
-                concat("train.distribute_saved_activations=", distribute ? "true" : "false"));
-            out.ranked.push_back(std::move(c));
-            if (out.ranked.size() > 4 * keep + 64) {
-              std::sort(out.ranked.begin(), out.ranked.end(), better);
-              out.ranked.resize(2 * keep);
-            }
-          }
         }
     }
   }
@@ -237,7 +250,7 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
   s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
               schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
               "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep,
-              "\nzero_stage = ", p.zero_stage,
+              "\nzero_stage = ", p.zero_stage, "\nzero_shard_group = ", p.zero_shard_group,
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");

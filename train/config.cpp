@@ -235,6 +235,7 @@ const std::vector<Section>& sections() {
                     .add("virtual_stages", &P::virtual_stages)
                     .add("pp_layers", &P::pp_layers)
                     .add("zero_stage", &P::zero_stage)
+                    .add("zero_shard_group", &P::zero_shard_group)
                     .add("sequence_parallel", &P::sequence_parallel)
                     .add("bucket_mb", &P::bucket_mb)
                     .build());
@@ -523,6 +524,18 @@ void validate_layout(const Config& c, int world) {
                               p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
                               ": each group of ep consecutive ranks of the dp",
                               p.cp > 1 ? " x cp" : "", " group shares out the experts"));
+    if (p.zero_shard_group > 0 && dp >= 1) {
+      const int64_t n = p.zero_shard_group;
+      if (dp % n != 0)
+        errors.push_back(concat("parallel.zero_shard_group=", n, " does not divide dp(", dp,
+                                "): ZeRO shards within groups of that many consecutive dp ranks "
+                                "and replicates across dp/zero_shard_group of them"));
+      else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
+        errors.push_back(concat("parallel.ep=", p.ep, " does not divide parallel.zero_shard_group(",
+                                n, ")", p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
+                                ": each shard group must hold every expert, so its ep groups "
+                                "must lie inside it"));
+    }
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)
       errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,

@@ -64,7 +64,9 @@ bool read_number(const std::string& path, double& out) {
 
 MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
   const double tp = mesh.size(Axis::tp), pp = mesh.size(Axis::pp);
-  const double dp = mesh.size(Axis::dp) * mesh.size(Axis::cp);
+  // ZeRO shards over dp x cp, or under hybrid sharding over one replica's part of it.
+  const double dp = static_cast<double>(mesh.size(Axis::dp) * mesh.size(Axis::cp)) /
+                    static_cast<double>(zero_replicas(c.parallel, mesh.size(Axis::dp)));
   const int64_t zero = c.parallel.zero_stage;
   const double P = total_params(c.model, c.parallel.ep) / (tp * pp);
   MemoryEstimate e;

@@ -632,6 +632,7 @@ bool Trainer::State::start_checkpoint(int64_t step) {
   rs.virtual_stages = cfg.parallel.virtual_stages;
   rs.pp_layers = cfg.parallel.pp_layers;
   rs.ep = cfg.parallel.ep;
+  rs.zero_shard_group = cfg.parallel.zero_shard_group;
   s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),
                                                   *s.data_parallel, s.mesh, *s.backend,
                                                   cfg.checkpoint.async, &s.ckpt_staging);

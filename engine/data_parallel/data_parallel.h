@@ -61,7 +61,7 @@ class DataParallel : public ModelHooks, public TrainingState, public MatrixGathe
   // alike). Before step().
   void balance_expert_biases(const std::vector<double>& loads, float rate);
   // Seconds blocked on communication handles since the last call (exposed communication).
-  double take_wait_seconds();
+  virtual double take_wait_seconds();
   // MatrixGather (Muon): the row group's rows of a hidden matrix (gather_rows), then its tp
   // shards (all-gathered over tp and, for Shard(1), interleaved into columns).
   void gather(size_t param, Tensor rows, Tensor whole) override;

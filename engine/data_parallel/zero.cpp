@@ -18,9 +18,25 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   const ModelSpec& spec = model.spec();
   LLMT_CHECK(spec.ep_size == cfg.ep, "the model holds experts for ep=", spec.ep_size,
              ", parallel.ep=", cfg.ep);
-  // The units' parameters, parts and rows (zero_layout.h), checked against the parts' groups
-  // (grad_groups_, made by DataParallel).
-  const ZeroLayout layout = zero_layout(spec, num_layers(), group.size(), group.rank());
+  // Hybrid sharding: each part shards within its chunk of dp/zero_shard_group chunks
+  // (Mesh::zero_shard_group), made in part order on every rank (the splits are collectives).
+  const int dp = mesh.size(Axis::dp);
+  LLMT_CHECK(
+      cfg.zero_shard_group == 0 || (cfg.zero_shard_group > 0 && dp % cfg.zero_shard_group == 0),
+      "parallel.zero_shard_group=", cfg.zero_shard_group, " does not divide dp=", dp);
+  const int replicas = cfg.zero_shard_group > 0 ? dp / static_cast<int>(cfg.zero_shard_group) : 1;
+  if (replicas > 1) {
+    for (int k = 0; k < kParts; ++k) {
+      if (!grad_groups_[static_cast<size_t>(k)]) continue;
+      const GradGroup g = GradGroup::of_index(k);
+      grad_groups_[static_cast<size_t>(k)] = &mesh.zero_shard_group(g, spec.ep_size, replicas);
+      replica_[static_cast<size_t>(k)] = &mesh.zero_replica_group(g, spec.ep_size, replicas);
+    }
+  }
+  // The units' parameters, parts and rows (zero_layout.h) over part 0's group (dp x cp, or its
+  // chunk), checked against the parts' groups.
+  const Communicator& shard0 = *grad_groups_[0];
+  const ZeroLayout layout = zero_layout(spec, num_layers(), shard0.size(), shard0.rank());
   for (int k = 0; k < kParts; ++k) {
     const Communicator* g = grad_groups_[static_cast<size_t>(k)];
     n_[k] = g ? g->size() : 1;
@@ -297,11 +313,15 @@ void Zero::complete_reductions(size_t keep) {
     const DType gt = model_.storage().grad_dtype;
     const size_t es = dtype_size(gt);
     Tensor out = red.out.tensor({part.shard_numel}, gt);
+    // Hybrid sharding: the step's sum of this rank's rows over the other replicas too.
+    Communicator* replica = replica_[static_cast<size_t>(red.part)];
     if (zero_stage() >= 2) {
       Tensor dst(static_cast<char*>(grad_shard_.data()) + part.shard_begin * es, {part.shard_numel},
                  gt, alloc_.device());
       ops::add_inplace(dst, out);
+      if (replica && last_micro_batch()) replica_reduces_.push_back(replica->all_reduce(dst));
     } else {
+      if (replica) replica->all_reduce(out).wait();  // (stage 1 reduces on the last micro-batch)
       // Stage 1: this rank's reduced rows back into the model's full gradient buffer.
       for (const Param& p : u.params) {
         if (p.own_rows == 0 || p.part != red.part) continue;
@@ -342,6 +362,20 @@ void Zero::after_backward(int block) {
 
 void Zero::finish_backward() {
   on_finish_backward();
+  for (Handle& h : replica_reduces_) h.wait();
+  replica_reduces_.clear();
+}
+
+double Zero::take_wait_seconds() {
+  double s = DataParallel::take_wait_seconds();
+  for (size_t k = 0; k < replica_.size(); ++k) {
+    if (!replica_[k]) continue;
+    for (Communicator* c : {grad_groups_[k], replica_[k]}) {
+      s += c->wait_seconds();
+      c->reset_wait_seconds();
+    }
+  }
+  return s;
 }
 
 bool Zero::holds(int unit) const {
@@ -375,7 +409,9 @@ double Zero::grad_norm() {
   for (const OptimizerSlot& s : opt_->slots())
     if (counts_in_tp_norm(spec, s.param) || spec.grad_group(s.param).tp) counted.push_back(s.grad);
   double sum = ops::sum_squares(counted);  // reduced in double, as ops.h promises
-  group_.all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
+  // Over part 0's group: dp x cp, or under hybrid sharding the chunk holding one replica of
+  // every part's rows.
+  grad_groups_[0]->all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   if (mesh_.size(Axis::tp) > 1)
     mesh_.comm(Axis::tp).all_reduce(Tensor(&sum, {1}, DType::f64)).wait();
   return std::sqrt(static_cast<double>(sum));

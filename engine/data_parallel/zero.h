@@ -40,6 +40,13 @@
 // their rows count in the grad norm on every tp rank. Every global row is still owned by exactly
 // one rank of its group; ModelSpec::row_group sizes the groups, and the checkpoint write rule
 // cuts rows the same way.
+//
+// Hybrid sharding (parallel.zero_shard_group = N, HSDP / MiCS): every part's group is cut into
+// dp/N chunks of consecutive dp coordinates (Mesh::zero_shard_group); all of the above happens
+// inside the chunk, so each chunk holds a whole replica of the sharded state. After the step's
+// last reduce-scatter of a unit, its gradient shard is all-reduced across the chunks
+// (Mesh::zero_replica_group: the ranks owning the same rows), once a step, so every replica
+// updates its rows with the gradient of the global batch.
 #pragma once
 
 #include <array>
@@ -61,6 +68,7 @@ class Zero final : public DataParallel, private ZeroSequence {
        Transformer& model, Allocator& alloc, uint64_t seed);
 
   void start_step() override;
+  double take_wait_seconds() override;
   void start_micro_batch(bool last) override;
   void before_forward(int block) override;
   void before_backward(int block) override;
@@ -128,6 +136,10 @@ class Zero final : public DataParallel, private ZeroSequence {
   // The parts' groups are grad_groups_ (part k: GradGroup::index() k): their sizes, and this
   // rank's place in them (an unused part: 1, 0).
   std::array<int, kParts> n_, rank_;
+  // Hybrid sharding: each part's replica group (nullptr: one replica, or an unused part), and
+  // the all-reduces of the last micro-batch's gradient shards in flight (stages 2-3).
+  std::array<Communicator*, kParts> replica_{};
+  std::vector<Handle> replica_reduces_;
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows

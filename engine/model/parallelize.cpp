@@ -3,7 +3,8 @@
 namespace llmt {
 
 ModelLayout model_layout(const ParallelConfig& p, const MeshShape& mesh) {
-  return {mesh, static_cast<int>(p.virtual_stages), p.pp_layers, static_cast<int>(p.ep)};
+  return {mesh, static_cast<int>(p.virtual_stages), p.pp_layers, static_cast<int>(p.ep),
+          p.zero_shard_group};
 }
 
 int expert_rank(const MeshShape& mesh, int ep, int rank) {

@@ -20,6 +20,9 @@ struct ModelLayout {
   int virtual_stages = 1;          // model chunks per pp rank (parallel.virtual_stages)
   std::vector<int64_t> pp_layers;  // layers per pipeline stage (parallel.pp_layers); empty: even
   int ep = 1;                      // expert parallel degree (parallel.ep)
+  // ZeRO's shard group in dp ranks (parallel.zero_shard_group; 0: all of dp): holds nothing of
+  // the model, but decides which ranks write a checkpoint's rows (checkpoints/layout.h).
+  int64_t zero_shard_group = 0;
 };
 
 // The layout of [parallel] `p` on a mesh of those degrees.

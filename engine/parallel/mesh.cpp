@@ -109,6 +109,10 @@ std::vector<Communicator*> Mesh::communicators() const {
   if (ep_group_) out.push_back(ep_group_.get());
   if (edp_group_) out.push_back(edp_group_.get());
   if (edp_tp_group_) out.push_back(edp_tp_group_.get());
+  for (const auto& [key, h] : hybrid_) {
+    out.push_back(h.shard.get());
+    out.push_back(h.replica.get());
+  }
   return out;
 }
 
@@ -150,6 +154,26 @@ Communicator& Mesh::expert_data_tp_group(int ep) {
 Communicator& Mesh::grad_group(GradGroup g, int ep) {
   if (g.ep) return g.tp ? expert_data_tp_group(ep) : expert_data_group(ep);
   return g.tp ? group({Axis::tp, Axis::cp, Axis::dp}) : group({Axis::dp, Axis::cp});
+}
+
+Mesh::HybridGroups& Mesh::hybrid_groups(GradGroup g, int ep, int replicas) {
+  HybridGroups& h = hybrid_[{g.index(), replicas}];
+  if (h.shard) return h;
+  Communicator& base = grad_group(g, ep);
+  LLMT_CHECK(replicas >= 1 && base.size() % replicas == 0, "ZeRO's ", replicas,
+             " replicas do not divide the ", base.name(), " group of ", base.size(), " ranks");
+  const int chunk = base.size() / replicas, r = base.rank();
+  h.shard = base.split(r / chunk, r % chunk, base.name() + "_shard");
+  h.replica = base.split(r % chunk, r / chunk, base.name() + "_replica");
+  return h;
+}
+
+Communicator& Mesh::zero_shard_group(GradGroup g, int ep, int replicas) {
+  return replicas == 1 ? grad_group(g, ep) : *hybrid_groups(g, ep, replicas).shard;
+}
+
+Communicator& Mesh::zero_replica_group(GradGroup g, int ep, int replicas) {
+  return *hybrid_groups(g, ep, replicas).replica;
 }
 
 Communicator& Mesh::group(std::initializer_list<Axis> axes) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/comm/communicator.h"
@@ -69,6 +70,15 @@ class Mesh {
   // cuts its rows over: group({dp, cp}); expert_data_group(ep); expert_data_tp_group(ep);
   // group({tp, cp, dp}). Made on first use, as those are (a collective).
   Communicator& grad_group(GradGroup g, int ep);
+  // Hybrid sharding (parallel.zero_shard_group): grad_group(g, ep) cut into `replicas` equal
+  // chunks of consecutive group ranks, which are runs of consecutive dp coordinates (dp is the
+  // slowest axis of every gradient group, and the expert groups keep dp order): the chunk this
+  // rank is in ("NAME_shard", where ZeRO shards), and the ranks at the same place of every chunk
+  // ("NAME_replica", over which the shards' gradients are all-reduced). replicas must divide the
+  // group's size; the shard group of 1 replica is the group itself (ask for replica groups only
+  // with replicas > 1). Made on first use (a collective over the group).
+  Communicator& zero_shard_group(GradGroup g, int ep, int replicas);
+  Communicator& zero_replica_group(GradGroup g, int ep, int replicas);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
   std::vector<Communicator*> communicators() const;
 
@@ -81,6 +91,11 @@ class Mesh {
   std::map<unsigned, std::unique_ptr<Communicator>> groups_;  // by bit mask of the axes
   void make_expert_groups(int ep);
   int ep_ = 0;  // the ep the expert groups were made for
+  struct HybridGroups {
+    std::unique_ptr<Communicator> shard, replica;
+  };
+  HybridGroups& hybrid_groups(GradGroup g, int ep, int replicas);
+  std::map<std::pair<int, int>, HybridGroups> hybrid_;  // by (GradGroup::index(), replicas)
   std::unique_ptr<Communicator> ep_group_, edp_group_, edp_tp_group_;
 };
 

@@ -72,6 +72,14 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
   r.at_least<int64_t>("parallel.ep", p.ep, 1);
   r.require(p.zero_stage >= 0 && p.zero_stage <= 3, {"parallel.zero_stage"},
             concat("parallel.zero_stage=", p.zero_stage, " must be 0 (DDP), 1, 2 or 3"));
+  r.require(p.zero_shard_group >= 0, {"parallel.zero_shard_group"},
+            concat("parallel.zero_shard_group=", p.zero_shard_group,
+                   " must be >= 1 (the dp ranks of a ZeRO shard group), or 0 for all of them"));
+  r.require(p.zero_shard_group <= 0 || p.zero_stage >= 1,
+            {"parallel.zero_shard_group", "parallel.zero_stage"},
+            concat("parallel.zero_shard_group=", p.zero_shard_group,
+                   " shards ZeRO's state within groups of dp ranks, but parallel.zero_stage=0 "
+                   "(DDP) shards nothing; set zero_stage to 1, 2 or 3"));
   r.positive("parallel.bucket_mb", p.bucket_mb);
 }
 

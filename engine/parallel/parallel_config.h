@@ -28,10 +28,20 @@ struct ParallelConfig {
   // Transformer layers per pipeline stage (pp * virtual_stages entries, summing to n_layers);
   // empty = split evenly. The first stage also holds the embeddings, the last the head and loss.
   std::vector<int64_t> pp_layers;
-  int64_t zero_stage = 0;          // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
+  int64_t zero_stage = 0;  // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
+  // Hybrid sharding (HSDP, MiCS): ZeRO shards over groups of this many consecutive dp ranks (and
+  // all cp ranks) and replicates across the dp/N groups, whose gradient shards are all-reduced
+  // once a step; 0 = one group of every dp rank (plain ZeRO). Divides dp; zero_stage >= 1.
+  int64_t zero_shard_group = 0;
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB
 };
+
+// Hybrid sharding's replicas of the ZeRO state: dp / zero_shard_group, or 1 (plain ZeRO). ZeRO's
+// shard group is then the dp x cp group's size / this (Mesh::zero_shard_group).
+inline int64_t zero_replicas(const ParallelConfig& p, int64_t dp) {
+  return p.zero_shard_group > 0 && dp % p.zero_shard_group == 0 ? dp / p.zero_shard_group : 1;
+}
 
 // [parallel]'s own rules: degrees, schedules and their options, pp_layers against the model's
 // n_layers (when n_layers >= 1), the zero stage, the bucket size.

@@ -8,7 +8,7 @@ shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation step
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
 (tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2,
 cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp, dropout and
-selective recompute. Prints one line: layout, max relative differences."""
+selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks). Prints one line: layout, max relative differences."""
 import os
 
 import numpy as np
@@ -185,6 +185,26 @@ LAYOUTS = {
     "ep2-zero1-pp2": (4, ["parallel.ep=2", "parallel.zero_stage=1", "parallel.pp=2"], []),
     "ep2-zero3-bias": (4, ["parallel.ep=2", "parallel.zero_stage=3"], BIAS),
     "cp2-ep2-zero3-dp2": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.zero_stage=3"], []),
+    # Hybrid sharding (HSDP): ZeRO within groups of N consecutive dp ranks (x cp), the shards'
+    # gradients all-reduced across the dp/N replicas once a step (stage 2 with accumulation:
+    # after the last micro-batch). N = 1: every shard group one rank (tp2: the tp pair; cp2: the
+    # cp pair); under ep the shard group holds the ep group; under pp the tied embedding's rows.
+    "hsdp2-zero1-dp4": (4, ["parallel.zero_stage=1", "parallel.zero_shard_group=2"], []),
+    "hsdp2-zero2-dp4": (4, ["parallel.zero_stage=2", "parallel.zero_shard_group=2",
+                            "train.micro_batch_size=1"], []),
+    "hsdp2-zero3-dp4": (4, ["parallel.zero_stage=3", "parallel.zero_shard_group=2"], []),
+    "hsdp1-cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3",
+                                "parallel.zero_shard_group=1"], []),
+    "hsdp1-tp2-dp2-zero2": (4, ["parallel.tp=2", "parallel.zero_stage=2",
+                                "parallel.zero_shard_group=1"], []),
+    "hsdp1-pp2-dp2-zero1": (4, ["parallel.pp=2", "parallel.zero_stage=1",
+                                "parallel.zero_shard_group=1"], []),
+    "hsdp2-ep2-zero1-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=1",
+                                "parallel.zero_shard_group=2"], []),
+    "hsdp2-ep2-zero3-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=3",
+                                "parallel.zero_shard_group=2"], []),
+    "hsdp1-tp2-sp-zero3-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                   "parallel.zero_stage=3", "parallel.zero_shard_group=1"], []),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

@@ -141,6 +141,14 @@ LAYOUTS = {  # name: (ranks, sets)
                                "train.fp8=\"tensorwise\""]),
     "ep2-dp4-fp8": (4, ["parallel.dp=4", "parallel.ep=2", "train.precision=\"bf16\"",
                         "train.fp8=\"blockwise\"", "train.fp8_block=16"]),
+    # Hybrid sharding: the state sharded over groups of 2 dp ranks, the collectives inside them
+    # (the groups "dp_shard" etc.), the shards' gradients all-reduced across ("dp_replica").
+    "hsdp2-zero3-dp4": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                            "parallel.zero_shard_group=2"]),
+    "hsdp2-zero1-dp4-bf16": (4, ["parallel.dp=4", "parallel.zero_stage=1",
+                                 "parallel.zero_shard_group=2", "train.precision=bf16"]),
+    "ep2-hsdp2-zero2-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=2",
+                                "parallel.zero_shard_group=2"]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -151,7 +159,8 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-tp2-sp-zero3", "cp2-tp2-sp-zero1", "pp2-zb-h1-dp2-zero2", "ep2-full",
                "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
-               "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8"]
+               "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
+               "ep2-hsdp2-zero2-dp4"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
@@ -166,10 +175,13 @@ KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_a
 
 def counted(comm, axis):
     """Rank 0's counters of one plan axis: the axis's own group, plus the dp x cp group, the
-    expert groups (ep, edp, edp x tp) and MoE's tp x dp group under dp, and the tied-embedding
-    group under pp."""
+    expert groups (ep, edp, edp x tp) and MoE's tp x dp group under dp (and under hybrid
+    sharding the shard and replica groups split from each), and the tied-embedding group under
+    pp."""
     total = {k: 0 for k in KINDS}
-    for group, kinds in comm.items():
+    for name, kinds in comm.items():
+        # hybrid sharding: NAME_shard and NAME_replica count as NAME
+        group = name.rsplit("_", 1)[0] if name.endswith(("_shard", "_replica")) else name
         axes = set(group.split("x"))
         mine = (group == axis or (axis == "dp" and axes == {"dp", "cp"}) or
                 (axis == "dp" and group in ("ep", "edp", "edpxtp")) or

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoints/layout.h"
+#include "core/check.h"
 #include "tests/unit/tiny_model.h"
 
 namespace llmt::ckpt {
@@ -193,6 +194,47 @@ TEST(Layout, RoutedParametersUnderTpAreCutOverTpToo) {
       }
       EXPECT_TRUE(router && experts) << "tp " << tp << " dp " << dp << " cp " << cp << " ep " << ep;
     }
+}
+
+// Hybrid sharding (zero_shard_group N): the ranks of the first N dp coordinates write, each the
+// rows ZeRO shards it (those a mesh of dp = N would give the rank at the same coordinates), and
+// the other replicas nothing; every element is still covered once. Dense and MoE, with tp, cp
+// and ep inside the shard group.
+TEST(Layout, HybridShardingFirstReplicaWritesItsShardGroupsRows) {
+  for (const bool moe : {false, true}) {
+    const ModelSpec spec = moe ? tiny_moe(2, 24) : tiny(Arch::llama);
+    for (const auto& [tp, dp, cp, n, ep] : {std::tuple{1, 4, 1, 2, 1},
+                                            {2, 4, 1, 1, 1},
+                                            {1, 2, 2, 1, 1},
+                                            {1, 6, 1, 3, 1},
+                                            {1, 4, 1, 2, 2},
+                                            {2, 4, 1, 2, 2},
+                                            {1, 2, 2, 1, 2}}) {
+      if (ep > 1 && !moe) continue;
+      const std::string what = detail::concat(moe ? "moe" : "dense", " tp ", tp, " dp ", dp, " cp ",
+                                              cp, " shard group ", n, " ep ", ep);
+      const WriteLayout layout{mesh(tp, dp, cp), 1, {}, ep, n};
+      for (const IndexTensor& t : plan_index(spec, layout, kAdam)) expect_covered_once(t, what);
+      const WriteLayout one_replica{mesh(tp, n, cp), 1, {}, ep};
+      for (int r = 0; r < layout.mesh.world(); ++r) {
+        const auto c = layout.mesh.coords(r);
+        const ModelSpec held = parallelize(spec, layout, r);
+        const std::vector<Piece> got = pieces_to_write(held, layout.mesh, r, kAdam, n);
+        if (c[static_cast<int>(Axis::dp)] >= n) {
+          EXPECT_TRUE(got.empty()) << what << " rank " << r;
+          continue;
+        }
+        const int r1 = one_replica.mesh.rank_of(c);
+        const std::vector<Piece> want =
+            pieces_to_write(parallelize(spec, one_replica, r1), one_replica.mesh, r1, kAdam);
+        ASSERT_EQ(got.size(), want.size()) << what << " rank " << r;
+        for (size_t k = 0; k < got.size(); ++k)
+          EXPECT_TRUE(got[k].param == want[k].param && got[k].state == want[k].state &&
+                      got[k].row_begin == want[k].row_begin && got[k].row_end == want[k].row_end)
+              << what << " rank " << r << " " << held.params[got[k].param].name;
+      }
+    }
+  }
 }
 
 // An expert stack [E, A, B] is cut in rows of (expert, A): any run of an ep rank's rows maps,

@@ -169,6 +169,27 @@ TEST(Layout, ExpertParallelDividesTheDpCpGroup) {
             "group shares out the experts");
 }
 
+TEST(Layout, ZeroShardGroupDividesDpAndHoldsTheEpGroups) {
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=16",
+                                     "parallel.zero_stage=1", "train.global_batch_size=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), moe.begin(), moe.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=4"}), 4), "");  // one replica
+  EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=3"}), 4),
+            "parallel.zero_shard_group=3 does not divide dp(4): ZeRO shards within groups of "
+            "that many consecutive dp ranks and replicates across dp/zero_shard_group of them");
+  // ep 2 inside shard groups of 2 dp ranks, or of 1 dp rank x cp 2; not inside 1 dp rank.
+  EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=2", "parallel.ep=2"}), 4), "");
+  EXPECT_EQ(
+      layout_error(with({"parallel.zero_shard_group=1", "parallel.ep=2", "parallel.cp=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=1", "parallel.ep=2"}), 4),
+            "parallel.ep=2 does not divide parallel.zero_shard_group(1): each shard group must "
+            "hold every expert, so its ep groups must lie inside it");
+}
+
 TEST(Layout, DpRestAndBatch) {
   EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
   const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});

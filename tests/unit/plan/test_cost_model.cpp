@@ -238,6 +238,40 @@ TEST(CostModel, ZeroOneReduceScatterHidesBehindTheLastBackward) {
   }
 }
 
+// Hybrid sharding at dp 8 over two 4-device nodes, shard groups of 4: ZeRO's reduce-scatter and
+// all-gather run inside the node over 4 ranks (at the intra-node bandwidth), each unit's shard is
+// all-reduced across the 2 replicas (inter-node), and the state is sharded 4 ways, not 8.
+// Collectives hide behind nothing here (comm_overlap = 0), so the times are the bytes over the
+// bandwidths.
+TEST(CostModel, HybridShardingKeepsZerosCollectivesInsideTheNode) {
+  const HardwareProfile hw = parse_hardware(concat(kGpu, "comm_overlap = 0\n"), "gpu", 1);
+  for (const int stage : {1, 2, 3}) {
+    const std::vector<std::string> zero{"parallel.dp=8", concat("parallel.zero_stage=", stage),
+                                        "train.micro_batch_size=1"};
+    std::vector<std::string> hybrid = zero;
+    hybrid.push_back("parallel.zero_shard_group=4");
+    const StageCost plain = predict_step(tiny(zero), 8, hw).stages[0];
+    const StageCost hsdp = predict_step(tiny(hybrid), 8, hw).stages[0];
+    const AxisBytes &p = plain.bytes[static_cast<int>(Axis::dp)],
+                    &h = hsdp.bytes[static_cast<int>(Axis::dp)];
+    // The state: the optimizer's rows over 4 ranks instead of 8 (padding aside).
+    EXPECT_NEAR(hsdp.memory.optimizer / plain.memory.optimizer, 2, 0.05) << stage;
+    // One pass of the shards moves (n - 1) shards: 3 of a quarter of the model against 7 of
+    // an eighth.
+    EXPECT_NEAR(h.reduce_scatter / p.reduce_scatter, (3.0 / 4) / (7.0 / 8), 0.02) << stage;
+    EXPECT_NEAR(h.all_gather / p.all_gather, (3.0 / 4) / (7.0 / 8), 0.02) << stage;
+    // The replicas' all-reduce: this rank's shard (a quarter of the model), 2 (R - 1) / R of it.
+    EXPECT_EQ(p.all_reduce, 0) << stage;
+    EXPECT_NEAR(h.all_reduce / (4 * hsdp.memory.optimizer / 8), 1, 1e-9) << stage;
+    EXPECT_DOUBLE_EQ(hsdp.comm_s[static_cast<int>(Axis::dp)],
+                     (h.reduce_scatter + h.all_gather) / 100e9 + h.all_reduce / 10e9)
+        << stage;
+    EXPECT_DOUBLE_EQ(plain.comm_s[static_cast<int>(Axis::dp)],
+                     (p.reduce_scatter + p.all_gather) / 10e9)
+        << stage;
+  }
+}
+
 // train.fp8 is emulated: the layers' linears (GPT-2 tiny: qkv, proj, fc1, fc2 = 12 C^2 a layer)
 // multiply dequantised fp32 values, timed at the fp32 peak; the rest (attention core, head)
 // at bf16's. Full recompute replays those GEMMs' forward too (2 FLOPs a weight).

@@ -179,6 +179,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.virtual_stages", parallel.virtual_stages),
       LLMT_KEY("parallel.pp_layers", parallel.pp_layers),
       LLMT_KEY("parallel.zero_stage", parallel.zero_stage),
+      LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
       LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
       LLMT_KEY("parallel.bucket_mb", parallel.bucket_mb),
       LLMT_KEY("data.source", data.source),
@@ -576,6 +577,7 @@ pp_schedule = "interleaved"
 virtual_stages = 2
 pp_layers = [1, 1, 1, 1]
 zero_stage = 2
+zero_shard_group = 1
 sequence_parallel = true
 bucket_mb = 12.5
 [checkpoint]
