@@ -207,9 +207,13 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
 // Stage 3 gathers the compute copy (16 bits in bf16/fp16: `whole`, `gather` and the
 // `weights_pass` bytes at that width, `gather` then also holding the rounded shard sent); the
 // fp32 `gather_pass` counts one pass over the shards for stages 1-2 and the reduce-scatters.
+// Quantised (qwZ): `gather` is each part's packed int8 blocks (this rank's and every rank's),
+// `weights_pass` their bytes, and finishing a gather holds `finish_extra` more at its peak (a
+// part's dequantised staging beside the packed blocks not yet dequantised).
 struct ZeroUnitBytes {
   double whole = 0, whole_grads = 0, gather = 0, reduce = 0;
   double gather_pass = 0, gather_pass_tp = 0, weights_pass = 0, weights_pass_tp = 0;
+  double finish_extra = 0;
 };
 
 // ZeroSequence (the order Zero's hooks run in) over one rank's step, its primitives counting what
@@ -256,6 +260,8 @@ class ZeroReplay final : public ZeroSequence {
     if (!holds(k) || gathered_[k]) return;
     start_gather(k);
     take(at(k).whole);
+    take(at(k).finish_extra);
+    give(at(k).finish_extra);
     give(at(k).gather);
     gathering_[k] = 0;
     gathered_[k] = 1;
@@ -754,15 +760,35 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     const double cw = j.sixteen ? 0.5 : 1.0;  // the compute copy's bytes per fp32 byte
     zu.whole = 4 * cw * static_cast<double>(layout.units[u].full_numel);
     zu.whole_grads = j.grad_bytes * static_cast<double>(layout.units[u].full_numel);
+    // qwZ: each part's packed blocks (Zero::start_gather), and the most finish_gather holds
+    // at once beyond them: part k's staging beside the packed blocks of parts k, k+1, ...
+    const int64_t qb = par.zero_quantized_weights ? par.zero_quant_block : 0;
+    std::array<double, kZeroParts> packed{}, staging{};
     for (int k = 0; k < kZeroParts; ++k) {
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
       own_shards += static_cast<double>(layout.own_shard(u, k));
-      zu.gather += cw * all + (j.sixteen ? cw * own : 0);
-      zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
       const bool tp = layout.over_tp[static_cast<size_t>(k)];
+      const size_t kk = static_cast<size_t>(k);
+      if (qb > 0 && layout.own_shard(u, k) > 0) {
+        const double words =
+                         static_cast<double>(ops::int8_packed_words(layout.own_shard(u, k), qb)),
+                     n = layout.n[kk];
+        packed[kk] = 4 * words * (n + 1);
+        staging[kk] = cw * all;
+        zu.gather += packed[kk];
+        (tp ? zu.weights_pass_tp : zu.weights_pass) += 4 * words * (n - 1);
+      } else {
+        zu.gather += cw * all + (j.sixteen ? cw * own : 0);
+        (tp ? zu.weights_pass_tp : zu.weights_pass) += cw * (all - own);
+      }
+      zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
       (tp ? zu.gather_pass_tp : zu.gather_pass) += all - own;
-      (tp ? zu.weights_pass_tp : zu.weights_pass) += cw * (all - own);
+    }
+    for (int k = 0; k < kZeroParts; ++k) {
+      double held = staging[static_cast<size_t>(k)];
+      for (int m = k; m < kZeroParts; ++m) held += packed[static_cast<size_t>(m)];
+      zu.finish_extra = std::max(zu.finish_extra, held - zu.gather);
     }
     shards += zu.gather_pass;
     shards_tp += zu.gather_pass_tp;

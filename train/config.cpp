@@ -236,6 +236,8 @@ const std::vector<Section>& sections() {
                     .add("pp_layers", &P::pp_layers)
                     .add("zero_stage", &P::zero_stage)
                     .add("zero_shard_group", &P::zero_shard_group)
+                    .add("zero_quantized_weights", &P::zero_quantized_weights)
+                    .add("zero_quant_block", &P::zero_quant_block)
                     .add("sequence_parallel", &P::sequence_parallel)
                     .add("bucket_mb", &P::bucket_mb)
                     .build());

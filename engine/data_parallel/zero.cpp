@@ -35,6 +35,9 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   }
   // The units' parameters, parts and rows (zero_layout.h) over part 0's group (dp x cp, or its
   // chunk), checked against the parts' groups.
+  if (cfg.zero_quantized_weights) quant_block_ = cfg.zero_quant_block;
+  LLMT_CHECK(quant_block_ == 0 || zero_stage() == 3, "qwZ quantises ZeRO-3's gathers, not stage ",
+             zero_stage(), "'s");
   const Communicator& shard0 = *grad_groups_[0];
   const ZeroLayout layout = zero_layout(spec, num_layers(), shard0.size(), shard0.rank());
   for (int k = 0; k < kParts; ++k) {
@@ -228,17 +231,27 @@ void Zero::start_gather(int unit) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
     const int64_t numel = part.shard_numel * n_[k];
-    part.staging = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
     Tensor in(static_cast<float*>(param_shard_.data()) + part.shard_begin, {part.shard_numel},
               DType::f32, alloc_.device());
+    Communicator& g = *grad_groups_[static_cast<size_t>(k)];
+    if (quant_block_ > 0) {  // qwZ: int8 blocks of the fp32 master rows
+      const int64_t w = ops::int8_packed_words(part.shard_numel, quant_block_);
+      part.send = alloc_.allocate(static_cast<size_t>(w) * 4, MemCategory::comm);
+      part.packed = alloc_.allocate(static_cast<size_t>(w * n_[k]) * 4, MemCategory::comm);
+      ops::quantize_int8(part.send.tensor({1, w}, DType::i32), in.view({1, part.shard_numel}),
+                         quant_block_);
+      part.gather = g.all_gather(part.packed.tensor({w * n_[k]}, DType::i32),
+                                 part.send.tensor({w}, DType::i32));
+      continue;
+    }
+    part.staging = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
     if (t != DType::f32) {
       part.send = alloc_.allocate(static_cast<size_t>(part.shard_numel) * es, MemCategory::comm);
       const Tensor rounded = part.send.tensor({part.shard_numel}, t);
       ops::convert(rounded, in);
       in = rounded;
     }
-    part.gather =
-        grad_groups_[static_cast<size_t>(k)]->all_gather(part.staging.tensor({numel}, t), in);
+    part.gather = g.all_gather(part.staging.tensor({numel}, t), in);
   }
 }
 
@@ -255,6 +268,15 @@ void Zero::finish_gather(int unit) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
     part.gather.wait();
+    if (quant_block_ > 0) {  // every rank's int8 blocks back into the compute type
+      const int64_t w = ops::int8_packed_words(part.shard_numel, quant_block_);
+      part.staging = alloc_.allocate(static_cast<size_t>(part.shard_numel * n_[k]) * dtype_size(t),
+                                     MemCategory::comm);
+      ops::dequantize_int8(part.staging.tensor({n_[k], part.shard_numel}, t),
+                           part.packed.tensor({n_[k], w}, DType::i32), quant_block_);
+      part.packed.reset();
+      part.send.reset();
+    }
     unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, t), u, k);
     part.staging.reset();
     part.send.reset();
@@ -269,6 +291,7 @@ void Zero::release_gather(int unit) {
     part.gather.wait();
     part.staging.reset();
     part.send.reset();
+    part.packed.reset();
   }
   u.gathered.reset();
 }

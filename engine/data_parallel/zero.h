@@ -47,6 +47,12 @@
 // last reduce-scatter of a unit, its gradient shard is all-reduced across the chunks
 // (Mesh::zero_replica_group: the ranks owning the same rows), once a step, so every replica
 // updates its rows with the gradient of the global batch.
+//
+// Quantised weights (parallel.zero_quantized_weights, ZeRO++'s qwZ): stage 3 all-gathers each
+// part's shard as int8 codes with an fp32 scale per block of zero_quant_block values
+// (ops::quantize_int8 of the fp32 master rows, about 1 byte a weight) and dequantises what it
+// gathered into the compute type; forward and backward gather the same codes, so both use the
+// same weights. The master weights, gradients and optimizer stay exact.
 #pragma once
 
 #include <array>
@@ -92,8 +98,10 @@ class Zero final : public DataParallel, private ZeroSequence {
     int64_t shard_numel = 0;  // this rank's (padded) shards of the part's params (ZeroUnit's)
     int64_t shard_begin = 0;  // offset in the shard buffers
     // Stage 3: the in-flight all-gather of the part's shards into `staging` (in 16-bit
-    // precision from `send`, the shards rounded to the compute type).
-    Buffer staging, send;
+    // precision from `send`, the shards rounded to the compute type). Quantised (qwZ): `send`
+    // holds this rank's shard as int8 blocks (ops::quantize_int8), gathered into `packed`, which
+    // finish_gather dequantises into `staging`.
+    Buffer staging, send, packed;
     Handle gather;
   };
   struct Unit {
@@ -140,6 +148,7 @@ class Zero final : public DataParallel, private ZeroSequence {
   // the all-reduces of the last micro-batch's gradient shards in flight (stages 2-3).
   std::array<Communicator*, kParts> replica_{};
   std::vector<Handle> replica_reduces_;
+  int64_t quant_block_ = 0;  // qwZ's block (parallel.zero_quant_block), 0: not quantised
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows

@@ -80,6 +80,18 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
             concat("parallel.zero_shard_group=", p.zero_shard_group,
                    " shards ZeRO's state within groups of dp ranks, but parallel.zero_stage=0 "
                    "(DDP) shards nothing; set zero_stage to 1, 2 or 3"));
+  r.require(!p.zero_quantized_weights || p.zero_stage == 3,
+            {"parallel.zero_quantized_weights", "parallel.zero_stage"},
+            concat("parallel.zero_quantized_weights=true quantises ZeRO-3's all-gathers of the "
+                   "weights, but parallel.zero_stage=",
+                   p.zero_stage, "; set zero_stage to 3"));
+  r.require(p.zero_quant_block >= 1, {"parallel.zero_quant_block"},
+            concat("parallel.zero_quant_block=", p.zero_quant_block, " must be >= 1"));
+  r.require(p.zero_quant_block == 256 || p.zero_quant_block < 1 || p.zero_quantized_weights,
+            {"parallel.zero_quant_block", "parallel.zero_quantized_weights"},
+            concat("parallel.zero_quant_block=", p.zero_quant_block,
+                   " sets the blocks of parallel.zero_quantized_weights, which is false: set it "
+                   "to true, or leave zero_quant_block at 256"));
   r.positive("parallel.bucket_mb", p.bucket_mb);
 }
 

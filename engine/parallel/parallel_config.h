@@ -33,6 +33,10 @@ struct ParallelConfig {
   // all cp ranks) and replicates across the dp/N groups, whose gradient shards are all-reduced
   // once a step; 0 = one group of every dp rank (plain ZeRO). Divides dp; zero_stage >= 1.
   int64_t zero_shard_group = 0;
+  // ZeRO++'s qwZ (Wang et al. 2023): ZeRO-3 all-gathers the weights as int8 codes with an fp32
+  // scale per block of zero_quant_block values (ops::quantize_int8) instead of the compute type.
+  bool zero_quantized_weights = false;
+  int64_t zero_quant_block = 256;
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB
 };

@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 #include "kernels/fp8_math.h"
+#include "kernels/int8_math.h"
 
 namespace llmt::cpu {
 namespace {
@@ -153,6 +154,42 @@ void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int
 #pragma omp simd
         for (int64_t k = k0; k < k1; ++k) o[k] = s * kernel_math::fp8_round(x[k] / s, fmt);
       }
+    }
+  });
+}
+
+void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+  parallel_for(S * nb, std::max<int64_t>(1, grain_rows(B)), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t row = k / nb, b = k % nb, len = std::min(B, L - b * B);
+      const float* x = in + row * L + b * B;
+      int32_t* w = packed + k * bw;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < len; ++j) {  // NaN propagates (fmax would drop it)
+        const float a = std::fabs(x[j]);
+        amax = a > amax || a != a ? a : amax;
+      }
+      const float s = kernel_math::int8_scale(amax);
+      w[0] = kernel_math::int8_float_bits(s);
+      std::fill(w + 1, w + bw, 0);
+      for (int64_t j = 0; j < len; ++j)
+        w[1 + j / 4] =
+            static_cast<int32_t>(static_cast<uint32_t>(w[1 + j / 4]) |
+                                 kernel_math::int8_byte(kernel_math::int8_code(x[j], s), j));
+    }
+  });
+}
+
+void dequantize_int8(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+  parallel_for(S * nb, std::max<int64_t>(1, grain_rows(B)), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t row = k / nb, b = k % nb, len = std::min(B, L - b * B);
+      const int32_t* w = packed + k * bw;
+      const float s = kernel_math::int8_bits_float(w[0]);
+      float* o = out + row * L + b * B;
+      for (int64_t j = 0; j < len; ++j) o[j] = kernel_math::int8_value(w + 1, j, s);
     }
   });
 }

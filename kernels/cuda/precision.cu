@@ -9,6 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/fp8_math.h"
+#include "kernels/int8_math.h"
 
 namespace llmt::cuda {
 namespace {
@@ -108,6 +109,37 @@ void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int
   for_each(M * K, [=] __device__(int64_t e) {
     const int64_t i = e / K, k = e % K;
     out[e] = kernel_math::fp8_quantize_value(in[e], amax[(i / tr) * TC + k / tc], fmt);
+  });
+}
+
+// One thread per block of values (the codes of a block share their words).
+void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+  for_each(S * nb, [=] __device__(int64_t k) {
+    const int64_t row = k / nb, b = k % nb, len = min(B, L - b * B);
+    const float* x = in + row * L + b * B;
+    int32_t* w = packed + k * bw;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < len; ++j) {
+      const float a = fabsf(x[j]);
+      amax = a > amax || a != a ? a : amax;
+    }
+    const float s = kernel_math::int8_scale(amax);
+    w[0] = kernel_math::int8_float_bits(s);
+    for (int64_t j = 1; j < bw; ++j) w[j] = 0;
+    for (int64_t j = 0; j < len; ++j)
+      w[1 + j / 4] =
+          static_cast<int32_t>(static_cast<uint32_t>(w[1 + j / 4]) |
+                               kernel_math::int8_byte(kernel_math::int8_code(x[j], s), j));
+  });
+}
+
+void dequantize_int8(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+  for_each(S * L, [=] __device__(int64_t e) {
+    const int64_t row = e / L, i = e % L, b = i / B;
+    const int32_t* w = packed + (row * nb + b) * bw;
+    out[e] = kernel_math::int8_value(w + 1, i % B, kernel_math::int8_bits_float(w[0]));
   });
 }
 

@@ -8,7 +8,8 @@ shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation step
 2 ranks), tpN (tensor parallel, dp 1), tp2-sp (with sequence parallelism), tp2-dp2-zeroS[-sp]
 (tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2,
 cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp, dropout and
-selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks). Prints one line: layout, max relative differences."""
+selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks), qw16-...
+(ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike). Prints one line: layout, max relative differences."""
 import os
 
 import numpy as np
@@ -22,6 +23,8 @@ BIAS = ["model.moe.balance=bias", "model.moe.bias_update_rate=0.01"]
 # DeepSeek-V3's router: sigmoid scores, bias balancing, group-limited (1 of 2 groups), scaled.
 GROUP = BIAS + ["model.moe.router=sigmoid", "model.moe.n_group=2", "model.moe.topk_group=1",
                 "model.moe.routed_scaling_factor=2.5"]
+QW16 = ["parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
+        "parallel.zero_quant_block=16", "optimizer.lr=1e-30", "optimizer.min_lr=0"]
 LAYOUTS = {
     "dp2": (2, [], []),
     "dp4": (4, [], []),
@@ -205,6 +208,17 @@ LAYOUTS = {
                                 "parallel.zero_shard_group=2"], []),
     "hsdp1-tp2-sp-zero3-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
                                    "parallel.zero_stage=3", "parallel.zero_shard_group=1"], []),
+    # ZeRO++'s quantised weights (qwZ) against the single rank quantising alike: with blocks of 16
+    # every parameter's shard of rows at dp 2 and 4 (and of the shard group of 2) is whole
+    # blocks of the single rank's, so each rank gathers exactly the codes one rank makes. At
+    # fixed weights (QW16's learning rate of 1e-30), so that summation-order differences in the
+    # updated masters cannot move a weight across a code boundary (one code is 1/127 of its
+    # block's largest weight) and the comparison sees the gathered weights themselves.
+    "qw16-zero3-dp2": (2, [], QW16),
+    "qw16-zero3-dp4": (4, [], QW16),
+    "qw16-hsdp2-zero3-dp4": (4, ["parallel.zero_shard_group=2"], QW16),
+    "qw16-pp2-zero3-dp2": (4, ["parallel.pp=2"], QW16),
+    "qw16-ep2-zero3-dp4": (4, ["parallel.ep=2"], QW16),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

@@ -149,6 +149,15 @@ LAYOUTS = {  # name: (ranks, sets)
                                  "parallel.zero_shard_group=2", "train.precision=bf16"]),
     "ep2-hsdp2-zero2-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=2",
                                 "parallel.zero_shard_group=2"]),
+    # ZeRO++'s quantised weights: stage 3 gathers int8 blocks (and their scales), dequantised
+    # into the compute type; under ep the expert stacks' part over the edp group too.
+    "zero3-dp4-qw": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                         "parallel.zero_quantized_weights=true", "parallel.zero_quant_block=64"]),
+    "zero3-dp2-accum2-qw-bf16": (2, ["parallel.dp=2", "parallel.zero_stage=3",
+                                     "parallel.zero_quantized_weights=true",
+                                     "train.global_batch_size=8", "train.precision=bf16"]),
+    "ep2-zero3-dp4-qw": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3",
+                             "parallel.zero_quantized_weights=true"]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -160,7 +169,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
-               "ep2-hsdp2-zero2-dp4"]
+               "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",

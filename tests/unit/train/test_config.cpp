@@ -180,6 +180,8 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.pp_layers", parallel.pp_layers),
       LLMT_KEY("parallel.zero_stage", parallel.zero_stage),
       LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
+      LLMT_KEY("parallel.zero_quantized_weights", parallel.zero_quantized_weights),
+      LLMT_KEY("parallel.zero_quant_block", parallel.zero_quant_block),
       LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
       LLMT_KEY("parallel.bucket_mb", parallel.bucket_mb),
       LLMT_KEY("data.source", data.source),
@@ -576,8 +578,10 @@ pp = 2
 pp_schedule = "interleaved"
 virtual_stages = 2
 pp_layers = [1, 1, 1, 1]
-zero_stage = 2
+zero_stage = 3
 zero_shard_group = 1
+zero_quantized_weights = true
+zero_quant_block = 64
 sequence_parallel = true
 bucket_mb = 12.5
 [checkpoint]
