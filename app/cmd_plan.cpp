@@ -423,7 +423,8 @@ Run add_plan_command(CLI::App& app) {
       const MemoryEstimate e =
           rank_state_bytes(parallelize(spec, layout, r), par.zero_stage, group, 0,
                            cfg.train.precision != Precision::fp32, cfg.optimizer.type,
-                           static_cast<int>(dtype_size(grad_dtype(cfg.train))));
+                           static_cast<int>(dtype_size(grad_dtype(cfg.train))),
+                           static_cast<int>(zero_secondary_group(par, mesh.size(Axis::cp))));
       if (r > 0 && e.params == shown.params && e.grads == shown.grads &&
           e.optimizer == shown.optimizer) {
         if (same++ == 0) same_first = r;

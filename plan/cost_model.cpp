@@ -214,6 +214,8 @@ struct ZeroUnitBytes {
   double whole = 0, whole_grads = 0, gather = 0, reduce = 0;
   double gather_pass = 0, gather_pass_tp = 0, weights_pass = 0, weights_pass_tp = 0;
   double finish_extra = 0;
+  // hpZ: a gather of the secondary rows (staging; bytes counted, over the groups with tp too).
+  double gather2 = 0, weights_pass2 = 0, weights_pass2_tp = 0;
 };
 
 // ZeroSequence (the order Zero's hooks run in) over one rank's step, its primitives counting what
@@ -223,12 +225,15 @@ struct ZeroUnitBytes {
 // global), empty (whole = 0) when this rank does not hold it.
 class ZeroReplay final : public ZeroSequence {
  public:
-  ZeroReplay(int stage, std::vector<ZeroUnitBytes> units)
+  // `secondary`: hpZ, every gather of a unit after its first from the secondary rows.
+  ZeroReplay(int stage, std::vector<ZeroUnitBytes> units, bool secondary = false)
       : ZeroSequence(stage, static_cast<int>(units.size()) - 1),
         units_(std::move(units)),
         gathered_(units_.size(), 0),
         gathering_(units_.size(), 0),
-        staged_(units_.size(), 0) {}
+        staged_(units_.size(), 0),
+        filled_(units_.size(), 0),
+        secondary_(secondary) {}
 
   double peak() const { return peak_; }
   // The peak of ZeRO's buffers together with what hold() adds (the activations).
@@ -237,8 +242,10 @@ class ZeroReplay final : public ZeroSequence {
     held_ += b;
     peak_all_ = std::max(peak_all_, live_ + held_);
   }
+  // Of every all-gather's bytes (gather_bytes), those of hpZ's secondary gathers.
   double gather_bytes() const { return gathers_; }
   double gather_bytes_tp() const { return gathers_tp_; }
+  double secondary_gather_bytes() const { return gathers2_; }
 
  private:
   const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
@@ -249,8 +256,18 @@ class ZeroReplay final : public ZeroSequence {
   void give(double b) { live_ -= b; }
   bool holds(int k) const override { return at(k).whole > 0; }
   bool staged(int k) const override { return staged_[k] != 0; }
+  // The bytes a gather in flight holds (gathering_: 1 the primary shards, 2 hpZ's secondary).
+  double in_flight(int k) const { return gathering_[k] == 2 ? at(k).gather2 : at(k).gather; }
   void start_gather(int k) override {
     if (!holds(k) || gathered_[k] || gathering_[k]) return;
+    if (filled_[k]) {
+      take(at(k).gather2);
+      gathers_ += at(k).weights_pass2;
+      gathers2_ += at(k).weights_pass2;
+      gathers_tp_ += at(k).weights_pass2_tp;
+      gathering_[k] = 2;
+      return;
+    }
     take(at(k).gather);
     gathers_ += at(k).weights_pass;
     gathers_tp_ += at(k).weights_pass_tp;
@@ -260,14 +277,17 @@ class ZeroReplay final : public ZeroSequence {
     if (!holds(k) || gathered_[k]) return;
     start_gather(k);
     take(at(k).whole);
-    take(at(k).finish_extra);
-    give(at(k).finish_extra);
-    give(at(k).gather);
+    if (gathering_[k] == 1) {
+      take(at(k).finish_extra);
+      give(at(k).finish_extra);
+      filled_[k] = secondary_;  // (the secondary rows are persistent: counted as params)
+    }
+    give(in_flight(k));
     gathering_[k] = 0;
     gathered_[k] = 1;
   }
   void release_gather(int k) override {
-    if (gathering_[k]) give(at(k).gather);
+    if (gathering_[k]) give(in_flight(k));
     if (gathered_[k]) give(at(k).whole);
     gathering_[k] = gathered_[k] = 0;
   }
@@ -288,9 +308,10 @@ class ZeroReplay final : public ZeroSequence {
   }
 
   std::vector<ZeroUnitBytes> units_;
-  std::vector<char> gathered_, gathering_, staged_;
+  std::vector<char> gathered_, gathering_, staged_, filled_;
+  bool secondary_;
   std::deque<int> reducing_;
-  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0;
+  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0, gathers2_ = 0;
   double held_ = 0, peak_all_ = 0;
 };
 
@@ -382,6 +403,7 @@ struct Job {
         group(dp * cp),
         replicas(static_cast<int>(zero_replicas(par, dp))),
         zero_group(group / replicas),
+        secondary_group(static_cast<int>(zero_secondary_group(par, cp))),
         mbs(c.train.micro_batch_size),
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
@@ -406,6 +428,8 @@ struct Job {
   // Hybrid sharding (parallel.zero_shard_group): ZeRO's state in `replicas` copies, each sharded
   // over zero_group = group / replicas ranks (all of dp x cp: 1, group).
   const int replicas, zero_group;
+  // hpZ: the secondary copy's group (zero_hierarchical_partition x cp ranks), 0 without it.
+  const int secondary_group;
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
@@ -427,6 +451,7 @@ struct Job {
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
   double bw_zero = 0;                 // ZeRO's shard group's (dp x cp's without hybrid sharding)
+  double bw_secondary = 0;            // hpZ's secondary group's
   double bw_ep = 0;                   // an ep group's: ep consecutive ranks of dp x cp
   double per_rank_tokens = 0;         // positions of a step on one rank
   double E = 0;                       // one (N, C) f32 activation, bytes
@@ -505,6 +530,9 @@ void Job::derive() {
   // A shard group is zero_group consecutive ranks of dp x cp: world ranks spanning tp x them.
   j.bw_zero = within_node(j.hw, j.tp * j.zero_group) ? j.hw.intra_node_bandwidth
                                                      : j.hw.inter_node_bandwidth;
+  j.bw_secondary = within_node(j.hw, j.tp * std::max(1, j.secondary_group))
+                       ? j.hw.intra_node_bandwidth
+                       : j.hw.inter_node_bandwidth;
   // The ep group's members are ep consecutive ranks of the dp x cp group (Mesh::expert_group):
   // world ranks tp apart, so it spans tp x ep ranks.
   j.bw_ep = within_node(j.hw, j.tp * j.ep) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
@@ -723,6 +751,8 @@ struct DpCost {
   // Hybrid sharding: the bytes of the all-reduce of every gradient shard across the replicas
   // (counted in dp.all_reduce too), once a step.
   double replica_all_reduce = 0;
+  // hpZ: the all-gather bytes (counted in dp.all_gather too) within the secondary groups.
+  double secondary_gather = 0;
   double zero_and_activations_peak = 0;   // with the activations live at each moment
   double whole = 0;                       // parameters the rank holds
   double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
@@ -753,6 +783,9 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // ZeRO's units as Zero lays them out on rank 0 of the group (zero_layout.h): each unit's
   // buffers and all-gather bytes (ZeroReplay); units[0] the root, units[l + 1] layer l.
   const ZeroLayout layout = zero_layout(rs, j.mc.n_layers, j.zero_group, 0);
+  // hpZ: the units cut over the secondary groups (Zero's secondary rows).
+  const ZeroLayout secondary =
+      j.secondary_group > 0 ? zero_layout(rs, j.mc.n_layers, j.secondary_group, 0) : ZeroLayout{};
   double own_shards = 0;  // this rank's padded gradient shards, elements
   std::vector<ZeroUnitBytes> zero_units(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
@@ -784,6 +817,13 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
       }
       zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
       (tp ? zu.gather_pass_tp : zu.gather_pass) += all - own;
+    }
+    for (int k = 0; k < kZeroParts && j.secondary_group > 0; ++k) {
+      const double all2 = 4 * cw * static_cast<double>(secondary.all_shards(u, k)),
+                   own2 = 4 * cw * static_cast<double>(secondary.own_shard(u, k));
+      zu.gather2 += all2;
+      (secondary.over_tp[static_cast<size_t>(k)] ? zu.weights_pass2_tp : zu.weights_pass2) +=
+          all2 - own2;
     }
     for (int k = 0; k < kZeroParts; ++k) {
       double held = staging[static_cast<size_t>(k)];
@@ -833,12 +873,14 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // with the activations the step holds at each moment (without ZeRO: no unit, the activations
   // alone).
   ZeroReplay zero(static_cast<int>(par.zero_stage),
-                  par.zero_stage >= 1 ? zero_units : std::vector<ZeroUnitBytes>(zero_units.size()));
+                  par.zero_stage >= 1 ? zero_units : std::vector<ZeroUnitBytes>(zero_units.size()),
+                  j.secondary_group > 0);
   replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
               r.chunk_layers, r.e > 0, r.h > 0, par.zero_stage >= 1 && zero_units[0].whole > 0,
               j.mc.n_layers, j.mc.moe, act);
   out.zero_peak = zero.peak();
   out.zero_and_activations_peak = zero.peak_with_held();
+  out.secondary_gather = zero.secondary_gather_bytes();
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;
   const double m = j.m;
@@ -904,7 +946,7 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
                  const RankActivations& act, StageCost& s) {
   s.memory =
       rank_state_bytes(rs, j.par.zero_stage, j.zero_group, 0, j.sixteen, j.cfg.optimizer.type,
-                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))));
+                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))), j.secondary_group);
   s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.
@@ -963,7 +1005,10 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   // ZeRO's collectives run over its shard group; under hybrid sharding each unit's shard is
   // all-reduced over the replicas (dp x cp's span) as the last micro-batch's reduce-scatter of it
   // completes: behind that backward with the reduce-scatters (stage 1: blocking, on the way).
-  const double rs_s = g.reduce_scatter / j.bw_zero, ag_s = g.all_gather / j.bw_zero,
+  // hpZ's gathers of the secondary rows run within their group, at its span's bandwidth.
+  const double rs_s = g.reduce_scatter / j.bw_zero,
+               ag_s = (g.all_gather - dc.secondary_gather) / j.bw_zero +
+                      dc.secondary_gather / j.bw_secondary,
                ar_s = dc.replica_all_reduce / j.bw_dp;
   double dp_s = 0;
   switch (j.par.zero_stage) {

@@ -238,6 +238,7 @@ const std::vector<Section>& sections() {
                     .add("zero_shard_group", &P::zero_shard_group)
                     .add("zero_quantized_weights", &P::zero_quantized_weights)
                     .add("zero_quant_block", &P::zero_quant_block)
+                    .add("zero_hierarchical_partition", &P::zero_hierarchical_partition)
                     .add("sequence_parallel", &P::sequence_parallel)
                     .add("bucket_mb", &P::bucket_mb)
                     .build());
@@ -537,6 +538,19 @@ void validate_layout(const Config& c, int world) {
                                 n, ")", p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
                                 ": each shard group must hold every expert, so its ep groups "
                                 "must lie inside it"));
+    }
+    if (p.zero_hierarchical_partition > 0 && dp >= 1) {
+      const int64_t n = p.zero_hierarchical_partition;
+      if (dp % n != 0)
+        errors.push_back(concat("parallel.zero_hierarchical_partition=", n, " does not divide dp(",
+                                dp,
+                                "): the secondary copy is sharded within groups of that many "
+                                "consecutive dp ranks"));
+      else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
+        errors.push_back(concat("parallel.ep=", p.ep,
+                                " does not divide parallel.zero_hierarchical_partition(", n, ")",
+                                p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
+                                ": each secondary group must hold every expert"));
     }
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)

@@ -72,6 +72,9 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
   MemoryEstimate e;
   e.params =
       4 * P / (zero == 3 ? dp : 1) + (c.train.precision != Precision::fp32 && zero < 3 ? 2 * P : 0);
+  if (zero == 3 && c.parallel.zero_hierarchical_partition > 0)  // hpZ's secondary copy
+    e.params += (c.train.precision != Precision::fp32 ? 2 : 4) * P /
+                static_cast<double>(c.parallel.zero_hierarchical_partition * mesh.size(Axis::cp));
   const double g = c.train.grad_dtype == GradDType::compute && c.train.precision != Precision::fp32
                        ? 2
                        : 4;  // bytes of a gradient
@@ -87,9 +90,9 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
 
 MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit, OptimizerType optimizer,
-                                int grad_bytes) {
+                                int grad_bytes, int secondary_group) {
   const bool muon = optimizer == OptimizerType::muon;
-  double whole = 0, padded = 0;
+  double whole = 0, padded = 0, secondary = 0;
   double adam_owned = 0;                      // what AdamW updates (all but Muon's matrices)
   std::vector<int64_t> muon_own;              // Muon: each hidden matrix's slot elements
   int64_t muon_shard = 0, muon_gathered = 0;  // ZeRO's Muon gather buffers (zero.cpp)
@@ -102,6 +105,10 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
     const int64_t own = std::clamp<int64_t>(rows - d * s, 0, s);
     whole += static_cast<double>(p.shape.numel());
     padded += static_cast<double>(s * row_numel);
+    if (secondary_group > 0 && zero_stage == 3) {  // hpZ's secondary rows (zero.h)
+      const int64_t n2 = spec.row_group(i, secondary_group, 0).size;
+      secondary += static_cast<double>((rows + n2 - 1) / n2 * row_numel);
+    }
     const int64_t slot = zero_stage >= 1 ? own * row_numel : p.shape.numel();
     if (!muon || !spec.is_hidden_matrix(i)) {
       adam_owned += static_cast<double>(slot);
@@ -119,6 +126,7 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
   e.params = zero_stage == 3                  ? 4 * padded
              : sixteen_bit && zero_stage >= 1 ? 2 * whole + 4 * padded
                                               : (sixteen_bit ? 6 : 4) * whole;
+  e.params += (sixteen_bit ? 2 : 4) * secondary;
   e.grads = grad_bytes * (zero_stage >= 2 ? padded : whole);
   e.optimizer = 8 * adam_owned;
   if (muon) {

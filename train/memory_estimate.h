@@ -30,10 +30,13 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
 // the 16-bit compute copy under DDP; in 16-bit at ZeRO-1/2 the compute copy 2P + the fp32 master
 // shards) or, at ZeRO-3, its padded shards; grads g P (g = grad_bytes: 4, or 2 with
 // train.grad_dtype = "compute"), or its padded shards from ZeRO-2; optimizer 8 x what it owns
-// (all of P under DDP, its rows from ZeRO-1).
+// (all of P under DDP, its rows from ZeRO-1). `secondary_group` > 0 (ZeRO-3 with hpZ): params
+// also hold the secondary copy, padded shards over a group of that many ranks (place 0), in the
+// compute type.
 MemoryEstimate rank_state_bytes(const ModelSpec& rank_spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit,
-                                OptimizerType optimizer = OptimizerType::adamw, int grad_bytes = 4);
+                                OptimizerType optimizer = OptimizerType::adamw, int grad_bytes = 4,
+                                int secondary_group = 0);
 
 // What this process may still allocate on the host: the smallest of /proc/meminfo's MemAvailable,
 // the cgroup's limit minus its usage (v2 memory.max / memory.current, v1 memory.limit_in_bytes /

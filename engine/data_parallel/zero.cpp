@@ -74,6 +74,36 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       shard_total += part.shard_numel;
     }
   }
+  // hpZ: the secondary groups (chunks of N dp ranks, as hybrid sharding cuts), the units cut
+  // over them, and a buffer for every unit's secondary rows.
+  if (cfg.zero_hierarchical_partition > 0) {
+    const int64_t hn = cfg.zero_hierarchical_partition;
+    LLMT_CHECK(zero_stage() == 3 && dp % hn == 0, "parallel.zero_hierarchical_partition=", hn,
+               " needs ZeRO-3 and dp=", dp, " divisible by it");
+    const int chunks = dp / static_cast<int>(hn);
+    for (int k = 0; k < kParts; ++k) {
+      if (!grad_groups_[static_cast<size_t>(k)]) continue;
+      Communicator& g2 = mesh.zero_shard_group(GradGroup::of_index(k), spec.ep_size, chunks);
+      secondary_group_[static_cast<size_t>(k)] = &g2;
+      n2_[k] = g2.size();
+      rank2_[k] = g2.rank();
+    }
+    const ZeroLayout sec = zero_layout(spec, num_layers(), n2_[0], rank2_[0]);
+    for (int k = 0; k < kParts; ++k)
+      LLMT_CHECK(!sec.used[k] || (sec.n[k] == n2_[k] && sec.rank[k] == rank2_[k]), "hpZ's part ", k,
+                 " group has ", n2_[k], " ranks, its layout expects ", sec.n[k]);
+    int64_t total = 0;
+    for (size_t ui = 0; ui < units_.size(); ++ui) {
+      units_[ui].secondary = sec.units[ui];
+      for (int k = 0; k < kParts; ++k) {
+        units_[ui].secondary_begin[static_cast<size_t>(k)] = total;
+        total += sec.units[ui].shard_numel[static_cast<size_t>(k)];
+      }
+    }
+    const DType t = model.compute_dtype();
+    secondary_ = alloc.allocate(static_cast<size_t>(total) * dtype_size(t), MemCategory::params);
+    ops::fill_zero(secondary_.tensor({total}, t));  // (padding rows: gathered, never read)
+  }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
   const DType gt = model.storage().grad_dtype;  // the gradients' type: f32 or 16-bit
   if (zero_stage() >= 2)
@@ -174,14 +204,23 @@ void Zero::init_shards(uint64_t seed) {
   }
 }
 
-void Zero::pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& views,
+Zero::Cut Zero::primary_cut(const Unit& u, int part) const {
+  return {&u.params, u.parts[static_cast<size_t>(part)].shard_numel, n_[part], rank_[part]};
+}
+
+Zero::Cut Zero::secondary_cut(const Unit& u, int part) const {
+  return {&u.secondary.params, u.secondary.shard_numel[static_cast<size_t>(part)], n2_[part],
+          rank2_[part]};
+}
+
+void Zero::pack(Tensor dst, const Cut& c, int part, const std::vector<Tensor>& views,
                 bool all_ranks) {
-  const int me = rank_[part], n = n_[part];
-  const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+  const int me = c.me, n = c.n;
+  const int64_t numel = c.numel;
   const size_t es = dtype_size(dst.dtype);  // f32, or 16-bit compute weights
   for (int r = all_ranks ? 0 : me; r < (all_ranks ? n : me + 1); ++r) {
     char* block = static_cast<char*>(dst.data) + (all_ranks ? r * numel : 0) * es;
-    for (const Param& p : u.params) {
+    for (const Param& p : *c.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       Tensor from = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
@@ -190,12 +229,12 @@ void Zero::pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& 
   }
 }
 
-void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part) {
-  const int64_t numel = u.parts[static_cast<size_t>(part)].shard_numel;
+void Zero::unpack(const std::vector<Tensor>& views, Tensor src, const Cut& c, int part) {
+  const int64_t numel = c.numel;
   const size_t es = dtype_size(src.dtype);  // f32, or 16-bit compute weights
-  for (int r = 0; r < n_[part]; ++r) {
+  for (int r = 0; r < c.n; ++r) {
     char* block = static_cast<char*>(src.data) + r * numel * es;
-    for (const Param& p : u.params) {
+    for (const Param& p : *c.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
       Tensor to = as_rows(views[p.index], p).rows(r * p.shard_rows, r * p.shard_rows + own);
@@ -227,6 +266,21 @@ void Zero::start_gather(int unit) {
   // the compute type first and gathered in 16 bits.
   const DType t = model_.compute_dtype();
   const size_t es = dtype_size(t);
+  if (u.secondary_valid) {  // hpZ: the secondary rows, within the chunk
+    for (int k = 0; k < kParts; ++k) {
+      Part& part = u.parts[static_cast<size_t>(k)];
+      const Cut c = secondary_cut(u, k);
+      if (c.numel == 0) continue;
+      part.staging = alloc_.allocate(static_cast<size_t>(c.numel * c.n) * es, MemCategory::comm);
+      const Tensor in(static_cast<char*>(secondary_.data()) +
+                          u.secondary_begin[static_cast<size_t>(k)] * static_cast<int64_t>(es),
+                      {c.numel}, t, alloc_.device());
+      part.gather = secondary_group_[static_cast<size_t>(k)]->all_gather(
+          part.staging.tensor({c.numel * c.n}, t), in);
+      part.from_secondary = true;
+    }
+    return;
+  }
   for (int k = 0; k < kParts; ++k) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
@@ -268,6 +322,13 @@ void Zero::finish_gather(int unit) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
     part.gather.wait();
+    if (part.from_secondary) {  // hpZ: the secondary rows of the group's ranks
+      const Cut c = secondary_cut(u, k);
+      unpack(views, part.staging.tensor({c.numel * c.n}, t), c, k);
+      part.from_secondary = false;
+      part.staging.reset();
+      continue;
+    }
     if (quant_block_ > 0) {  // every rank's int8 blocks back into the compute type
       const int64_t w = ops::int8_packed_words(part.shard_numel, quant_block_);
       part.staging = alloc_.allocate(static_cast<size_t>(part.shard_numel * n_[k]) * dtype_size(t),
@@ -277,12 +338,28 @@ void Zero::finish_gather(int unit) {
       part.packed.reset();
       part.send.reset();
     }
-    unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, t), u, k);
+    unpack(views, part.staging.tensor({part.shard_numel * n_[k]}, t), primary_cut(u, k), k);
     part.staging.reset();
     part.send.reset();
   }
+  if (secondary_.data() && !u.secondary_valid) fill_secondary(u, views);
   for (size_t k = 0; k < u.blocks.size(); ++k)
     model_.bind_block(u.blocks[k], g.rows(u.block_off[k], u.full_numel), Tensor());
+}
+
+// hpZ: this rank's secondary rows of each part, from the unit's gathered weights.
+void Zero::fill_secondary(Unit& u, const std::vector<Tensor>& views) {
+  const DType t = model_.compute_dtype();
+  const int64_t es = static_cast<int64_t>(dtype_size(t));
+  for (int k = 0; k < kParts; ++k) {
+    const Cut c = secondary_cut(u, k);
+    if (c.numel == 0) continue;
+    pack(Tensor(
+             static_cast<char*>(secondary_.data()) + u.secondary_begin[static_cast<size_t>(k)] * es,
+             {c.numel}, t, alloc_.device()),
+         c, k, views, false);
+  }
+  u.secondary_valid = true;
 }
 
 void Zero::release_gather(int unit) {
@@ -292,6 +369,7 @@ void Zero::release_gather(int unit) {
     part.staging.reset();
     part.send.reset();
     part.packed.reset();
+    part.from_secondary = false;
   }
   u.gathered.reset();
 }
@@ -311,7 +389,7 @@ void Zero::start_reduce(int unit) {
     red.part = k;
     red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * es, MemCategory::comm);
     red.out = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
-    pack(red.packed.tensor({numel * n_[k]}, gt), u, k, model_.grads(), true);
+    pack(red.packed.tensor({numel * n_[k]}, gt), primary_cut(u, k), k, model_.grads(), true);
     red.handle = grad_groups_[static_cast<size_t>(k)]->reduce_scatter(
         red.out.tensor({numel}, gt), red.packed.tensor({numel * n_[k]}, gt));
     reductions_.push_back(std::move(red));
@@ -453,9 +531,11 @@ bool Zero::grads_nonfinite() {
 void Zero::step(double lr, int64_t t, float grad_scale) {
   opt_->step(lr, t, grad_scale);
   if (zero_stage() == 3) {
-    // The shards are the parameters; no gathered copy may outlive the update (a forward-only
-    // evaluation leaves the root and a prefetch behind). The next forward gathers afresh.
+    // The shards are the parameters; no gathered copy (nor hpZ's secondary rows) may outlive
+    // the update (a forward-only evaluation leaves the root and a prefetch behind). The next
+    // forward gathers afresh.
     for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
+    for (Unit& u : units_) u.secondary_valid = false;
     return;
   }
   // Stages 1-2: every unit's updated rows back into the full parameters (in 16-bit, the compute
@@ -482,7 +562,7 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
     f.handle.wait();
     const Unit& u = units_[f.unit];
     const int64_t numel = u.parts[static_cast<size_t>(f.part)].shard_numel;
-    unpack(dst, f.out.tensor({numel * n_[f.part]}, t), u, f.part);
+    unpack(dst, f.out.tensor({numel * n_[f.part]}, t), primary_cut(u, f.part), f.part);
   };
   std::optional<InFlight> prev;
   for (size_t k = 0; k < units_.size(); ++k) {
@@ -507,7 +587,7 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
       } else {
         cur.in = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
         in = cur.in.tensor({numel}, t);
-        pack(in, u, part, model_.params(), false);
+        pack(in, primary_cut(u, part), part, model_.params(), false);
       }
       cur.handle =
           grad_groups_[static_cast<size_t>(part)]->all_gather(cur.out.tensor({numel * n}, t), in);
@@ -565,6 +645,7 @@ void Zero::after_load() {
     model_.sync_compute_weights();
   } else {
     for (size_t k = 0; k < units_.size(); ++k) release_gather(static_cast<int>(k));
+    for (Unit& u : units_) u.secondary_valid = false;
   }
 }
 

@@ -53,6 +53,13 @@
 // (ops::quantize_int8 of the fp32 master rows, about 1 byte a weight) and dequantises what it
 // gathered into the compute type; forward and backward gather the same codes, so both use the
 // same weights. The master weights, gradients and optimizer stay exact.
+//
+// Hierarchical partitioning (parallel.zero_hierarchical_partition = N, ZeRO++'s hpZ): stage 3
+// keeps a secondary copy of the weights in the compute type, each unit's part cut over chunks
+// of N consecutive dp ranks (x cp; Mesh::zero_shard_group, as hybrid sharding cuts), filled from
+// the unit's first gather after each update; every later gather of the unit until the next
+// update (its backward, and the other micro-batches' forward and backward) all-gathers the
+// secondary rows within the chunk instead of the primary shards over the whole group.
 #pragma once
 
 #include <array>
@@ -103,6 +110,7 @@ class Zero final : public DataParallel, private ZeroSequence {
     // finish_gather dequantises into `staging`.
     Buffer staging, send, packed;
     Handle gather;
+    bool from_secondary = false;  // hpZ: the gather in flight is of the secondary rows
   };
   struct Unit {
     std::vector<Param> params;
@@ -112,7 +120,21 @@ class Zero final : public DataParallel, private ZeroSequence {
     std::array<Part, kParts> parts;
     Buffer gathered;      // stage 3: the gathered weights (spec order)
     Buffer grad_staging;  // stages 2-3: this micro-batch's gradients, spec order
+    // hpZ: the unit cut over the secondary groups (zero_layout.h), where each part's secondary
+    // rows sit in secondary_, and whether they hold the current weights.
+    ZeroUnit secondary;
+    std::array<int64_t, kParts> secondary_begin{};
+    bool secondary_valid = false;
   };
+  // How a unit's part is cut over a group: its parameters' rows, this rank's (padded) shard
+  // elements, the group's size and this rank's place (the primary shards, or hpZ's secondary).
+  struct Cut {
+    const std::vector<Param>* params;
+    int64_t numel;
+    int n, me;
+  };
+  Cut primary_cut(const Unit& u, int part) const;
+  Cut secondary_cut(const Unit& u, int part) const;
   struct Reduction {
     int unit, part;
     Handle handle;
@@ -122,11 +144,11 @@ class Zero final : public DataParallel, private ZeroSequence {
   const Param& param_of(size_t i) const;
   static Tensor as_rows(Tensor t, const Param& p);
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
-  // dst (rank-major, n x shard_numel of the part) <- rows of each of the part's params' views
+  // dst (rank-major, n x numel of the cut) <- rows of each of the part's params' views
   // (spec-order `views`); only this rank's block unless `all_ranks`.
-  void pack(Tensor dst, const Unit& u, int part, const std::vector<Tensor>& views, bool all_ranks);
+  void pack(Tensor dst, const Cut& c, int part, const std::vector<Tensor>& views, bool all_ranks);
   // views <- src (rank-major).
-  void unpack(const std::vector<Tensor>& views, Tensor src, const Unit& u, int part);
+  void unpack(const std::vector<Tensor>& views, Tensor src, const Cut& c, int part);
   std::vector<Tensor> unit_views(const Unit& u, Tensor gathered) const;
   // ZeroSequence's primitives.
   void start_gather(int unit) override;
@@ -149,6 +171,12 @@ class Zero final : public DataParallel, private ZeroSequence {
   std::array<Communicator*, kParts> replica_{};
   std::vector<Handle> replica_reduces_;
   int64_t quant_block_ = 0;  // qwZ's block (parallel.zero_quant_block), 0: not quantised
+  // hpZ: each part's secondary group (nullptr: hpZ off, or an unused part), its size and this
+  // rank's place, and every unit's secondary rows (compute type, counted as params).
+  std::array<Communicator*, kParts> secondary_group_{};
+  std::array<int, kParts> n2_{}, rank2_{};
+  Buffer secondary_;
+  void fill_secondary(Unit& u, const std::vector<Tensor>& views);
   std::vector<Unit> units_;
   Buffer param_shard_, grad_shard_;  // master_shards_ / stages 2-3: (sum of unit shard_numel)
   bool master_shards_ = false;       // the fp32 master weights are param_shard_'s rows

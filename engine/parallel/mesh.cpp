@@ -109,10 +109,9 @@ std::vector<Communicator*> Mesh::communicators() const {
   if (ep_group_) out.push_back(ep_group_.get());
   if (edp_group_) out.push_back(edp_group_.get());
   if (edp_tp_group_) out.push_back(edp_tp_group_.get());
-  for (const auto& [key, h] : hybrid_) {
-    out.push_back(h.shard.get());
-    out.push_back(h.replica.get());
-  }
+  for (const auto& [key, h] : hybrid_)
+    for (const auto* c : {&h.shard, &h.replica})
+      if (*c) out.push_back(c->get());
   return out;
 }
 
@@ -156,24 +155,25 @@ Communicator& Mesh::grad_group(GradGroup g, int ep) {
   return g.tp ? group({Axis::tp, Axis::cp, Axis::dp}) : group({Axis::dp, Axis::cp});
 }
 
-Mesh::HybridGroups& Mesh::hybrid_groups(GradGroup g, int ep, int replicas) {
+Communicator& Mesh::hybrid_group(GradGroup g, int ep, int replicas, bool replica) {
   HybridGroups& h = hybrid_[{g.index(), replicas}];
-  if (h.shard) return h;
+  std::unique_ptr<Communicator>& c = replica ? h.replica : h.shard;
+  if (c) return *c;
   Communicator& base = grad_group(g, ep);
   LLMT_CHECK(replicas >= 1 && base.size() % replicas == 0, "ZeRO's ", replicas,
              " replicas do not divide the ", base.name(), " group of ", base.size(), " ranks");
   const int chunk = base.size() / replicas, r = base.rank();
-  h.shard = base.split(r / chunk, r % chunk, base.name() + "_shard");
-  h.replica = base.split(r % chunk, r / chunk, base.name() + "_replica");
-  return h;
+  c = replica ? base.split(r % chunk, r / chunk, base.name() + "_replica")
+              : base.split(r / chunk, r % chunk, base.name() + "_shard");
+  return *c;
 }
 
 Communicator& Mesh::zero_shard_group(GradGroup g, int ep, int replicas) {
-  return replicas == 1 ? grad_group(g, ep) : *hybrid_groups(g, ep, replicas).shard;
+  return replicas == 1 ? grad_group(g, ep) : hybrid_group(g, ep, replicas, false);
 }
 
 Communicator& Mesh::zero_replica_group(GradGroup g, int ep, int replicas) {
-  return *hybrid_groups(g, ep, replicas).replica;
+  return hybrid_group(g, ep, replicas, true);
 }
 
 Communicator& Mesh::group(std::initializer_list<Axis> axes) {

@@ -76,7 +76,8 @@ class Mesh {
   // rank is in ("NAME_shard", where ZeRO shards), and the ranks at the same place of every chunk
   // ("NAME_replica", over which the shards' gradients are all-reduced). replicas must divide the
   // group's size; the shard group of 1 replica is the group itself (ask for replica groups only
-  // with replicas > 1). Made on first use (a collective over the group).
+  // with replicas > 1). Each is made on its first use (a collective over the group). hpZ's
+  // secondary groups (zero.h) are shard groups too.
   Communicator& zero_shard_group(GradGroup g, int ep, int replicas);
   Communicator& zero_replica_group(GradGroup g, int ep, int replicas);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
@@ -94,7 +95,7 @@ class Mesh {
   struct HybridGroups {
     std::unique_ptr<Communicator> shard, replica;
   };
-  HybridGroups& hybrid_groups(GradGroup g, int ep, int replicas);
+  Communicator& hybrid_group(GradGroup g, int ep, int replicas, bool replica);
   std::map<std::pair<int, int>, HybridGroups> hybrid_;  // by (GradGroup::index(), replicas)
   std::unique_ptr<Communicator> ep_group_, edp_group_, edp_tp_group_;
 };

@@ -92,6 +92,21 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
             concat("parallel.zero_quant_block=", p.zero_quant_block,
                    " sets the blocks of parallel.zero_quantized_weights, which is false: set it "
                    "to true, or leave zero_quant_block at 256"));
+  r.require(p.zero_hierarchical_partition >= 0, {"parallel.zero_hierarchical_partition"},
+            concat("parallel.zero_hierarchical_partition=", p.zero_hierarchical_partition,
+                   " must be >= 1 (the dp ranks of a secondary group), or 0 for none"));
+  r.require(p.zero_hierarchical_partition <= 0 || p.zero_stage == 3,
+            {"parallel.zero_hierarchical_partition", "parallel.zero_stage"},
+            concat("parallel.zero_hierarchical_partition=", p.zero_hierarchical_partition,
+                   " keeps a secondary copy of ZeRO-3's gathered weights, but "
+                   "parallel.zero_stage=",
+                   p.zero_stage, "; set zero_stage to 3"));
+  r.require(p.zero_hierarchical_partition <= 0 || p.zero_shard_group <= 0 ||
+                p.zero_shard_group % p.zero_hierarchical_partition == 0,
+            {"parallel.zero_hierarchical_partition", "parallel.zero_shard_group"},
+            concat("parallel.zero_hierarchical_partition=", p.zero_hierarchical_partition,
+                   " does not divide parallel.zero_shard_group=", p.zero_shard_group,
+                   ": the secondary groups must lie inside the shard groups"));
   r.positive("parallel.bucket_mb", p.bucket_mb);
 }
 

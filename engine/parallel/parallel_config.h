@@ -37,6 +37,10 @@ struct ParallelConfig {
   // scale per block of zero_quant_block values (ops::quantize_int8) instead of the compute type.
   bool zero_quantized_weights = false;
   int64_t zero_quant_block = 256;
+  // ZeRO++'s hpZ: ZeRO-3 keeps a secondary copy of the weights (compute type) sharded within
+  // groups of this many consecutive dp ranks (x cp), so that every gather of a unit after its
+  // first since the update stays inside the group; 0 = off. Divides dp.
+  int64_t zero_hierarchical_partition = 0;
   bool sequence_parallel = false;  // Megatron SP over the tp group
   double bucket_mb = 25.0;         // DDP/ZeRO gradient bucket size, MiB
 };
@@ -45,6 +49,13 @@ struct ParallelConfig {
 // shard group is then the dp x cp group's size / this (Mesh::zero_shard_group).
 inline int64_t zero_replicas(const ParallelConfig& p, int64_t dp) {
   return p.zero_shard_group > 0 && dp % p.zero_shard_group == 0 ? dp / p.zero_shard_group : 1;
+}
+
+// hpZ's secondary group in ranks of the dp x cp group (zero_hierarchical_partition x cp), or 0
+// without it.
+inline int64_t zero_secondary_group(const ParallelConfig& p, int64_t cp) {
+  return p.zero_stage == 3 && p.zero_hierarchical_partition > 0 ? p.zero_hierarchical_partition * cp
+                                                                : 0;
 }
 
 // [parallel]'s own rules: degrees, schedules and their options, pp_layers against the model's

@@ -9,7 +9,8 @@ shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation step
 (tp inside dp with ZeRO), ppN-<schedule> (pipeline parallel), pp2-tp2-dp2-zero1, pp2-dp2,
 cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp, dropout and
 selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks), qw16-...
-(ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike). Prints one line: layout, max relative differences."""
+(ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike),
+hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks). Prints one line: layout, max relative differences."""
 import os
 
 import numpy as np
@@ -219,6 +220,26 @@ LAYOUTS = {
     "qw16-hsdp2-zero3-dp4": (4, ["parallel.zero_shard_group=2"], QW16),
     "qw16-pp2-zero3-dp2": (4, ["parallel.pp=2"], QW16),
     "qw16-ep2-zero3-dp4": (4, ["parallel.ep=2"], QW16),
+    "qw16-hpz2-zero3-dp4": (4, ["parallel.zero_hierarchical_partition=2"], QW16),
+    # ZeRO++'s hierarchical partitioning (hpZ): a secondary copy of the gathered weights sharded
+    # within groups of N dp ranks, every later gather of a unit until the update from it (with
+    # accumulation: the other micro-batches' forward too); with hybrid sharding inside its shard
+    # groups; N = 1 keeps it whole on each rank (of the cp, tp or ep pair).
+    "hpz2-zero3-dp4": (4, ["parallel.zero_stage=3", "parallel.zero_hierarchical_partition=2"],
+                       []),
+    "hpz2-zero3-dp4-accum": (4, ["parallel.zero_stage=3", "parallel.zero_hierarchical_partition=2",
+                                 "train.micro_batch_size=1"], []),
+    "hpz1-hsdp2-zero3-dp4": (4, ["parallel.zero_stage=3", "parallel.zero_shard_group=2",
+                                 "parallel.zero_hierarchical_partition=1"], []),
+    "hpz1-pp2-zero3-dp2": (4, ["parallel.pp=2", "parallel.zero_stage=3",
+                               "parallel.zero_hierarchical_partition=1"], []),
+    "hpz1-cp2-zero3-dp2": (4, ["parallel.cp=2", "parallel.zero_stage=3",
+                               "parallel.zero_hierarchical_partition=1"], []),
+    "hpz2-ep2-zero3-dp4": (4, ["parallel.ep=2", "parallel.zero_stage=3",
+                               "parallel.zero_hierarchical_partition=2"], []),
+    "hpz1-tp2-sp-zero3-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                  "parallel.zero_stage=3",
+                                  "parallel.zero_hierarchical_partition=1"], []),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

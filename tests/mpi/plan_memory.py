@@ -13,7 +13,9 @@ tp, tp+sp, pp schedules, cp ring and Ulysses, recompute, 16-bit), rank 0 after t
 - activations: plan's figure (the blocks' saved tensors at the schedule's peak in-flight
   micro-batches, plus the model's scratch) within 2% of the allocator's peak;
 - comm buffers: plan's estimate within 2% of the allocator's peak on every layout (ZeRO's from
-  the same replay: gathered copies, gradient staging, reduce-scatters);
+  the same replay: gathered copies, gradient staging, reduce-scatters); under pp the run may hold
+  one boundary tensor less than plan's bound (the executor frees a sent input gradient as soon
+  as its send completes, so whether the next backward's buffer finds it still there is timing);
 - the concurrent peak (plan's `peak`: the activations and ZeRO's buffers held together at each
   moment of the same replay, beside the state and the fixed buffers; under ep each MoE layer's
   received rows from its forward to its weight backward) within 1% of the allocator's peak of
@@ -21,6 +23,7 @@ tp, tp+sp, pp schedules, cp ring and Ulysses, recompute, 16-bit), rank 0 after t
   and 1.07-1.12x on ep with ZeRO."""
 import json
 import re
+import tomllib
 
 import harness
 
@@ -158,6 +161,18 @@ LAYOUTS = {  # name: (ranks, sets)
                                      "train.global_batch_size=8", "train.precision=bf16"]),
     "ep2-zero3-dp4-qw": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3",
                              "parallel.zero_quantized_weights=true"]),
+    # ZeRO++'s hpZ: the secondary copy (params), the first gather of each unit over dp, the
+    # others within pairs of dp ranks ("dp_shard"); with 4 micro-batches per rank, and with qwZ.
+    "hpz2-zero3-dp4-accum": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                                 "parallel.zero_hierarchical_partition=2",
+                                 "train.global_batch_size=16"]),
+    "hpz2-zero3-dp4-qw-bf16": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                                   "parallel.zero_hierarchical_partition=2",
+                                   "parallel.zero_quantized_weights=true", "train.precision=bf16"]),
+    "ep2-hpz2-zero3-dp4": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3",
+                               "parallel.zero_hierarchical_partition=2"]),
+    "pp2-hpz1-zero3-dp2": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=3",
+                               "parallel.zero_hierarchical_partition=1"]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -169,7 +184,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
-               "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw"]
+               "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
@@ -203,6 +218,14 @@ def counted(comm, axis):
     return total
 
 
+def boundary_bytes(config, sets):
+    """One pipeline boundary tensor of a micro-batch of 1: (seq_len / cp, d_model) f32."""
+    with open(config, "rb") as f:
+        model = tomllib.load(f)["model"]
+    cp = int(next((s.split("=")[1] for s in sets if s.startswith("parallel.cp=")), 1))
+    return 4 * model["seq_len"] // cp * model["d_model"]
+
+
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
         "--layouts", choices=["dense", "moe", "muon", "muon-moe"], default="dense",
@@ -231,10 +254,13 @@ def main():
         print(f"{name}: state planned {planned}, allocated "
               f"{ {k: peak[k] for k in planned} }")
         stage = cost["stages"][0]
+        pipelined = any(s.startswith("parallel.pp=") and s != "parallel.pp=1" for s in sets)
         for k, bound in (("activations", 0.02), ("comm", 0.02)):
             est, got = stage["memory"][k], peak[k]
             ratio = est / got if got else (1.0 if est == 0 else float("inf"))
             print(f"{name}: {k} estimated {est:.0f} B, allocated {got} B (x{ratio:.3f})")
+            if (k == "comm" and pipelined and est - boundary_bytes(args.config, sets) <= got <= est):
+                continue  # a sent gradient's buffer freed before the next one was allocated
             if bound is not None and abs(ratio - 1) > bound:
                 failures.append(f"{name}: {k} estimated {est:.0f} B, allocated {got} B")
         # The concurrent peak: a replay of the step's allocations (activations and ZeRO's

@@ -190,6 +190,18 @@ TEST(Layout, ZeroShardGroupDividesDpAndHoldsTheEpGroups) {
             "hold every expert, so its ep groups must lie inside it");
 }
 
+TEST(Layout, HierarchicalPartitionDividesDp) {
+  const std::vector<std::string> z3{"parallel.zero_stage=3", "train.global_batch_size=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), z3.begin(), z3.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.zero_hierarchical_partition=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.zero_hierarchical_partition=3"}), 4),
+            "parallel.zero_hierarchical_partition=3 does not divide dp(4): the secondary copy is "
+            "sharded within groups of that many consecutive dp ranks");
+}
+
 TEST(Layout, DpRestAndBatch) {
   EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
   const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});

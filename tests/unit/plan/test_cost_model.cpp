@@ -272,6 +272,33 @@ TEST(CostModel, HybridShardingKeepsZerosCollectivesInsideTheNode) {
   }
 }
 
+// hpZ at dp 8 over two 4-device nodes, secondary groups of 4: ZeRO-3's first gather of each unit
+// after the update crosses the nodes, every later one (the backward, the second micro-batch) runs
+// inside the node from the secondary copy, which the params hold beside the shards (a quarter
+// of the model in the compute type). Times at comm_overlap = 0 are the bytes over the bandwidths.
+TEST(CostModel, HierarchicalPartitionGathersInsideTheNodeAfterTheFirst) {
+  const HardwareProfile hw = parse_hardware(concat(kGpu, "comm_overlap = 0\n"), "gpu", 1);
+  const std::vector<std::string> zero{"parallel.dp=8", "parallel.zero_stage=3",
+                                      "train.micro_batch_size=1", "train.global_batch_size=16"};
+  std::vector<std::string> hpz = zero;
+  hpz.push_back("parallel.zero_hierarchical_partition=4");
+  const StageCost plain = predict_step(tiny(zero), 8, hw).stages[0];
+  const StageCost h = predict_step(tiny(hpz), 8, hw).stages[0];
+  const AxisBytes &p = plain.bytes[static_cast<int>(Axis::dp)],
+                  &q = h.bytes[static_cast<int>(Axis::dp)];
+  const double psi = static_cast<double>(ModelSpec::from_config(tiny(zero).model).num_params());
+  EXPECT_NEAR((h.memory.params - plain.memory.params) / (4 * psi / 4), 1, 0.02);
+  EXPECT_EQ(q.reduce_scatter, p.reduce_scatter);
+  // The first gather of each unit: one pass of the shards over the 8 ranks, as one of the two
+  // micro-batches' reduce-scatters (fp32: the same bytes). Every later gather plain ZeRO-3 makes
+  // over 8 ranks (the 7 other ranks' eighths: 7/8 of the unit) hpZ makes within 4 (3/4).
+  const double cross = q.reduce_scatter / 2, within = q.all_gather - cross;
+  EXPECT_NEAR(within / (p.all_gather - cross), (3.0 / 4) / (7.0 / 8), 1e-9);
+  EXPECT_NEAR(h.comm_s[static_cast<int>(Axis::dp)],
+              q.reduce_scatter / 10e9 + cross / 10e9 + within / 100e9,
+              1e-12 * h.comm_s[static_cast<int>(Axis::dp)]);
+}
+
 // train.fp8 is emulated: the layers' linears (GPT-2 tiny: qkv, proj, fc1, fc2 = 12 C^2 a layer)
 // multiply dequantised fp32 values, timed at the fp32 peak; the rest (attention core, head)
 // at bf16's. Full recompute replays those GEMMs' forward too (2 FLOPs a weight).

@@ -182,6 +182,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
       LLMT_KEY("parallel.zero_quantized_weights", parallel.zero_quantized_weights),
       LLMT_KEY("parallel.zero_quant_block", parallel.zero_quant_block),
+      LLMT_KEY("parallel.zero_hierarchical_partition", parallel.zero_hierarchical_partition),
       LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
       LLMT_KEY("parallel.bucket_mb", parallel.bucket_mb),
       LLMT_KEY("data.source", data.source),
@@ -582,6 +583,7 @@ zero_stage = 3
 zero_shard_group = 1
 zero_quantized_weights = true
 zero_quant_block = 64
+zero_hierarchical_partition = 1
 sequence_parallel = true
 bucket_mb = 12.5
 [checkpoint]
