@@ -18,8 +18,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "kernels/fp8_math.h"  // float_bits, bits_float
 #include "kernels/host_device.h"
 
 namespace llmt::kernel_math {
@@ -55,14 +55,23 @@ LLMT_HOST_DEVICE inline uint32_t int8_byte(int32_t q, int64_t j) {
 }
 
 LLMT_HOST_DEVICE inline float int8_bits_float(int32_t w) {
-  float f;
-  memcpy(&f, &w, sizeof f);
-  return f;
+  return bits_float(static_cast<uint32_t>(w));
 }
-LLMT_HOST_DEVICE inline int32_t int8_float_bits(float f) {
-  int32_t w;
-  memcpy(&w, &f, sizeof w);
-  return w;
+
+// Quantises one block's `len` values x into its bw words w (the scale, then the codes).
+LLMT_HOST_DEVICE inline void int8_quantize_block(int32_t* w, const float* x, int64_t len,
+                                                 int64_t bw) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {  // NaN propagates (fmax would drop it)
+    const float a = fabsf(x[j]);
+    amax = a > amax || a != a ? a : amax;
+  }
+  const float s = int8_scale(amax);
+  w[0] = static_cast<int32_t>(float_bits(s));
+  for (int64_t j = 1; j < bw; ++j) w[j] = 0;
+  for (int64_t j = 0; j < len; ++j)
+    w[1 + j / 4] = static_cast<int32_t>(static_cast<uint32_t>(w[1 + j / 4]) |
+                                        int8_byte(int8_code(x[j], s), j));
 }
 
 }  // namespace llmt::kernel_math

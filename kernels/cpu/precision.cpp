@@ -163,20 +163,7 @@ void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64
   parallel_for(S * nb, std::max<int64_t>(1, grain_rows(B)), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t row = k / nb, b = k % nb, len = std::min(B, L - b * B);
-      const float* x = in + row * L + b * B;
-      int32_t* w = packed + k * bw;
-      float amax = 0.0f;
-      for (int64_t j = 0; j < len; ++j) {  // NaN propagates (fmax would drop it)
-        const float a = std::fabs(x[j]);
-        amax = a > amax || a != a ? a : amax;
-      }
-      const float s = kernel_math::int8_scale(amax);
-      w[0] = kernel_math::int8_float_bits(s);
-      std::fill(w + 1, w + bw, 0);
-      for (int64_t j = 0; j < len; ++j)
-        w[1 + j / 4] =
-            static_cast<int32_t>(static_cast<uint32_t>(w[1 + j / 4]) |
-                                 kernel_math::int8_byte(kernel_math::int8_code(x[j], s), j));
+      kernel_math::int8_quantize_block(packed + k * bw, in + row * L + b * B, len, bw);
     }
   });
 }

@@ -117,20 +117,7 @@ void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64
   const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
   for_each(S * nb, [=] __device__(int64_t k) {
     const int64_t row = k / nb, b = k % nb, len = min(B, L - b * B);
-    const float* x = in + row * L + b * B;
-    int32_t* w = packed + k * bw;
-    float amax = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
-      const float a = fabsf(x[j]);
-      amax = a > amax || a != a ? a : amax;
-    }
-    const float s = kernel_math::int8_scale(amax);
-    w[0] = kernel_math::int8_float_bits(s);
-    for (int64_t j = 1; j < bw; ++j) w[j] = 0;
-    for (int64_t j = 0; j < len; ++j)
-      w[1 + j / 4] =
-          static_cast<int32_t>(static_cast<uint32_t>(w[1 + j / 4]) |
-                               kernel_math::int8_byte(kernel_math::int8_code(x[j], s), j));
+    kernel_math::int8_quantize_block(packed + k * bw, in + row * L + b * B, len, bw);
   });
 }
 

@@ -28,28 +28,13 @@ run blockwise --set train.fp8=blockwise
 run tensorwise --set train.fp8=tensorwise
 
 /usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
-import json
-import os
-import statistics
 import sys
 sys.path.insert(0, sys.argv[2])
-from runs import conditions
-work = sys.argv[1]
+from runs import conditions, drift
 print(conditions())
-runs = {}
-for name in ("bf16", "bf16_mbs4", "blockwise", "tensorwise"):
-    with open(os.path.join(work, name, "metrics.jsonl")) as f:
-        runs[name] = [json.loads(line) for line in f]
-base = runs["bf16"]
-tps0 = statistics.median(r["tokens_per_s"] for r in base[2:])
 print(f"{'run':<11} {'loss':>7} {'val_loss':>8} {'max |dloss|':>11} {'max rel':>8} "
       f"{'last-10 rel':>11} {'tokens/s':>9} {'vs bf16':>7}")
-for name, rows in runs.items():
-    d = [abs(a["loss"] - b["loss"]) for a, b in zip(rows, base)]
-    rel = [abs(a["loss"] / b["loss"] - 1) for a, b in zip(rows, base)]
-    last = sum(r["loss"] for r in rows[-10:]) / sum(r["loss"] for r in base[-10:]) - 1
-    val = [r["val_loss"] for r in rows if "val_loss" in r]
-    tps = statistics.median(r["tokens_per_s"] for r in rows[2:])
-    print(f"{name:<11} {rows[-1]['loss']:>7.4f} {val[-1] if val else float('nan'):>8.4f} "
-          f"{max(d):>11.4f} {max(rel):>8.2e} {last:>+11.2e} {tps:>9.0f} {tps / tps0:>7.3f}")
+for name, d in drift(sys.argv[1], ["bf16", "bf16_mbs4", "blockwise", "tensorwise"]).items():
+    print(f"{name:<11} {d['loss']:>7.4f} {d['val_loss']:>8.4f} {d['max_d']:>11.4f} "
+          f"{d['max_rel']:>8.2e} {d['last10']:>+11.2e} {d['tokens_per_s']:>9.0f} {d['speed']:>7.3f}")
 PY

@@ -28,31 +28,17 @@ run qwz --set parallel.zero_quantized_weights=true
 run qwz_block64 --set parallel.zero_quantized_weights=true --set parallel.zero_quant_block=64
 
 /usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
-import json
-import os
-import statistics
 import sys
 sys.path.insert(0, sys.argv[2])
-from runs import conditions
-work = sys.argv[1]
+from runs import conditions, drift
 print(conditions())
-runs = {}
-for name in ("zero3", "zero3_mbs4", "qwz", "qwz_block64"):
-    with open(os.path.join(work, name, "metrics.jsonl")) as f:
-        runs[name] = [json.loads(line) for line in f]
-base = runs["zero3"]
-tps0 = statistics.median(r["tokens_per_s"] for r in base[2:])
-gather0 = base[-1]["comm_bytes"]["dp"]["all_gather"]
+runs = drift(sys.argv[1], ["zero3", "zero3_mbs4", "qwz", "qwz_block64"])
+gather0 = runs["zero3"]["last"]["comm_bytes"]["dp"]["all_gather"]
 print(f"{'run':<12} {'loss':>7} {'val_loss':>8} {'max |dloss|':>11} {'max rel':>8} "
       f"{'last-10 rel':>11} {'all-gather B':>12} {'vs zero3':>8} {'tokens/s':>9} {'vs zero3':>8}")
-for name, rows in runs.items():
-    d = [abs(a["loss"] - b["loss"]) for a, b in zip(rows, base)]
-    rel = [abs(a["loss"] / b["loss"] - 1) for a, b in zip(rows, base)]
-    last = sum(r["loss"] for r in rows[-10:]) / sum(r["loss"] for r in base[-10:]) - 1
-    val = [r["val_loss"] for r in rows if "val_loss" in r]
-    tps = statistics.median(r["tokens_per_s"] for r in rows[2:])
-    gather = rows[-1]["comm_bytes"]["dp"]["all_gather"]
-    print(f"{name:<12} {rows[-1]['loss']:>7.4f} {val[-1] if val else float('nan'):>8.4f} "
-          f"{max(d):>11.4f} {max(rel):>8.2e} {last:>+11.2e} {gather:>12} {gather / gather0:>8.3f} "
-          f"{tps:>9.0f} {tps / tps0:>8.3f}")
+for name, d in runs.items():
+    gather = d["last"]["comm_bytes"]["dp"]["all_gather"]
+    print(f"{name:<12} {d['loss']:>7.4f} {d['val_loss']:>8.4f} {d['max_d']:>11.4f} "
+          f"{d['max_rel']:>8.2e} {d['last10']:>+11.2e} {gather:>12} {gather / gather0:>8.3f} "
+          f"{d['tokens_per_s']:>9.0f} {d['speed']:>8.3f}")
 PY
