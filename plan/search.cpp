@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "config/toml_text.h"
 #include "engine/parallel/context_parallel.h"
@@ -104,6 +105,9 @@ std::string layout_text(const Config& cfg, int world) {
   s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
               ", zero ", p.zero_stage,
               p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
+              p.zero_hierarchical_partition > 0
+                  ? concat(" secondary over ", p.zero_hierarchical_partition)
+                  : std::string(),
               ", recompute ", kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
               cfg.train.micro_batch_size);
   return s;
@@ -159,6 +163,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       all.insert(all.end(), sets.begin(), sets.end());
       all.push_back("parallel.zero_stage=0");
       all.push_back("parallel.zero_shard_group=0");
+      all.push_back("parallel.zero_hierarchical_partition=0");
       all.push_back("train.distribute_saved_activations=false");  // chosen per candidate below
       shaped = parse_config(path, all);
     } catch (const ConfigError&) {
@@ -173,17 +178,21 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       if ((gbs / dp) % mbs != 0 || gbs % dp != 0) continue;
       for (int ep : eps)
         for (int zero = 0; zero <= (dp * s.cp > 1 ? 3 : 0); ++zero) {
-          // ZeRO over all of dp x cp, and hybrid sharding with a node's dp ranks in each shard
-          // group (its collectives inside the node, one all-reduce of the shards across nodes),
-          // when dp spans more than a node.
-          std::vector<int> shard_groups{0};
+          // ZeRO over all of dp x cp; when dp spans more than a node, hybrid sharding with a
+          // node's dp ranks in each shard group (its collectives inside the node, one
+          // all-reduce of the shards across nodes), and at stage 3 hpZ's secondary copy over a
+          // node's dp ranks instead (each unit's later gathers inside the node): (shard group,
+          // hierarchical partition) pairs.
+          std::vector<std::pair<int, int>> zero_groups{{0, 0}};
           const int node_dp = per_node / (s.tp * s.cp);
           if (zero >= 1 && node_dp >= 1 && node_dp < dp && dp % node_dp == 0 &&
-              (node_dp * s.cp) % ep == 0)
-            shard_groups.push_back(node_dp);
+              (node_dp * s.cp) % ep == 0) {
+            zero_groups.push_back({node_dp, 0});
+            if (zero == 3) zero_groups.push_back({0, node_dp});
+          }
           // Recompute none, selective, full, and full with its inputs distributed over tp
           // (tp > 1 without SP).
-          for (int shard_group : shard_groups)
+          for (const auto& [shard_group, hpz] : zero_groups)
             for (int rc = 0; rc < 4; ++rc) {
               const bool distribute = rc == 3;
               if (distribute && (s.tp == 1 || s.sp)) continue;
@@ -191,6 +200,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.cfg.parallel.ep = ep;
               c.cfg.parallel.zero_stage = zero;
               c.cfg.parallel.zero_shard_group = shard_group;
+              c.cfg.parallel.zero_hierarchical_partition = hpz;
               c.cfg.train.micro_batch_size = mbs;
               c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
               c.cfg.train.recompute_layers = 0;
@@ -206,6 +216,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.sets.push_back(concat("parallel.ep=", ep));
               c.sets.push_back(concat("parallel.zero_stage=", zero));
               c.sets.push_back(concat("parallel.zero_shard_group=", shard_group));
+              c.sets.push_back(concat("parallel.zero_hierarchical_partition=", hpz));
               c.sets.push_back(concat("train.micro_batch_size=", mbs));
               c.sets.push_back(concat("train.recompute=\"",
                                       kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));
@@ -251,6 +262,7 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
               schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
               "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep,
               "\nzero_stage = ", p.zero_stage, "\nzero_shard_group = ", p.zero_shard_group,
+              "\nzero_hierarchical_partition = ", p.zero_hierarchical_partition,
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");
