@@ -4,7 +4,7 @@
 # scripts/corpus.sh) at dp 2 in bf16, LLMTRAIN_CPU_BF16_GEMM=blas for every run: per run the final
 # training and validation loss, the largest per-step loss difference to plain ZeRO-3 and the last
 # 10 steps' mean relative difference, beside the noise of splitting the same batches into
-# micro-batches of 4 instead of 8 (the issue's yardstick: qwZ's drift within 2x of it); the
+# micro-batches of 4, 2 and 1 instead of 8 (qwZ's drift against the largest of those); the
 # all-gather bytes per step (rank 0's counters) and tokens/s against plain ZeRO-3.
 #
 #   scripts/bench/bench_zeropp.sh LLMTRAIN_BINARY [STEPS]     (default 200, the quickstart's)
@@ -23,7 +23,7 @@ run() {
     --set "train.eval_interval=$steps" "$@"
 }
 run zero3
-run zero3_mbs4 --set train.micro_batch_size=4
+for m in 4 2 1; do run "zero3_mbs$m" --set "train.micro_batch_size=$m"; done
 run qwz --set parallel.zero_quantized_weights=true
 run qwz_block64 --set parallel.zero_quantized_weights=true --set parallel.zero_quant_block=64
 
@@ -32,7 +32,8 @@ import sys
 sys.path.insert(0, sys.argv[2])
 from runs import conditions, drift
 print(conditions())
-runs = drift(sys.argv[1], ["zero3", "zero3_mbs4", "qwz", "qwz_block64"])
+splits = ["zero3_mbs4", "zero3_mbs2", "zero3_mbs1"]
+runs = drift(sys.argv[1], ["zero3"] + splits + ["qwz", "qwz_block64"])
 gather0 = runs["zero3"]["last"]["comm_bytes"]["dp"]["all_gather"]
 print(f"{'run':<12} {'loss':>7} {'val_loss':>8} {'max |dloss|':>11} {'max rel':>8} "
       f"{'last-10 rel':>11} {'all-gather B':>12} {'vs zero3':>8} {'tokens/s':>9} {'vs zero3':>8}")
@@ -41,4 +42,9 @@ for name, d in runs.items():
     print(f"{name:<12} {d['loss']:>7.4f} {d['val_loss']:>8.4f} {d['max_d']:>11.4f} "
           f"{d['max_rel']:>8.2e} {d['last10']:>+11.2e} {gather:>12} {gather / gather0:>8.3f} "
           f"{d['tokens_per_s']:>9.0f} {d['speed']:>8.3f}")
+noise = {k: max(abs(runs[s][k]) for s in splits) for k in ("last10", "max_d")}
+for name in ("qwz", "qwz_block64"):
+    print(f"{name}: last-10 drift {abs(runs[name]['last10']) / noise['last10']:.1f}x, largest "
+          f"per-step difference {runs[name]['max_d'] / noise['max_d']:.1f}x the largest of the "
+          f"micro-batch splits'")
 PY
