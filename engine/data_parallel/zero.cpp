@@ -33,11 +33,11 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
       replica_[static_cast<size_t>(k)] = &mesh.zero_replica_group(g, spec.ep_size, replicas);
     }
   }
-  // The units' parameters, parts and rows (zero_layout.h) over part 0's group (dp x cp, or its
-  // chunk), checked against the parts' groups.
   if (cfg.zero_quantized_weights) quant_block_ = cfg.zero_quant_block;
   LLMT_CHECK(quant_block_ == 0 || zero_stage() == 3, "qwZ quantises ZeRO-3's gathers, not stage ",
              zero_stage(), "'s");
+  // The units' parameters, parts and rows (zero_layout.h) over part 0's group (dp x cp, or its
+  // chunk), checked against the parts' groups.
   const Communicator& shard0 = *grad_groups_[0];
   const ZeroLayout layout = zero_layout(spec, num_layers(), shard0.size(), shard0.rank());
   for (int k = 0; k < kParts; ++k) {
@@ -467,15 +467,16 @@ void Zero::finish_backward() {
   replica_reduces_.clear();
 }
 
+// Besides the dp x cp group's waits, those of the groups hybrid sharding and hpZ split from it.
 double Zero::take_wait_seconds() {
   double s = DataParallel::take_wait_seconds();
-  for (size_t k = 0; k < replica_.size(); ++k) {
-    if (!replica_[k]) continue;
-    for (Communicator* c : {grad_groups_[k], replica_[k]}) {
+  for (size_t k = 0; k < kParts; ++k)
+    for (Communicator* c :
+         {replica_[k] ? grad_groups_[k] : nullptr, replica_[k], secondary_group_[k]}) {
+      if (!c || c == &group_) continue;
       s += c->wait_seconds();
       c->reset_wait_seconds();
     }
-  }
   return s;
 }
 
