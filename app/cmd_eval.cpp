@@ -51,10 +51,9 @@ Run add_eval_command(CLI::App& app) {
                                      "parallel.ep=1",
                                      "parallel.virtual_stages=1",
                                      "parallel.pp_layers=[]",
-                                     "parallel.zero_stage=0",
-                                     "parallel.zero_shard_group=0",
                                      "parallel.sequence_parallel=false",
                                      "train.distribute_saved_activations=false"};
+    sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());
     char tmpl[] = "/tmp/llmtrain-eval.XXXXXX";
     const bool rank0 = world_rank_from_env() == 0;

@@ -7,6 +7,7 @@
 #include "config/toml_text.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/schedule/schedule.h"
+#include "train/config.h"
 
 namespace llmt {
 
@@ -118,6 +119,9 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   SearchResult out;
   const int per_node = hw.devices_per_node > 0 ? hw.devices_per_node : world;
   const int64_t L = base.model.n_layers, T = base.model.seq_len, gbs = base.train.global_batch_size;
+  // ZeRO++'s quantised weights, kept from the config on the stage-3 candidates.
+  const bool qwz = base.parallel.zero_quantized_weights;
+  const int64_t qwz_block = base.parallel.zero_quant_block;
   // Context parallelism pays from long sequences on: cp > 1 is tried from 8192 positions.
   std::vector<LayoutShape> shapes;
   for (int tp : divisors(world)) {
@@ -161,9 +165,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
     try {
       std::vector<std::string> all = overrides;
       all.insert(all.end(), sets.begin(), sets.end());
-      all.push_back("parallel.zero_stage=0");
-      all.push_back("parallel.zero_shard_group=0");
-      all.push_back("parallel.zero_hierarchical_partition=0");
+      all.insert(all.end(), ddp_overrides().begin(), ddp_overrides().end());
       all.push_back("train.distribute_saved_activations=false");  // chosen per candidate below
       shaped = parse_config(path, all);
     } catch (const ConfigError&) {
@@ -201,6 +203,9 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.cfg.parallel.zero_stage = zero;
               c.cfg.parallel.zero_shard_group = shard_group;
               c.cfg.parallel.zero_hierarchical_partition = hpz;
+              // qwZ stays the config's choice (it changes the numbers), on stage 3 only.
+              c.cfg.parallel.zero_quantized_weights = zero == 3 && qwz;
+              c.cfg.parallel.zero_quant_block = zero == 3 ? qwz_block : 256;
               c.cfg.train.micro_batch_size = mbs;
               c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
               c.cfg.train.recompute_layers = 0;
@@ -217,6 +222,10 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.sets.push_back(concat("parallel.zero_stage=", zero));
               c.sets.push_back(concat("parallel.zero_shard_group=", shard_group));
               c.sets.push_back(concat("parallel.zero_hierarchical_partition=", hpz));
+              c.sets.push_back(concat("parallel.zero_quantized_weights=",
+                                      c.cfg.parallel.zero_quantized_weights ? "true" : "false"));
+              c.sets.push_back(
+                  concat("parallel.zero_quant_block=", c.cfg.parallel.zero_quant_block));
               c.sets.push_back(concat("train.micro_batch_size=", mbs));
               c.sets.push_back(concat("train.recompute=\"",
                                       kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));

@@ -503,6 +503,14 @@ MeshShape mesh_shape(const ParallelConfig& p, int world) {
   return s;
 }
 
+const std::vector<std::string>& ddp_overrides() {
+  static const std::vector<std::string> sets{"parallel.zero_stage=0", "parallel.zero_shard_group=0",
+                                             "parallel.zero_quantized_weights=false",
+                                             "parallel.zero_quant_block=256",
+                                             "parallel.zero_hierarchical_partition=0"};
+  return sets;
+}
+
 int64_t layout_min_ranks(const ParallelConfig& p) {
   return p.tp * p.cp * p.pp * std::max<int64_t>(p.dp, 1);
 }

@@ -108,6 +108,10 @@ std::vector<std::string> config_keys();
 // sequence_parallel, global_batch_size by dp*micro_batch_size. Throws ConfigError listing every
 // problem with all its factors.
 void validate_layout(const Config& c, int world);
+// The --set values that make a config's data parallelism plain DDP: zero_stage 0 and every ZeRO
+// option back at its default (each refuses zero_stage 0). For the commands that run a stored
+// config at a layout of their own (eval, generate) and for plan --search's candidates.
+const std::vector<std::string>& ddp_overrides();
 // The fewest ranks the [parallel] layout runs on: tp*cp*pp*dp, dp = -1 counted as 1 (the commands
 // that meet a world too small say how to get more: mpirun for train and eval, --world offline).
 int64_t layout_min_ranks(const ParallelConfig& p);

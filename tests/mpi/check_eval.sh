@@ -38,5 +38,24 @@ dist="$("$llmtrain" eval --checkpoint "$work/dist-ck" --set train.threads=1 | lo
 echo "tp2 distributed run: val $dist_val, eval at one rank $dist"
 awk -v a="$dist" -v b="$dist_val" 'BEGIN {d = (a - b) / b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' ||
   { echo "FAIL: eval of the distributed run is not within 1e-6 of its val"; fail=1; }
+# A ZeRO-3 run with ZeRO++'s quantised weights (blocks of 64) and hierarchical partitioning at
+# dp 2: eval resets its ZeRO options to run at one rank (exact weights: another loss than the
+# run's val, which the quantised gathers computed), and at dp 2 with the same quantisation gives
+# the run's val within 1e-6.
+"$mpirun" --oversubscribe -np 2 "$llmtrain" train --config "$config" -q --set train.steps=2 \
+  --set train.eval_interval=2 --set train.eval_iters=2 --set train.run_dir=\""$work/zpp"\" \
+  --set checkpoint.dir=\""$work/zpp-ck"\" --set checkpoint.interval=2 --set optimizer.warmup_steps=1 \
+  --set train.threads=1 --set parallel.zero_stage=3 --set parallel.zero_quantized_weights=true \
+  --set parallel.zero_quant_block=64 --set parallel.zero_hierarchical_partition=1 > /dev/null
+zpp_val="$(grep '"step": 2,' "$work/zpp/metrics.jsonl" | sed 's/.*"val_loss": \([^,}]*\).*/\1/')"
+zpp_one="$("$llmtrain" eval --checkpoint "$work/zpp-ck" --set train.threads=1 | loss_of)"
+zpp_dp2="$("$mpirun" --oversubscribe -np 2 "$llmtrain" eval --checkpoint "$work/zpp-ck" \
+  --set train.threads=1 --set parallel.zero_stage=3 --set parallel.zero_quantized_weights=true \
+  --set parallel.zero_quant_block=64 | loss_of)"
+echo "ZeRO++ run: val $zpp_val, eval at one rank $zpp_one, at dp2 quantised $zpp_dp2"
+[[ -n "$zpp_one" && "$zpp_one" != "$zpp_val" ]] ||
+  { echo "FAIL: eval at one rank of the qwZ run gave no loss, or the quantised one"; fail=1; }
+awk -v a="$zpp_dp2" -v b="$zpp_val" 'BEGIN {d = (a - b) / b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' ||
+  { echo "FAIL: eval at dp2 with qwZ is not within 1e-6 of the run's val"; fail=1; }
 [[ $fail -eq 0 ]] && echo "eval: checks passed"
 exit $fail

@@ -539,6 +539,26 @@ class CostModelSearch : public testing::Test {
 // Layers that do not divide over the stages are split with the first and last stage lighter (the
 // rest on the middle stages); layers that do are also tried with the first and last stage one
 // layer lighter, when every stage keeps a layer.
+// A config with ZeRO++'s quantised weights: the search's ZeRO 0-2 candidates turn them off (they
+// need stage 3, which they would refuse), its stage-3 candidates keep them and their block, and
+// every ranked layout parses from its own overrides.
+TEST_F(CostModelSearch, KeepsQuantisedWeightsOnStageThreeOnly) {
+  const std::string path = model(4);
+  const std::vector<std::string> qw{"parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
+                                    "parallel.zero_quant_block=64"};
+  const SearchResult r = search_layouts(path, qw, parse_config(path, qw), 4, hw_, 1000000);
+  ASSERT_FALSE(r.ranked.empty());
+  int stage3 = 0;
+  for (const Candidate& c : r.ranked) {
+    const ParallelConfig& p = c.cfg.parallel;
+    EXPECT_EQ(p.zero_quantized_weights, p.zero_stage == 3) << layout_text(c.cfg, 4);
+    EXPECT_EQ(p.zero_quant_block, p.zero_stage == 3 ? 64 : 256) << layout_text(c.cfg, 4);
+    stage3 += p.zero_stage == 3;
+  }
+  EXPECT_GT(stage3, 0);
+  EXPECT_LT(stage3, static_cast<int>(r.ranked.size()));
+}
+
 TEST_F(CostModelSearch, TriesUnevenPipelineSplits) {
   using Split = std::tuple<int64_t, int64_t, std::vector<int64_t>>;
   const auto s70 = splits(search(model(70), 12));
