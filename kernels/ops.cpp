@@ -1189,35 +1189,38 @@ void fp8_quantize(Tensor out, Tensor in, Tensor amax, int64_t tile_rows, int64_t
    static_cast<int>(fmt));
 }
 
-// ---- int8 block quantisation ------------------------------------------------------------------
+// ---- integer block quantisation ---------------------------------------------------------------
 
-int64_t int8_packed_words(int64_t n, int64_t block) {
-  return (n + block - 1) / block * (1 + (block + 3) / 4);  // kernel_math::int8_packed_words
+int64_t int_packed_words(int64_t n, int64_t block, int bits) {
+  const int64_t per = 32 / bits;  // kernel_math::int_packed_words
+  return (n + block - 1) / block * (1 + (block + per - 1) / per);
 }
 
 namespace {
 // (S, L) of in/out and (S, W) of packed, checked.
-std::array<int64_t, 2> int8_shape(Op& op, const Tensor& values, const Tensor& packed,
-                                  int64_t block) {
+std::array<int64_t, 2> int_shape(Op& op, const Tensor& values, const Tensor& packed, int64_t block,
+                                 int bits) {
   LLMT_OP_REQUIRE(op, block >= 1, "block ", block, ": must be >= 1");
+  LLMT_OP_REQUIRE(op, bits == 8 || bits == 4, "bits ", bits, ": must be 8 or 4");
   LLMT_OP_REQUIRE(op, values.ndim() == 2, "values are ", describe(values), ", expected (S,L)");
   const int64_t S = values.shape[0], L = values.shape[1];
-  op.shape("packed", packed, {S, int8_packed_words(L, block)});
+  op.shape("packed", packed, {S, int_packed_words(L, block, bits)});
   return {S, L};
 }
 }  // namespace
 
-void quantize_int8(Tensor packed, Tensor in, int64_t block) {
-  Op op("quantize_int8", {packed, in});
-  const auto [S, L] = int8_shape(op, in, packed, block);
+void quantize_int(Tensor packed, Tensor in, int64_t block, int bits) {
+  Op op("quantize_int", {packed, in});
+  const auto [S, L] = int_shape(op, in, packed, block, bits);
   const float* x = op.in("in", in);
-  LLMT_KERNEL(op, quantize_int8)(op.i32_out("packed", packed), x, S, L, block);
+  LLMT_KERNEL(op, quantize_int)(op.i32_out("packed", packed), x, S, L, block, bits);
 }
 
-void dequantize_int8(Tensor out, Tensor packed, int64_t block) {
-  Op op("dequantize_int8", {out, packed});
-  const auto [S, L] = int8_shape(op, out, packed, block);
-  LLMT_KERNEL(op, dequantize_int8)(op.out("out", out), op.i32("packed", packed), S, L, block);
+void dequantize_int(Tensor out, Tensor packed, int64_t block, int bits) {
+  Op op("dequantize_int", {out, packed});
+  const auto [S, L] = int_shape(op, out, packed, block, bits);
+  LLMT_KERNEL(op, dequantize_int)
+  (op.out("out", out), op.i32("packed", packed), S, L, block, bits);
 }
 
 // ---- initialisation ---------------------------------------------------------------------------

@@ -267,14 +267,15 @@ void fp8_amax(Tensor amax, Tensor in, int64_t tile_rows, int64_t tile_cols);
 void fp8_quantize(Tensor out, Tensor in, Tensor amax, int64_t tile_rows, int64_t tile_cols,
                   Fp8Format fmt);
 
-// ---- int8 block quantisation (ZeRO++'s qwZ; kernels/int8_math.h) -----------------------------
-// Each row of in (S,L) f32 is cut into blocks of `block` (>= 1) values, the last partial; packed
-// (S,W) i32, W = int8_packed_words(L, block), holds per block its scale amax/127 and its int8
-// codes rne(v / scale) in [-127, 127], 4 to a word (the layout of kernels/int8_math.h).
-int64_t int8_packed_words(int64_t n, int64_t block);
-void quantize_int8(Tensor packed, Tensor in, int64_t block);
+// ---- integer block quantisation (ZeRO++'s qwZ and qgZ; kernels/int_quant_math.h) ------------
+// Each row of in (S,L) f32/bf16/f16 is cut into blocks of `block` (>= 1) values, the last
+// partial; packed (S,W) i32, W = int_packed_words(L, block, bits), holds per block its scale
+// amax/Q and its codes rne(v / scale) in [-Q, Q] of `bits` bits (8: Q = 127, 4 to a word;
+// 4: Q = 7, 8 to a word), the layout of kernels/int_quant_math.h.
+int64_t int_packed_words(int64_t n, int64_t block, int bits);
+void quantize_int(Tensor packed, Tensor in, int64_t block, int bits);
 // out (S,L) f32/bf16/f16 = scale * code of each value of packed (S,W) (rounded to out's type).
-void dequantize_int8(Tensor out, Tensor packed, int64_t block);
+void dequantize_int(Tensor out, Tensor packed, int64_t block, int bits);
 
 // ---- initialisation ---------------------------------------------------------------------------
 // x[i] = std * normal(key(seed, stream, global_offset + i)): depends only on the seed, the

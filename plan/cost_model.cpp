@@ -210,13 +210,32 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
 // Quantised (qwZ): `gather` is each part's packed int8 blocks (this rank's and every rank's),
 // `weights_pass` their bytes, and finishing a gather holds `finish_extra` more at its peak (a
 // part's dequantised staging beside the packed blocks not yet dequantised).
+// Quantised gradients (qgZ: Zero::start_quantized, advance, finish_quantized): `reduce` is what
+// the unit's reductions hold once started (each part's sum and its int4 blocks sent and
+// received), `advance` what their second hop changes that by; the `*_extra` fields are the most
+// they hold beyond that at once as they start, advance and finish (packed gradients, dequantised
+// blocks); `qg1`, `qg2` the all-to-all bytes of each hop (over the groups with tp too).
 struct ZeroUnitBytes {
   double whole = 0, whole_grads = 0, gather = 0, reduce = 0;
   double gather_pass = 0, gather_pass_tp = 0, weights_pass = 0, weights_pass_tp = 0;
   double finish_extra = 0;
   // hpZ: a gather of the secondary rows (staging; bytes counted, over the groups with tp too).
   double gather2 = 0, weights_pass2 = 0, weights_pass2_tp = 0;
+  double reduce_extra = 0, advance = 0, advance_extra = 0, done_extra = 0;
+  double qg1 = 0, qg1_tp = 0, qg2 = 0, qg2_tp = 0;
 };
+
+// The most a sequence of per-part steps holds beyond its start: part k changes what is held by
+// delta[k] in the end, and at its own peak by extra[k] (>= 0), after the parts before it.
+double phase_extra(const std::array<double, kZeroParts>& delta,
+                   const std::array<double, kZeroParts>& extra) {
+  double before = 0, most = 0;
+  for (size_t k = 0; k < delta.size(); ++k) {
+    most = std::max(most, before + extra[k]);
+    before += delta[k];
+  }
+  return most;
+}
 
 // ZeroSequence (the order Zero's hooks run in) over one rank's step, its primitives counting what
 // Zero allocates and frees and the all-gathers it starts: the peak of ZeRO's comm buffers and
@@ -297,20 +316,51 @@ class ZeroReplay final : public ZeroSequence {
   }
   void start_reduce(int k) override {
     if (!holds(k)) return;
+    take(at(k).reduce_extra);
+    give(at(k).reduce_extra);
     take(at(k).reduce);
     if (staged_[k]) give(at(k).whole_grads);  // the gradients now live in the packed input
     staged_[k] = 0;
-    reducing_.push_back(k);
+    reducing_.push_back({k, false});
     complete_reductions(2);
   }
+  // As Zero's: a unit's reductions are a run of entries; qgZ's second hop starts for every run
+  // but the newest, and for the oldest before it completes.
+  struct Reducing {
+    int unit;
+    bool advanced;
+  };
+  size_t units_in_flight() const {
+    size_t n = 0;
+    for (size_t i = 0; i < reducing_.size(); ++i)
+      n += i == 0 || reducing_[i].unit != reducing_[i - 1].unit;
+    return n;
+  }
+  void advance(Reducing& r) {
+    if (r.advanced) return;
+    r.advanced = true;
+    take(at(r.unit).advance_extra);
+    give(at(r.unit).advance_extra);
+    take(at(r.unit).advance);
+  }
   void complete_reductions(size_t keep) override {
-    for (; reducing_.size() > keep; reducing_.pop_front()) give(at(reducing_.front()).reduce);
+    size_t older = reducing_.size();
+    while (older > 0 && reducing_[older - 1].unit == reducing_.back().unit) --older;
+    for (size_t i = 0; i < older; ++i) advance(reducing_[i]);
+    while (units_in_flight() > keep) {
+      const int k = reducing_.front().unit;
+      for (size_t i = 0; i < reducing_.size() && reducing_[i].unit == k; ++i) advance(reducing_[i]);
+      take(at(k).done_extra);
+      give(at(k).done_extra);
+      give(at(k).reduce + at(k).advance);
+      reducing_.pop_front();
+    }
   }
 
   std::vector<ZeroUnitBytes> units_;
   std::vector<char> gathered_, gathering_, staged_, filled_;
   bool secondary_;
-  std::deque<int> reducing_;
+  std::deque<Reducing> reducing_;
   double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0, gathers2_ = 0;
   double held_ = 0, peak_all_ = 0;
 };
@@ -404,6 +454,9 @@ struct Job {
         replicas(static_cast<int>(zero_replicas(par, dp))),
         zero_group(group / replicas),
         secondary_group(static_cast<int>(zero_secondary_group(par, cp))),
+        qg_block(par.zero_stage == 3 && par.zero_quantized_gradients ? par.zero_quant_block : 0),
+        qg_hops2(secondary_group > 0 && secondary_group < zero_group ? zero_group / secondary_group
+                                                                     : 1),
         mbs(c.train.micro_batch_size),
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
@@ -430,6 +483,10 @@ struct Job {
   const int replicas, zero_group;
   // hpZ: the secondary copy's group (zero_hierarchical_partition x cp ranks), 0 without it.
   const int secondary_group;
+  // qgZ: the gradients' block (0: reduce-scattered), and the second hop's ranks (1: one hop;
+  // with hpZ's groups cutting the shard group, their number in it).
+  const int64_t qg_block;
+  const int qg_hops2;
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
@@ -753,6 +810,8 @@ struct DpCost {
   double replica_all_reduce = 0;
   // hpZ: the all-gather bytes (counted in dp.all_gather too) within the secondary groups.
   double secondary_gather = 0;
+  // qgZ: the all-to-all bytes of the first hop and of the second (counted in dp.all_to_all too).
+  double qg_hop1 = 0, qg_hop2 = 0;
   double zero_and_activations_peak = 0;   // with the activations live at each moment
   double whole = 0;                       // parameters the rank holds
   double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
@@ -778,6 +837,8 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // One pass of ZeRO's collective over the padded shards: over dp x cp (and edp), and over the
   // groups with tp.
   double shards = 0, shards_tp = 0;
+  // qgZ's all-to-all bytes of one pass of the reduction (first and second hop).
+  double qg1 = 0, qg1_tp = 0, qg2 = 0, qg2_tp = 0;
   // Muon's row all-gathers (as shards).
   double muon_rows = 0, muon_rows_tp = 0;
   // ZeRO's units as Zero lays them out on rank 0 of the group (zero_layout.h): each unit's
@@ -797,6 +858,8 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     // at once beyond them: part k's staging beside the packed blocks of parts k, k+1, ...
     const int64_t qb = par.zero_quantized_weights ? par.zero_quant_block : 0;
     std::array<double, kZeroParts> packed{}, staging{};
+    // qgZ: each part's step changes and peaks as its reductions start, advance and finish.
+    std::array<double, kZeroParts> start_d{}, start_x{}, adv_d{}, adv_x{}, done_d{}, done_x{};
     for (int k = 0; k < kZeroParts; ++k) {
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
@@ -805,7 +868,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
       const size_t kk = static_cast<size_t>(k);
       if (qb > 0 && layout.own_shard(u, k) > 0) {
         const double words =
-                         static_cast<double>(ops::int8_packed_words(layout.own_shard(u, k), qb)),
+                         static_cast<double>(ops::int_packed_words(layout.own_shard(u, k), qb, 8)),
                      n = layout.n[kk];
         packed[kk] = 4 * words * (n + 1);
         staging[kk] = cw * all;
@@ -815,9 +878,39 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
         zu.gather += cw * all + (j.sixteen ? cw * own : 0);
         (tp ? zu.weights_pass_tp : zu.weights_pass) += cw * (all - own);
       }
-      zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
+      if (j.qg_block > 0 && layout.own_shard(u, k) > 0) {
+        // Zero::start_quantized / advance / finish_quantized: the packed gradients (n shards)
+        // and the sum (one), the int4 blocks of the n shards sent and received over the first
+        // hop (n1 = n / C ranks), over the second (C ranks) the C sums' blocks; each hop's
+        // received blocks dequantised (fp32) beside them.
+        const double n = layout.n[kk], C = j.qg_hops2,
+                     s = static_cast<double>(layout.own_shard(u, k));
+        const double w =
+            static_cast<double>(ops::int_packed_words(layout.own_shard(u, k), j.qg_block, 4));
+        const double pk = n * s * j.grad_bytes, out = s * j.grad_bytes, s1 = 4 * n * w,
+                     s2 = 4 * C * w, d1 = 4 * n * s;
+        start_x[kk] = pk + out + s1;
+        start_d[kk] = out + 2 * s1;
+        const double sf = C > 1 ? s2 : s1, df = 4 * (C > 1 ? C : n) * s;
+        if (C > 1) {
+          adv_x[kk] = std::max({0.0, d1 - s1, d1 - 2 * s1 + s2});
+          adv_d[kk] = 2 * s2 - 2 * s1;
+        }
+        done_x[kk] = std::max(0.0, df - sf);
+        done_d[kk] = -(2 * sf + out);
+        const double n1 = n / C;
+        (tp ? zu.qg1_tp : zu.qg1) += (n1 - 1) / n1 * s1;
+        (tp ? zu.qg2_tp : zu.qg2) += (C - 1) / C * s2;
+        zu.reduce += start_d[kk];
+        zu.advance += adv_d[kk];
+      } else {
+        zu.reduce += (all + own) * j.grad_bytes / 4;  // the packed gradients and this rank's sum
+      }
       (tp ? zu.gather_pass_tp : zu.gather_pass) += all - own;
     }
+    zu.reduce_extra = phase_extra(start_d, start_x);
+    zu.advance_extra = phase_extra(adv_d, adv_x);
+    zu.done_extra = phase_extra(done_d, done_x);
     for (int k = 0; k < kZeroParts && j.secondary_group > 0; ++k) {
       const double all2 = 4 * cw * static_cast<double>(secondary.all_shards(u, k)),
                    own2 = 4 * cw * static_cast<double>(secondary.own_shard(u, k));
@@ -832,6 +925,10 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
     }
     shards += zu.gather_pass;
     shards_tp += zu.gather_pass_tp;
+    qg1 += zu.qg1;
+    qg1_tp += zu.qg1_tp;
+    qg2 += zu.qg2;
+    qg2_tp += zu.qg2_tp;
     for (const ZeroParam& p : layout.units[u].params) {
       const size_t i = p.index;
       const double numel = static_cast<double>(rs.params[i].shape.numel());
@@ -910,9 +1007,16 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
         g_tp.all_gather += weights * shards_tp;
         break;
       default:
-        g.reduce_scatter = m * grads * shards;
+        if (j.qg_block > 0) {  // qgZ: the int4 all-to-alls instead of the reduce-scatters
+          out.qg_hop1 = m * qg1;
+          out.qg_hop2 = m * qg2;
+          g.all_to_all += out.qg_hop1 + out.qg_hop2;
+          g_tp.all_to_all += m * (qg1_tp + qg2_tp);
+        } else {
+          g.reduce_scatter = m * grads * shards;
+          g_tp.reduce_scatter += m * grads * shards_tp;
+        }
         g.all_gather = zero.gather_bytes();
-        g_tp.reduce_scatter += m * grads * shards_tp;
         g_tp.all_gather += zero.gather_bytes_tp();
     }
     g.all_gather += muon_rows;
@@ -1005,8 +1109,11 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   // ZeRO's collectives run over its shard group; under hybrid sharding each unit's shard is
   // all-reduced over the replicas (dp x cp's span) as the last micro-batch's reduce-scatter of it
   // completes: behind that backward with the reduce-scatters (stage 1: blocking, on the way).
-  // hpZ's gathers of the secondary rows run within their group, at its span's bandwidth.
-  const double rs_s = g.reduce_scatter / j.bw_zero,
+  // hpZ's gathers of the secondary rows run within their group, at its span's bandwidth; so does
+  // qgZ's first all-to-all where hpZ's groups cut the shard group (its second crosses them).
+  const double rs_s = g.reduce_scatter / j.bw_zero +
+                      dc.qg_hop1 / (j.qg_hops2 > 1 ? j.bw_secondary : j.bw_zero) +
+                      dc.qg_hop2 / j.bw_zero,
                ag_s = (g.all_gather - dc.secondary_gather) / j.bw_zero +
                       dc.secondary_gather / j.bw_secondary,
                ar_s = dc.replica_all_reduce / j.bw_dp;
@@ -1031,7 +1138,7 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   // ep's dispatch and combine all-to-alls (their bytes counted with dp): MoeMlp waits for each
   // before it goes on (engine/model/blocks.cpp), so none of it hides behind compute, and it is
   // on every micro-batch's path through the pipeline.
-  s.ep_s = g.all_to_all / j.bw_ep;
+  s.ep_s = (g.all_to_all - dc.qg_hop1 - dc.qg_hop2) / j.bw_ep;
   s.optimizer_s = (28 * (dc.adam_owned + dc.muon_owned) + (j.sixteen ? 4 * dc.whole : 0)) /
                       j.hw.memory_bandwidth +
                   dc.muon_flops / j.eff_peak;

@@ -103,14 +103,15 @@ std::string layout_text(const Config& cfg, int world) {
     if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
     if (!p.pp_layers.empty()) s += concat(" layers ", split_text(p.pp_layers));
   }
-  s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
-              ", zero ", p.zero_stage,
-              p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
-              p.zero_hierarchical_partition > 0
-                  ? concat(" secondary over ", p.zero_hierarchical_partition)
-                  : std::string(),
-              ", recompute ", kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ",
-              cfg.train.micro_batch_size);
+  s += concat(
+      ", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(), ", zero ",
+      p.zero_stage,
+      p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
+      p.zero_hierarchical_partition > 0 ? concat(" secondary over ", p.zero_hierarchical_partition)
+                                        : std::string(),
+      p.zero_quantized_weights ? " int8 weights" : "",
+      p.zero_quantized_gradients ? " int4 gradients" : "", ", recompute ",
+      kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ", cfg.train.micro_batch_size);
   return s;
 }
 
@@ -119,8 +120,9 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   SearchResult out;
   const int per_node = hw.devices_per_node > 0 ? hw.devices_per_node : world;
   const int64_t L = base.model.n_layers, T = base.model.seq_len, gbs = base.train.global_batch_size;
-  // ZeRO++'s quantised weights, kept from the config on the stage-3 candidates.
+  // ZeRO++'s quantised weights and gradients, kept from the config on the stage-3 candidates.
   const bool qwz = base.parallel.zero_quantized_weights;
+  const bool qgz = base.parallel.zero_quantized_gradients;
   const int64_t qwz_block = base.parallel.zero_quant_block;
   // Context parallelism pays from long sequences on: cp > 1 is tried from 8192 positions.
   std::vector<LayoutShape> shapes;
@@ -203,8 +205,9 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.cfg.parallel.zero_stage = zero;
               c.cfg.parallel.zero_shard_group = shard_group;
               c.cfg.parallel.zero_hierarchical_partition = hpz;
-              // qwZ stays the config's choice (it changes the numbers), on stage 3 only.
+              // qwZ and qgZ stay the config's choice (they change the numbers), on stage 3 only.
               c.cfg.parallel.zero_quantized_weights = zero == 3 && qwz;
+              c.cfg.parallel.zero_quantized_gradients = zero == 3 && qgz;
               c.cfg.parallel.zero_quant_block = zero == 3 ? qwz_block : 256;
               c.cfg.train.micro_batch_size = mbs;
               c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
@@ -224,6 +227,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.sets.push_back(concat("parallel.zero_hierarchical_partition=", hpz));
               c.sets.push_back(concat("parallel.zero_quantized_weights=",
                                       c.cfg.parallel.zero_quantized_weights ? "true" : "false"));
+              c.sets.push_back(concat("parallel.zero_quantized_gradients=",
+                                      c.cfg.parallel.zero_quantized_gradients ? "true" : "false"));
               c.sets.push_back(
                   concat("parallel.zero_quant_block=", c.cfg.parallel.zero_quant_block));
               c.sets.push_back(concat("train.micro_batch_size=", mbs));

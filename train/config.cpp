@@ -237,6 +237,7 @@ const std::vector<Section>& sections() {
                     .add("zero_stage", &P::zero_stage)
                     .add("zero_shard_group", &P::zero_shard_group)
                     .add("zero_quantized_weights", &P::zero_quantized_weights)
+                    .add("zero_quantized_gradients", &P::zero_quantized_gradients)
                     .add("zero_quant_block", &P::zero_quant_block)
                     .add("zero_hierarchical_partition", &P::zero_hierarchical_partition)
                     .add("sequence_parallel", &P::sequence_parallel)
@@ -506,6 +507,7 @@ MeshShape mesh_shape(const ParallelConfig& p, int world) {
 const std::vector<std::string>& ddp_overrides() {
   static const std::vector<std::string> sets{"parallel.zero_stage=0", "parallel.zero_shard_group=0",
                                              "parallel.zero_quantized_weights=false",
+                                             "parallel.zero_quantized_gradients=false",
                                              "parallel.zero_quant_block=256",
                                              "parallel.zero_hierarchical_partition=0"};
   return sets;

@@ -104,6 +104,27 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     secondary_ = alloc.allocate(static_cast<size_t>(total) * dtype_size(t), MemCategory::params);
     ops::fill_zero(secondary_.tensor({total}, t));  // (padding rows: gathered, never read)
   }
+  // qgZ: the first hop within hpZ's groups where they cut the shard group (then the second across
+  // them, among the ranks at the same place), else one hop over the shard group.
+  if (cfg.zero_quantized_gradients) {
+    LLMT_CHECK(zero_stage() == 3, "qgZ quantises ZeRO-3's reduce-scatters, not stage ",
+               zero_stage(), "'s");
+    grad_quant_block_ = cfg.zero_quant_block;
+    for (int k = 0; k < kParts; ++k) {
+      const size_t kk = static_cast<size_t>(k);
+      if (!grad_groups_[kk]) continue;
+      Communicator* inner = secondary_group_[kk];
+      if (inner && inner->size() < n_[k]) {
+        qg1_[kk] = inner;
+        qg2_[kk] = &mesh.zero_cross_group(GradGroup::of_index(k), spec.ep_size, replicas,
+                                          dp / static_cast<int>(cfg.zero_hierarchical_partition));
+        LLMT_CHECK(qg1_[kk]->size() * qg2_[kk]->size() == n_[k], "qgZ's hops over ",
+                   qg1_[kk]->size(), " and ", qg2_[kk]->size(), " ranks, its group has ", n_[k]);
+      } else {
+        qg1_[kk] = grad_groups_[kk];
+      }
+    }
+  }
   const size_t shard_bytes = static_cast<size_t>(shard_total) * 4;
   const DType gt = model.storage().grad_dtype;  // the gradients' type: f32 or 16-bit
   if (zero_stage() >= 2)
@@ -214,12 +235,13 @@ Zero::Cut Zero::secondary_cut(const Unit& u, int part) const {
 }
 
 void Zero::pack(Tensor dst, const Cut& c, int part, const std::vector<Tensor>& views,
-                bool all_ranks) {
+                bool all_ranks, int chunk) {
   const int me = c.me, n = c.n;
   const int64_t numel = c.numel;
   const size_t es = dtype_size(dst.dtype);  // f32, or 16-bit compute weights
   for (int r = all_ranks ? 0 : me; r < (all_ranks ? n : me + 1); ++r) {
-    char* block = static_cast<char*>(dst.data) + (all_ranks ? r * numel : 0) * es;
+    const int64_t at = chunk > 0 ? (r % chunk) * (n / chunk) + r / chunk : r;
+    char* block = static_cast<char*>(dst.data) + (all_ranks ? at * numel : 0) * es;
     for (const Param& p : *c.params) {
       const int64_t own = p.part == part ? p.own_rows_of(r) : 0;
       if (own == 0) continue;
@@ -289,11 +311,11 @@ void Zero::start_gather(int unit) {
               DType::f32, alloc_.device());
     Communicator& g = *grad_groups_[static_cast<size_t>(k)];
     if (quant_block_ > 0) {  // qwZ: int8 blocks of the fp32 master rows
-      const int64_t w = ops::int8_packed_words(part.shard_numel, quant_block_);
+      const int64_t w = ops::int_packed_words(part.shard_numel, quant_block_, 8);
       part.send = alloc_.allocate(static_cast<size_t>(w) * 4, MemCategory::comm);
       part.packed = alloc_.allocate(static_cast<size_t>(w * n_[k]) * 4, MemCategory::comm);
-      ops::quantize_int8(part.send.tensor({1, w}, DType::i32), in.view({1, part.shard_numel}),
-                         quant_block_);
+      ops::quantize_int(part.send.tensor({1, w}, DType::i32), in.view({1, part.shard_numel}),
+                        quant_block_, 8);
       part.gather = g.all_gather(part.packed.tensor({w * n_[k]}, DType::i32),
                                  part.send.tensor({w}, DType::i32));
       continue;
@@ -330,11 +352,11 @@ void Zero::finish_gather(int unit) {
       continue;
     }
     if (quant_block_ > 0) {  // every rank's int8 blocks back into the compute type
-      const int64_t w = ops::int8_packed_words(part.shard_numel, quant_block_);
+      const int64_t w = ops::int_packed_words(part.shard_numel, quant_block_, 8);
       part.staging = alloc_.allocate(static_cast<size_t>(part.shard_numel * n_[k]) * dtype_size(t),
                                      MemCategory::comm);
-      ops::dequantize_int8(part.staging.tensor({n_[k], part.shard_numel}, t),
-                           part.packed.tensor({n_[k], w}, DType::i32), quant_block_);
+      ops::dequantize_int(part.staging.tensor({n_[k], part.shard_numel}, t),
+                          part.packed.tensor({n_[k], w}, DType::i32), quant_block_, 8);
       part.packed.reset();
       part.send.reset();
     }
@@ -389,14 +411,88 @@ void Zero::start_reduce(int unit) {
     red.part = k;
     red.packed = alloc_.allocate(static_cast<size_t>(numel * n_[k]) * es, MemCategory::comm);
     red.out = alloc_.allocate(static_cast<size_t>(numel) * es, MemCategory::comm);
-    pack(red.packed.tensor({numel * n_[k]}, gt), primary_cut(u, k), k, model_.grads(), true);
-    red.handle = grad_groups_[static_cast<size_t>(k)]->reduce_scatter(
-        red.out.tensor({numel}, gt), red.packed.tensor({numel * n_[k]}, gt));
+    const Tensor packed = red.packed.tensor({numel * n_[k]}, gt);
+    Communicator* second = qg2_[static_cast<size_t>(k)];
+    pack(packed, primary_cut(u, k), k, model_.grads(), true,
+         second ? qg1_[static_cast<size_t>(k)]->size() : 0);
+    if (grad_quant_block_ > 0)
+      start_quantized(red, packed);
+    else
+      red.handle =
+          grad_groups_[static_cast<size_t>(k)]->reduce_scatter(red.out.tensor({numel}, gt), packed);
     reductions_.push_back(std::move(red));
   }
   u.grad_staging.reset();  // stages 2-3: the gradients now live in `packed`
   // At most two units' reductions in flight: bounds the packed staging to two units.
   complete_reductions(2);
+}
+
+// qgZ's int4 blocks: each of the n ranks' (padded) shards of the part quantised as a row of its
+// own, in the order pack laid them out (for two hops, by the owner's place in its chunk), sent
+// to the first hop's ranks (n / its size rows each).
+void Zero::start_quantized(Reduction& red, Tensor packed) {
+  const size_t k = static_cast<size_t>(red.part);
+  const int n = n_[k];
+  const int64_t numel = packed.numel() / n, w = ops::int_packed_words(numel, grad_quant_block_, 4);
+  red.send = alloc_.allocate(static_cast<size_t>(n * w) * 4, MemCategory::comm);
+  ops::quantize_int(red.send.tensor({n, w}, DType::i32), packed.view({n, numel}), grad_quant_block_,
+                    4);
+  red.packed.reset();
+  red.recv = alloc_.allocate(static_cast<size_t>(n * w) * 4, MemCategory::comm);
+  red.handle = qg1_[k]->all_to_all(red.recv.tensor({n * w}, DType::i32),
+                                   red.send.tensor({n * w}, DType::i32));
+  red.hop = 1;
+}
+
+namespace {
+// rows (S, L) f32: row 0 += rows 1..S-1, in order.
+void sum_rows_into_first(Tensor rows) {
+  for (int64_t r = 1; r < rows.shape[0]; ++r)
+    ops::add_inplace(rows.rows(0, 1), rows.rows(r, r + 1));
+}
+}  // namespace
+
+// qgZ's second hop: the first hop brought, from each of the chunk's n1 ranks, the C = n / n1
+// blocks owned by the ranks at this rank's place (one per chunk); their sums, quantised again,
+// go to those ranks (the cross group, in chunk order).
+void Zero::advance(Reduction& red) {
+  const size_t k = static_cast<size_t>(red.part);
+  if (red.hop != 1 || !qg2_[k]) return;
+  red.handle.wait();
+  red.send.reset();
+  const int n = n_[k], n1 = qg1_[k]->size(), C = n / n1;
+  const int64_t numel = units_[static_cast<size_t>(red.unit)].parts[k].shard_numel,
+                w = ops::int_packed_words(numel, grad_quant_block_, 4);
+  Buffer deq = alloc_.allocate(static_cast<size_t>(n * numel) * 4, MemCategory::comm);
+  ops::dequantize_int(deq.tensor({n, numel}, DType::f32), red.recv.tensor({n, w}, DType::i32),
+                      grad_quant_block_, 4);
+  red.recv.reset();
+  sum_rows_into_first(deq.tensor({n1, C * numel}, DType::f32));
+  red.send = alloc_.allocate(static_cast<size_t>(C * w) * 4, MemCategory::comm);
+  ops::quantize_int(red.send.tensor({C, w}, DType::i32),
+                    deq.tensor({C * numel}, DType::f32).view({C, numel}), grad_quant_block_, 4);
+  deq.reset();
+  red.recv = alloc_.allocate(static_cast<size_t>(C * w) * 4, MemCategory::comm);
+  red.handle = qg2_[k]->all_to_all(red.recv.tensor({C * w}, DType::i32),
+                                   red.send.tensor({C * w}, DType::i32));
+  red.hop = 2;
+}
+
+// The last hop's blocks (from every rank, or from every chunk), dequantised and summed into `out`.
+void Zero::finish_quantized(Reduction& red) {
+  const size_t k = static_cast<size_t>(red.part);
+  red.handle.wait();
+  red.send.reset();
+  const int from = red.hop == 2 ? qg2_[k]->size() : n_[k];
+  const int64_t numel = units_[static_cast<size_t>(red.unit)].parts[k].shard_numel,
+                w = ops::int_packed_words(numel, grad_quant_block_, 4);
+  Buffer deq = alloc_.allocate(static_cast<size_t>(from * numel) * 4, MemCategory::comm);
+  const Tensor rows = deq.tensor({from, numel}, DType::f32);
+  ops::dequantize_int(rows, red.recv.tensor({from, w}, DType::i32), grad_quant_block_, 4);
+  red.recv.reset();
+  sum_rows_into_first(rows);
+  ops::convert(red.out.tensor({numel}, model_.storage().grad_dtype), rows.rows(0, 1).view({numel}));
+  red.hop = 0;
 }
 
 void Zero::complete_reductions(size_t keep) {
@@ -406,8 +502,17 @@ void Zero::complete_reductions(size_t keep) {
       n += k == 0 || reductions_[k].unit != reductions_[k - 1].unit;
     return n;
   };
+  // A unit's reductions are a run of entries (its parts). qgZ: the second hop of every run's but
+  // the newest's (its first hop had a unit's backward to finish in); of the oldest's as it
+  // completes (plan's ZeroReplay does the same).
+  size_t older = reductions_.size();
+  while (older > 0 && reductions_[older - 1].unit == reductions_.back().unit) --older;
+  for (size_t i = 0; i < older; ++i) advance(reductions_[i]);
   while (units_in_flight() > keep) {
     Reduction& red = reductions_.front();
+    for (size_t i = 0; i < reductions_.size() && reductions_[i].unit == red.unit; ++i)
+      advance(reductions_[i]);
+    if (red.hop > 0) finish_quantized(red);
     red.handle.wait();
     const Unit& u = units_[static_cast<size_t>(red.unit)];
     const Part& part = u.parts[static_cast<size_t>(red.part)];

@@ -50,9 +50,21 @@
 //
 // Quantised weights (parallel.zero_quantized_weights, ZeRO++'s qwZ): stage 3 all-gathers each
 // part's shard as int8 codes with an fp32 scale per block of zero_quant_block values
-// (ops::quantize_int8 of the fp32 master rows, about 1 byte a weight) and dequantises what it
-// gathered into the compute type; forward and backward gather the same codes, so both use the
+// (ops::quantize_int in 8 bits of the fp32 master rows, about 1 byte a weight) and dequantises what
+// it gathered into the compute type; forward and backward gather the same codes, so both use the
 // same weights. The master weights, gradients and optimizer stay exact.
+//
+// Quantised gradients (parallel.zero_quantized_gradients, ZeRO++'s qgZ): stage 3 reduce-scatters
+// each part's gradients as int4 codes with an fp32 scale per block of zero_quant_block values
+// (ops::quantize_int in 4 bits, each rank's block quantised apart), by all-to-all. One hop: every
+// rank of the group sends each other rank its block's codes, and each sums the n dequantised
+// blocks it receives in fp32, in rank order. Two hops (with hpZ, whose groups of N ranks are the
+// first hop's; the paper's hierarchical all-to-all): a rank of chunk c at place l of the group
+// (rank c N + l) packs the blocks by their owner's place first ([l'][c']), so that an all-to-all
+// within the chunk brings it the chunk's blocks of every rank at place l; it sums those, quantises
+// the sums again and all-to-alls them across the chunks among the ranks at place l
+// (Mesh::zero_cross_group), whose sum is its own rows'. The second hop starts when the next unit's
+// reduction does; the sum lands where the reduce-scatter's would.
 //
 // Hierarchical partitioning (parallel.zero_hierarchical_partition = N, ZeRO++'s hpZ): stage 3
 // keeps a secondary copy of the weights in the compute type, each unit's part cut over chunks
@@ -106,7 +118,7 @@ class Zero final : public DataParallel, private ZeroSequence {
     int64_t shard_begin = 0;  // offset in the shard buffers
     // Stage 3: the in-flight all-gather of the part's shards into `staging` (in 16-bit
     // precision from `send`, the shards rounded to the compute type). Quantised (qwZ): `send`
-    // holds this rank's shard as int8 blocks (ops::quantize_int8), gathered into `packed`, which
+    // holds this rank's shard as int8 blocks (ops::quantize_int), gathered into `packed`, which
     // finish_gather dequantises into `staging`.
     Buffer staging, send, packed;
     Handle gather;
@@ -139,14 +151,20 @@ class Zero final : public DataParallel, private ZeroSequence {
     int unit, part;
     Handle handle;
     Buffer packed, out;
+    // qgZ: the all-to-all in flight (1: the first hop, 2: the second; 0: a reduce-scatter) and
+    // its int4 blocks sent and received.
+    int hop = 0;
+    Buffer send, recv;
   };
 
   const Param& param_of(size_t i) const;
   static Tensor as_rows(Tensor t, const Param& p);
   Tensor shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t rows) const;
   // dst (rank-major, n x numel of the cut) <- rows of each of the part's params' views
-  // (spec-order `views`); only this rank's block unless `all_ranks`.
-  void pack(Tensor dst, const Cut& c, int part, const std::vector<Tensor>& views, bool all_ranks);
+  // (spec-order `views`); only this rank's block unless `all_ranks`. `chunk` > 0 (qgZ's two
+  // hops): rank r's block at place (r % chunk) * (n / chunk) + r / chunk instead.
+  void pack(Tensor dst, const Cut& c, int part, const std::vector<Tensor>& views, bool all_ranks,
+            int chunk = 0);
   // views <- src (rank-major).
   void unpack(const std::vector<Tensor>& views, Tensor src, const Cut& c, int part);
   std::vector<Tensor> unit_views(const Unit& u, Tensor gathered) const;
@@ -160,6 +178,11 @@ class Zero final : public DataParallel, private ZeroSequence {
   void start_reduce(int unit) override;
   void complete_reductions(size_t keep) override;
   void poll() override;
+  // qgZ: a reduction's gradient blocks quantised and its first all-to-all started; its second
+  // started (once the first is done); the received blocks summed into `out`.
+  void start_quantized(Reduction& red, Tensor packed);
+  void advance(Reduction& red);
+  void finish_quantized(Reduction& red);
   void init_shards(uint64_t seed);
   void gather_into(const std::vector<Tensor>& dst);
 
@@ -171,6 +194,10 @@ class Zero final : public DataParallel, private ZeroSequence {
   std::array<Communicator*, kParts> replica_{};
   std::vector<Handle> replica_reduces_;
   int64_t quant_block_ = 0;  // qwZ's block (parallel.zero_quant_block), 0: not quantised
+  // qgZ's block (0: the gradients are reduce-scattered), and each part's first-hop and second-hop
+  // groups (qg2_ nullptr: one hop).
+  int64_t grad_quant_block_ = 0;
+  std::array<Communicator*, kParts> qg1_{}, qg2_{};
   // hpZ: each part's secondary group (nullptr: hpZ off, or an unused part), its size and this
   // rank's place, and every unit's secondary rows (compute type, counted as params).
   std::array<Communicator*, kParts> secondary_group_{};

@@ -112,6 +112,7 @@ std::vector<Communicator*> Mesh::communicators() const {
   for (const auto& [key, h] : hybrid_)
     for (const auto* c : {&h.shard, &h.replica})
       if (*c) out.push_back(c->get());
+  for (const auto& [key, c] : cross_) out.push_back(c.get());
   return out;
 }
 
@@ -163,8 +164,26 @@ Communicator& Mesh::hybrid_group(GradGroup g, int ep, int replicas, bool replica
   LLMT_CHECK(replicas >= 1 && base.size() % replicas == 0, "ZeRO's ", replicas,
              " replicas do not divide the ", base.name(), " group of ", base.size(), " ranks");
   const int chunk = base.size() / replicas, r = base.rank();
-  c = replica ? base.split(r % chunk, r / chunk, base.name() + "_replica")
-              : base.split(r / chunk, r % chunk, base.name() + "_shard");
+  // Another cut of this group made already: the new one's name tells its size.
+  bool second = false;
+  for (const auto& [key, other] : hybrid_)
+    second |=
+        key.first == g.index() && key.second != replicas && (replica ? other.replica : other.shard);
+  const std::string name = base.name() + (replica ? "_replica" : "_shard") +
+                           (second ? std::to_string(replica ? replicas : chunk) : "");
+  c = replica ? base.split(r % chunk, r / chunk, name) : base.split(r / chunk, r % chunk, name);
+  return *c;
+}
+
+Communicator& Mesh::zero_cross_group(GradGroup g, int ep, int replicas, int chunks) {
+  if (replicas == 1) return zero_replica_group(g, ep, chunks);
+  std::unique_ptr<Communicator>& c = cross_[{g.index(), replicas, chunks}];
+  if (c) return *c;
+  Communicator& shard = zero_shard_group(g, ep, replicas);
+  LLMT_CHECK(chunks % replicas == 0 && shard.size() % (chunks / replicas) == 0, "qgZ's ", chunks,
+             " chunks do not cut the ", shard.name(), " group of ", shard.size(), " ranks");
+  const int chunk = shard.size() / (chunks / replicas), r = shard.rank();
+  c = shard.split(r % chunk, r / chunk, grad_group(g, ep).name() + "_cross");
   return *c;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,8 +79,14 @@ class Mesh {
   // group's size; the shard group of 1 replica is the group itself (ask for replica groups only
   // with replicas > 1). Each is made on its first use (a collective over the group). hpZ's
   // secondary groups (zero.h) are shard groups too.
+  // A second cut of the same group (hpZ's or qgZ's chunks beside hybrid sharding's) is named
+  // with its group's size after the suffix ("dp_shard2"), so every counter has its own name.
   Communicator& zero_shard_group(GradGroup g, int ep, int replicas);
   Communicator& zero_replica_group(GradGroup g, int ep, int replicas);
+  // qgZ's second hop: within zero_shard_group(g, ep, replicas), the ranks at the same place of
+  // each of its chunks of the cut into `chunks` (chunks a multiple of replicas): the
+  // replica group of `chunks` when replicas is 1, else split from the shard group ("NAME_cross").
+  Communicator& zero_cross_group(GradGroup g, int ep, int replicas, int chunks);
   // Every communicator of this rank's: one per axis, then the groups made so far (counters).
   std::vector<Communicator*> communicators() const;
 
@@ -97,6 +104,7 @@ class Mesh {
   };
   Communicator& hybrid_group(GradGroup g, int ep, int replicas, bool replica);
   std::map<std::pair<int, int>, HybridGroups> hybrid_;  // by (GradGroup::index(), replicas)
+  std::map<std::tuple<int, int, int>, std::unique_ptr<Communicator>> cross_;  // (g, R, chunks)
   std::unique_ptr<Communicator> ep_group_, edp_group_, edp_tp_group_;
 };
 

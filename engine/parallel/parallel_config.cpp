@@ -85,13 +85,21 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
             concat("parallel.zero_quantized_weights=true quantises ZeRO-3's all-gathers of the "
                    "weights, but parallel.zero_stage=",
                    p.zero_stage, "; set zero_stage to 3"));
+  r.require(!p.zero_quantized_gradients || p.zero_stage == 3,
+            {"parallel.zero_quantized_gradients", "parallel.zero_stage"},
+            concat("parallel.zero_quantized_gradients=true quantises ZeRO-3's reduce-scatters of "
+                   "the gradients, but parallel.zero_stage=",
+                   p.zero_stage, "; set zero_stage to 3"));
   r.require(p.zero_quant_block >= 1, {"parallel.zero_quant_block"},
             concat("parallel.zero_quant_block=", p.zero_quant_block, " must be >= 1"));
-  r.require(p.zero_quant_block == 256 || p.zero_quant_block < 1 || p.zero_quantized_weights,
-            {"parallel.zero_quant_block", "parallel.zero_quantized_weights"},
+  r.require(p.zero_quant_block == 256 || p.zero_quant_block < 1 || p.zero_quantized_weights ||
+                p.zero_quantized_gradients,
+            {"parallel.zero_quant_block", "parallel.zero_quantized_weights",
+             "parallel.zero_quantized_gradients"},
             concat("parallel.zero_quant_block=", p.zero_quant_block,
-                   " sets the blocks of parallel.zero_quantized_weights, which is false: set it "
-                   "to true, or leave zero_quant_block at 256"));
+                   " sets the blocks of parallel.zero_quantized_weights and "
+                   "zero_quantized_gradients, which are false: set one to true, or leave "
+                   "zero_quant_block at 256"));
   r.require(p.zero_hierarchical_partition >= 0, {"parallel.zero_hierarchical_partition"},
             concat("parallel.zero_hierarchical_partition=", p.zero_hierarchical_partition,
                    " must be >= 1 (the dp ranks of a secondary group), or 0 for none"));

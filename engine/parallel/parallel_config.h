@@ -34,9 +34,15 @@ struct ParallelConfig {
   // once a step; 0 = one group of every dp rank (plain ZeRO). Divides dp; zero_stage >= 1.
   int64_t zero_shard_group = 0;
   // ZeRO++'s qwZ (Wang et al. 2023): ZeRO-3 all-gathers the weights as int8 codes with an fp32
-  // scale per block of zero_quant_block values (ops::quantize_int8) instead of the compute type.
+  // scale per block of zero_quant_block values (ops::quantize_int, 8 bits) instead of the compute
+  // type.
   bool zero_quantized_weights = false;
-  int64_t zero_quant_block = 256;
+  // ZeRO++'s qgZ: ZeRO-3 reduce-scatters the gradients as int4 codes with an fp32 scale per block
+  // of zero_quant_block values (ops::quantize_int, 4 bits), by all-to-all: one hop over the shard
+  // group, or with hpZ two, within zero_hierarchical_partition's groups, then across them (the
+  // paper's hierarchical all-to-all); each hop sums the dequantised values in fp32.
+  bool zero_quantized_gradients = false;
+  int64_t zero_quant_block = 256;  // qwZ's and qgZ's block
   // ZeRO++'s hpZ: ZeRO-3 keeps a secondary copy of the weights (compute type) sharded within
   // groups of this many consecutive dp ranks (x cp), so that every gather of a unit after its
   // first since the update stays inside the group; 0 = off. Divides dp.

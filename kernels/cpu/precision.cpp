@@ -13,7 +13,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/kernel_util.h"
 #include "kernels/fp8_math.h"
-#include "kernels/int8_math.h"
+#include "kernels/int_quant_math.h"
 
 namespace llmt::cpu {
 namespace {
@@ -158,25 +158,25 @@ void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int
   });
 }
 
-void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B) {
-  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+void quantize_int(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B, int bits) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int_block_words(B, bits);
   parallel_for(S * nb, std::max<int64_t>(1, grain_rows(B)), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t row = k / nb, b = k % nb, len = std::min(B, L - b * B);
-      kernel_math::int8_quantize_block(packed + k * bw, in + row * L + b * B, len, bw);
+      kernel_math::int_quantize_block(packed + k * bw, in + row * L + b * B, len, bw, bits);
     }
   });
 }
 
-void dequantize_int8(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B) {
-  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+void dequantize_int(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B, int bits) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int_block_words(B, bits);
   parallel_for(S * nb, std::max<int64_t>(1, grain_rows(B)), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t row = k / nb, b = k % nb, len = std::min(B, L - b * B);
       const int32_t* w = packed + k * bw;
-      const float s = kernel_math::int8_bits_float(w[0]);
+      const float s = kernel_math::int_bits_float(w[0]);
       float* o = out + row * L + b * B;
-      for (int64_t j = 0; j < len; ++j) o[j] = kernel_math::int8_value(w + 1, j, s);
+      for (int64_t j = 0; j < len; ++j) o[j] = kernel_math::int_value(w + 1, j, s, bits);
     }
   });
 }

@@ -9,7 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/fp8_math.h"
-#include "kernels/int8_math.h"
+#include "kernels/int_quant_math.h"
 
 namespace llmt::cuda {
 namespace {
@@ -113,20 +113,20 @@ void fp8_quantize(float* out, const float* in, const float* amax, int64_t M, int
 }
 
 // One thread per block of values (the codes of a block share their words).
-void quantize_int8(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B) {
-  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+void quantize_int(int32_t* packed, const float* in, int64_t S, int64_t L, int64_t B, int bits) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int_block_words(B, bits);
   for_each(S * nb, [=] __device__(int64_t k) {
     const int64_t row = k / nb, b = k % nb, len = min(B, L - b * B);
-    kernel_math::int8_quantize_block(packed + k * bw, in + row * L + b * B, len, bw);
+    kernel_math::int_quantize_block(packed + k * bw, in + row * L + b * B, len, bw, bits);
   });
 }
 
-void dequantize_int8(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B) {
-  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int8_block_words(B);
+void dequantize_int(float* out, const int32_t* packed, int64_t S, int64_t L, int64_t B, int bits) {
+  const int64_t nb = (L + B - 1) / B, bw = kernel_math::int_block_words(B, bits);
   for_each(S * L, [=] __device__(int64_t e) {
     const int64_t row = e / L, i = e % L, b = i / B;
     const int32_t* w = packed + (row * nb + b) * bw;
-    out[e] = kernel_math::int8_value(w + 1, i % B, kernel_math::int8_bits_float(w[0]));
+    out[e] = kernel_math::int_value(w + 1, i % B, kernel_math::int_bits_float(w[0]), bits);
   });
 }
 

@@ -38,15 +38,16 @@ dist="$("$llmtrain" eval --checkpoint "$work/dist-ck" --set train.threads=1 | lo
 echo "tp2 distributed run: val $dist_val, eval at one rank $dist"
 awk -v a="$dist" -v b="$dist_val" 'BEGIN {d = (a - b) / b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' ||
   { echo "FAIL: eval of the distributed run is not within 1e-6 of its val"; fail=1; }
-# A ZeRO-3 run with ZeRO++'s quantised weights (blocks of 64) and hierarchical partitioning at
-# dp 2: eval resets its ZeRO options to run at one rank (exact weights: another loss than the
+# A ZeRO-3 run with ZeRO++'s quantised weights and gradients (blocks of 64) and hierarchical
+# partitioning at dp 2: eval resets its ZeRO options to run at one rank (exact weights: another loss than the
 # run's val, which the quantised gathers computed), and at dp 2 with the same quantisation gives
 # the run's val within 1e-6.
 "$mpirun" --oversubscribe -np 2 "$llmtrain" train --config "$config" -q --set train.steps=2 \
   --set train.eval_interval=2 --set train.eval_iters=2 --set train.run_dir=\""$work/zpp"\" \
   --set checkpoint.dir=\""$work/zpp-ck"\" --set checkpoint.interval=2 --set optimizer.warmup_steps=1 \
   --set train.threads=1 --set parallel.zero_stage=3 --set parallel.zero_quantized_weights=true \
-  --set parallel.zero_quant_block=64 --set parallel.zero_hierarchical_partition=1 > /dev/null
+  --set parallel.zero_quant_block=64 --set parallel.zero_hierarchical_partition=1 \
+  --set parallel.zero_quantized_gradients=true > /dev/null
 zpp_val="$(grep '"step": 2,' "$work/zpp/metrics.jsonl" | sed 's/.*"val_loss": \([^,}]*\).*/\1/')"
 zpp_one="$("$llmtrain" eval --checkpoint "$work/zpp-ck" --set train.threads=1 | loss_of)"
 zpp_dp2="$("$mpirun" --oversubscribe -np 2 "$llmtrain" eval --checkpoint "$work/zpp-ck" \

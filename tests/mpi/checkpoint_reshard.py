@@ -63,6 +63,7 @@ def reshard(args, src, dst, layout, base):
               "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
               "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.zero_stage=0",
               "parallel.zero_shard_group=0", "parallel.zero_quantized_weights=false",
+              "parallel.zero_quantized_gradients=false",
               "parallel.zero_quant_block=256", "parallel.zero_hierarchical_partition=0",
               "parallel.sequence_parallel=false", "train.micro_batch_size=2"] + sets + base:
         cmd += ["--set", s]

@@ -10,7 +10,8 @@ shards are uneven and padded), accum4-dp2 (micro-batch 1: four accumulation step
 cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp, dropout and
 selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks), qw16-...
 (ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike),
-hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks). Prints one line: layout, max relative differences."""
+hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks), qg1-...
+(ZeRO-3 with int4 gradient all-to-alls in blocks of 1, against the plain single rank). Prints one line: layout, max relative differences."""
 import os
 
 import numpy as np
@@ -24,6 +25,11 @@ BIAS = ["model.moe.balance=bias", "model.moe.bias_update_rate=0.01"]
 # DeepSeek-V3's router: sigmoid scores, bias balancing, group-limited (1 of 2 groups), scaled.
 GROUP = BIAS + ["model.moe.router=sigmoid", "model.moe.n_group=2", "model.moe.topk_group=1",
                 "model.moe.routed_scaling_factor=2.5"]
+# qgZ with blocks of one value: each value its own scale (|v| / 7, code +-7), read back within an
+# ulp, so the quantised all-to-alls sum what the reduce-scatter sums and any misrouted block
+# shows (against the plain single-rank run).
+QG1 = ["parallel.zero_stage=3", "parallel.zero_quantized_gradients=true",
+       "parallel.zero_quant_block=1"]
 QW16 = ["parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
         "parallel.zero_quant_block=16", "optimizer.lr=1e-30", "optimizer.min_lr=0"]
 LAYOUTS = {
@@ -240,6 +246,23 @@ LAYOUTS = {
     "hpz1-tp2-sp-zero3-dp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
                                   "parallel.zero_stage=3",
                                   "parallel.zero_hierarchical_partition=1"], []),
+    # ZeRO++'s quantised gradients (qgZ, blocks of 1: QG1): one all-to-all over the group; two
+    # with hpZ's groups (within pairs, then across: dp 4 and hpZ 2), inside hybrid sharding's
+    # shard groups (hpZ 1: a first hop of one rank, then across the pair), over ep's edp groups,
+    # with accumulation, pp, cp and tp.
+    "qg1-zero3-dp4": (4, QG1, []),
+    "qg1-zero3-dp3": (3, QG1, GBS6),
+    "qg1-hpz2-zero3-dp4": (4, QG1 + ["parallel.zero_hierarchical_partition=2"], []),
+    "qg1-hpz2-zero3-dp4-accum": (4, QG1 + ["parallel.zero_hierarchical_partition=2",
+                                           "train.micro_batch_size=1"], []),
+    "qg1-hpz1-hsdp2-zero3-dp4": (4, QG1 + ["parallel.zero_hierarchical_partition=1",
+                                           "parallel.zero_shard_group=2"], []),
+    "qg1-pp2-zero3-dp2": (4, QG1 + ["parallel.pp=2"], []),
+    "qg1-hpz1-cp2-zero3-dp2": (4, QG1 + ["parallel.cp=2",
+                                         "parallel.zero_hierarchical_partition=1"], []),
+    "qg1-hpz2-ep2-zero3-dp4": (4, QG1 + ["parallel.ep=2",
+                                         "parallel.zero_hierarchical_partition=2"], []),
+    "qg1-tp2-sp-zero3-dp2": (4, QG1 + ["parallel.tp=2", "parallel.sequence_parallel=true"], []),
     # Capacity dropping at a fixed dp 4: ep 1, 2 and 4 must give the same losses.
     "capacity-ep2-dp4": (4, ["parallel.ep=2"], ["model.moe.capacity_factor=1.0"]),
     "capacity-ep4-dp4": (4, ["parallel.ep=4"], ["model.moe.capacity_factor=1.0"]),

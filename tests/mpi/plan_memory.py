@@ -173,6 +173,23 @@ LAYOUTS = {  # name: (ranks, sets)
                                "parallel.zero_hierarchical_partition=2"]),
     "pp2-hpz1-zero3-dp2": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=3",
                                "parallel.zero_hierarchical_partition=1"]),
+    # ZeRO++'s qgZ: the gradients' int4 all-to-alls (packed gradients, blocks sent and received,
+    # dequantised sums) instead of the reduce-scatters; one hop over dp, two with hpZ's pairs
+    # (within "dp_shard", across "dp_replica"), inside hybrid sharding's shard groups ("dp_cross").
+    "zero3-dp4-qg": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                         "parallel.zero_quantized_gradients=true", "parallel.zero_quant_block=64"]),
+    "hpz2-zero3-dp4-accum-qg-bf16": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                                         "parallel.zero_hierarchical_partition=2",
+                                         "parallel.zero_quantized_gradients=true",
+                                         "train.global_batch_size=16", "train.precision=bf16"]),
+    "hsdp2-hpz1-zero3-dp4-qg-gradc": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                                          "parallel.zero_shard_group=2",
+                                          "parallel.zero_hierarchical_partition=1",
+                                          "parallel.zero_quantized_gradients=true",
+                                          "train.precision=bf16", "train.grad_dtype=compute"]),
+    "ep2-hpz2-zero3-dp4-qg": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3",
+                                  "parallel.zero_hierarchical_partition=2",
+                                  "parallel.zero_quantized_gradients=true"]),
 }
 # --layouts moe: what a mixture-of-experts config can run.
 MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-dp3", "pp2",
@@ -184,7 +201,8 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-tp2-sp-full", "tp2-sp-bf16", "tp2-sp-full-fp16", "zero2-dp2-accum2-fp16",
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
-               "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4"]
+               "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4",
+               "ep2-hpz2-zero3-dp4-qg"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
@@ -204,8 +222,9 @@ def counted(comm, axis):
     pp."""
     total = {k: 0 for k in KINDS}
     for name, kinds in comm.items():
-        # hybrid sharding: NAME_shard and NAME_replica count as NAME
-        group = name.rsplit("_", 1)[0] if name.endswith(("_shard", "_replica")) else name
+        # hybrid sharding, hpZ and qgZ: NAME_shard, NAME_replica (with their size when a second
+        # cut of the group exists) and NAME_cross count as NAME
+        group = re.sub(r"_(shard|replica|cross)\d*$", "", name)
         axes = set(group.split("x"))
         mine = (group == axis or (axis == "dp" and axes == {"dp", "cp"}) or
                 (axis == "dp" and group in ("ep", "edp", "edpxtp")) or

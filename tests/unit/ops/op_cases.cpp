@@ -689,30 +689,34 @@ void add_fp8(std::vector<OpCase>& cases) {
   }
 }
 
-// int8 block quantisation (qwZ): blocks of 256 and of an odd 7 over rows whose length is no
-// multiple of either, a zero block, magnitudes far apart; dequantised into f32 and bf16.
-void add_int8(std::vector<OpCase>& cases) {
+// Integer block quantisation (qwZ in 8 bits, qgZ in 4): blocks of 256 and of an odd 7 over rows
+// whose length is no multiple of either, a zero block, magnitudes far apart; dequantised into f32
+// and bf16.
+void add_int_quant(std::vector<OpCase>& cases) {
   const int64_t S = 3, L = 1000;
   HostTensor x = normal({S, L}, 7);
   for (int64_t i = 0; i < x.numel(); i += 11) x[i] *= 1e-3f;
   for (int64_t i = 256; i < 512; ++i) x[i] = 0.0f;  // row 0's second block of 256
-  for (const int64_t block : {int64_t{256}, int64_t{7}}) {
-    const int64_t W = ops::int8_packed_words(L, block);
-    const std::string b = std::to_string(block);
-    cases.push_back({"quantize_int8",
-                     "quantize_int8_block" + b,
-                     {HostTensor({S, W}, DType::i32), x},
-                     op([block](const Views& v) { ops::quantize_int8(v[0], v[1], block); }),
-                     kExact});
-    HostTensor packed({S, W}, DType::i32);
-    ops::quantize_int8(packed.t(), x.t(), block);
-    for (const DType t : {DType::f32, DType::bf16})
-      cases.push_back({"dequantize_int8",
-                       "dequantize_int8_block" + b + "_" + std::string(dtype_name(t)),
-                       {HostTensor({S, L}, t), packed},
-                       op([block](const Views& v) { ops::dequantize_int8(v[0], v[1], block); }),
-                       kExact});
-  }
+  for (const int bits : {8, 4})
+    for (const int64_t block : {int64_t{256}, int64_t{7}}) {
+      const int64_t W = ops::int_packed_words(L, block, bits);
+      const std::string b = "int" + std::to_string(bits) + "_block" + std::to_string(block);
+      cases.push_back(
+          {"quantize_int",
+           "quantize_" + b,
+           {HostTensor({S, W}, DType::i32), x},
+           op([block, bits](const Views& v) { ops::quantize_int(v[0], v[1], block, bits); }),
+           kExact});
+      HostTensor packed({S, W}, DType::i32);
+      ops::quantize_int(packed.t(), x.t(), block, bits);
+      for (const DType t : {DType::f32, DType::bf16})
+        cases.push_back(
+            {"dequantize_int",
+             "dequantize_" + b + "_" + std::string(dtype_name(t)),
+             {HostTensor({S, L}, t), packed},
+             op([block, bits](const Views& v) { ops::dequantize_int(v[0], v[1], block, bits); }),
+             kExact});
+    }
 }
 
 void add_init(std::vector<OpCase>& cases) {
@@ -898,7 +902,7 @@ std::vector<OpCase> op_cases() {
   add_optim_and_reductions(cases);
   add_precision(cases);
   add_fp8(cases);
-  add_int8(cases);
+  add_int_quant(cases);
   add_init(cases);
   return cases;
 }

@@ -216,76 +216,89 @@ TEST(Fp8, RefusesBadTilesAndAliasing) {
                Error);
 }
 
-// int8 block quantisation against a reference written here: per block the scale amax/127, each
-// code nearbyint(v / s) clamped to +-127 in its byte of the packed words, and the values read
-// back s * q, within half a step of v. Blocks of 1, 4, 7 and 256 over rows no multiple of them.
-TEST(Int8, BlocksQuantiseToTheirOwnScale) {
+// Integer block quantisation against a reference written here, in 8 and 4 bits: per block the
+// scale amax/Q (Q = 127, 7), each code nearbyint(v / s) clamped to +-Q in its bits of the packed
+// words (32/bits to a word), and the values read back s * q, within half a step of v. Blocks of
+// 1, 4, 7 and 256 over rows no multiple of them.
+TEST(IntQuant, BlocksQuantiseToTheirOwnScale) {
   const int64_t S = 2, L = 1003;
   HostTensor x = normal({S, L}, 11);
   for (int64_t i = 0; i < L; i += 5) x[i] *= 100.0f;  // blocks of very different ranges
-  for (int64_t block : {int64_t{1}, int64_t{4}, int64_t{7}, int64_t{256}}) {
-    const int64_t nb = (L + block - 1) / block, bw = 1 + (block + 3) / 4;
-    ASSERT_EQ(ops::int8_packed_words(L, block), nb * bw);
-    HostTensor packed({S, nb * bw}, DType::i32), back({S, L});
-    ops::quantize_int8(packed.t(), x.t(), block);
-    ops::dequantize_int8(back.t(), packed.t(), block);
-    for (int64_t r = 0; r < S; ++r)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t begin = r * L + b * block, len = std::min(block, L - b * block);
-        float amax = 0.0f;
-        for (int64_t j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[begin + j]));
-        const float s = amax / 127.0f;
-        const int32_t* w = packed.i32() + (r * nb + b) * bw;
-        ASSERT_EQ(std::bit_cast<float>(w[0]), s) << "block " << block << " of row " << r;
-        for (int64_t j = 0; j < bw * 4 - 4; ++j) {
-          const auto code =
-              static_cast<int8_t>(static_cast<uint32_t>(w[1 + j / 4]) >> (8 * (j % 4)));
-          if (j >= len) {
-            EXPECT_EQ(code, 0) << "padding code " << j;
-            continue;
+  for (const int bits : {8, 4}) {
+    const int per = 32 / bits;
+    const float Q = bits == 8 ? 127.0f : 7.0f;
+    for (int64_t block : {int64_t{1}, int64_t{4}, int64_t{7}, int64_t{256}}) {
+      const int64_t nb = (L + block - 1) / block, bw = 1 + (block + per - 1) / per;
+      ASSERT_EQ(ops::int_packed_words(L, block, bits), nb * bw);
+      HostTensor packed({S, nb * bw}, DType::i32), back({S, L});
+      ops::quantize_int(packed.t(), x.t(), block, bits);
+      ops::dequantize_int(back.t(), packed.t(), block, bits);
+      for (int64_t r = 0; r < S; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t begin = r * L + b * block, len = std::min(block, L - b * block);
+          float amax = 0.0f;
+          for (int64_t j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[begin + j]));
+          const float s = amax / Q;
+          const int32_t* w = packed.i32() + (r * nb + b) * bw;
+          ASSERT_EQ(std::bit_cast<float>(w[0]), s) << bits << " bits, block " << block;
+          for (int64_t j = 0; j < (bw - 1) * per; ++j) {
+            // The code's bits, sign-extended.
+            const uint32_t raw =
+                (static_cast<uint32_t>(w[1 + j / per]) >> (bits * (j % per))) & ((1u << bits) - 1);
+            const int32_t code = raw >= (1u << (bits - 1)) ? static_cast<int32_t>(raw) - (1 << bits)
+                                                           : static_cast<int32_t>(raw);
+            if (j >= len) {
+              EXPECT_EQ(code, 0) << "padding code " << j;
+              continue;
+            }
+            const float v = x[begin + j];
+            const float q = std::clamp(std::nearbyint(v / s), -Q, Q);
+            ASSERT_EQ(code, static_cast<int32_t>(q)) << v << " in a block of scale " << s;
+            EXPECT_EQ(back[begin + j], s * q);
+            EXPECT_LE(std::fabs(back[begin + j] - v), 0.5f * s * (1 + 1e-6f)) << v;
           }
-          const float v = x[begin + j];
-          const float q = std::clamp(std::nearbyint(v / s), -127.0f, 127.0f);
-          ASSERT_EQ(code, static_cast<int8_t>(q)) << v << " in a block of scale " << s;
-          EXPECT_EQ(back[begin + j], s * q);
-          EXPECT_LE(std::fabs(back[begin + j] - v), 0.5f * s * (1 + 1e-6f)) << v;
         }
-      }
-    // 16-bit output: the f32 values rounded to the type.
-    HostTensor b16({S, L}, DType::bf16), widened({S, L});
-    ops::dequantize_int8(b16.t(), packed.t(), block);
-    ops::convert(widened.t(), b16.t());
-    ops::round_to(back.t(), DType::bf16);
-    for (int64_t i = 0; i < S * L; ++i) ASSERT_EQ(widened[i], back[i]) << i;
+      // 16-bit output: the f32 values rounded to the type.
+      HostTensor b16({S, L}, DType::bf16), widened({S, L});
+      ops::dequantize_int(b16.t(), packed.t(), block, bits);
+      ops::convert(widened.t(), b16.t());
+      ops::round_to(back.t(), DType::bf16);
+      for (int64_t i = 0; i < S * L; ++i) ASSERT_EQ(widened[i], back[i]) << i;
+    }
   }
 }
 
 // A zero block reads back 0 (scale 0); a block holding inf or NaN reads back NaN in every value
-// (never plausible weights), its neighbours unchanged.
-TEST(Int8, ZeroAndNonFiniteBlocks) {
-  HostTensor x({1, 12});
-  for (int64_t i = 0; i < 12; ++i) x[i] = static_cast<float>(i) - 5.5f;
-  for (int64_t i = 4; i < 8; ++i) x[i] = 0.0f;
-  x[9] = std::numeric_limits<float>::quiet_NaN();
-  HostTensor packed({1, ops::int8_packed_words(12, 4)}, DType::i32), back({1, 12});
-  ops::quantize_int8(packed.t(), x.t(), 4);
-  ops::dequantize_int8(back.t(), packed.t(), 4);
-  for (int64_t i = 4; i < 8; ++i) EXPECT_EQ(back[i], 0.0f);
-  for (int64_t i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(back[i])) << i;
-  EXPECT_EQ(back[0], -5.5f);  // the largest of its block: code -127, s = 5.5 / 127
-  x[9] = kInf;
-  ops::quantize_int8(packed.t(), x.t(), 4);
-  ops::dequantize_int8(back.t(), packed.t(), 4);
-  for (int64_t i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(back[i])) << i;
+// (never plausible values), its neighbours unchanged.
+TEST(IntQuant, ZeroAndNonFiniteBlocks) {
+  for (const int bits : {8, 4}) {
+    HostTensor x({1, 12});
+    for (int64_t i = 0; i < 12; ++i) x[i] = static_cast<float>(i) - 5.5f;
+    for (int64_t i = 4; i < 8; ++i) x[i] = 0.0f;
+    x[9] = std::numeric_limits<float>::quiet_NaN();
+    HostTensor packed({1, ops::int_packed_words(12, 4, bits)}, DType::i32), back({1, 12});
+    ops::quantize_int(packed.t(), x.t(), 4, bits);
+    ops::dequantize_int(back.t(), packed.t(), 4, bits);
+    for (int64_t i = 4; i < 8; ++i) EXPECT_EQ(back[i], 0.0f);
+    for (int64_t i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(back[i])) << i;
+    EXPECT_EQ(back[0], -5.5f);  // the largest of its block: code -Q, s = 5.5 / Q
+    x[9] = kInf;
+    ops::quantize_int(packed.t(), x.t(), 4, bits);
+    ops::dequantize_int(back.t(), packed.t(), 4, bits);
+    for (int64_t i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(back[i])) << i;
+  }
 }
 
-TEST(Int8, RefusesBadShapes) {
-  HostTensor x({2, 10}), packed({2, ops::int8_packed_words(10, 4)}, DType::i32);
-  EXPECT_THROW(ops::quantize_int8(packed.t(), x.t(), 0), Error);
-  EXPECT_THROW(ops::quantize_int8(packed.t(), x.t(), 3), Error);  // 4 blocks of 2 words, not 3
-  EXPECT_THROW(ops::quantize_int8(packed.t(), x.t().view({20}), 4), Error);
-  HostTensor f({2, ops::int8_packed_words(10, 4)});
-  EXPECT_THROW(ops::quantize_int8(f.t(), x.t(), 4), Error);  // packed must be i32
+TEST(IntQuant, RefusesBadShapes) {
+  HostTensor x({2, 10}), packed({2, ops::int_packed_words(10, 4, 8)}, DType::i32);
+  EXPECT_THROW(ops::quantize_int(packed.t(), x.t(), 0, 8), Error);
+  EXPECT_THROW(ops::quantize_int(packed.t(), x.t(), 3, 8), Error);  // 4 blocks of 2 words, not 3
+  EXPECT_THROW(ops::quantize_int(packed.t(), x.t().view({20}), 4, 8), Error);
+  HostTensor p16({2, ops::int_packed_words(10, 16, 8)}, DType::i32);  // 1 block of 5 words
+  EXPECT_THROW(ops::quantize_int(p16.t(), x.t(), 16, 4), Error);      // int4: 1 block of 3 words
+  EXPECT_THROW(ops::quantize_int(packed.t(), x.t(), 4, 2), Error);  // 8 or 4 bits
+  HostTensor f({2, ops::int_packed_words(10, 4, 8)});
+  EXPECT_THROW(ops::quantize_int(f.t(), x.t(), 4, 8), Error);  // packed must be i32
 }
 
 }  // namespace

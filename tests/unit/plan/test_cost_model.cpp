@@ -299,6 +299,39 @@ TEST(CostModel, HierarchicalPartitionGathersInsideTheNodeAfterTheFirst) {
               1e-12 * h.comm_s[static_cast<int>(Axis::dp)]);
 }
 
+// qgZ: ZeRO-3's reduce-scatters become int4 all-to-alls, 33 words per block of 256 gradients
+// (the scale and 32 words of codes) where fp32 moves 256 (within a block per shard: the tiny
+// model's shards end in partial blocks). One hop over the 8 ranks moves 7/8 of the blocks,
+// across the nodes; with hpZ's groups of 4 (a node) the first hop moves 6 of every 7 of those
+// bytes (3/4 of 8 shards' blocks) inside the node and only the second (1/2 of 2 sums' blocks)
+// across.
+TEST(CostModel, QuantisedGradientsCrossTheNodesInInt4Once) {
+  const HardwareProfile hw = parse_hardware(concat(kGpu, "comm_overlap = 0\n"), "gpu", 1);
+  const std::vector<std::string> zero{"parallel.dp=8", "parallel.zero_stage=3",
+                                      "train.micro_batch_size=1", "train.global_batch_size=16"};
+  std::vector<std::string> qg = zero, hpz = zero;
+  qg.push_back("parallel.zero_quantized_gradients=true");
+  hpz.push_back("parallel.zero_hierarchical_partition=4");
+  std::vector<std::string> both = hpz;
+  both.push_back("parallel.zero_quantized_gradients=true");
+  const StageCost plain = predict_step(tiny(zero), 8, hw).stages[0],
+                  one = predict_step(tiny(qg), 8, hw).stages[0],
+                  h = predict_step(tiny(hpz), 8, hw).stages[0],
+                  two = predict_step(tiny(both), 8, hw).stages[0];
+  const auto dp = [](const StageCost& s) { return s.bytes[static_cast<int>(Axis::dp)]; };
+  EXPECT_EQ(dp(one).reduce_scatter, 0);
+  EXPECT_EQ(dp(one).all_gather, dp(plain).all_gather);
+  EXPECT_NEAR(dp(one).all_to_all / dp(plain).reduce_scatter, 33.0 / 256, 0.01);
+  EXPECT_DOUBLE_EQ(dp(two).all_to_all, dp(one).all_to_all);
+  EXPECT_EQ(one.memory.grads, plain.memory.grads);  // the shards stay fp32
+  const auto comm = [](const StageCost& s) { return s.comm_s[static_cast<int>(Axis::dp)]; };
+  const double a2a = dp(one).all_to_all, rs = dp(plain).reduce_scatter;
+  EXPECT_NEAR(comm(one), comm(plain) - rs / 10e9 + a2a / 10e9, 1e-12 * comm(plain));
+  EXPECT_NEAR(comm(two), comm(h) - rs / 10e9 + a2a * 6 / 7 / 100e9 + a2a / 7 / 10e9,
+              1e-12 * comm(h));
+  EXPECT_LT(comm(two), comm(one));
+}
+
 // train.fp8 is emulated: the layers' linears (GPT-2 tiny: qkv, proj, fc1, fc2 = 12 C^2 a layer)
 // multiply dequantised fp32 values, timed at the fp32 peak; the rest (attention core, head)
 // at bf16's. Full recompute replays those GEMMs' forward too (2 FLOPs a weight).
@@ -542,9 +575,10 @@ class CostModelSearch : public testing::Test {
 // A config with ZeRO++'s quantised weights: the search's ZeRO 0-2 candidates turn them off (they
 // need stage 3, which they would refuse), its stage-3 candidates keep them and their block, and
 // every ranked layout parses from its own overrides.
-TEST_F(CostModelSearch, KeepsQuantisedWeightsOnStageThreeOnly) {
+TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   const std::string path = model(4);
   const std::vector<std::string> qw{"parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
+                                    "parallel.zero_quantized_gradients=true",
                                     "parallel.zero_quant_block=64"};
   const SearchResult r = search_layouts(path, qw, parse_config(path, qw), 4, hw_, 1000000);
   ASSERT_FALSE(r.ranked.empty());
@@ -552,6 +586,7 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsOnStageThreeOnly) {
   for (const Candidate& c : r.ranked) {
     const ParallelConfig& p = c.cfg.parallel;
     EXPECT_EQ(p.zero_quantized_weights, p.zero_stage == 3) << layout_text(c.cfg, 4);
+    EXPECT_EQ(p.zero_quantized_gradients, p.zero_stage == 3) << layout_text(c.cfg, 4);
     EXPECT_EQ(p.zero_quant_block, p.zero_stage == 3 ? 64 : 256) << layout_text(c.cfg, 4);
     stage3 += p.zero_stage == 3;
   }

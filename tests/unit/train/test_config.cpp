@@ -181,6 +181,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.zero_stage", parallel.zero_stage),
       LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
       LLMT_KEY("parallel.zero_quantized_weights", parallel.zero_quantized_weights),
+      LLMT_KEY("parallel.zero_quantized_gradients", parallel.zero_quantized_gradients),
       LLMT_KEY("parallel.zero_quant_block", parallel.zero_quant_block),
       LLMT_KEY("parallel.zero_hierarchical_partition", parallel.zero_hierarchical_partition),
       LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
@@ -582,6 +583,7 @@ pp_layers = [1, 1, 1, 1]
 zero_stage = 3
 zero_shard_group = 1
 zero_quantized_weights = true
+zero_quantized_gradients = true
 zero_quant_block = 64
 zero_hierarchical_partition = 1
 sequence_parallel = true
