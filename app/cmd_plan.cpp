@@ -149,6 +149,12 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
       seconds(w.comm_s[0]).c_str(), seconds(w.comm_s[1]).c_str(), seconds(w.comm_s[3]).c_str(),
       seconds(w.ep_s).c_str(), c.bubble, seconds(w.comm_s[2]).c_str(),
       seconds(w.optimizer_s).c_str());
+  if (w.memory.offloaded > 0)
+    std::printf("  offloaded to nvme: %s in files; a step reads and writes %.4g bytes of them%s\n",
+                gib(w.memory.offloaded).c_str(), w.offload_io_bytes,
+                hw.nvme_bandwidth > 0
+                    ? concat(": ", seconds(w.offload_s), " at ", hw.nvme_bandwidth, " B/s").c_str()
+                    : " (no time charged: the profile has no nvme_bandwidth)");
   std::printf("  step %s, %.4g tokens/s, MFU %s (HFU %s with recompute)%s\n",
               seconds(c.step_s).c_str(), c.tokens_per_s, pct(c.mfu).c_str(), pct(c.hfu).c_str(),
               c.fits ? "" : "; DOES NOT FIT the device memory");
@@ -177,7 +183,8 @@ void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& s
         ", \"in_flight\": ", st.in_flight, ", \"memory\": {\"params\": ", num(st.memory.params),
         ", \"grads\": ", num(st.memory.grads), ", \"optimizer\": ", num(st.memory.optimizer),
         ", \"activations\": ", num(st.memory.activations), ", \"comm\": ", num(st.memory.comm),
-        ", \"peak\": ", num(st.peak), "}, \"bytes\": {");
+        ", \"offloaded\": ", num(st.memory.offloaded), ", \"peak\": ", num(st.peak),
+        "}, \"bytes\": {");
     for (int a = 0; a < kNumAxes; ++a) {
       const AxisBytes& b = st.bytes[a];
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": {\"all_reduce\": ", num(b.all_reduce),
@@ -194,7 +201,8 @@ void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& s
     for (int a = 0; a < kNumAxes; ++a)
       s += concat(a ? ", " : "", "\"", kAxisNames[a], "\": ", num(st.comm_s[a]));
     s += concat("}, \"ep_s\": ", num(st.ep_s), ", \"optimizer_s\": ", num(st.optimizer_s),
-                ", \"step_s\": ", num(st.step_s), "}");
+                ", \"offload_io_bytes\": ", num(st.offload_io_bytes),
+                ", \"offload_s\": ", num(st.offload_s), ", \"step_s\": ", num(st.step_s), "}");
   }
   s += "]}";
   std::printf("%s\n", s.c_str());
@@ -424,7 +432,9 @@ Run add_plan_command(CLI::App& app) {
           rank_state_bytes(parallelize(spec, layout, r), par.zero_stage, group, 0,
                            cfg.train.precision != Precision::fp32, cfg.optimizer.type,
                            static_cast<int>(dtype_size(grad_dtype(cfg.train))),
-                           static_cast<int>(zero_secondary_group(par, mesh.size(Axis::cp))));
+                           static_cast<int>(zero_secondary_group(par, mesh.size(Axis::cp))),
+                           cfg.offload.optimizer == OffloadTarget::nvme,
+                           cfg.offload.params == OffloadTarget::nvme);
       if (r > 0 && e.params == shown.params && e.grads == shown.grads &&
           e.optimizer == shown.optimizer) {
         if (same++ == 0) same_first = r;
@@ -433,9 +443,10 @@ Run add_plan_command(CLI::App& app) {
       }
       flush();
       shown = e;
-      std::printf("  rank %d (tp %d, pp %d): params %.0f, grads %.0f, optimizer %.0f (%s)\n", r,
+      std::printf("  rank %d (tp %d, pp %d): params %.0f, grads %.0f, optimizer %.0f (%s)%s\n", r,
                   c[static_cast<int>(Axis::tp)], c[static_cast<int>(Axis::pp)], e.params, e.grads,
-                  e.optimizer, gib(e.total()).c_str());
+                  e.optimizer, gib(e.total()).c_str(),
+                  e.offloaded > 0 ? concat("; in nvme files ", gib(e.offloaded)).c_str() : "");
     }
     flush();
     // ZeRO cuts each parameter into whole rows of dim 0: one with fewer rows than the ranks of its

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <utility>
 
+#include "core/file_memory.h"
+
 namespace llmt {
 
 std::string_view category_name(MemCategory c) {
@@ -142,6 +144,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     category_ = o.category_;
+    in_file_ = o.in_file_;
     o.owner_ = nullptr;
     o.data_ = nullptr;
     o.bytes_ = 0;
@@ -150,10 +153,11 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 }
 
 void Buffer::reset() {
-  if (owner_ && data_) owner_->release(data_, bytes_, category_);
+  if (owner_ && data_) owner_->release(data_, bytes_, category_, in_file_);
   owner_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+  in_file_ = false;
 }
 
 Tensor Buffer::tensor(Shape s, DType t, size_t offset) const {
@@ -163,14 +167,24 @@ Tensor Buffer::tensor(Shape s, DType t, size_t offset) const {
   return Tensor(static_cast<char*>(data_) + offset, s, t, owner_ ? owner_->device() : Device{});
 }
 
-Buffer Allocator::allocate(size_t bytes, MemCategory category) {
+Buffer Allocator::allocate(size_t bytes, MemCategory category, Offload offload) {
   Buffer b;
   b.owner_ = this;
+  const int c = static_cast<int>(category);
+  if (store_ && ((offload == Offload::with_optimizer && offload_optimizer_) ||
+                 (offload == Offload::with_params && offload_params_))) {
+    b.data_ = store_->map(bytes, detail::concat("offloaded ", category_name(category)));  // zeros
+    b.bytes_ = bytes;
+    b.category_ = category;
+    b.in_file_ = true;
+    offloaded_live_[c] += static_cast<int64_t>(bytes);
+    stats_.offloaded[c] = std::max(stats_.offloaded[c], offloaded_live_[c]);
+    return b;
+  }
   b.data_ = backend_.allocate(bytes);
   b.bytes_ = bytes;
   b.category_ = category;
   backend_.memset_zero(b.data_, bytes);
-  int c = static_cast<int>(category);
   stats_.live[c] += static_cast<int64_t>(bytes);
   stats_.peak[c] = std::max(stats_.peak[c], stats_.live[c]);
   stats_.live_total += static_cast<int64_t>(bytes);
@@ -178,7 +192,18 @@ Buffer Allocator::allocate(size_t bytes, MemCategory category) {
   return b;
 }
 
-void Allocator::release(void* p, size_t bytes, MemCategory category) {
+void Allocator::set_offload(FileStore* store, bool optimizer, bool params) {
+  store_ = store;
+  offload_optimizer_ = store && optimizer;
+  offload_params_ = store && params;
+}
+
+void Allocator::release(void* p, size_t bytes, MemCategory category, bool in_file) {
+  if (in_file) {
+    store_->unmap(p);
+    offloaded_live_[static_cast<int>(category)] -= static_cast<int64_t>(bytes);
+    return;
+  }
   backend_.deallocate(p);
   stats_.live[static_cast<int>(category)] -= static_cast<int64_t>(bytes);
   stats_.live_total -= static_cast<int64_t>(bytes);
@@ -187,6 +212,7 @@ void Allocator::release(void* p, size_t bytes, MemCategory category) {
 void Allocator::reset_peaks() {
   stats_.peak = stats_.live;
   stats_.peak_total = stats_.live_total;
+  stats_.offloaded = offloaded_live_;
 }
 
 }  // namespace llmt

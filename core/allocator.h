@@ -19,6 +19,13 @@ enum class MemCategory : uint8_t { params, grads, optimizer, activations, comm, 
 constexpr int kNumMemCategories = 6;
 std::string_view category_name(MemCategory c);
 
+// Which [offload] setting may move a buffer into the allocator's FileStore
+// (Allocator::set_offload): the optimizer's state (and master weights kept apart from the model's),
+// or ZeRO-3's parameter shards.
+enum class Offload : uint8_t { never, with_optimizer, with_params };
+
+class FileStore;
+
 // Raw memory and copies of one device. The CPU backend is always present; the CUDA backend
 // exists only in builds with LLMTRAIN_CUDA (make_device_backend says "not built in" otherwise).
 class DeviceBackend {
@@ -62,11 +69,14 @@ double gpu_free_bytes(Device d);
 // The backends this binary has, for --version: "cpu (OpenMP + BLAS), cuda (CUDA runtime ...)".
 std::string built_in_backends();
 
+// live/peak: device memory. offloaded: the bytes of each category in the FileStore's files (not in
+// live or peak), at their peak.
 struct MemStats {
   std::array<int64_t, kNumMemCategories> live{};
   std::array<int64_t, kNumMemCategories> peak{};
   int64_t live_total = 0;
   int64_t peak_total = 0;
+  std::array<int64_t, kNumMemCategories> offloaded{};
 };
 
 class Allocator;
@@ -118,13 +128,19 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::other;
+  bool in_file_ = false;  // in the allocator's FileStore
 };
 
 class Allocator {
  public:
   explicit Allocator(DeviceBackend& backend) : backend_(backend) {}
-  // Zero-filled allocation of `bytes`, counted under `category`.
-  Buffer allocate(size_t bytes, MemCategory category);
+  // Zero-filled allocation of `bytes`, counted under `category`; in the FileStore's files instead
+  // (counted as offloaded) when `offload` names a setting set_offload turned on.
+  Buffer allocate(size_t bytes, MemCategory category, Offload offload = Offload::never);
+  // Where buffers allocated with Offload::with_optimizer (when `optimizer`) and with_params (when
+  // `params`) go from now on; `store` outlives the allocator's buffers.
+  void set_offload(FileStore* store, bool optimizer, bool params);
+  FileStore* file_store() const { return store_; }
   // One buffer holding one tensor.
   Buffer allocate_tensor(Shape s, DType t, MemCategory category) {
     return allocate(static_cast<size_t>(s.numel()) * dtype_size(t), category);
@@ -136,9 +152,12 @@ class Allocator {
 
  private:
   friend class Buffer;
-  void release(void* p, size_t bytes, MemCategory category);
+  void release(void* p, size_t bytes, MemCategory category, bool in_file);
   DeviceBackend& backend_;
   MemStats stats_;
+  FileStore* store_ = nullptr;
+  bool offload_optimizer_ = false, offload_params_ = false;
+  std::array<int64_t, kNumMemCategories> offloaded_live_{};
 };
 
 }  // namespace llmt

@@ -223,6 +223,7 @@ struct ZeroUnitBytes {
   double gather2 = 0, weights_pass2 = 0, weights_pass2_tp = 0;
   double reduce_extra = 0, advance = 0, advance_extra = 0, done_extra = 0;
   double qg1 = 0, qg1_tp = 0, qg2 = 0, qg2_tp = 0;
+  double own_shard = 0;  // fp32 bytes of this rank's shards of the unit (read by each gather)
 };
 
 // The most a sequence of per-part steps holds beyond its start: part k changes what is held by
@@ -265,6 +266,8 @@ class ZeroReplay final : public ZeroSequence {
   double gather_bytes() const { return gathers_; }
   double gather_bytes_tp() const { return gathers_tp_; }
   double secondary_gather_bytes() const { return gathers2_; }
+  // The bytes of this rank's shards read by the step's gathers of them (hpZ's excluded).
+  double shard_read_bytes() const { return shard_reads_; }
 
  private:
   const ZeroUnitBytes& at(int k) const { return units_[static_cast<size_t>(k)]; }
@@ -288,6 +291,7 @@ class ZeroReplay final : public ZeroSequence {
       return;
     }
     take(at(k).gather);
+    shard_reads_ += at(k).own_shard;
     gathers_ += at(k).weights_pass;
     gathers_tp_ += at(k).weights_pass_tp;
     gathering_[k] = 1;
@@ -361,7 +365,7 @@ class ZeroReplay final : public ZeroSequence {
   std::vector<char> gathered_, gathering_, staged_, filled_;
   bool secondary_;
   std::deque<Reducing> reducing_;
-  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0, gathers2_ = 0;
+  double live_ = 0, peak_ = 0, gathers_ = 0, gathers_tp_ = 0, gathers2_ = 0, shard_reads_ = 0;
   double held_ = 0, peak_all_ = 0;
 };
 
@@ -812,6 +816,7 @@ struct DpCost {
   double secondary_gather = 0;
   // qgZ: the all-to-all bytes of the first hop and of the second (counted in dp.all_to_all too).
   double qg_hop1 = 0, qg_hop2 = 0;
+  double shard_reads = 0;  // stage 3: the bytes of this rank's shards its gathers read
   double zero_and_activations_peak = 0;   // with the activations live at each moment
   double whole = 0;                       // parameters the rank holds
   double adam_owned = 0, muon_owned = 0;  // elements each optimizer updates
@@ -864,6 +869,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
       const double all = 4 * static_cast<double>(layout.all_shards(u, k)),
                    own = 4 * static_cast<double>(layout.own_shard(u, k));
       own_shards += static_cast<double>(layout.own_shard(u, k));
+      zu.own_shard += own;
       const bool tp = layout.over_tp[static_cast<size_t>(k)];
       const size_t kk = static_cast<size_t>(k);
       if (qb > 0 && layout.own_shard(u, k) > 0) {
@@ -978,6 +984,7 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   out.zero_peak = zero.peak();
   out.zero_and_activations_peak = zero.peak_with_held();
   out.secondary_gather = zero.secondary_gather_bytes();
+  out.shard_reads = zero.shard_read_bytes();
   AxisBytes& g = out.dp;
   AxisBytes& g_tp = group > 1 ? g : out.on_tp;
   const double m = j.m;
@@ -1050,7 +1057,14 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
                  const RankActivations& act, StageCost& s) {
   s.memory =
       rank_state_bytes(rs, j.par.zero_stage, j.zero_group, 0, j.sixteen, j.cfg.optimizer.type,
-                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))), j.secondary_group);
+                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))), j.secondary_group,
+                       j.cfg.offload.optimizer == OffloadTarget::nvme,
+                       j.cfg.offload.params == OffloadTarget::nvme);
+  // [offload] "nvme": the update reads and writes every offloaded byte once; ZeRO-3's offloaded
+  // shards are read by every gather from them too.
+  s.offload_io_bytes = 2 * s.memory.offloaded;
+  if (j.cfg.offload.params == OffloadTarget::nvme && j.par.zero_stage == 3)
+    s.offload_io_bytes += dc.shard_reads;
   s.in_flight = j.p > 1 ? formula_peak_in_flight(j.par.pp_schedule, j.shape, pr) : 1;
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.
@@ -1204,7 +1218,8 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
   for (size_t i = 0; i < out.stages.size(); ++i) {
     StageCost& s = out.stages[i];
     s.pipeline_s = busy * (1 + out.bubble);
-    s.step_s = s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s;
+    s.offload_s = hw.nvme_bandwidth > 0 ? s.offload_io_bytes / hw.nvme_bandwidth : 0;
+    s.step_s = s.pipeline_s + s.comm_s[static_cast<int>(Axis::dp)] + s.optimizer_s + s.offload_s;
     out.hardware_flops += s.recompute_flops * j.tp * j.cp * j.dp;
     if (s.step_s > out.stages[static_cast<size_t>(out.slowest)].step_s)
       out.slowest = static_cast<int>(i);

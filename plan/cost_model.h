@@ -63,7 +63,12 @@ struct StageCost {
   double ep_s = 0;        // expert parallelism's all-to-alls, all exposed (bytes: dp's all_to_all)
   double pipeline_s = 0;  // m micro-batches of (compute + other ops + tp + cp + pp + ep) x (1 +
                           // bubble)
-  double step_s = 0;      // pipeline_s + exposed dp + optimizer
+  // [offload] "nvme": the bytes a step reads from and writes to the files (the optimizer's state
+  // and offloaded masters once each way; ZeRO-3's offloaded shards at every gather from them and
+  // once each way in the update), and their time at the profile's nvme_bandwidth (0 where it is
+  // unknown), not hidden behind compute.
+  double offload_io_bytes = 0, offload_s = 0;
+  double step_s = 0;  // pipeline_s + exposed dp + optimizer + offload
 };
 
 struct StepCost {

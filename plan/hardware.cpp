@@ -36,6 +36,7 @@ constexpr Field kFields[] = {
 // Optional, with HardwareProfile's default when absent.
 constexpr Field kOptionalFields[] = {
     {"comm_overlap", &HardwareProfile::comm_overlap, true},
+    {"nvme_bandwidth", &HardwareProfile::nvme_bandwidth, true},
 };
 
 const Schema& hardware_schema() {
@@ -93,6 +94,9 @@ HardwareProfile build(Loader& loader, const std::string& name, int threads_per_r
       errors.push_back(concat(name, ": hardware.", f.key, "=", v, " must be > 0",
                               f.may_detect ? " (or 0: detect)" : ""));
   }
+  if (h.nvme_bandwidth < 0)
+    errors.push_back(concat(name, ": hardware.nvme_bandwidth=", h.nvme_bandwidth,
+                            " must be >= 0 (0: unknown)"));
   if (h.comm_overlap < 0 || h.comm_overlap > 1)
     errors.push_back(concat(name, ": hardware.comm_overlap=", h.comm_overlap,
                             " is a fraction of the compute, from 0 to 1"));

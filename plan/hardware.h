@@ -27,6 +27,9 @@ struct HardwareProfile {
   // copy engines), 0 where they take the compute's cores or progress only inside the
   // communication calls (MPI between CPU ranks of one node).
   double comm_overlap = 1;
+  // Bytes/s one device's share of the local disk moves in each direction ([offload] "nvme";
+  // optional key, default 0: unknown, no time charged for the offloaded state's transfers).
+  double nvme_bandwidth = 0;
   std::vector<std::string> detected;  // what was filled in from this machine, for the report
 
   // Peak FLOP/s of the dtype the model computes in.

@@ -262,6 +262,12 @@ const std::vector<Section>& sections() {
     s.push_back(SectionBuilder<CommConfig>("comm", &Config::comm)
                     .add("timeout_s", &CommConfig::timeout_s)
                     .build());
+    s.push_back(SectionBuilder<OffloadConfig>("offload", &Config::offload)
+                    .add("optimizer", &OffloadConfig::optimizer, kOffloadTargetNames)
+                    .add("params", &OffloadConfig::params, kOffloadTargetNames)
+                    .add("nvme_dir", &OffloadConfig::nvme_dir)
+                    .add("buffer_mb", &OffloadConfig::buffer_mb)
+                    .build());
     s.push_back(SectionBuilder<L>("log", &Config::log)
                     .add("interval", &L::interval)
                     .add("progress", &L::progress)
@@ -417,6 +423,12 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
 
   check_checkpoint_config(c.checkpoint, r);
   check_comm_config(c.comm, r);
+  check_offload_config(c.offload, r);
+  r.require(c.offload.params != OffloadTarget::nvme || c.parallel.zero_stage == 3,
+            {"offload.params", "parallel.zero_stage"},
+            concat("offload.params=\"nvme\" keeps ZeRO-3's parameter shards in files, but "
+                   "parallel.zero_stage=",
+                   c.parallel.zero_stage, "; set zero_stage to 3 (at any dp, 1 included)"));
   r.at_least<int64_t>("log.interval", c.log.interval, 1);
   r.at_least("log.peak_flops", c.log.peak_flops, 0.0);
   r.at_least<int64_t>("plan.world", c.plan.world, 0, " (0 = the layout's own)");
@@ -505,7 +517,8 @@ MeshShape mesh_shape(const ParallelConfig& p, int world) {
 }
 
 const std::vector<std::string>& ddp_overrides() {
-  static const std::vector<std::string> sets{"parallel.zero_stage=0", "parallel.zero_shard_group=0",
+  static const std::vector<std::string> sets{"parallel.zero_stage=0",
+                                             "parallel.zero_shard_group=0",
                                              "parallel.zero_quantized_weights=false",
                                              "parallel.zero_quantized_gradients=false",
                                              "parallel.zero_quant_block=256",

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "data/data_config.h"
 #include "engine/comm/comm_config.h"
+#include "engine/data_parallel/offload_config.h"
 #include "engine/model/model_config.h"
 #include "engine/optim/optimizer_config.h"
 #include "engine/parallel/mesh.h"
@@ -88,6 +89,7 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
   CommConfig comm;
+  OffloadConfig offload;
   PlanConfig plan;
   std::string source_path;  // the top-level TOML file
 };

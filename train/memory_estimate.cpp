@@ -80,6 +80,20 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
                        : 4;  // bytes of a gradient
   e.grads = g * P / (zero >= 2 ? dp : 1);
   e.optimizer = 8 * P / (zero >= 1 ? dp : 1);
+  // [offload] "nvme": the state in files instead (AdamW's m and v and 16-bit ZeRO-1/2's master
+  // shards; ZeRO-3's parameter shards).
+  if (c.offload.optimizer == OffloadTarget::nvme) {
+    e.offloaded += e.optimizer;
+    e.optimizer = 0;
+    if (c.train.precision != Precision::fp32 && (zero == 1 || zero == 2)) {
+      e.offloaded += 4 * P / dp;
+      e.params = 2 * P;
+    }
+  }
+  if (c.offload.params == OffloadTarget::nvme && zero == 3) {
+    e.offloaded += 4 * P / dp;
+    e.params -= 4 * P / dp;
+  }
   // Context parallelism: each rank holds seq_len/cp positions of every sequence.
   const double s = static_cast<double>(c.model.seq_len) / mesh.size(Axis::cp),
                b = c.train.micro_batch_size, h = static_cast<double>(c.model.d_model);
@@ -90,7 +104,8 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh) {
 
 MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit, OptimizerType optimizer,
-                                int grad_bytes, int secondary_group) {
+                                int grad_bytes, int secondary_group, bool offload_optimizer,
+                                bool offload_params) {
   const bool muon = optimizer == OptimizerType::muon;
   double whole = 0, padded = 0, secondary = 0;
   double adam_owned = 0;                      // what AdamW updates (all but Muon's matrices)
@@ -129,10 +144,27 @@ MemoryEstimate rank_state_bytes(const ModelSpec& spec, int64_t zero_stage, int g
   e.params += (sixteen_bit ? 2 : 4) * secondary;
   e.grads = grad_bytes * (zero_stage >= 2 ? padded : whole);
   e.optimizer = 8 * adam_owned;
+  double momentum = 0;
   if (muon) {
     const MuonLayout m = muon_layout(spec, spec.tp_size);
-    e.optimizer += 4 * static_cast<double>(muon_buffers(m.matrices, muon_own).elements() +
-                                           m.tp_local + m.tp_staging + muon_shard + muon_gathered);
+    const MuonBuffers b = muon_buffers(m.matrices, muon_own);
+    momentum = 4 * static_cast<double>(b.momentum);
+    e.optimizer += 4 * static_cast<double>(b.elements() + m.tp_local + m.tp_staging + muon_shard +
+                                           muon_gathered);
+  }
+  // [offload] "nvme" (Allocator::allocate's Offload): AdamW's m and v, Muon's momentum and the
+  // master shards of ZeRO-1/2 in 16 bits with the optimizer; ZeRO-3's shards with the params.
+  if (offload_optimizer) {
+    e.offloaded += 8 * adam_owned + momentum;
+    e.optimizer -= 8 * adam_owned + momentum;
+    if (sixteen_bit && (zero_stage == 1 || zero_stage == 2)) {
+      e.offloaded += 4 * padded;
+      e.params -= 4 * padded;
+    }
+  }
+  if (offload_params && zero_stage == 3) {
+    e.offloaded += 4 * padded;
+    e.params -= 4 * padded;
   }
   return e;
 }

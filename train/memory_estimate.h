@@ -17,8 +17,10 @@ namespace llmt {
 // compute copy; / dp under ZeRO-3), grads 4P (/ dp from ZeRO-2), optimizer 8P (/ dp from ZeRO-1),
 // activations at least one micro-batch's layer inputs (4 s b h per layer of the rank; / tp with
 // sequence parallelism): what full recompute keeps, the least any mode keeps.
+// `offloaded`: the bytes [offload] "nvme" keeps in files instead (in no other field, nor in total).
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0;
+  double offloaded = 0;
   double total() const { return params + grads + optimizer + activations + comm; }
 };
 MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
@@ -32,11 +34,13 @@ MemoryEstimate estimate_rank_memory(const Config& c, const MeshShape& mesh);
 // train.grad_dtype = "compute"), or its padded shards from ZeRO-2; optimizer 8 x what it owns
 // (all of P under DDP, its rows from ZeRO-1). `secondary_group` > 0 (ZeRO-3 with hpZ): params
 // also hold the secondary copy, padded shards over a group of that many ranks (place 0), in the
-// compute type.
+// compute type. `offload_optimizer`, `offload_params` ([offload] "nvme"): what goes to the files
+// moves from params and optimizer to offloaded.
 MemoryEstimate rank_state_bytes(const ModelSpec& rank_spec, int64_t zero_stage, int group,
                                 int group_rank, bool sixteen_bit,
                                 OptimizerType optimizer = OptimizerType::adamw, int grad_bytes = 4,
-                                int secondary_group = 0);
+                                int secondary_group = 0, bool offload_optimizer = false,
+                                bool offload_params = false);
 
 // What this process may still allocate on the host: the smallest of /proc/meminfo's MemAvailable,
 // the cgroup's limit minus its usage (v2 memory.max / memory.current, v1 memory.limit_in_bytes /

@@ -80,6 +80,14 @@ std::vector<MetricValue> metric_record(const StepMetrics& m) {
     integer(detail::concat("peak_bytes.", category_name(static_cast<MemCategory>(c))),
             static_cast<double>(m.mem.peak[c]));
   integer("peak_bytes.total", static_cast<double>(m.mem.peak_total));
+  if (m.rss_peak_bytes) {
+    for (int c = 0; c < kNumMemCategories; ++c)
+      if (m.mem.offloaded[c] > 0)
+        integer(detail::concat("offload_bytes.", category_name(static_cast<MemCategory>(c))),
+                static_cast<double>(m.mem.offloaded[c]));
+    integer("rss_peak_bytes", static_cast<double>(*m.rss_peak_bytes));
+    integer("disk_io_bytes", static_cast<double>(m.disk_io_bytes.value_or(0)));
+  }
   if (!m.comm.empty()) {
     for (const auto& [axis, counters] : m.comm) {
       r.push_back({detail::concat("comm_bytes.", axis), 0, K::object});

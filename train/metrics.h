@@ -28,6 +28,9 @@ struct StepMetrics {
   double data_wait_s = 0;          // time the step waited for its micro-batches from the loader
   std::optional<double> val_loss;  // mean loss on the valid split, on evaluation steps only
   MemStats mem;
+  // [offload]: the process's peak resident set (/proc VmHWM) and the bytes it read from and wrote
+  // to disk so far (/proc/self/io); mem.offloaded then holds the bytes in the files.
+  std::optional<int64_t> rss_peak_bytes, disk_io_bytes;
   std::vector<std::pair<std::string, CommCounters>> comm;  // this step's bytes per mesh axis
   double comm_wait_s = 0;              // time blocked on data-parallel communication (not hidden)
   std::optional<double> checkpoint_s;  // time training was blocked saving a checkpoint

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checkpoints/checkpoint.h"
+#include "core/file_memory.h"
 #include "core/peak_flops.h"
 #include "data/blend.h"
 #include "data/gpt_dataset.h"
@@ -55,6 +56,17 @@ DType compute_dtype(Precision p) {
 }
 
 namespace {
+
+// [offload] "nvme": the store of this rank's files (null without offload). The files are host
+// memory the CPU kernels read in place; a GPU's state would need streaming to the device.
+std::unique_ptr<FileStore> make_offload_store(const OffloadConfig& c, Device device) {
+  if (!c.any()) return nullptr;
+  if (device.kind != DeviceKind::cpu)
+    throw Error(
+        "[offload] \"nvme\" runs on the CPU backend (train.device=\"cpu\"); streaming "
+        "offloaded state to a GPU is not built yet");
+  return std::make_unique<FileStore>(c.nvme_dir, static_cast<size_t>(c.buffer_mb * 1024 * 1024));
+}
 
 // Writes every parameter (`flat`: all of them at global shape, spec order) as params.json +
 // params.bin (docs/model.md, "Debug dump").
@@ -242,13 +254,17 @@ struct Trainer::State {
         // Multi-rank GPU runs need a mesh whose groups route device buffers to NCCL
         // (make_device_routed, built by the app before the mesh).
         backend(make_device_backend(select_device(c.train.device, local_rank_from_env()))),
+        offload_store(make_offload_store(c.offload, backend->device())),
         alloc(*backend),
         spec(ModelSpec::from_config(c.model)),
         T(c.model.seq_len),
         gbs(c.train.global_batch_size),
         mbs(c.train.micro_batch_size),
         stops(stop_requests, c.train.time_limit),
-        fault(m.rank(), stop_requests) {}
+        fault(m.rank(), stop_requests) {
+    alloc.set_offload(offload_store.get(), c.offload.optimizer == OffloadTarget::nvme,
+                      c.offload.params == OffloadTarget::nvme);
+  }
 
   // From construction on, so that a signal while loading a checkpoint stops the run too.
   const StopRequests stop_requests;
@@ -263,6 +279,9 @@ struct Trainer::State {
   const ThreadChoice thread_choice;  // train.threads, or what 0 means for this rank
   const int threads;
   std::unique_ptr<DeviceBackend> backend;
+  // [offload] "nvme": the files the optimizer state and ZeRO-3's shards live in (before the
+  // allocator, whose offloaded buffers it outlives).
+  std::unique_ptr<FileStore> offload_store;
   Allocator alloc;
   const ModelSpec spec;
   const int64_t T, gbs, mbs;  // seq_len, global batch, micro-batch (sequences)
@@ -707,6 +726,10 @@ TrainResult Trainer::State::run() {
     m.tokens_per_s = static_cast<double>(s.gbs * s.T) / m.step_time_s;
     m.mfu = s.peak > 0 ? s.flops_per_step / m.step_time_s / s.peak : 0.0;
     m.mem = s.alloc.stats();
+    if (s.offload_store) {
+      m.rss_peak_bytes = FileStore::peak_resident_bytes();
+      m.disk_io_bytes = FileStore::process_io_bytes();
+    }
     // The groups the model and its pipeline stage split off count too: context parallelism's
     // hybrid groups, the tied embeddings' first-and-last-stage group.
     std::vector<Communicator*> more = s.model->own_communicators();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/file_memory.h"
 #include "core/rng.h"
 #include "engine/data_parallel/tp_params.h"
 #include "kernels/ops.h"
@@ -136,7 +137,11 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
   LLMT_CHECK(zero_stage() == 3 || model.storage().master || model.compute_dtype() != DType::f32,
              "ZeRO-", zero_stage(), ": an fp32 model keeps its master weights");
   if (master_shards_) {
-    param_shard_ = alloc.allocate(shard_bytes, MemCategory::params);
+    // [offload]: ZeRO-3's shards with the parameters, the masters of 16-bit stages 1-2 with the
+    // optimizer's state.
+    param_shard_ =
+        alloc.allocate(shard_bytes, MemCategory::params,
+                       zero_stage() == 3 ? Offload::with_params : Offload::with_optimizer);
     init_shards(seed);
   }
 
@@ -213,15 +218,30 @@ Tensor Zero::shard_rows(Tensor shard_buf, const Unit& u, const Param& p, int64_t
       .rows(0, rows);
 }
 
+void Zero::stream_shards(size_t unit, bool ahead) {
+  FileStore* store = alloc_.file_store();
+  if (!store || unit >= units_.size()) return;
+  for (const Part& part : units_[unit].parts) {
+    const float* p = static_cast<const float*>(param_shard_.data()) + part.shard_begin;
+    const size_t n = static_cast<size_t>(part.shard_numel) * 4;
+    if (ahead)
+      store->read_ahead(p, n);
+    else
+      store->drop(p, n);
+  }
+}
+
 void Zero::init_shards(uint64_t seed) {
   Tensor all = param_shard_.tensor({static_cast<int64_t>(param_shard_.bytes() / 4)}, DType::f32);
-  for (const Unit& u : units_) {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = units_[k];
     for (const Param& p : u.params) {
       if (p.own_rows == 0) continue;
       // The dp shard's rows of this tp rank's tensor, each element from its global index.
       init_param_rows(model_.spec(), p.index, shard_rows(all, u, p, p.own_rows),
                       rank_[p.part] * p.shard_rows, seed);
     }
+    stream_shards(k, false);  // (offloaded: written; out of memory unit by unit)
   }
 }
 
@@ -303,6 +323,9 @@ void Zero::start_gather(int unit) {
     }
     return;
   }
+  // Offloaded shards: the units gathered next either way start coming in from the files.
+  stream_shards(static_cast<size_t>(unit) + 1, true);
+  if (unit > 0) stream_shards(static_cast<size_t>(unit) - 1, true);
   for (int k = 0; k < kParts; ++k) {
     Part& part = u.parts[static_cast<size_t>(k)];
     if (part.shard_numel == 0) continue;
@@ -364,6 +387,7 @@ void Zero::finish_gather(int unit) {
     part.staging.reset();
     part.send.reset();
   }
+  stream_shards(static_cast<size_t>(unit), false);  // (offloaded: read; out of memory again)
   if (secondary_.data() && !u.secondary_valid) fill_secondary(u, views);
   for (size_t k = 0; k < u.blocks.size(); ++k)
     model_.bind_block(u.blocks[k], g.rows(u.block_off[k], u.full_numel), Tensor());
@@ -394,6 +418,7 @@ void Zero::release_gather(int unit) {
     part.from_secondary = false;
   }
   u.gathered.reset();
+  stream_shards(static_cast<size_t>(unit), false);
 }
 
 // ---- gradients ----
@@ -666,6 +691,7 @@ void Zero::gather_into(const std::vector<Tensor>& dst) {
   };
   auto finish = [&](InFlight& f) {
     f.handle.wait();
+    stream_shards(f.unit, false);
     const Unit& u = units_[f.unit];
     const int64_t numel = u.parts[static_cast<size_t>(f.part)].shard_numel;
     unpack(dst, f.out.tensor({numel * n_[f.part]}, t), primary_cut(u, f.part), f.part);

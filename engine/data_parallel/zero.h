@@ -184,6 +184,9 @@ class Zero final : public DataParallel, private ZeroSequence {
   void advance(Reduction& red);
   void finish_quantized(Reduction& red);
   void init_shards(uint64_t seed);
+  // [offload] "nvme" (param_shard_ in the allocator's FileStore): a unit's shards read ahead, or
+  // written back and dropped from memory after use; nothing otherwise (or past the last unit).
+  void stream_shards(size_t unit, bool ahead);
   void gather_into(const std::vector<Tensor>& dst);
 
   // The parts' groups are grad_groups_ (part k: GradGroup::index() k): their sizes, and this

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/file_memory.h"
 #include "kernels/ops.h"
 
 namespace llmt {
@@ -104,7 +105,11 @@ Muon::Muon(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSl
   auto allocate = [&](int64_t elements) {
     return alloc.allocate(static_cast<size_t>(elements) * 4, MemCategory::optimizer);
   };
-  momentum_buf_ = allocate(b.momentum);
+  // [offload] "nvme": the momentum in files, each matrix's written back and dropped after its
+  // update.
+  momentum_buf_ = alloc.allocate(static_cast<size_t>(b.momentum) * 4, MemCategory::optimizer,
+                                 Offload::with_optimizer);
+  store_ = alloc.file_store();
   size_t off = 0;
   for (const MuonMatrix& mm : matrices_) {
     if (mm.slot < 0) {
@@ -160,6 +165,10 @@ void Muon::step(double lr, int64_t t, float grad_scale) {
     ops::scale_inplace(update, static_cast<float>(-scale));
     if (s.decay) ops::scale_inplace(s.value, static_cast<float>(1.0 - lr * cfg_.weight_decay));
     ops::add_inplace(s.value, update);
+    if (store_) {
+      store_->drop(momentum_[k].data, momentum_[k].nbytes());
+      store_->drop(s.value.data, s.value.nbytes());
+    }
   }
   adamw_.step(lr, t, grad_scale);  // (Muon itself has no bias correction: t is AdamW's)
 }

@@ -72,6 +72,7 @@ class Muon final : public Optimizer {
   std::vector<OptimizerSlot> slots_;
   std::vector<MuonMatrix> matrices_;
   MatrixGather& gather_;
+  FileStore* store_ = nullptr;       // the allocator's, when it offloads
   std::vector<size_t> adamw_slots_;  // slot index of each of adamw_'s slots
   AdamW adamw_;
   Buffer momentum_buf_;

@@ -51,7 +51,11 @@ class Optimizer {
 };
 
 // AdamW with decoupled weight decay on every slot (decay where the slot says so): "exp_avg" (m)
-// and "exp_avg_sq" (v) per slot, in two flat buffers carved like the slots.
+// and "exp_avg_sq" (v) per slot, in two flat buffers carved like the slots. Under [offload]
+// "nvme" the buffers are files (Allocator::allocate, Offload::with_optimizer), and step streams
+// over the slots in chunks of the FileStore's size: the next chunk read ahead while one is
+// updated, each updated one written back and dropped from memory (the same elementwise update,
+// so the same bits).
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimizerConfig& cfg, Allocator& alloc, std::vector<OptimizerSlot> slots);
@@ -62,6 +66,7 @@ class AdamW final : public Optimizer {
  private:
   OptimizerConfig cfg_;
   std::vector<OptimizerSlot> slots_;
+  FileStore* store_ = nullptr;  // the allocator's, when it offloads
   Buffer m_buf_, v_buf_;
   std::vector<Tensor> m_, v_;
 };

@@ -187,6 +187,12 @@ LAYOUTS = {  # name: (ranks, sets)
                                           "parallel.zero_hierarchical_partition=1",
                                           "parallel.zero_quantized_gradients=true",
                                           "train.precision=bf16", "train.grad_dtype=compute"]),
+    # [offload] "nvme": the offloaded state leaves params and optimizer (in files instead).
+    "zero3-dp2-offload": (2, ["parallel.dp=2", "parallel.zero_stage=3", "offload.optimizer=nvme",
+                              "offload.params=nvme", "offload.nvme_dir=/tmp"]),
+    "zero1-dp2-offload-bf16": (2, ["parallel.dp=2", "parallel.zero_stage=1",
+                                   "train.precision=bf16", "offload.optimizer=nvme",
+                                   "offload.nvme_dir=/tmp"]),
     "ep2-hpz2-zero3-dp4-qg": (4, ["parallel.dp=4", "parallel.ep=2", "parallel.zero_stage=3",
                                   "parallel.zero_hierarchical_partition=2",
                                   "parallel.zero_quantized_gradients=true"]),

@@ -332,6 +332,35 @@ TEST(CostModel, QuantisedGradientsCrossTheNodesInInt4Once) {
   EXPECT_LT(comm(two), comm(one));
 }
 
+// [offload] "nvme": ZeRO-3's shards and AdamW's state leave the device's memory for the files
+// (the rest unchanged); a step moves each offloaded byte in and out once in the update and reads
+// the shards at every gather (2 micro-batches: forward and backward of each), timed at the
+// profile's nvme_bandwidth when it has one.
+TEST(CostModel, OffloadMovesTheStateIntoFilesAndTimesItsTransfers) {
+  const std::vector<std::string> zero{"parallel.dp=2", "parallel.zero_stage=3",
+                                      "train.micro_batch_size=2", "train.global_batch_size=8"};
+  std::vector<std::string> off = zero;
+  for (const char* s : {"offload.optimizer=nvme", "offload.params=nvme", "offload.nvme_dir=/tmp"})
+    off.push_back(s);
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1),
+                        disk = parse_hardware(concat(kGpu, "nvme_bandwidth = 1e9\n"), "gpu", 1);
+  const StageCost plain = predict_step(tiny(zero), 2, hw).stages[0],
+                  moved = predict_step(tiny(off), 2, hw).stages[0],
+                  timed = predict_step(tiny(off), 2, disk).stages[0];
+  EXPECT_EQ(moved.memory.optimizer, 0);
+  EXPECT_EQ(moved.memory.params, 0);
+  EXPECT_EQ(moved.memory.grads, plain.memory.grads);
+  EXPECT_EQ(moved.memory.offloaded, plain.memory.params + plain.memory.optimizer);
+  EXPECT_NEAR(moved.peak, plain.peak - moved.memory.offloaded, 1e-6 * plain.peak);
+  // Each unit gathered before its forward and its backward, the root once a micro-batch.
+  const double shards = plain.memory.params;
+  EXPECT_GT(moved.offload_io_bytes, 2 * moved.memory.offloaded + 2 * shards);
+  EXPECT_LE(moved.offload_io_bytes, 2 * moved.memory.offloaded + 4 * shards);
+  EXPECT_EQ(moved.offload_s, 0);
+  EXPECT_DOUBLE_EQ(timed.offload_s, timed.offload_io_bytes / 1e9);
+  EXPECT_DOUBLE_EQ(timed.step_s - moved.step_s, timed.offload_s);
+}
+
 // train.fp8 is emulated: the layers' linears (GPT-2 tiny: qkv, proj, fc1, fc2 = 12 C^2 a layer)
 // multiply dequantised fp32 values, timed at the fp32 peak; the rest (attention core, head)
 // at bf16's. Full recompute replays those GEMMs' forward too (2 FLOPs a weight).

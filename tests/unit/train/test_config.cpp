@@ -199,6 +199,10 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("checkpoint.init_from", checkpoint.init_from),
       LLMT_KEY("checkpoint.async", checkpoint.async),
       LLMT_KEY("comm.timeout_s", comm.timeout_s),
+      LLMT_KEY("offload.optimizer", offload.optimizer),
+      LLMT_KEY("offload.params", offload.params),
+      LLMT_KEY("offload.nvme_dir", offload.nvme_dir),
+      LLMT_KEY("offload.buffer_mb", offload.buffer_mb),
       LLMT_KEY("log.interval", log.interval),
       LLMT_KEY("log.progress", log.progress),
       LLMT_KEY("log.metrics", log.metrics),
@@ -597,6 +601,11 @@ init_from = "runs/base/checkpoints"
 async = true
 [comm]
 timeout_s = 120.5
+[offload]
+optimizer = "nvme"
+params = "nvme"
+nvme_dir = "/var/tmp"
+buffer_mb = 16.5
 [data]
 source = "synthetic"
 seed = 11
