@@ -42,7 +42,10 @@ one="$("$llmtrain" "${gen[@]}" --temperature 0 2>&1 | ids)"
 echo "tp1 greedy: $one"
 [[ $(wc -w <<< "$one") -eq 12 ]] || { echo "FAIL: not 12 tokens"; fail=1; }
 for n in 2 4; do
-  got="$("$mpirun" --oversubscribe -np $n "$llmtrain" "${gen[@]}" --temperature 0 2>&1 | ids)"
+  # (The ids are on stderr, the text on stdout, kept apart: mpirun forwards the two streams as
+  # they come, and a loaded machine once put a piece of the text inside the ids' line.)
+  got="$("$mpirun" --oversubscribe -np $n "$llmtrain" "${gen[@]}" --temperature 0 2>&1 \
+    > "tp$n.out" | ids)"
   echo "tp$n greedy: $got"
   [[ "$got" == "$one" ]] || { echo "FAIL: greedy at tp$n differs from one rank"; fail=1; }
 done
