@@ -34,6 +34,7 @@ read_bw="$(dd if="$work/dd" of=/dev/null bs=16M iflag=direct 2>&1 | dd_rate)"
 rm -f "$work/dd"
 echo "dd in $nvme: write $write_bw B/s, read $read_bw B/s"
 
+mkdir "$work/nvme"
 cat > "$work/offload.toml" <<TOML
 [model]
 arch = "gpt2"
@@ -60,7 +61,7 @@ zero_stage = 3
 [offload]
 optimizer = "nvme"
 params = "nvme"
-nvme_dir = "$work"
+nvme_dir = "$work/nvme"
 buffer_mb = 64
 
 [checkpoint]
@@ -73,7 +74,7 @@ TOML
 start="$(date +%s.%N)"
 "$llmtrain" train --config "$work/offload.toml" -q
 echo "wall clock $(echo "$(date +%s.%N) - $start" | bc) s, $steps steps; nvme_dir now holds" \
-  "$(find "$work" -maxdepth 1 -type f | wc -l) files"
+  "$(find "$work/nvme" -mindepth 1 | wc -l) entries"
 /usr/bin/python3 - "$work/run/metrics.jsonl" "$write_bw" "$read_bw" <<'PY'
 import json
 import sys
