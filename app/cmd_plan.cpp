@@ -428,13 +428,12 @@ Run add_plan_command(CLI::App& app) {
     for (int r = 0; r < world; ++r) {
       const auto c = mesh.coords(r);
       if (c[static_cast<int>(Axis::dp)] != 0 || c[static_cast<int>(Axis::cp)] != 0) continue;
-      const MemoryEstimate e =
-          rank_state_bytes(parallelize(spec, layout, r), par.zero_stage, group, 0,
-                           cfg.train.precision != Precision::fp32, cfg.optimizer.type,
-                           static_cast<int>(dtype_size(grad_dtype(cfg.train))),
-                           static_cast<int>(zero_secondary_group(par, mesh.size(Axis::cp))),
-                           cfg.offload.optimizer == OffloadTarget::nvme,
-                           cfg.offload.params == OffloadTarget::nvme);
+      const MemoryEstimate e = rank_state_bytes(
+          parallelize(spec, layout, r), par.zero_stage, group, 0,
+          cfg.train.precision != Precision::fp32, cfg.optimizer.type,
+          static_cast<int>(dtype_size(grad_dtype(cfg.train))),
+          static_cast<int>(zero_secondary_group(par, mesh.size(Axis::cp))),
+          cfg.offload.optimizer == OffloadTarget::nvme, cfg.offload.params == OffloadTarget::nvme);
       if (r > 0 && e.params == shown.params && e.grads == shown.grads &&
           e.optimizer == shown.optimizer) {
         if (same++ == 0) same_first = r;

@@ -1055,11 +1055,10 @@ double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
 // Memory: the exact state, the in-flight activations and the buffers.
 void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r, const DpCost& dc,
                  const RankActivations& act, StageCost& s) {
-  s.memory =
-      rank_state_bytes(rs, j.par.zero_stage, j.zero_group, 0, j.sixteen, j.cfg.optimizer.type,
-                       static_cast<int>(dtype_size(grad_dtype(j.cfg.train))), j.secondary_group,
-                       j.cfg.offload.optimizer == OffloadTarget::nvme,
-                       j.cfg.offload.params == OffloadTarget::nvme);
+  s.memory = rank_state_bytes(
+      rs, j.par.zero_stage, j.zero_group, 0, j.sixteen, j.cfg.optimizer.type,
+      static_cast<int>(dtype_size(grad_dtype(j.cfg.train))), j.secondary_group,
+      j.cfg.offload.optimizer == OffloadTarget::nvme, j.cfg.offload.params == OffloadTarget::nvme);
   // [offload] "nvme": the update reads and writes every offloaded byte once; ZeRO-3's offloaded
   // shards are read by every gather from them too.
   s.offload_io_bytes = 2 * s.memory.offloaded;

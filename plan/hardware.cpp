@@ -95,8 +95,8 @@ HardwareProfile build(Loader& loader, const std::string& name, int threads_per_r
                               f.may_detect ? " (or 0: detect)" : ""));
   }
   if (h.nvme_bandwidth < 0)
-    errors.push_back(concat(name, ": hardware.nvme_bandwidth=", h.nvme_bandwidth,
-                            " must be >= 0 (0: unknown)"));
+    errors.push_back(
+        concat(name, ": hardware.nvme_bandwidth=", h.nvme_bandwidth, " must be >= 0 (0: unknown)"));
   if (h.comm_overlap < 0 || h.comm_overlap > 1)
     errors.push_back(concat(name, ": hardware.comm_overlap=", h.comm_overlap,
                             " is a fraction of the compute, from 0 to 1"));

@@ -296,7 +296,7 @@ TEST(IntQuant, RefusesBadShapes) {
   EXPECT_THROW(ops::quantize_int(packed.t(), x.t().view({20}), 4, 8), Error);
   HostTensor p16({2, ops::int_packed_words(10, 16, 8)}, DType::i32);  // 1 block of 5 words
   EXPECT_THROW(ops::quantize_int(p16.t(), x.t(), 16, 4), Error);      // int4: 1 block of 3 words
-  EXPECT_THROW(ops::quantize_int(packed.t(), x.t(), 4, 2), Error);  // 8 or 4 bits
+  EXPECT_THROW(ops::quantize_int(packed.t(), x.t(), 4, 2), Error);    // 8 or 4 bits
   HostTensor f({2, ops::int_packed_words(10, 4, 8)});
   EXPECT_THROW(ops::quantize_int(f.t(), x.t(), 4, 8), Error);  // packed must be i32
 }
