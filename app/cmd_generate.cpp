@@ -132,7 +132,9 @@ Run add_generate_command(CLI::App& app) {
         "train.micro_batch_size=1", "train.global_batch_size=1", "train.recompute=\"none\"",
         "train.distribute_saved_activations=false",
         // one token at a time: no expert capacity drops it
-        "model.moe.capacity_factor=0"};
+        "model.moe.capacity_factor=0",
+        // no update: the stored run's offload folder is not needed
+        "offload.optimizer=\"none\""};
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());
     Config cfg;

@@ -123,6 +123,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   // ZeRO++'s quantised weights and gradients, kept from the config on the stage-3 candidates.
   const bool qwz = base.parallel.zero_quantized_weights;
   const bool qgz = base.parallel.zero_quantized_gradients;
+  // [offload]: the optimizer's kept on every candidate, ZeRO-3's shards' on the stage-3 ones.
+  const OffloadTarget offload_params = base.offload.params;
   const int64_t qwz_block = base.parallel.zero_quant_block;
   // Context parallelism pays from long sequences on: cp > 1 is tried from 8192 positions.
   std::vector<LayoutShape> shapes;
@@ -208,6 +210,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               // qwZ and qgZ stay the config's choice (they change the numbers), on stage 3 only.
               c.cfg.parallel.zero_quantized_weights = zero == 3 && qwz;
               c.cfg.parallel.zero_quantized_gradients = zero == 3 && qgz;
+              c.cfg.offload.params = zero == 3 ? offload_params : OffloadTarget::none;
               c.cfg.parallel.zero_quant_block = zero == 3 ? qwz_block : 256;
               c.cfg.train.micro_batch_size = mbs;
               c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
@@ -229,6 +232,9 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
                                       c.cfg.parallel.zero_quantized_weights ? "true" : "false"));
               c.sets.push_back(concat("parallel.zero_quantized_gradients=",
                                       c.cfg.parallel.zero_quantized_gradients ? "true" : "false"));
+              c.sets.push_back(
+                  concat("offload.params=\"",
+                         kOffloadTargetNames[static_cast<size_t>(c.cfg.offload.params)], "\""));
               c.sets.push_back(
                   concat("parallel.zero_quant_block=", c.cfg.parallel.zero_quant_block));
               c.sets.push_back(concat("train.micro_batch_size=", mbs));

@@ -522,7 +522,8 @@ const std::vector<std::string>& ddp_overrides() {
                                              "parallel.zero_quantized_weights=false",
                                              "parallel.zero_quantized_gradients=false",
                                              "parallel.zero_quant_block=256",
-                                             "parallel.zero_hierarchical_partition=0"};
+                                             "parallel.zero_hierarchical_partition=0",
+                                             "offload.params=\"none\""};
   return sets;
 }
 

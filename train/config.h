@@ -111,8 +111,8 @@ std::vector<std::string> config_keys();
 // problem with all its factors.
 void validate_layout(const Config& c, int world);
 // The --set values that make a config's data parallelism plain DDP: zero_stage 0 and every ZeRO
-// option back at its default (each refuses zero_stage 0). For the commands that run a stored
-// config at a layout of their own (eval, generate) and for plan --search's candidates.
+// option back at its default, offload.params too (each refuses zero_stage 0). For the commands that
+// run a stored config at a layout of their own (eval, generate) and for plan --search's candidates.
 const std::vector<std::string>& ddp_overrides();
 // The fewest ranks the [parallel] layout runs on: tp*cp*pp*dp, dp = -1 counted as 1 (the commands
 // that meet a world too small say how to get more: mpirun for train and eval, --world offline).

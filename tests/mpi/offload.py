@@ -68,6 +68,18 @@ def main():
         differ = [k for k in da if k not in db or not np.array_equal(da[k], db[k])]
         if not da or differ or set(da) != set(db):
             failures.append(f"{name}: checkpoints differ in {differ[:5]} ({len(da)} datasets)")
+        if name == "single-zero3":
+            # eval and generate reset the layout (and the offload) of the stored config: the
+            # same loss from both checkpoints, no offload folder needed.
+            evals = [subprocess.run([args.llmtrain, "eval", "--checkpoint", ck, "--iters", "1",
+                                     "--set", "train.threads=1"], capture_output=True, text=True)
+                     for ck in (ck_a, ck_b)]
+            losses = [e.stdout.split(": loss ")[-1] for e in evals]
+            if any(e.returncode for e in evals) or losses[0] != losses[1]:
+                failures.append(f"eval of the offloaded run's checkpoint: "
+                                f"{[(e.returncode, e.stdout, e.stderr[-300:]) for e in evals]}")
+            print(f"{name}: eval of both checkpoints: loss {losses[0].strip()}, "
+                  f"{losses[1].strip()}")
         last = b[-1]
         moved = {k: v for k, v in last.get("offload_bytes", {}).items()}
         kept = {k: last["peak_bytes"][k] - a[-1]["peak_bytes"][k] for k in moved}

@@ -608,7 +608,8 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   const std::string path = model(4);
   const std::vector<std::string> qw{"parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
                                     "parallel.zero_quantized_gradients=true",
-                                    "parallel.zero_quant_block=64"};
+                                    "parallel.zero_quant_block=64", "offload.params=nvme",
+                                    "offload.nvme_dir=/tmp"};
   const SearchResult r = search_layouts(path, qw, parse_config(path, qw), 4, hw_, 1000000);
   ASSERT_FALSE(r.ranked.empty());
   int stage3 = 0;
@@ -616,6 +617,8 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
     const ParallelConfig& p = c.cfg.parallel;
     EXPECT_EQ(p.zero_quantized_weights, p.zero_stage == 3) << layout_text(c.cfg, 4);
     EXPECT_EQ(p.zero_quantized_gradients, p.zero_stage == 3) << layout_text(c.cfg, 4);
+    EXPECT_EQ(c.cfg.offload.params == OffloadTarget::nvme, p.zero_stage == 3)
+        << layout_text(c.cfg, 4);
     EXPECT_EQ(p.zero_quant_block, p.zero_stage == 3 ? 64 : 256) << layout_text(c.cfg, 4);
     stage3 += p.zero_stage == 3;
   }
