@@ -37,6 +37,10 @@ std::string param_name(const std::string& path) {
 // Every [model] value the target class cannot represent, one message each.
 std::vector<std::string> unrepresentable(const ModelConfig& c) {
   std::vector<std::string> p;
+  if (c.mla_attention())
+    p.push_back(
+        "model.attention=\"mla\": GPT-2, Llama and Mixtral have multi-head attention (the "
+        "DeepseekV3 layout is not exported)");
   const int64_t kv = c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
   if (c.arch == Arch::gpt2) {
     if (c.norm != NormKind::layernorm)

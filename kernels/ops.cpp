@@ -523,34 +523,38 @@ void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp) {
 
 namespace {
 
-// x (B,T,HT,D) with D even, 0 <= n_rot <= HT; returns the dims.
-std::array<int64_t, 4> check_rope(const Op& op, const Tensor& x, int64_t n_rot, int64_t pos_offset,
-                                  float theta) {
+// x (B,T,HT,D), 0 <= n_rot <= HT, the rotated dims an even run inside D (count 0: all D, even);
+// returns the dims and the rotated run.
+std::array<int64_t, 6> check_rope(const Op& op, const Tensor& x, int64_t n_rot, int64_t pos_offset,
+                                  float theta, RopeDims dims) {
   op.ndim("x", x, 4);
-  LLMT_OP_REQUIRE(op, x.size(3) % 2 == 0, "x ", describe(x), " has an odd head dim");
+  const int64_t D = x.size(3), R = dims.count == 0 ? D : dims.count;
+  LLMT_OP_REQUIRE(op, R % 2 == 0 && R > 0 && dims.first >= 0 && dims.first + R <= D,
+                  "rotated dims [", dims.first, ", +", R, ") of x ", describe(x),
+                  " are not an even run inside the head dim");
   LLMT_OP_REQUIRE(op, 0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ",
                   x.size(2), "] for x ", describe(x));
   LLMT_OP_REQUIRE(op, pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
-  return {x.size(0), x.size(1), x.size(2), x.size(3)};
+  return {x.size(0), x.size(1), x.size(2), D, dims.first, R};
 }
 
 }  // namespace
 
-void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                  Tensor positions) {
+void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta, Tensor positions,
+                  RopeDims dims) {
   Op op("rope_forward", {x, positions});
-  const auto [B, T, HT, D] = check_rope(op, x, n_rot_heads, pos_offset, theta);
+  const auto [B, T, HT, D, r0, R] = check_rope(op, x, n_rot_heads, pos_offset, theta, dims);
   LLMT_KERNEL(op, rope_forward)
-  (op.inout("x", x), B, T, HT, D, n_rot_heads, pos_offset,
+  (op.inout("x", x), B, T, HT, D, n_rot_heads, r0, R, pos_offset,
    op.positions_opt("positions", positions, T), theta);
 }
 
 void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                   Tensor positions) {
+                   Tensor positions, RopeDims dims) {
   Op op("rope_backward", {dx, positions});
-  const auto [B, T, HT, D] = check_rope(op, dx, n_rot_heads, pos_offset, theta);
+  const auto [B, T, HT, D, r0, R] = check_rope(op, dx, n_rot_heads, pos_offset, theta, dims);
   LLMT_KERNEL(op, rope_backward)
-  (op.inout("dx", dx), B, T, HT, D, n_rot_heads, pos_offset,
+  (op.inout("dx", dx), B, T, HT, D, n_rot_heads, r0, R, pos_offset,
    op.positions_opt("positions", positions, T), theta);
 }
 
@@ -660,6 +664,30 @@ void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int6
   LLMT_KERNEL(op, copy_heads)
   (op.inout("dst", dst), dst.size(2), dst_head, op.in("src", src), src.size(2), src_head, n_heads,
    N, D);
+}
+
+void copy_blocks(Tensor dst, Tensor src, const ColumnBlocks& b, bool add) {
+  Op op("copy_blocks", {dst, src});
+  op.ndim("dst", dst, 2);
+  op.ndim("src", src, 2);
+  const int64_t rows = dst.size(0), Wd = dst.size(1), Ws = src.size(1);
+  LLMT_OP_REQUIRE(op, src.size(0) == rows, "src ", describe(src), " and dst ", describe(dst),
+                  " differ in rows");
+  auto inside = [&](int64_t first, int64_t stride, int64_t W) {
+    return b.n == 0 || b.width == 0 ||
+           (first >= 0 && stride >= 0 && first + (b.n - 1) * stride + b.width <= W);
+  };
+  LLMT_OP_REQUIRE(op, b.n >= 0 && b.width >= 0 && inside(b.dst_first, b.dst_stride, Wd), b.n,
+                  " blocks of ", b.width, " at ", b.dst_first, " + j*", b.dst_stride,
+                  " run outside dst ", describe(dst));
+  LLMT_OP_REQUIRE(op, inside(b.src_first, b.src_stride, Ws), b.n, " blocks of ", b.width, " at ",
+                  b.src_first, " + j*", b.src_stride, " run outside src ", describe(src));
+  LLMT_OP_REQUIRE(op, add || b.n <= 1 || b.dst_stride >= b.width, "blocks of ", b.width,
+                  " written ", b.dst_stride,
+                  " apart overlap in dst: only a sum (add) may gather blocks into one");
+  LLMT_KERNEL(op, copy_blocks)
+  (op.inout("dst", dst), Wd, op.in("src", src), Ws, rows, b.n, b.width, b.dst_first, b.dst_stride,
+   b.src_first, b.src_stride, add);
 }
 
 // ---- mixture of experts -----------------------------------------------------------------------

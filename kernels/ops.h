@@ -73,14 +73,20 @@ void swiglu_forward(Tensor out, Tensor inp);
 void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp);  // dinp (N,2F) assigned
 
 // ---- rotary position embedding ----------------------------------------------------------------
+// The dims of each head RoPE rotates: [first, first + count), count even; count 0 = the whole
+// head. Multi-head latent attention rotates the last qk_rope_head_dim of each query and key head.
+struct RopeDims {
+  int64_t first = 0, count = 0;
+};
 // In place on x (B,T,HT,D): rotates heads [0, n_rot_heads) at positions pos_offset + t, with the
-// "rotate half" pairing (i, i + D/2) and frequencies theta^(-2i/D). D even. With `positions` (T)
-// i32, row t is at positions[t] instead (context parallelism's global positions).
+// "rotate half" pairing (i, i + R/2) and frequencies theta^(-2i/R) over the R = dims.count
+// rotated dims (D by default; R even). With `positions` (T) i32, row t is at positions[t]
+// instead (context parallelism's global positions).
 void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                  Tensor positions = {});
+                  Tensor positions = {}, RopeDims dims = {});
 // In place on dx (B,T,HT,D): the transpose (inverse rotation) of rope_forward.
 void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                   Tensor positions = {});
+                   Tensor positions = {}, RopeDims dims = {});
 
 // ---- attention --------------------------------------------------------------------------------
 // Causal self-attention with grouped-query heads, computed in tiles with an online softmax:
@@ -120,6 +126,19 @@ void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse);
 // Heads [dst_head, dst_head+n) of dst (B,T,Wd,D) := heads [src_head, src_head+n) of src
 // (B',T',Ws,D) with B*T == B'*T' (packing K/V out of a qkv tensor and back).
 void copy_heads(Tensor dst, int64_t dst_head, Tensor src, int64_t src_head, int64_t n_heads);
+
+// Runs of columns between two matrices, for assembling attention heads out of projections and
+// back (multi-head latent attention): for every row r and block j < n, the `width` elements
+// dst[r, dst_first + j*dst_stride + i] := (add: +=) src[r, src_first + j*src_stride + i], i <
+// width. A stride may be 0: one source block copied into every head (src_stride 0), or every
+// block summed into one (dst_stride 0, add only; in increasing j, so the sum is deterministic).
+struct ColumnBlocks {
+  int64_t n = 1, width = 0;
+  int64_t dst_first = 0, dst_stride = 0;
+  int64_t src_first = 0, src_stride = 0;
+};
+// dst (rows, Wd), src (rows, Ws): 2-D views of the same row count.
+void copy_blocks(Tensor dst, Tensor src, const ColumnBlocks& b, bool add = false);
 
 // ---- mixture of experts (docs/model.md, "Mixture of experts") ---------------------------------
 // Dims: E experts, k experts per token, S sequences of T tokens (N = S*T rows), M = N*k permuted

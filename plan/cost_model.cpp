@@ -521,9 +521,11 @@ struct Job {
   // One layer's FLOPs per token: 6 x matmul weights + 6CT of attention, the forward a third;
   // selective recompute repeats the attention core's forward (2CT), full recompute the layer's
   // forward.
-  double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + 6 * C * T; }
+  double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + attn_fpt; }
   double recompute_fpt(int64_t l) const {
-    return rc == Recompute::full ? layer_fpt(l) / 3 : rc == Recompute::selective ? 2 * C * T : 0.0;
+    return rc == Recompute::full        ? layer_fpt(l) / 3
+           : rc == Recompute::selective ? attn_fpt / 3
+                                        : 0.0;
   }
 
  private:
@@ -574,7 +576,9 @@ void Job::derive() {
       j.layer_fp8_params[static_cast<size_t>(ps.layer)] += spec.matmul_weights(i);
   }
   j.head_fpt = 6 * static_cast<double>(mc.vocab_size) * j.C;
-  j.attn_fpt = 6 * j.C * j.T;  // the attention core, forward and backward
+  // The attention core, forward and backward (ModelSpec::attention_width: C, or latent
+  // attention's H (Dqk + Dv) / 2).
+  j.attn_fpt = 6 * spec.attention_width() * j.T;
   if (j.p > 1) j.schedule = make_schedule(j.par.pp_schedule, j.shape);
   j.stage_layers = j.par.pp_layers.empty()
                        ? std::vector<int64_t>(j.p * j.v, mc.n_layers / (j.p * j.v))
@@ -752,10 +756,25 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
   // (forward: a gather and a reduce-scatter; backward: two gathers and a reduce-scatter).
   const double bare = j.mc.moe.shared_experts == 0 ? r.moe_layers : 0,
                bare_replays = j.mc.moe.shared_experts == 0 ? r.moe_replays : 0;
-  t.reduce_scatter = m * f * E * (4 * L - 2 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
+  // The attention's input side, in units of C per token: multi-head attention gathers its input
+  // (1) in forward and again for qkv's weight gradient (1) and reduce-scatters its input gradient
+  // (1). Latent attention (LatentAttention) gathers its normalised latents and k_pe (Cq + Ckv +
+  // Dr; with a full-rank query x as well, C) and reduce-scatters their gradients; it keeps the
+  // gathered latents, so only a full-rank query's input is gathered again.
+  double in_fwd = 1, in_again = 1;
+  if (j.mc.mla_attention()) {
+    const MlaConfig& a = j.mc.mla;
+    in_fwd = (static_cast<double>((a.q_lora_rank > 0 ? a.q_lora_rank : j.mc.d_model) +
+                                  a.kv_lora_rank + a.qk_rope_head_dim)) /
+             j.C;
+    in_again = a.q_lora_rank > 0 ? 0 : 1;
+  }
+  t.reduce_scatter =
+      m * f * E * ((3 + in_fwd) * L - 2 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
   const double norm_out = (j.sixteen ? 2.0 : 4.0) / 4.0;  // bytes of a norm output per fp32 byte
   t.all_gather = m * f * E *
-                 (norm_out * (4 * L - 2 * bare + 2 * r.full_replays - bare_replays) +
+                 (norm_out * ((2 + in_fwd + in_again) * L - 2 * bare +
+                              (1 + in_fwd) * r.full_replays - bare_replays) +
                   (2 * L - bare + r.e + r.h));
   t.all_reduce =
       m * 2 * f *

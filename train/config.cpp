@@ -43,6 +43,7 @@ constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "inter
 constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
 constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
 constexpr std::array<std::string_view, 3> kMoeBalanceNames{"aux_loss", "bias", "none"};
+constexpr std::array<std::string_view, 2> kAttentionNames{"mha", "mla"};
 
 // ---- the key table ----
 
@@ -162,6 +163,14 @@ const std::vector<Section>& sections() {
                     .add("rope_theta", &M::rope_theta)
                     .add("dropout", &M::dropout)
                     .add("init_std", &M::init_std)
+                    .add("attention", &M::attention, kAttentionNames)
+                    .build());
+    s.push_back(SectionBuilder<MlaConfig>("model.mla", &Config::model, &M::mla)
+                    .add("q_lora_rank", &MlaConfig::q_lora_rank)
+                    .add("kv_lora_rank", &MlaConfig::kv_lora_rank)
+                    .add("qk_nope_head_dim", &MlaConfig::qk_nope_head_dim)
+                    .add("qk_rope_head_dim", &MlaConfig::qk_rope_head_dim)
+                    .add("v_head_dim", &MlaConfig::v_head_dim)
                     .build());
     s.push_back(SectionBuilder<MoeConfig>("model.moe", &Config::model, &M::moe)
                     .add("num_experts", &MoeConfig::num_experts)

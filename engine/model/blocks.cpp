@@ -162,6 +162,38 @@ void Norm::backward_weight(const Stash& st) const {
 
 // ---- Attention ----------------------------------------------------------------------------------
 
+namespace {
+
+// The core's output and LSE of an attention block's saved set s = [qkv, att, lse, ...]: s[1],
+// s[2], or under selective recompute ([qkv, ...]) recomputed from qkv into the model's scratch
+// unless it holds them already (scratch.core_of).
+std::pair<Tensor, Tensor> attention_core(const BlockEnv& env, bool recompute,
+                                         std::span<const Tensor> s) {
+  if (!recompute) return {s[1], s[2]};
+  BlockScratch& sc = env.scratch;
+  if (sc.core_of != s[0].data) {
+    env.attention.forward(sc.core_att, sc.core_lse, s[0]);
+    env.round(sc.core_att);
+    sc.core_of = s[0].data;
+  }
+  return {sc.core_att, sc.core_lse};
+}
+
+// The core's saved tensors: qkv (B,T,H+2KV,D) [, att (B,T,H,D), lse (B,H,T)].
+std::vector<TensorSpec> core_saved(const BlockEnv& env, int64_t H, int64_t KV, int64_t D,
+                                   bool recompute) {
+  const int64_t B = env.B, T = env.T;
+  const DType t = env.tp.compute;
+  std::vector<TensorSpec> out{{"qkv", {B, T, H + 2 * KV, D}, false, t}};
+  if (!recompute) {
+    out.push_back({"att", {B, T, H, D}, false, t});
+    out.push_back({"lse", {B, H, T}});
+  }
+  return out;
+}
+
+}  // namespace
+
 Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recompute_core)
     : env_(env),
       recompute_core_(recompute_core),
@@ -174,14 +206,7 @@ Attention::Attention(const BlockEnv& env, const std::string& prefix, bool recomp
 
 std::vector<TensorSpec> Attention::saved() const {
   const LocalDims d = local_dims(env_.spec, env_.tp.tp.size());
-  const int64_t B = env_.B, T = env_.T;
-  const DType t = env_.tp.compute;
-  std::vector<TensorSpec> out{{"qkv", {B, T, d.H + 2 * d.KV, d.D}, false, t}};
-  if (!recompute_core_) {
-    out.push_back({"att", {B, T, d.H, d.D}, false, t});
-    out.push_back({"lse", {B, d.H, T}});
-  }
-  return out;
+  return core_saved(env_, d.H, d.KV, d.D, recompute_core_);
 }
 
 std::vector<TensorSpec> Attention::stash() const {
@@ -191,14 +216,7 @@ std::vector<TensorSpec> Attention::stash() const {
 }
 
 std::pair<Tensor, Tensor> Attention::core(std::span<const Tensor> s) {
-  if (!recompute_core_) return {s[1], s[2]};
-  BlockScratch& sc = env_.scratch;
-  if (sc.core_of != s[0].data) {
-    env_.attention.forward(sc.core_att, sc.core_lse, s[0]);
-    env_.round(sc.core_att);
-    sc.core_of = s[0].data;
-  }
-  return {sc.core_att, sc.core_lse};
+  return attention_core(env_, recompute_core_, s);
 }
 
 Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
@@ -249,6 +267,223 @@ void Attention::backward_weight(std::span<const Tensor> s, const Stash& st, Tens
   const Tensor att = core(s).first;
   proj_.backward_weight(env_.g(proj_w_), env_.g(proj_b_), st[0], att.view({N, d.H * d.D}));
   qkv_.backward_weight(env_.g(qkv_w_), env_.g(qkv_b_), st[1], qkv_.input(x));
+}
+
+// ---- LatentAttention ----------------------------------------------------------------------------
+
+LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
+                                 bool recompute_core)
+    : env_(env),
+      recompute_core_(recompute_core),
+      H_(env.spec.cfg.n_heads / env.tp.tp.size()),
+      Dn_(env.spec.cfg.mla.qk_nope_head_dim),
+      Dr_(env.spec.cfg.mla.qk_rope_head_dim),
+      Dv_(env.spec.cfg.mla.v_head_dim),
+      D_(env.spec.cfg.mla.qk_head_dim()),
+      Cq_(env.spec.cfg.mla.q_lora_rank),
+      Ckv_(env.spec.cfg.mla.kv_lora_rank),
+      lat_(recompute_core ? 1 : 3),
+      q_a_(env.param_opt(prefix + ".q_a.weight")),
+      q_norm_(env.param_opt(prefix + ".q_a_norm.weight")),
+      q_up_w_(env.param(prefix + (Cq_ > 0 ? ".q_b.weight" : ".q.weight"))),
+      kv_a_(env.param(prefix + ".kv_a.weight")),
+      kv_norm_(env.param(prefix + ".kv_a_norm.weight")),
+      kv_up_w_(env.param(prefix + ".kv_b.weight")),
+      proj_w_(env.param(prefix + ".proj.weight")),
+      q_up_(env.tp, true),
+      kv_up_(env.tp, true),
+      proj_(env.tp, true) {
+  LLMT_CHECK(env.tp.tp.size() == 1 || env.tp.sp(),
+             "latent attention under tp needs sequence parallelism (each rank projects its rows)");
+  LLMT_CHECK(Dv_ <= D_ && env.spec.head_dim == D_, "latent attention: v_head_dim ", Dv_,
+             " above the core's head dim ", D_);
+}
+
+std::vector<TensorSpec> LatentAttention::saved() const {
+  const int64_t R = env_.tp.R, N = env_.tp.N;
+  const DType t = env_.tp.compute;
+  std::vector<TensorSpec> out = core_saved(env_, H_, H_, D_, recompute_core_);
+  if (Cq_ > 0) {
+    out.push_back({"q_a", {R, Cq_}, false, t});
+    out.push_back({"q_rstd", {R}});
+    out.push_back({"q_latent", {N, Cq_}, false, t});
+  }
+  out.push_back({"c", {R, Ckv_}, false, t});
+  out.push_back({"kv_rstd", {R}});
+  out.push_back({"kv_latent", {N, Ckv_}, false, t});
+  return out;
+}
+
+std::vector<TensorSpec> LatentAttention::stash() const {
+  const int64_t R = env_.tp.R, N = env_.tp.N, C = env_.spec.cfg.d_model;
+  std::vector<TensorSpec> out{{"d_proj_out", {N, C}, true},
+                              {"d_q", {N, H_ * D_}, true},
+                              {"d_kv", {N, H_ * (Dn_ + Dv_)}, true},
+                              {"d_kv_a", {R, Ckv_ + Dr_}, true}};
+  if (Cq_ > 0) out.push_back({"d_q_a", {R, Cq_}, true});
+  out.push_back({"d_norms", {Cq_ + Ckv_}});
+  return out;
+}
+
+Tensor LatentAttention::values_of(Tensor att, Tensor into) const {
+  const int64_t N = env_.tp.N;
+  if (Dv_ == D_) return att.view({N, H_ * Dv_});
+  Tensor o = head_of(into, {N, H_ * Dv_});
+  ops::copy_blocks(o, att.view({N, H_ * D_}), {H_, Dv_, 0, Dv_, 0, D_});
+  return o;
+}
+
+Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
+  const auto& cfg = env_.spec.cfg;
+  const BlockScratch::Mla& m = env_.scratch.mla;
+  const int64_t N = env_.tp.N, R = env_.tp.R;
+  const bool sp = env_.tp.sp();
+  const DType ops_t = env_.tp.compute;
+  Communicator* tp = env_.tp.tp.comm;
+  // A latent (R,W): normalised into `full` (N,W) directly, or under SP into this rank's rows and
+  // gathered over tp.
+  auto latent = [&](Tensor full, Tensor rstd, Tensor in, int64_t w_index) {
+    const int64_t W = in.size(1);
+    Tensor rows = sp ? head_of(m.rows, {R, W}) : full;
+    ops::rmsnorm_forward(rows, rstd, in, env_.w(w_index), cfg.norm_eps);
+    env_.round(rows);
+    if (sp) tp::gather_from_sequence_forward(*tp, full, rows);
+  };
+  Tensor xr = x.view({R, cfg.d_model});
+  // Queries (N,H*D), f32, in the backward's d_att scratch (free during a forward).
+  Tensor q = head_of(env_.scratch.d_att, {N, H_ * D_});
+  size_t i = lat_;
+  if (Cq_ > 0) {
+    Tensor qa = s[i], q_rstd = s[i + 1], q_latent = s[i + 2];
+    i += 3;
+    ops::linear_forward(qa, xr, env_.w(q_a_), Tensor(), ops_t);
+    env_.round(qa);
+    latent(q_latent, q_rstd, qa, q_norm_);
+    q_up_.forward(q, q_latent, env_.w(q_up_w_), Tensor());
+  } else {
+    q_up_.forward(q, q_up_.input(x), env_.w(q_up_w_), Tensor());
+  }
+  // Keys and values: kv_a's output split into c (saved) and k_pe (gathered, m.k_pe).
+  Tensor c = s[i], kv_rstd = s[i + 1], kv_latent = s[i + 2];
+  ops::linear_forward(m.kva, xr, env_.w(kv_a_), Tensor(), ops_t);
+  ops::copy_blocks(c, m.kva, {1, Ckv_, 0, 0, 0, 0});
+  env_.round(c);
+  Tensor kpe_rows = sp ? head_of(m.rows, {R, Dr_}) : m.k_pe;
+  ops::copy_blocks(kpe_rows, m.kva, {1, Dr_, 0, 0, Ckv_, 0});
+  env_.round(kpe_rows);
+  if (sp) tp::gather_from_sequence_forward(*tp, m.k_pe, kpe_rows);
+  latent(kv_latent, kv_rstd, c, kv_norm_);
+  kv_up_.forward(m.kv, kv_latent, env_.w(kv_up_w_), Tensor());
+  // The core's heads (N,3H,D) in fp32: q; [k_nope | k_pe] (k_pe in every head); [v | 0]; RoPE on
+  // the last Dr dims of the queries and keys, rounded once, as Attention's projection is.
+  Tensor qkv = s[0];
+  const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
+  const Tensor w2 = work.view({N, 3 * H_ * D_});
+  if (Dv_ < D_) ops::fill_zero(work);
+  ops::copy_blocks(w2, q, {1, H_ * D_, 0, 0, 0, 0});
+  ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
+  ops::copy_blocks(w2, m.k_pe, {H_, Dr_, H_ * D_ + Dn_, D_, 0, 0});
+  ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
+  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_});
+  if (work.data == qkv.data)
+    env_.round(qkv);
+  else
+    ops::convert(qkv, work);
+  if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
+  const auto [att, lse] = attention_core(env_, recompute_core_, s);
+  if (!recompute_core_) {
+    env_.attention.forward(att, lse, qkv);
+    env_.round(att);
+  }
+  Tensor y = proj_.forward(values_of(att, env_.scratch.d_qkv), env_.w(proj_w_), Tensor());
+  env_.round(y);
+  return y;
+}
+
+Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
+  const auto& cfg = env_.spec.cfg;
+  const BlockScratch& sc = env_.scratch;
+  const BlockScratch::Mla& m = sc.mla;
+  const int64_t N = env_.tp.N, R = env_.tp.R;
+  const bool sp = env_.tp.sp();
+  const DType ops_t = env_.tp.compute;
+  const auto [att, lse] = attention_core(env_, recompute_core_, s);
+  // The output's gradient (N,H*Dv), zero-padded to the core's heads in d_att.
+  const Tensor d_o = Dv_ == D_ ? sc.d_att.view({N, H_ * Dv_}) : head_of(m.kv, {N, H_ * Dv_});
+  st.keep(0, proj_.backward_input(d_o, dy, env_.w(proj_w_)));
+  env_.round(d_o);
+  if (Dv_ < D_) {
+    ops::fill_zero(sc.d_att);
+    ops::copy_blocks(sc.d_att.view({N, H_ * D_}), d_o, {H_, Dv_, 0, D_, 0, Dv_});
+  }
+  env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
+  ops::rope_backward(sc.d_qkv, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_});
+  env_.round(sc.d_qkv);
+  // Back to the projections: d q (N,H*D); d kv = [d k_nope | d v] (N,H*(Dn+Dv)); d k_pe (N,Dr)
+  // the sum over this rank's heads.
+  const Tensor dqkv = sc.d_qkv.view({N, 3 * H_ * D_});
+  const Tensor dq = head_of(sc.d_att, {N, H_ * D_});
+  ops::copy_blocks(dq, dqkv, {1, H_ * D_, 0, 0, 0, 0});
+  ops::copy_blocks(m.kv, dqkv, {H_, Dn_, 0, Dn_ + Dv_, H_ * D_, D_});
+  ops::copy_blocks(m.kv, dqkv, {H_, Dv_, Dn_, Dn_ + Dv_, 2 * H_ * D_, D_});
+  ops::fill_zero(m.d_kpe);
+  ops::copy_blocks(m.d_kpe, dqkv, {H_, Dr_, 0, 0, H_ * D_ + Dn_, D_}, /*add=*/true);
+  st.keep(1, dq);
+  st.keep(2, m.kv);
+  // The latents' gradients, summed over tp onto this rank's rows, through their norms.
+  Tensor norms = st[st_norms()];
+  ops::fill_zero(norms);
+  const Tensor d_cn = kv_up_.backward_input(head_of(m.d_lat, {N, Ckv_}), m.kv, env_.w(kv_up_w_),
+                                            head_of(m.d_rows, {R, Ckv_}));
+  const Tensor dc = head_of(m.kva, {R, Ckv_});
+  ops::rmsnorm_backward(dc, norms.rows(Cq_, Cq_ + Ckv_), d_cn, s[lat_ + (Cq_ > 0 ? 3 : 0)],
+                        env_.w(kv_norm_), s[lat_ + (Cq_ > 0 ? 4 : 1)]);
+  env_.round(dc);
+  ops::copy_blocks(m.d_kva, dc, {1, Ckv_, 0, 0, 0, 0});
+  Tensor d_kpe = m.d_kpe;
+  if (sp) {
+    d_kpe = head_of(m.d_rows, {R, Dr_});
+    tp::gather_from_sequence_backward(*env_.tp.tp.comm, d_kpe, m.d_kpe);
+  }
+  env_.round(d_kpe);
+  ops::copy_blocks(m.d_kva, d_kpe, {1, Dr_, Ckv_, 0, 0, 0});
+  st.keep(3, m.d_kva);
+  ops::linear_backward(m.dx, Tensor(), Tensor(), m.d_kva, Tensor(), env_.w(kv_a_), ops_t);
+  // The queries' part of the input gradient.
+  Tensor dx_q;
+  if (Cq_ > 0) {
+    const Tensor d_qn = q_up_.backward_input(head_of(m.d_lat, {N, Cq_}), dq, env_.w(q_up_w_),
+                                             head_of(m.d_rows, {R, Cq_}));
+    ops::rmsnorm_backward(m.d_qa, norms.rows(0, Cq_), d_qn, s[lat_], env_.w(q_norm_), s[lat_ + 1]);
+    env_.round(m.d_qa);
+    st.keep(4, m.d_qa);
+    dx_q = head_of(sc.d_c, {R, cfg.d_model});
+    ops::linear_backward(dx_q, Tensor(), Tensor(), m.d_qa, Tensor(), env_.w(q_a_), ops_t);
+  } else {
+    dx_q = q_up_.backward_input(sc.d_c, dq, env_.w(q_up_w_));
+  }
+  ops::add_inplace(m.dx, dx_q.view({R, cfg.d_model}));
+  env_.round(m.dx);
+  return m.dx;
+}
+
+void LatentAttention::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  const DType ops_t = env_.tp.compute;
+  const Tensor att = attention_core(env_, recompute_core_, s).first;
+  proj_.backward_weight(env_.g(proj_w_), Tensor(), st[0], values_of(att, env_.scratch.d_qkv));
+  const Tensor xr = x.view({R, C});
+  if (Cq_ > 0) {
+    q_up_.backward_weight(env_.g(q_up_w_), Tensor(), st[1], s[lat_ + 2]);
+    ops::linear_backward(Tensor(), env_.g(q_a_), Tensor(), st[4], xr, Tensor(), ops_t);
+  } else {
+    q_up_.backward_weight(env_.g(q_up_w_), Tensor(), st[1], q_up_.input(x));
+  }
+  kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), st[2], s[lat_ + (Cq_ > 0 ? 5 : 2)]);
+  ops::linear_backward(Tensor(), env_.g(kv_a_), Tensor(), st[3], xr, Tensor(), ops_t);
+  const Tensor norms = st[st_norms()];
+  if (Cq_ > 0) ops::add_inplace(env_.g(q_norm_), norms.rows(0, Cq_));
+  ops::add_inplace(env_.g(kv_norm_), norms.rows(Cq_, Cq_ + Ckv_));
 }
 
 // ---- Mlp ----------------------------------------------------------------------------------------
@@ -785,6 +1020,13 @@ void MoeMlp::experts_backward_weight(int64_t w, Tensor dout, Tensor in,
 
 namespace {
 
+std::unique_ptr<Branch> make_attention(const BlockEnv& env, int64_t layer, bool recompute_core) {
+  const std::string prefix = "layers." + std::to_string(layer) + ".attn";
+  if (env.spec.cfg.mla_attention())
+    return std::make_unique<LatentAttention>(env, prefix, recompute_core);
+  return std::make_unique<Attention>(env, prefix, recompute_core);
+}
+
 std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer) {
   const std::string prefix = "layers." + std::to_string(layer) + ".mlp";
   if (env.spec.cfg.moe.layer(layer)) return std::make_unique<MoeMlp>(env, prefix, layer);
@@ -802,19 +1044,18 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
       replay_(replay),
       norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
-      attn_block_(env, "layers." + std::to_string(layer) + ".attn",
-                  recompute == Recompute::selective),
+      attn_block_(make_attention(env, layer, recompute == Recompute::selective)),
       mlp_block_(make_mlp(env, layer)) {
   n1_ = 4;
   attn_ = n1_ + norm_1_.saved().size();
-  n2_ = attn_ + attn_block_.saved().size();
+  n2_ = attn_ + attn_block_->saved().size();
   mlp_ = n2_ + norm_2_.saved().size();
   end_ = mlp_ + mlp_block_->saved().size();
   // The stash in backward order: mlp, norm_2, attention, norm_1.
   st_mlp_ = 0;
   st_n2_ = st_mlp_ + mlp_block_->stash().size();
   st_attn_ = st_n2_ + norm_2_.stash().size();
-  st_n1_ = st_attn_ + attn_block_.stash().size();
+  st_n1_ = st_attn_ + attn_block_->stash().size();
   st_end_ = st_n1_ + norm_1_.stash().size();
   LLMT_CHECK(recompute_ != Recompute::full || replay_.size() == end_, "layer ", layer,
              ": the replay set has ", replay_.size(), " tensors, full recompute needs ", end_);
@@ -832,7 +1073,7 @@ std::vector<TensorSpec> Layer::full_saved() const {
                               {"res_mid", {R, C}, false, t},
                               {"m", {R, C}, false, t}};
   for (const auto& part :
-       {norm_1_.saved(), attn_block_.saved(), norm_2_.saved(), mlp_block_->saved()})
+       {norm_1_.saved(), attn_block_->saved(), norm_2_.saved(), mlp_block_->saved()})
     out.insert(out.end(), part.begin(), part.end());
   return out;
 }
@@ -847,7 +1088,7 @@ std::vector<TensorSpec> Layer::saved() const {
 std::vector<TensorSpec> Layer::stash() const {
   std::vector<TensorSpec> out;
   for (const auto& part :
-       {mlp_block_->stash(), norm_2_.stash(), attn_block_.stash(), norm_1_.stash()})
+       {mlp_block_->stash(), norm_2_.stash(), attn_block_->stash(), norm_1_.stash()})
     out.insert(out.end(), part.begin(), part.end());
   return out;
 }
@@ -901,7 +1142,7 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
 void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx) {
   const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
   norm_1_.forward(f.subspan(n1_, attn_ - n1_), a, res_in);
-  Tensor y = attn_block_.forward(f.subspan(attn_, n2_ - attn_), a);
+  Tensor y = attn_block_->forward(f.subspan(attn_, n2_ - attn_), a);
   residual(res_mid, res_in, y, 0, ctx);
   norm_2_.forward(f.subspan(n2_, mlp_ - n2_), m, res_mid);
   y = mlp_block_->forward(f.subspan(mlp_, end_ - mlp_), m);
@@ -961,8 +1202,8 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
   ops::add_inplace(sc.d_res, sc.d_tmp);
   env_.round(sc.d_res);
   // d_res: the gradient of res_mid.
-  Tensor da = attn_block_.backward_input(f_attn, st_attn, branch_grad(0, ctx));
-  if (then_weight) attn_block_.backward_weight(f_attn, st_attn, a);
+  Tensor da = attn_block_->backward_input(f_attn, st_attn, branch_grad(0, ctx));
+  if (then_weight) attn_block_->backward_weight(f_attn, st_attn, a);
   norm_1_.backward_input(f_n1, st_n1, sc.d_tmp, da, res_in);
   if (then_weight) norm_1_.backward_weight(st_n1);
   ops::add_inplace(sc.d_res, sc.d_tmp);
@@ -974,8 +1215,8 @@ void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const St
   mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_),
                               f[3]);
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
-  attn_block_.backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
-                              f[1]);
+  attn_block_->backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
+                               f[1]);
   norm_1_.backward_weight(st.part(st_n1_, st_end_ - st_n1_));
 }
 

@@ -115,6 +115,16 @@ struct BlockScratch {
   // gradient dx and the router's part dx_router (N,C), the routing weights' gradient dw (N,k),
   // the experts' gradients d_g (M,Fe) and d_xp (M,C), per-sequence aux (S) and per-token z (N).
   Tensor moe_scores, moe_y, moe_dx, moe_dx_router, moe_dw, moe_dg, moe_dxp, moe_aux, moe_zsq;
+  // Multi-head latent attention (LatentAttention; f32 unless said): the keys' and values' up
+  // projection kv (N,H*(Dn+Dv)) and its gradient; the decoupled RoPE key k_pe (N,Dr), compute
+  // type; a rank's rows of a latent before they are gathered over tp (R, max(Cq,Ckv,Dr)),
+  // compute type; the kv down projection kva (R,Ckv+Dr) and its gradient d_kva; the up
+  // projections' partial input gradients d_lat (N, max(Cq,Ckv)), the key's d_kpe (N,Dr), their
+  // sums over tp (R, max(Cq,Ckv)) d_rows; the query latent's gradient d_qa (R,Cq); the input
+  // gradient dx (R,C).
+  struct Mla {
+    Tensor kv, k_pe, rows, kva, d_kva, d_lat, d_kpe, d_rows, d_qa, dx;
+  } mla;
   // Which saved set the recompute scratch holds now (its first tensor's data), so a zero-bubble
   // backward_weight replays only when another micro-batch or layer has used it since.
   const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
@@ -233,6 +243,45 @@ class Attention final : public Branch {
   bool recompute_core_;
   int64_t qkv_w_, qkv_b_, proj_w_, proj_b_;
   ColumnParallelLinear qkv_;
+  RowParallelLinear proj_;
+};
+
+// Multi-head latent attention (DeepSeek-V2 §2.1, V3 §2.1.1; docs/model.md, "Multi-head latent
+// attention"). Queries: x -> q_a (Cq) -> RMSNorm -> q_b (H x [nope Dn | rope Dr]), or one
+// full-rank q (Cq = 0). Keys and values: x -> kv_a = [c (Ckv) | k_pe (Dr)]; RMSNorm(c) -> kv_b (H x
+// [k_nope Dn | v Dv]); each head's key is [k_nope | k_pe], k_pe one RoPE key shared by all heads.
+// RoPE rotates the last Dr dims of every query and key. The core sees H query and H kv heads of
+// D = Dn + Dr, values zero-padded from Dv to D (Dv <= D), so its scale is 1/sqrt(Dn + Dr); the
+// output's first Dv dims of each head go to the row-parallel proj. Under tp (sequence parallelism
+// required) each rank projects its own R rows down (q_a, kv_a and the latents' norms replicated,
+// gradients partial over tp), gathers the normalised latents and k_pe over tp (N rows: what
+// q_b/kv_b, column-parallel by heads, read), and reduce-scatters their gradients back: the
+// gathers move the latents (Cq + Ckv + Dr per token) where multi-head attention's moves x (C).
+// Dims as Attention's; Cq/Ckv the query/kv latent ranks, Dn/Dr/Dv the head dims of [model.mla].
+class LatentAttention final : public Branch {
+ public:
+  LatentAttention(const BlockEnv& env, const std::string& prefix, bool recompute_core);
+  // qkv (B,T,3H,D) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq), q_rstd (R), q_latent (N,Cq),]
+  // c (R,Ckv), kv_rstd (R), kv_latent (N,Ckv); activations in the compute type.
+  std::vector<TensorSpec> saved() const override;
+  // d proj out (N,C), d q (N,H*D), d kv (N,H*(Dn+Dv)), d kv_a (R,Ckv+Dr) [, d q_a (R,Cq)] (views),
+  // the latent norms' weight gradients (Cq + Ckv).
+  std::vector<TensorSpec> stash() const override;
+  Tensor forward(std::span<const Tensor> s, Tensor x) override;
+  Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;
+  void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) override;
+
+ private:
+  // The core output's first Dv dims of each head (N,H*Dv): att itself when Dv = D, else copied
+  // into `into`.
+  Tensor values_of(Tensor att, Tensor into) const;
+  size_t st_norms() const { return Cq_ > 0 ? 5 : 4; }  // the norms' entry of the stash
+  const BlockEnv& env_;
+  bool recompute_core_;
+  int64_t H_, Dn_, Dr_, Dv_, D_, Cq_, Ckv_;
+  size_t lat_;  // the first latent tensor in the saved set
+  int64_t q_a_, q_norm_, q_up_w_, kv_a_, kv_norm_, kv_up_w_, proj_w_;
+  ColumnParallelLinear q_up_, kv_up_;
   RowParallelLinear proj_;
 };
 
@@ -418,8 +467,8 @@ class Layer {
   bool distributed_;
   std::span<Tensor> replay_;
   Norm norm_1_, norm_2_;
-  Attention attn_block_;
-  std::unique_ptr<Branch> mlp_block_;  // Mlp, or MoeMlp on a mixture-of-experts layer
+  std::unique_ptr<Branch> attn_block_;  // Attention, or LatentAttention (model.attention = mla)
+  std::unique_ptr<Branch> mlp_block_;   // Mlp, or MoeMlp on a mixture-of-experts layer
 };
 
 // Token (+ learned position) embedding, vocab-parallel.

@@ -19,7 +19,8 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
   }
   if (m.d_model >= 1) r.at_least<int64_t>("model.d_ff", m.d_ff, 1, ", or 0 for the arch default");
   r.at_least<int64_t>("model.seq_len", m.seq_len, 1);
-  if (m.d_model >= 1 && m.n_heads >= 1) {
+  // Multi-head latent attention has head dims of its own ([model.mla]).
+  if (m.d_model >= 1 && m.n_heads >= 1 && !m.mla_attention()) {
     r.require(m.d_model % m.n_heads == 0, {"model.d_model", "model.n_heads"},
               concat("model.d_model=", m.d_model, " is not divisible by model.n_heads=", m.n_heads,
                      ": the head dim is d_model/n_heads"));
@@ -31,7 +32,7 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
                  " / model.n_heads=", m.n_heads, " = ", head_dim));
     }
   }
-  if (m.n_heads >= 1 && m.n_kv_heads >= 1) {
+  if (m.n_heads >= 1 && m.n_kv_heads >= 1 && !m.mla_attention()) {
     r.require(m.n_heads % m.n_kv_heads == 0, {"model.n_heads", "model.n_kv_heads"},
               concat("model.n_heads=", m.n_heads, " is not divisible by model.n_kv_heads=",
                      m.n_kv_heads, ": each kv head serves n_heads/n_kv_heads query heads"));
@@ -45,6 +46,46 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
                    " must be <= 1.0: weights drawn that wide overflow the first forward (GPT-2 "
                    "uses 0.02)"));
   check_moe_config(m, r);
+  check_mla_config(m, r);
+}
+
+void check_mla_config(const ModelConfig& m, Rules& r) {
+  const MlaConfig& a = m.mla;
+  if (!m.mla_attention()) {
+    r.require(a == MlaConfig{},
+              {"model.attention", "model.mla.q_lora_rank", "model.mla.kv_lora_rank",
+               "model.mla.qk_nope_head_dim", "model.mla.qk_rope_head_dim", "model.mla.v_head_dim"},
+              "[model.mla] is set, but model.attention=\"mha\" does not read it: set "
+              "model.attention = \"mla\", or remove [model.mla]");
+    return;
+  }
+  r.at_least<int64_t>("model.mla.q_lora_rank", a.q_lora_rank, 0,
+                      " (0 = a full-rank query projection)");
+  r.at_least<int64_t>("model.mla.kv_lora_rank", a.kv_lora_rank, 1);
+  r.at_least<int64_t>("model.mla.qk_nope_head_dim", a.qk_nope_head_dim, 1);
+  r.at_least<int64_t>("model.mla.qk_rope_head_dim", a.qk_rope_head_dim, 2);
+  r.at_least<int64_t>("model.mla.v_head_dim", a.v_head_dim, 1);
+  if (a.qk_rope_head_dim >= 2)
+    r.require(a.qk_rope_head_dim % 2 == 0, {"model.mla.qk_rope_head_dim"},
+              concat("model.mla.qk_rope_head_dim=", a.qk_rope_head_dim,
+                     " must be even: RoPE rotates pairs of dims"));
+  if (a.qk_nope_head_dim >= 1 && a.qk_rope_head_dim >= 2)
+    r.require(a.v_head_dim <= a.qk_head_dim(),
+              {"model.mla.v_head_dim", "model.mla.qk_nope_head_dim", "model.mla.qk_rope_head_dim"},
+              concat("model.mla.v_head_dim=", a.v_head_dim,
+                     " exceeds model.mla.qk_nope_head_dim + qk_rope_head_dim = ", a.qk_head_dim(),
+                     ": the attention core holds each head's value in the query/key width "
+                     "(zero-padded; docs/model.md, \"Multi-head latent attention\")"));
+  r.require(m.position == PositionKind::rope, {"model.attention", "model.position", "model.arch"},
+            "model.attention=\"mla\" needs model.position=\"rope\" (the llama preset): its "
+            "keys carry position in a decoupled RoPE part");
+  r.require(m.n_kv_heads == m.n_heads, {"model.attention", "model.n_kv_heads"},
+            concat("model.attention=\"mla\" gives every query head its own key and value ",
+                   "(expanded from the shared latent): model.n_kv_heads=", m.n_kv_heads,
+                   " must be 0 or model.n_heads=", m.n_heads));
+  r.require(!m.bias, {"model.attention", "model.bias", "model.arch"},
+            "model.attention=\"mla\" has no biases (DeepSeek-V3's projections have none): set "
+            "model.bias = false (the llama preset)");
 }
 
 void check_moe_config(const ModelConfig& m, Rules& r) {
@@ -107,6 +148,11 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                        " is not divisible by parallel.ep=", p.ep,
                        ": each ep rank holds num_experts/ep experts"));
   }
+  if (m.mla_attention() && p.tp > 1)
+    r.require(p.sequence_parallel, {"model.attention", "parallel.tp"},
+              concat("model.attention=\"mla\" with parallel.tp=", p.tp,
+                     ": each tp rank projects its own rows of the sequence down to the latents, "
+                     "which are gathered over tp; set parallel.sequence_parallel = true"));
   if (m.moe.enabled()) {
     // Under tp each rank routes the rows sequence parallelism gives it, with the experts and
     // the router replicated over tp (docs/parallelism.md, "Mixture of experts").

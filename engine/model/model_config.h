@@ -25,6 +25,26 @@ enum class MoeRouter : uint8_t { softmax, sigmoid };
 // added to the scores for selection only, moved after each step by bias_update_rate against the
 // step's load), or none.
 enum class MoeBalance : uint8_t { aux_loss, bias, none };
+// The attention of every layer: multi-head attention (grouped-query when n_kv_heads < n_heads),
+// or DeepSeek-V2/V3's multi-head latent attention ([model.mla]).
+enum class AttentionKind : uint8_t { mha, mla };
+
+// [model.mla]: multi-head latent attention (DeepSeek-V2 §2.1, V3 §2.1.1; docs/model.md,
+// "Multi-head latent attention"), the keys named as Hugging Face's DeepseekV3 config names them.
+// Queries come from a low-rank latent of q_lora_rank (0: a full-rank projection), keys and
+// values from one of kv_lora_rank, each latent RMS-normalised; every head's query and key are
+// [nope | rope] (qk_nope_head_dim + qk_rope_head_dim), the key's rope part one decoupled RoPE key
+// shared by all heads; values are v_head_dim wide.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool operator==(const MlaConfig&) const = default;
+};
 
 // [model.moe]: mixture-of-experts MLPs (docs/model.md, "Mixture of experts"). num_experts = 0
 // keeps every MLP dense.
@@ -79,7 +99,11 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float dropout = 0.0f;
   float init_std = 0.02f;
+  AttentionKind attention = AttentionKind::mha;
+  MlaConfig mla;  // read when attention = mla
   MoeConfig moe;
+
+  bool mla_attention() const { return attention == AttentionKind::mla; }
 };
 
 // d_ff when [model] leaves it 0: 4*d_model (gpt2), or 8/3*d_model rounded up to a multiple of
@@ -108,6 +132,8 @@ constexpr ModelConfig model_preset(Arch arch) {
 void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
 // [model.moe]'s rules (called by check_model_config).
 void check_moe_config(const ModelConfig& m, Rules& r);
+// model.attention's and [model.mla]'s rules (called by check_model_config).
+void check_mla_config(const ModelConfig& m, Rules& r);
 // What tensor (and sequence) parallelism at p.tp needs of the model's shapes
 // (tensor_parallel_errors, model_spec.h), each rule written once.
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r);

@@ -11,6 +11,12 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model, H = cfg.n_heads, L = cfg.n_layers, V = cfg.vocab_size;
   s.n_kv_heads = cfg.n_kv_heads > 0 ? cfg.n_kv_heads : H;
   s.head_dim = C / H;
+  if (cfg.mla_attention()) {
+    // The attention core's heads: every query head its own key and value, each [nope | rope]
+    // wide, values zero-padded to that width (LatentAttention, blocks.h).
+    s.n_kv_heads = H;
+    s.head_dim = cfg.mla.qk_head_dim();
+  }
   s.qkv_dim = (H + 2 * s.n_kv_heads) * s.head_dim;
   s.ffn_dim = cfg.d_ff;
   s.fc1_out = cfg.activation == Activation::swiglu ? 2 * cfg.d_ff : cfg.d_ff;
@@ -51,6 +57,37 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     add(prefix + ".weight", {out, in}, InitKind::normal, sd, true, P::shard(1));
     if (cfg.bias) add(prefix + ".bias", {out}, InitKind::zeros, 0, false, P::replicate());
   };
+  // Multi-head latent attention (no biases): the down projections to the latents and their
+  // RMSNorms replicated over tp, each tp rank projecting its own rows (sequence parallelism), so
+  // their gradients are partial over tp; the up projections column-parallel by heads, the output
+  // projection row-parallel.
+  auto mla = [&](const std::string& prefix) {
+    const MlaConfig& a = cfg.mla;
+    auto own_rows = [&] { s.params.back().tp_partial_grad = true; };
+    auto latent_norm = [&](const std::string& name, int64_t width) {
+      kind = K::norm;
+      add(name, {width}, InitKind::ones, 0, false, P::replicate());
+      own_rows();
+      kind = K::attention;
+    };
+    if (a.q_lora_rank > 0) {
+      add(prefix + ".q_a.weight", {a.q_lora_rank, C}, InitKind::normal, std, true, P::replicate());
+      own_rows();
+      latent_norm(prefix + ".q_a_norm.weight", a.q_lora_rank);
+      add(prefix + ".q_b.weight", {H * a.qk_head_dim(), a.q_lora_rank}, InitKind::normal, std, true,
+          P::shard(0));
+    } else {
+      add(prefix + ".q.weight", {H * a.qk_head_dim(), C}, InitKind::normal, std, true, P::shard(0));
+    }
+    add(prefix + ".kv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, C}, InitKind::normal, std,
+        true, P::replicate());
+    own_rows();
+    latent_norm(prefix + ".kv_a_norm.weight", a.kv_lora_rank);
+    add(prefix + ".kv_b.weight", {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank},
+        InitKind::normal, std, true, P::shard(0));
+    add(prefix + ".proj.weight", {C, H * a.v_head_dim}, InitKind::normal, resid_std, true,
+        P::shard(1));
+  };
   const int64_t D = s.head_dim, KV = s.n_kv_heads, F = cfg.d_ff;
   std::vector<int64_t> qkv_segments{H * D, KV * D, KV * D}, fc1_segments;
   if (cfg.activation == Activation::swiglu) fc1_segments = {F, F};
@@ -64,8 +101,12 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     layer = l;
     norm(p + ".norm_1");
     kind = K::attention;
-    column(p + ".attn.qkv", s.qkv_dim, C, std, qkv_segments);
-    row(p + ".attn.proj", C, H * D, resid_std);
+    if (cfg.mla_attention()) {
+      mla(p + ".attn");
+    } else {
+      column(p + ".attn.qkv", s.qkv_dim, C, std, qkv_segments);
+      row(p + ".attn.proj", C, H * D, resid_std);
+    }
     norm(p + ".norm_2");
     kind = K::mlp;
     if (!cfg.moe.layer(l)) {
@@ -329,7 +370,14 @@ double ModelSpec::matmul_weights(size_t i) const {
 double ModelSpec::flops_per_token() const {
   double n = 0;
   for (size_t i = 0; i < params.size(); ++i) n += matmul_weights(i);
-  return 6.0 * n + 6.0 * static_cast<double>(cfg.n_layers * cfg.d_model * cfg.seq_len);
+  return 6.0 * n + 6.0 * static_cast<double>(cfg.n_layers * cfg.seq_len) * attention_width();
+}
+
+double ModelSpec::attention_width() const {
+  const double H = static_cast<double>(cfg.n_heads);
+  if (cfg.mla_attention())
+    return H * static_cast<double>(cfg.mla.qk_head_dim() + cfg.mla.v_head_dim) / 2.0;
+  return static_cast<double>(cfg.d_model);
 }
 
 }  // namespace llmt

@@ -65,8 +65,10 @@ struct ParamSpec {
 };
 
 struct ModelSpec {
-  ModelConfig cfg;     // resolved (presets applied)
-  int64_t head_dim;    // D = d_model / n_heads
+  ModelConfig cfg;  // resolved (presets applied)
+  // The attention core's heads (AttentionCore): D = d_model / n_heads and KV kv heads; latent
+  // attention: D = qk_nope + qk_rope (values zero-padded to it), KV = H.
+  int64_t head_dim;    // D
   int64_t n_kv_heads;  // KV
   int64_t qkv_dim;     // (H + 2KV) * D
   int64_t ffn_dim;     // F
@@ -152,9 +154,12 @@ struct ModelSpec {
   // embedding only when tied (the head's matmul; untied it is a lookup); no norm, bias, learned
   // position or balancing bias (no matmul).
   double matmul_weights(size_t i) const;
-  // Training FLOPs per token, matmuls only: 6*N + 6*L*C*T (docs/references.md), N the sum of
+  // Training FLOPs per token, matmuls only: 6*N + 6*L*A*T (docs/references.md), N the sum of
   // matmul_weights over the model, the second term attention's scores and weighted sum.
   double flops_per_token() const;
+  // A of that term: the mean of the query/key and value widths over all heads, H*(Dqk + Dv)/2;
+  // C for multi-head attention (H*D), H*(qk_nope + qk_rope + v_head_dim)/2 for latent attention.
+  double attention_width() const;
 };
 
 // One rule of [model] that a parallel layout breaks: the dotted keys involved and the message,

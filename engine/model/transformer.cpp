@@ -195,6 +195,23 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       sc.moe_aux = lay.take({mr.segments});
       sc.moe_zsq = lay.take({mr.R});
     }
+    if (cfg.mla_attention()) {
+      // Latent attention's (BlockScratch::Mla).
+      const MlaConfig& a = cfg.mla;
+      const int64_t Cq = a.q_lora_rank, Ckv = a.kv_lora_rank, Dr = a.qk_rope_head_dim;
+      const int64_t widest = std::max({Cq, Ckv, Dr});
+      BlockScratch::Mla& m = sc.mla;
+      m.kv = lay.take({N, H * (a.qk_nope_head_dim + a.v_head_dim)});
+      m.k_pe = lay.take({N, Dr}, compute_);
+      if (tp_.sp()) m.rows = lay.take({R, widest}, compute_);
+      m.kva = lay.take({R, Ckv + Dr});
+      m.d_kva = lay.take({R, Ckv + Dr});
+      m.d_lat = lay.take({N, std::max(Cq, Ckv)});
+      m.d_kpe = lay.take({N, Dr});
+      m.d_rows = lay.take({R, widest});
+      if (Cq > 0) m.d_qa = lay.take({R, Cq});
+      m.dx = lay.take({R, C});
+    }
     tp_.full = lay.take({N, C});
     if (tp_.sp()) {
       tp_.gathered = lay.take({N, C}, compute_);  // the layers' norm outputs, gathered

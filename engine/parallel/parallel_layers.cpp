@@ -101,7 +101,8 @@ void ColumnParallelLinear::forward(Tensor y, Tensor x_full, Tensor w, Tensor b) 
   ops::linear_forward(y, x_full, w, b, t_.compute);
 }
 
-Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w) const {
+Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w,
+                                            Tensor into) const {
   if (fp8_ && t_.fp8.on()) {
     ops::linear_backward(dx_partial, Tensor(), Tensor(),
                          fp8_input(t_, dy, Fp8Tiles::rows, true, t_.parallel(), t_.fp8_b), Tensor(),
@@ -114,8 +115,8 @@ Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor
   // single-rank run: tests/mpi/precision_tp.py).
   Tensor dx = dx_partial;
   if (t_.sp()) {
-    tp::gather_from_sequence_backward(*t_.tp.comm, t_.shard, dx_partial);
-    dx = t_.shard;
+    dx = into.defined() ? into : t_.shard;
+    tp::gather_from_sequence_backward(*t_.tp.comm, dx, dx_partial);
   } else if (t_.parallel()) {
     tp::copy_to_region_backward(*t_.tp.comm, dx_partial);
   }

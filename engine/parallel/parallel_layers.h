@@ -23,8 +23,8 @@
 
 namespace llmt {
 
-// train.fp8 (docs/model.md, "FP8 GEMM inputs"): the transformer layers' linears multiply FP8 inputs with fp32
-// accumulation, emulated: each GEMM input is quantised and dequantised into fp32 scratch
+// train.fp8 (docs/model.md, "FP8 GEMM inputs"): the transformer layers' linears multiply FP8 inputs
+// with fp32 accumulation, emulated: each GEMM input is quantised and dequantised into fp32 scratch
 // (ops::fp8_quantize), then multiplied by the fp32 GEMM. `blockwise` (DeepSeek-V3 §3.3): E4M3
 // everywhere, activations and output gradients in 1 x block tiles along the GEMM's reduction
 // dim (block x 1 for the weight gradient, whose reduction dim is the tokens), weights in
@@ -102,9 +102,9 @@ class ColumnParallelLinear {
   // y (N,OC) = x_full @ w^T + b; x_full (N,IC) from input().
   void forward(Tensor y, Tensor x_full, Tensor w, Tensor b) const;
   // dx (R,IC): dx_partial (N,IC) = dy (N,OC) @ w, summed over tp in fp32 (all-reduce in place,
-  // or reduce-scattered into t.shard under SP), then rounded to the compute type once. Returns
-  // the view holding dx.
-  Tensor backward_input(Tensor dx_partial, Tensor dy, Tensor w) const;
+  // or reduce-scattered into `into` (R,IC), default t.shard, under SP), then rounded to the
+  // compute type once. Returns the view holding dx.
+  Tensor backward_input(Tensor dx_partial, Tensor dy, Tensor w, Tensor into = {}) const;
   // dw (OC,IC) += dy^T x_full; db (OC) += sum of dy's rows (optional).
   void backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const;
 

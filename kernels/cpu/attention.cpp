@@ -450,4 +450,21 @@ void copy_heads(float* dst, int64_t Wd, int64_t dst_head, const float* src, int6
   });
 }
 
+void copy_blocks(float* dst, int64_t Wd, const float* src, int64_t Ws, int64_t rows, int64_t n,
+                 int64_t w, int64_t d0, int64_t ds, int64_t s0, int64_t ss, bool add) {
+  parallel_for(rows, grain_rows(n * w), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        float* d = dst + r * Wd + d0 + j * ds;
+        const float* s = src + r * Ws + s0 + j * ss;
+        if (add) {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i) d[i] += s[i];
+        } else {
+          std::copy_n(s, w, d);
+        }
+      }
+  });
+}
+
 }  // namespace llmt::cpu

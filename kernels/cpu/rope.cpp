@@ -1,4 +1,6 @@
-// Rotary position embedding, "rotate half" pairing (i, i + D/2). The (T, D/2) cos/sin table is
+// Rotary position embedding, "rotate half" pairing (i, i + R/2) over the R rotated dims [r0,
+// r0 + R) of each head (all D, or multi-head latent attention's rope part). The (T, R/2) cos/sin
+// table is
 // computed once per call in double (angles reach pos * 1 rad, where float loses digits), then
 // rows (b,t) rotate in parallel. Backward is the same rotation with the angle negated.
 #include <cmath>
@@ -10,13 +12,14 @@
 namespace llmt::cpu {
 namespace {
 
-// x (B,T,HT,D): heads [0, n_rot) at position(pos, pos_offset, t) rotated by sign * pos * f_i.
-void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                 int64_t pos_offset, const int32_t* pos, float theta, float sign) {
-  const int64_t half = D / 2;
+// x (B,T,HT,D): dims [r0, r0 + R) of heads [0, n_rot) at position(pos, pos_offset, t) rotated by
+// sign * pos * f_i, f_i = theta^(-2i/R).
+void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot, int64_t r0,
+                 int64_t R, int64_t pos_offset, const int32_t* pos, float theta, float sign) {
+  const int64_t half = R / 2;
   std::vector<double> freq(half);
   for (int64_t i = 0; i < half; ++i)
-    freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(D));
+    freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(R));
   std::vector<float> cos_t(T * half), sin_t(T * half);  // (T, D/2)
   constexpr int64_t kTrigCost = 32;  // a double sin + cos costs about this many element updates
   parallel_for(T, grain_rows(half * kTrigCost), [&](int64_t begin, int64_t end) {
@@ -27,12 +30,12 @@ void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t 
         sin_t[t * half + i] = sign * static_cast<float>(std::sin(angle));
       }
   });
-  parallel_for(B * T, grain_rows(n_rot * D), [&](int64_t begin, int64_t end) {
+  parallel_for(B * T, grain_rows(n_rot * R), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* c = cos_t.data() + (n % T) * half;
       const float* s = sin_t.data() + (n % T) * half;
       for (int64_t h = 0; h < n_rot; ++h) {
-        float* lo = x + (n * HT + h) * D;
+        float* lo = x + (n * HT + h) * D + r0;
         float* hi = lo + half;
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
@@ -47,14 +50,14 @@ void rope_rotate(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t 
 
 }  // namespace
 
-void rope_forward(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                  int64_t pos_offset, const int32_t* pos, float theta) {
-  rope_rotate(x, B, T, HT, D, n_rot, pos_offset, pos, theta, 1.0f);
+void rope_forward(float* x, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot, int64_t r0,
+                  int64_t R, int64_t pos_offset, const int32_t* pos, float theta) {
+  rope_rotate(x, B, T, HT, D, n_rot, r0, R, pos_offset, pos, theta, 1.0f);
 }
 
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t HT, int64_t D, int64_t n_rot,
-                   int64_t pos_offset, const int32_t* pos, float theta) {
-  rope_rotate(dx, B, T, HT, D, n_rot, pos_offset, pos, theta, -1.0f);
+                   int64_t r0, int64_t R, int64_t pos_offset, const int32_t* pos, float theta) {
+  rope_rotate(dx, B, T, HT, D, n_rot, r0, R, pos_offset, pos, theta, -1.0f);
 }
 
 }  // namespace llmt::cpu

@@ -381,8 +381,7 @@ void attention_block_forward(float* out, float* lse, const float* q_src, int64_t
                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                              int64_t KV, int64_t D) {
   if (B * Tq == 0) return;
-  Args a = make_args(
-      block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D));
+  Args a = make_args(block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D));
   a.out = out;
   a.lse = lse;
   run_forward(a);
@@ -426,6 +425,20 @@ void copy_heads(float* dst, int64_t Wd, int64_t dst_head, const float* src, int6
   for_each(N * w, [=] __device__(int64_t i) {
     const int64_t r = i / w, e = i % w;
     dst[(r * Wd + dst_head) * D + e] = src[(r * Ws + src_head) * D + e];
+  });
+}
+
+void copy_blocks(float* dst, int64_t Wd, const float* src, int64_t Ws, int64_t rows, int64_t n,
+                 int64_t w, int64_t d0, int64_t ds, int64_t s0, int64_t ss, bool add) {
+  // One thread per (row, element of a block), over the blocks in order: a sum into one block
+  // (ds = 0) adds in the CPU's order.
+  for_each(rows * w, [=] __device__(int64_t k) {
+    const int64_t r = k / w, i = k % w;
+    for (int64_t j = 0; j < n; ++j) {
+      float& d = dst[r * Wd + d0 + j * ds + i];
+      const float v = src[r * Ws + s0 + j * ss + i];
+      d = add ? d + v : v;
+    }
   });
 }
 

@@ -11,7 +11,9 @@ cpN-ring / cpN-ulysses (context parallel) and cp composed with tp+sp, ZeRO-3, pp
 selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp ranks), qw16-...
 (ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike),
 hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks), qg1-...
-(ZeRO-3 with int4 gradient all-to-alls in blocks of 1, against the plain single rank). Prints one line: layout, max relative differences."""
+(ZeRO-3 with int4 gradient all-to-alls in blocks of 1, against the plain single rank); for latent
+attention q-... (a full-rank query) and moe-... (with experts). Prints one line: layout, max
+relative differences."""
 import os
 
 import numpy as np
@@ -32,8 +34,16 @@ QG1 = ["parallel.zero_stage=3", "parallel.zero_quantized_gradients=true",
        "parallel.zero_quant_block=1"]
 QW16 = ["parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
         "parallel.zero_quant_block=16", "optimizer.lr=1e-30", "optimizer.min_lr=0"]
+# Latent attention (configs/mla-tiny.toml) with a full-rank query, and in an MoE model with ep.
+MLA_Q = ["model.mla.q_lora_rank=0"]
+MLA_MOE = ["model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=64"]
 LAYOUTS = {
     "dp2": (2, [], []),
+    "q-tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], MLA_Q),
+    "q-cp2-ulysses-zero3": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses",
+                                "parallel.zero_stage=3"], MLA_Q),
+    "moe-ep2-tp2-sp-zb-h1": (8, ["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                                 "parallel.pp=2", "parallel.pp_schedule=zb-h1"], MLA_MOE),
     "dp4": (4, [], []),
     "zero1-dp2": (2, ["parallel.zero_stage=1"], []),
     "zero2-dp2": (2, ["parallel.zero_stage=2"], []),

@@ -209,6 +209,11 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
                "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4",
                "ep2-hpz2-zero3-dp4-qg"]
+# --layouts mla: latent attention (configs/mla-tiny.toml) under tp + sp (its latents gathered),
+# pp, cp, ZeRO, recompute and 16 bits.
+MLA_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
+               "tp2-sp-dp2-zero3", "pp2", "pp2-zb-h1-dp2-zero2", "cp2-ring", "cp2-ulysses-dp2-zero1",
+               "cp2-tp2-sp-zero1", "full", "selective"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
@@ -253,10 +258,11 @@ def boundary_bytes(config, sets):
 
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
-        "--layouts", choices=["dense", "moe", "muon", "muon-moe"], default="dense",
-        help="the dense configs' layout matrix, the mixture-of-experts one, or Muon's"))
+        "--layouts", choices=["dense", "moe", "mla", "muon", "muon-moe"], default="dense",
+        help="the dense configs' layout matrix, the mixture-of-experts one, latent attention's, "
+             "or Muon's"))
     failures = []
-    names = {"dense": DENSE_LAYOUTS, "moe": MOE_LAYOUTS, "muon": MUON_LAYOUTS,
+    names = {"dense": DENSE_LAYOUTS, "moe": MOE_LAYOUTS, "mla": MLA_LAYOUTS, "muon": MUON_LAYOUTS,
              "muon-moe": MUON_MOE_LAYOUTS}[args.layouts]
     for name in names:
         ranks, sets = LAYOUTS[name]

@@ -56,6 +56,7 @@ class ModelCfg:
     rope_theta: float = f32(10000.0)
     init_std: float = f32(0.02)
     moe: "MoeCfg | None" = None  # [model.moe]; None or num_experts 0 = dense
+    mla: "MlaCfg | None" = None  # model.attention = "mla" with [model.mla]; None = multi-head
 
     def resolved(self) -> "ModelCfg":
         """Fills the preset defaults of docs/model.md's switch table."""
@@ -90,6 +91,17 @@ class ModelCfg:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+@dataclass
+class MlaCfg:
+    """docs/model.md, "Multi-head latent attention" (DeepSeek-V2 §2.1, V3 §2.1.1)."""
+
+    q_lora_rank: int = 0  # 0 = a full-rank query projection
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
 
 
 @dataclass
@@ -206,6 +218,51 @@ class Attention(nn.Module):
         return self.proj(causal_attention(q, k, v))
 
 
+class LatentAttention(nn.Module):
+    """Multi-head latent attention as DeepSeek-V2 §2.1 writes it: queries from a normalised
+    low-rank latent (or one projection), keys and values from a normalised kv latent, each head's
+    query and key a no-position part plus a RoPE part, the key's RoPE part one vector shared by
+    every head (the decoupled key), softmax scale 1/sqrt(nope + rope), values v_head_dim wide."""
+
+    def __init__(self, cfg: ModelCfg):
+        super().__init__()
+        a = cfg.mla
+        self.a, self.H = a, cfg.n_heads
+        C, H = cfg.d_model, cfg.n_heads
+        dq = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank > 0:
+            self.q_a = nn.Linear(C, a.q_lora_rank, bias=False)
+            self.q_a_norm = RMSNorm(a.q_lora_rank, cfg.norm_eps)
+            self.q_b = nn.Linear(a.q_lora_rank, H * dq, bias=False)
+        else:
+            self.q = nn.Linear(C, H * dq, bias=False)
+        self.kv_a = nn.Linear(C, a.kv_lora_rank + a.qk_rope_head_dim, bias=False)
+        self.kv_a_norm = RMSNorm(a.kv_lora_rank, cfg.norm_eps)
+        self.kv_b = nn.Linear(a.kv_lora_rank, H * (a.qk_nope_head_dim + a.v_head_dim), bias=False)
+        self.proj = nn.Linear(H * a.v_head_dim, C, bias=False)
+        self.rope_keys = True  # the self-test's switch: False leaves the shared key unrotated
+
+    def forward(self, x, rope):
+        B, T, _ = x.shape
+        a, H = self.a, self.H
+        dn, dr, dv = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if a.q_lora_rank > 0 else self.q(x)
+        q_nope, q_pe = q.view(B, T, H, dn + dr).split([dn, dr], dim=-1)
+        c, k_pe = self.kv_a(x).split([a.kv_lora_rank, dr], dim=-1)
+        k_nope, v = self.kv_b(self.kv_a_norm(c)).view(B, T, H, dn + dv).split([dn, dv], dim=-1)
+        q_pe = apply_rope(q_pe, *rope)
+        k_pe = k_pe.view(B, T, 1, dr)
+        if self.rope_keys:
+            k_pe = apply_rope(k_pe, *rope)
+        # scores (B,H,T,T): the nope parts' dot products plus the rope parts' with the shared key
+        s = torch.einsum("bthd,bshd->bhts", q_nope, k_nope) + torch.einsum("bthd,bsd->bhts", q_pe, k_pe[:, :, 0])
+        s = s / math.sqrt(dn + dr)
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        p = s.masked_fill(future, float("-inf")).softmax(dim=-1)
+        o = torch.einsum("bhts,bshd->bthd", p, v)
+        return self.proj(o.reshape(B, T, H * dv))
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelCfg, d_ff: int = 0):
         super().__init__()
@@ -319,7 +376,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelCfg, layer: int = 0):
         super().__init__()
         self.norm_1 = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = LatentAttention(cfg) if cfg.mla is not None else Attention(cfg)
         self.norm_2 = make_norm(cfg)
         self.mlp = MoE(cfg) if cfg.moe is not None and cfg.moe.is_moe(layer) else MLP(cfg)
 
@@ -367,7 +424,8 @@ class Transformer(nn.Module):
         if self.cfg.position == "learned":
             x = x + self.wpe.weight[:T]
         else:
-            rope = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+            D = self.cfg.mla.qk_rope_head_dim if self.cfg.mla is not None else self.cfg.head_dim
+            rope = rope_tables(T, D, self.cfg.rope_theta, x.dtype)
         for block in self.layers:
             x = block(x, rope)
         x = self.norm_f(x)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model import AdamW, ModelCfg, MoeCfg, OptCfg, Transformer, f32, grad_norm_and_clip, lr_at  # noqa: E402
+from model import AdamW, MlaCfg, ModelCfg, MoeCfg, OptCfg, Transformer, f32, grad_norm_and_clip, lr_at  # noqa: E402
 
 PRESETS = {
     # arch-only presets: the switches (norm, activation, position, bias, tying, d_ff) are left to
@@ -59,6 +59,12 @@ PRESETS = {
                       moe=dict(num_experts=16, top_k=4, d_ff_expert=16, router="sigmoid", balance="bias",
                                bias_update_rate=0.01, shared_experts=1, d_ff_shared=32, n_group=4,
                                topk_group=2, routed_scaling_factor=2.5)),
+    # DeepSeek-V3's multi-head latent attention at toy ranks (values narrower than the query/key
+    # heads, as V3's 128 against 192), with a low-rank query, and with a full-rank one.
+    "mla": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, seq_len=32,
+                mla=dict(q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)),
+    "mla-q": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, seq_len=32,
+                  mla=dict(q_lora_rank=0, kv_lora_rank=16, qk_nope_head_dim=6, qk_rope_head_dim=6, v_head_dim=12)),
 }
 GLOBAL_BATCH = 4
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, decay="cosine", weight_decay=0.1, grad_clip=1.0,
@@ -218,11 +224,15 @@ def main() -> int:
 
     model_kv = dict(PRESETS[args.preset])
     moe_kv = model_kv.pop("moe", None)
+    mla_kv = model_kv.pop("mla", None)
     model_toml = {k: v for k, v in model_kv.items() if not (k == "n_kv_heads" and v == 0)}
     model_toml["dropout"] = 0.0
+    if mla_kv:
+        model_toml["attention"] = "mla"
     write_config(cfg_path, {
         "model": model_toml,
         **({"model.moe": moe_kv} if moe_kv else {}),
+        **({"model.mla": mla_kv} if mla_kv else {}),
         "train": dict(steps=args.steps, global_batch_size=GLOBAL_BATCH, micro_batch_size=micro_batch,
                       precision="fp32", seed=SEED, run_dir=str(run_dir), device="cpu", threads=args.threads),
         "optimizer": dict(lr=OPT["lr"], min_lr=OPT["min_lr"], warmup_steps=OPT["warmup_steps"], decay=OPT["decay"],
@@ -251,7 +261,7 @@ def main() -> int:
     moe = None
     if moe_kv:
         moe = MoeCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in moe_kv.items()})
-    mcfg = ModelCfg(**model_kv, moe=moe)
+    mcfg = ModelCfg(**model_kv, moe=moe, mla=MlaCfg(**mla_kv) if mla_kv else None)
     o = OPT
     opt = OptCfg(lr=f32(o["lr"]), min_lr=f32(o["min_lr"]), warmup_steps=o["warmup_steps"], decay=o["decay"],
                  decay_steps=args.steps, beta1=f32(o["beta1"]), beta2=f32(o["beta2"]), eps=f32(o["eps"]),
@@ -323,6 +333,21 @@ def main() -> int:
             variants.append(("without router losses", dict(balance="none", z_loss_coef=0.0)))
             if moe.capacity_factor > 0:
                 variants.append(("dropless (no capacity)", dict(capacity_factor=0.0)))
+        if mcfg.mla is not None:
+            # The decoupled RoPE key must matter: the reference without rotating it must fail.
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(initial[n])
+            for block in model.layers:
+                block.attn.rope_keys = False
+            bad = reference_run(model, opt, tokens, micro_batch)
+            errs = compare(bad, metrics, args, quiet=True)
+            if not errs:
+                print("SELF-TEST FAILED: the reference with an unrotated shared key still matched llmtrain",
+                      file=sys.stderr)
+                return 1
+            print(f"self-test OK: the reference with an unrotated shared key is detected ({len(errs)} "
+                  f"mismatches; first: {errs[0]})")
         for what, change in variants:
             with torch.no_grad():
                 for n, p in model.named_parameters():

@@ -254,6 +254,21 @@ void add_rope(std::vector<OpCase>& cases) {
                    {uniform({2, 9, 5, 16}, 1), pos},
                    op([](const Views& v) { ops::rope_backward(v[0], 3, 0, 10000.0f, v[1]); }),
                    kTight});
+  // Latent attention's: the last 6 of 16 dims of each head (its rope part).
+  cases.push_back({"rope_forward",
+                   "rope_forward_dims",
+                   {uniform({2, 9, 5, 16}, 1), pos},
+                   op([](const Views& v) {
+                     ops::rope_forward(v[0], 4, 0, 10000.0f, v[1], {10, 6});
+                   }),
+                   kTight});
+  cases.push_back({"rope_backward",
+                   "rope_backward_dims",
+                   {uniform({2, 9, 5, 16}, 1)},
+                   op([](const Views& v) {
+                     ops::rope_backward(v[0], 4, 3, 10000.0f, {}, {10, 6});
+                   }),
+                   kTight});
 }
 
 // Unit roundoff of a 16-bit operands type: bf16 keeps 8 significant bits, f16 11.
@@ -438,6 +453,29 @@ void add_attention_blocks(std::vector<OpCase>& cases) {
                    {uniform({B, Tl, 2 * KV, D}, 33), qkv},
                    op([](const Views& v) { ops::copy_heads(v[0], 0, v[1], H, 2 * KV); }),
                    kExact});
+  // Latent attention's assembly: 3 blocks of 5 at stride 7 from stride 9; one block into every
+  // head (source stride 0); a sum of 3 blocks into one (destination stride 0).
+  cases.push_back({"copy_blocks",
+                   "copy_blocks_strided",
+                   {uniform({13, 23}, 34), uniform({13, 27}, 35)},
+                   op([](const Views& v) {
+                     ops::copy_blocks(v[0], v[1], {3, 5, 1, 7, 2, 9});
+                   }),
+                   kExact});
+  cases.push_back({"copy_blocks",
+                   "copy_blocks_broadcast",
+                   {uniform({13, 23}, 36), uniform({13, 4}, 37)},
+                   op([](const Views& v) {
+                     ops::copy_blocks(v[0], v[1], {3, 4, 2, 7, 0, 0});
+                   }),
+                   kExact});
+  cases.push_back({"copy_blocks",
+                   "copy_blocks_sum",
+                   {uniform({13, 4}, 38), uniform({13, 27}, 39)},
+                   op([](const Views& v) {
+                     ops::copy_blocks(v[0], v[1], {3, 4, 0, 0, 1, 9}, /*add=*/true);
+                   }),
+                   kTight});
 }
 
 void add_elementwise(std::vector<OpCase>& cases) {

@@ -112,5 +112,40 @@ TEST(AddBias, AddsToEveryRow) {
   EXPECT_THROW(ops::add_bias(x.t(), wrong.t()), Error);
 }
 
+// copy_blocks against index loops: strided blocks, one block into every head, a sum over heads
+// (in block order), the elements between blocks untouched; overlapping writes refused.
+TEST(CopyBlocks, MovesTheBlocksItIsGiven) {
+  const int64_t rows = 301;  // over the threading threshold at these widths
+  HostTensor src = uniform({rows, 40}, 1), dst = uniform({rows, 33}, 2), d0 = dst;
+  ops::copy_blocks(dst.t(), src.t(), {4, 5, 3, 8, 1, 9});
+  std::vector<double> want = to_double(d0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < 4; ++j)
+      for (int64_t i = 0; i < 5; ++i) want[r * 33 + 3 + j * 8 + i] = src[r * 40 + 1 + j * 9 + i];
+  EXPECT_TRUE(all_close(dst, want, {0, 0}));
+
+  HostTensor bc = uniform({rows, 33}, 3), b0 = bc;
+  ops::copy_blocks(bc.t(), src.t(), {3, 6, 2, 10, 30, 0});
+  want = to_double(b0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t i = 0; i < 6; ++i) want[r * 33 + 2 + j * 10 + i] = src[r * 40 + 30 + i];
+  EXPECT_TRUE(all_close(bc, want, {0, 0}));
+
+  HostTensor sum = uniform({rows, 4}, 4), s0 = sum;
+  ops::copy_blocks(sum.t(), src.t(), {5, 4, 0, 0, 2, 7}, /*add=*/true);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < 4; ++i) {
+      float acc = s0[r * 4 + i];
+      for (int64_t j = 0; j < 5; ++j) acc += src[r * 40 + 2 + j * 7 + i];
+      ASSERT_EQ(sum[r * 4 + i], acc) << "row " << r << " element " << i;
+    }
+
+  EXPECT_THROW(ops::copy_blocks(dst.t(), src.t(), {2, 5, 0, 0, 0, 5}), Error);   // overlap
+  EXPECT_THROW(ops::copy_blocks(dst.t(), src.t(), {4, 5, 20, 4, 0, 5}), Error);  // past dst
+  HostTensor other({rows + 1, 33});
+  EXPECT_THROW(ops::copy_blocks(other.t(), src.t(), {1, 5, 0, 0, 0, 0}), Error);  // rows
+}
+
 }  // namespace
 }  // namespace llmt::test

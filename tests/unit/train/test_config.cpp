@@ -116,6 +116,12 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("model.rope_theta", model.rope_theta),
       LLMT_KEY("model.dropout", model.dropout),
       LLMT_KEY("model.init_std", model.init_std),
+      LLMT_KEY("model.attention", model.attention),
+      LLMT_KEY("model.mla.q_lora_rank", model.mla.q_lora_rank),
+      LLMT_KEY("model.mla.kv_lora_rank", model.mla.kv_lora_rank),
+      LLMT_KEY("model.mla.qk_nope_head_dim", model.mla.qk_nope_head_dim),
+      LLMT_KEY("model.mla.qk_rope_head_dim", model.mla.qk_rope_head_dim),
+      LLMT_KEY("model.mla.v_head_dim", model.mla.v_head_dim),
       LLMT_KEY("model.moe.num_experts", model.moe.num_experts),
       LLMT_KEY("model.moe.top_k", model.moe.top_k),
       LLMT_KEY("model.moe.d_ff_expert", model.moe.d_ff_expert),
@@ -498,6 +504,31 @@ TEST(ConfigToToml, DefaultsAndPresetsRoundTrip) {
   }
 }
 
+TEST(ConfigToToml, LatentAttentionRoundTrips) {
+  const Config c = parse_config_string(R"(
+[model]
+arch = "llama"
+attention = "mla"
+[model.mla]
+q_lora_rank = 48
+kv_lora_rank = 32
+qk_nope_head_dim = 16
+qk_rope_head_dim = 8
+v_head_dim = 12
+)",
+                                       "mla.toml");
+  expect_same(round_trip(c), c);
+  const Config d = parse_config_string("", "d.toml");
+  EXPECT_NE(c.model.attention, d.model.attention);
+  EXPECT_EQ(c.model.mla.qk_head_dim(), 24);
+  for (const auto& [mine, def] : {std::pair{c.model.mla.q_lora_rank, d.model.mla.q_lora_rank},
+                                  {c.model.mla.kv_lora_rank, d.model.mla.kv_lora_rank},
+                                  {c.model.mla.qk_nope_head_dim, d.model.mla.qk_nope_head_dim},
+                                  {c.model.mla.qk_rope_head_dim, d.model.mla.qk_rope_head_dim},
+                                  {c.model.mla.v_head_dim, d.model.mla.v_head_dim}})
+    EXPECT_NE(mine, def);
+}
+
 TEST(ConfigToToml, EveryKeyNonDefaultRoundTrips) {
   const Config c = parse_config_string(R"(
 [model]
@@ -636,8 +667,9 @@ world = 4096
   const std::string text = to_toml(c);
   // Every key is set away from its default (the llama preset's, for the keys the preset sets), so
   // the round trip above exercises every key; but data.source, whose other value needs dataset
-  // files, and train.distribute_saved_activations, whose other value needs full recompute without
-  // the sequence parallelism set here (DistributeSavedActivationsRoundTrips).
+  // files, train.distribute_saved_activations, whose other value needs full recompute without
+  // the sequence parallelism set here (DistributeSavedActivationsRoundTrips), and latent
+  // attention's keys, which need rope, no biases and no kv groups (LatentAttentionRoundTrips).
   const std::vector<std::string> keys = config_keys();
   const auto values = [&keys](const std::string& toml) {  // key -> its line, in key order
     std::vector<std::string> out;
@@ -655,7 +687,9 @@ world = 4096
   ASSERT_EQ(set.size(), keys.size());
   ASSERT_EQ(gpt2.size(), keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
-    if (keys[k] == "data.source" || keys[k] == "train.distribute_saved_activations") continue;
+    if (keys[k] == "data.source" || keys[k] == "train.distribute_saved_activations" ||
+        keys[k] == "model.attention" || keys[k].starts_with("model.mla."))
+      continue;
     EXPECT_NE(set[k], keys[k] == "model.arch" ? gpt2[k] : llama[k]) << "left at default";
   }
   for (const char* line :
@@ -910,6 +944,27 @@ INSTANTIATE_TEST_SUITE_P(
                    "model.moe.topk_group=1 of model.moe.n_group=4 groups of 2 experts"}},
         ErrorCase{"[model.moe]\nnum_experts = 8\nrouted_scaling_factor = 0\n",
                   {"model.moe.routed_scaling_factor=0.0 must be > 0"}},
+        ErrorCase{"[model.mla]\nkv_lora_rank = 32\n",
+                  {"[model.mla] is set, but model.attention=\"mha\" does not read it",
+                   "(model.mla.kv_lora_rank at t.toml:2:1)"}},
+        ErrorCase{"[model]\nattention = \"mla\"\nbias = false\n",
+                  {"model.attention=\"mla\" needs model.position=\"rope\"",
+                   "(model.attention at t.toml:2:1)"}},
+        ErrorCase{"[model]\narch = \"llama\"\nattention = \"mla\"\nbias = true\n",
+                  {"model.attention=\"mla\" has no biases", "model.bias at t.toml:4:1"}},
+        ErrorCase{"[model]\narch = \"llama\"\nattention = \"mla\"\n[model.mla]\n"
+                  "qk_rope_head_dim = 5\n",
+                  {"model.mla.qk_rope_head_dim=5 must be even"}},
+        ErrorCase{"[model]\narch = \"llama\"\nattention = \"mla\"\n[model.mla]\n"
+                  "v_head_dim = 200\n",
+                  {"model.mla.v_head_dim=200 exceeds model.mla.qk_nope_head_dim + "
+                   "qk_rope_head_dim = 192"}},
+        ErrorCase{"[model]\narch = \"llama\"\nattention = \"mla\"\nn_kv_heads = 4\n",
+                  {"model.n_kv_heads=4 must be 0 or model.n_heads=12"}},
+        ErrorCase{"[model]\narch = \"llama\"\nattention = \"mla\"\nvocab_size = 256\n"
+                  "[parallel]\ntp = 2\n",
+                  {"model.attention=\"mla\" with parallel.tp=2: each tp rank projects its own "
+                   "rows"}},
         ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"selective\"\n"
                   "[parallel]\ntp = 2\n[model]\nvocab_size = 256\n",
                   {"train.distribute_saved_activations splits the input a fully recomputed layer "
