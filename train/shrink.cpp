@@ -52,6 +52,20 @@ Shrunk shrink_overrides(const Config& c) {
       "optimizer.decay_steps=0",
   };
   if (pp == 1 && interleaved) s.overrides.push_back("parallel.pp_schedule=\"1f1b\"");
+  if (c.model.mla_attention()) {
+    // Latent attention at toy ranks: a low-rank query where the setup has one, values narrower
+    // than the query/key heads as DeepSeek's are.
+    for (const std::string& o :
+         {concat("model.mla.q_lora_rank=", c.model.mla.q_lora_rank > 0 ? 24 : 0),
+          std::string("model.mla.kv_lora_rank=16"), std::string("model.mla.qk_nope_head_dim=8"),
+          std::string("model.mla.qk_rope_head_dim=4"), std::string("model.mla.v_head_dim=8")})
+      s.overrides.push_back(o);
+  }
+  if (c.model.moe.enabled()) {
+    // Experts as narrow as the model (256 experts of 2048 would be 100M parameters a layer).
+    s.overrides.push_back("model.moe.d_ff_expert=32");
+    s.overrides.push_back("model.moe.d_ff_shared=0");
+  }
   return s;
 }
 
