@@ -37,12 +37,12 @@ std::string param_name(const std::string& path) {
 // Every [model] value the target class cannot represent, one message each.
 std::vector<std::string> unrepresentable(const ModelConfig& c) {
   std::vector<std::string> p;
-  if (c.mla_attention())
-    p.push_back(
-        "model.attention=\"mla\": GPT-2, Llama and Mixtral have multi-head attention (the "
-        "DeepseekV3 layout is not exported)");
   const int64_t kv = c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
   if (c.arch == Arch::gpt2) {
+    if (c.mla_attention())
+      p.push_back(
+          "model.attention=\"mla\": GPT-2 has multi-head attention (latent attention "
+          "exports as DeepseekV3 with model.arch=\"llama\")");
     if (c.norm != NormKind::layernorm)
       p.push_back("model.norm=\"rmsnorm\": GPT-2's norms are LayerNorm (weight and bias)");
     if (c.activation != Activation::gelu)
@@ -53,6 +53,30 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
     if (kv != c.n_heads)
       p.push_back(detail::concat("model.n_kv_heads=", kv, " with model.n_heads=", c.n_heads,
                                  ": GPT-2 has no grouped-query attention"));
+  } else if (c.mla_attention()) {
+    // DeepseekV3: sigmoid scores, selection with e_score_correction_bias (aux-loss-free
+    // balancing's bias), the first layers dense, shared experts as wide as the routed ones.
+    const MoeConfig& e = c.moe;
+    if (e.enabled()) {
+      if (e.router != MoeRouter::sigmoid)
+        p.push_back("model.moe.router=\"softmax\": DeepseekV3's router scores are sigmoids");
+      if (e.balance != MoeBalance::bias)
+        p.push_back(
+            "model.moe.balance: DeepseekV3 selects experts with its "
+            "e_score_correction_bias, aux-loss-free balancing's bias (balance = \"bias\")");
+      if (e.shared_experts < 1)
+        p.push_back("model.moe.shared_experts=0: every DeepseekV3 MoE layer has shared experts");
+      if (e.d_ff_shared != e.d_ff_expert)
+        p.push_back(detail::concat("model.moe.d_ff_shared=", e.d_ff_shared,
+                                   " with model.moe.d_ff_expert=", e.d_ff_expert,
+                                   ": DeepseekV3's shared experts are as wide as its routed ones"));
+      if (e.every > 1)
+        p.push_back(detail::concat("model.moe.every=", e.every,
+                                   ": every DeepseekV3 layer after the first dense ones is MoE"));
+      if (e.capacity_factor > 0)
+        p.push_back(detail::concat("model.moe.capacity_factor=", e.capacity_factor,
+                                   ": DeepseekV3 runs every routed token (dropless)"));
+    }
   } else {
     if (c.moe.enabled()) {
       // Mixtral: every layer a dropless softmax top-k mixture with normalized weights.
@@ -80,6 +104,8 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
                                    "would differ from the trained model's"));
       if (c.bias) p.push_back("model.bias=true: Mixtral's linears have no bias");
     }
+  }
+  if (c.arch != Arch::gpt2) {
     if (c.norm != NormKind::rmsnorm)
       p.push_back("model.norm=\"layernorm\": Llama's norms are RMSNorm (weight only, no bias)");
     if (c.activation != Activation::swiglu)
@@ -216,6 +242,55 @@ void llama_tensors(const ModelSpec& spec, Builder& m) {
   if (!spec.cfg.tie_embeddings) m.add("lm_head.weight", "lm_head.weight");
 }
 
+// DeepseekV3ForCausalLM (transformers' modeling_deepseek_v3): multi-head latent attention under
+// its own names, dense MLPs as Llama's, MoE layers' router as the gate (with the balancing bias
+// as e_score_correction_bias), experts as Mixtral's rows, the shared experts one gated MLP.
+void deepseek_v3_tensors(const ModelSpec& spec, Builder& m) {
+  const ModelConfig& c = spec.cfg;
+  const int64_t F = spec.ffn_dim;
+  m.add("model.embed_tokens.weight", "wte.weight");
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string h = detail::concat("model.layers.", l, "."),
+                      o = detail::concat("layers.", l, ".");
+    m.add(h + "input_layernorm.weight", o + "norm_1.weight");
+    const std::string a = h + "self_attn.";
+    if (c.mla.q_lora_rank > 0) {
+      m.add(a + "q_a_proj.weight", o + "attn.q_a.weight");
+      m.add(a + "q_a_layernorm.weight", o + "attn.q_a_norm.weight");
+      m.add(a + "q_b_proj.weight", o + "attn.q_b.weight");
+    } else {
+      m.add(a + "q_proj.weight", o + "attn.q.weight");
+    }
+    m.add(a + "kv_a_proj_with_mqa.weight", o + "attn.kv_a.weight");
+    m.add(a + "kv_a_layernorm.weight", o + "attn.kv_a_norm.weight");
+    m.add(a + "kv_b_proj.weight", o + "attn.kv_b.weight");
+    m.add(a + "o_proj.weight", o + "attn.proj.weight");
+    m.add(h + "post_attention_layernorm.weight", o + "norm_2.weight");
+    // A gated MLP of width W from fc1 rows [gate | up] and fc2.
+    auto gated = [&](const std::string& hf, const std::string& ours, int64_t W) {
+      m.add_rows(hf + "gate_proj.weight", ours + "fc1.weight", 0, W);
+      m.add_rows(hf + "up_proj.weight", ours + "fc1.weight", W, 2 * W);
+      m.add(hf + "down_proj.weight", ours + "fc2.weight");
+    };
+    if (!c.moe.layer(l)) {
+      gated(h + "mlp.", o + "mlp.", F);
+      continue;
+    }
+    const int64_t Fe = c.moe.d_ff_expert;
+    m.add(h + "mlp.gate.weight", o + "mlp.router.weight");
+    m.add(h + "mlp.gate.e_score_correction_bias", o + "mlp.router.expert_bias");
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const std::string xe = detail::concat(h, "mlp.experts.", e, ".");
+      m.add_expert_rows(xe + "gate_proj.weight", o + "mlp.experts.fc1.weight", e, 0, Fe);
+      m.add_expert_rows(xe + "up_proj.weight", o + "mlp.experts.fc1.weight", e, Fe, 2 * Fe);
+      m.add_expert_rows(xe + "down_proj.weight", o + "mlp.experts.fc2.weight", e, 0, c.d_model);
+    }
+    gated(h + "mlp.shared_experts.", o + "mlp.shared.", spec.shared_ffn);
+  }
+  m.add("model.norm.weight", "norm_f.weight");
+  if (!c.tie_embeddings) m.add("lm_head.weight", "lm_head.weight");
+}
+
 // The shortest decimal that reads back as the same float, as a JSON number ("1e-05", "0.02",
 // "10000.0").
 std::string json_number(float v) {
@@ -282,6 +357,7 @@ void check_sources(const Checkpoint& ckpt, const ModelSpec& spec,
 
 const char* hf_class(const ModelConfig& cfg) {
   if (cfg.arch == Arch::gpt2) return "GPT2LMHeadModel";
+  if (cfg.mla_attention()) return "DeepseekV3ForCausalLM";
   return cfg.moe.enabled() ? "MixtralForCausalLM" : "LlamaForCausalLM";
 }
 
@@ -291,6 +367,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg) {
   Builder m(spec);
   if (cfg.arch == Arch::gpt2)
     gpt2_tensors(spec, m);
+  else if (cfg.mla_attention())
+    deepseek_v3_tensors(spec, m);
   else
     llama_tensors(spec, m);
   return m.take();
@@ -323,6 +401,44 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("scale_attn_weights", "true");
     field("scale_attn_by_inverse_layer_idx", "false");
     field("reorder_and_upcast_attn", "false");
+  } else if (c.mla_attention()) {
+    // DeepSeek's released config.json keys; RoPE rotate-half (rope_interleave false: llmtrain's
+    // layout, where DeepSeek's released weights interleave the rope dims).
+    const MoeConfig& e = c.moe;
+    const MlaConfig& a = c.mla;
+    field("model_type", "\"deepseek_v3\"");
+    field("vocab_size", num(c.vocab_size));
+    field("hidden_size", num(c.d_model));
+    field("intermediate_size", num(spec.ffn_dim));
+    field("moe_intermediate_size", num(e.enabled() ? e.d_ff_expert : spec.ffn_dim));
+    field("num_hidden_layers", num(c.n_layers));
+    field("num_attention_heads", num(c.n_heads));
+    field("num_key_value_heads", num(c.n_heads));
+    field("n_shared_experts", num(e.enabled() ? e.shared_experts : 1));
+    field("n_routed_experts", num(e.enabled() ? e.num_experts : 1));
+    field("routed_scaling_factor", json_number(e.enabled() ? e.routed_scaling_factor : 1.0f));
+    field("kv_lora_rank", num(a.kv_lora_rank));
+    field("q_lora_rank", a.q_lora_rank > 0 ? num(a.q_lora_rank) : std::string("null"));
+    field("qk_rope_head_dim", num(a.qk_rope_head_dim));
+    field("v_head_dim", num(a.v_head_dim));
+    field("qk_nope_head_dim", num(a.qk_nope_head_dim));
+    field("head_dim", num(a.qk_rope_head_dim));
+    field("n_group", num(e.enabled() ? e.n_group : 1));
+    field("topk_group", num(e.enabled() ? e.groups_picked() : 1));
+    field("num_experts_per_tok", num(e.enabled() ? e.top_k : 1));
+    // Layers before this one are dense (all of them without experts).
+    field("first_k_dense_replace", num(e.enabled() ? e.first_dense_layers : c.n_layers));
+    field("norm_topk_prob", json_bool(!e.enabled() || e.normalize));
+    field("scoring_func", "\"sigmoid\"");
+    field("topk_method", "\"noaux_tc\"");
+    field("hidden_act", "\"silu\"");
+    field("max_position_embeddings", num(c.seq_len));
+    field("rms_norm_eps", json_number(c.norm_eps));
+    field("rope_theta", json_number(c.rope_theta));
+    field("rope_scaling", "null");
+    field("rope_interleave", "false");
+    field("attention_bias", "false");
+    field("attention_dropout", "0.0");
   } else {
     const bool mixtral = c.moe.enabled();
     field("model_type", mixtral ? "\"mixtral\"" : "\"llama\"");

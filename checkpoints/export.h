@@ -1,6 +1,7 @@
 // Export of a checkpoint's master weights to Hugging Face transformers (docs/checkpoint-format.md,
-// "Export to Hugging Face"): OUT/model.safetensors under the names of GPT2LMHeadModel (arch gpt2)
-// or LlamaForCausalLM (arch llama), and OUT/config.json. The mapping is data (a list of HfTensor),
+// "Export to Hugging Face"): OUT/model.safetensors under the names of GPT2LMHeadModel (arch gpt2),
+// LlamaForCausalLM / MixtralForCausalLM (arch llama) or DeepseekV3ForCausalLM (latent
+// attention), and OUT/config.json. The mapping is data (a list of HfTensor),
 // so the writer streams one tensor at a time and tests can check names and shapes without a
 // checkpoint.
 #pragma once
@@ -32,7 +33,7 @@ struct HfTensor {
 };
 
 // "GPT2LMHeadModel" (arch gpt2), "LlamaForCausalLM" (arch llama), "MixtralForCausalLM" (arch
-// llama with [model.moe] experts).
+// llama with [model.moe] experts), "DeepseekV3ForCausalLM" (model.attention = "mla").
 const char* hf_class(const ModelConfig& cfg);
 
 // The tensors the export of `cfg` (a resolved [model]: presets applied) writes, in file order.

@@ -310,10 +310,78 @@ ModelConfig hf_model_config(const std::string& config_json, const std::string& w
         r.problems.push_back("sliding_window " + json_text(*r.get("sliding_window")) +
                              ": llmtrain's attention sees the whole context");
     }
+  } else if (type == "deepseek_v3") {
+    // DeepseekV3ForCausalLM: multi-head latent attention, the first first_k_dense_replace layers
+    // dense, then sigmoid-scored experts chosen with the balancing bias, plus shared experts.
+    c = model_preset(Arch::llama);
+    c.attention = AttentionKind::mla;
+    c.vocab_size = r.integer("vocab_size");
+    c.d_model = r.integer("hidden_size");
+    c.n_layers = r.integer("num_hidden_layers");
+    c.n_heads = r.integer("num_attention_heads");
+    c.n_kv_heads = c.n_heads;
+    if (r.integer("num_key_value_heads", c.n_heads) != c.n_heads)
+      r.problems.push_back(
+          "num_key_value_heads differs from num_attention_heads: latent "
+          "attention gives every head its own key and value");
+    c.seq_len = r.integer("max_position_embeddings");
+    c.d_ff = r.integer("intermediate_size");
+    c.norm_eps = r.real("rms_norm_eps", 1e-6f);
+    c.rope_theta = r.real("rope_theta", 10000.0f);
+    c.init_std = r.real("initializer_range", 0.02f);
+    c.tie_embeddings = r.flag("tie_word_embeddings", false);
+    c.dropout = 0.0f;
+    MlaConfig& a = c.mla;
+    a.q_lora_rank = r.present("q_lora_rank") ? r.integer("q_lora_rank") : 0;
+    a.kv_lora_rank = r.integer("kv_lora_rank");
+    a.qk_nope_head_dim = r.integer("qk_nope_head_dim");
+    a.qk_rope_head_dim = r.integer("qk_rope_head_dim");
+    a.v_head_dim = r.integer("v_head_dim");
+    const int64_t dense = r.integer("first_k_dense_replace", 0);
+    if (dense < c.n_layers) {
+      MoeConfig& e = c.moe;
+      e.num_experts = r.present("n_routed_experts") ? r.integer("n_routed_experts")
+                                                    : r.integer("num_local_experts");
+      e.top_k = r.integer("num_experts_per_tok");
+      e.d_ff_expert = r.integer("moe_intermediate_size");
+      e.shared_experts = r.integer("n_shared_experts");
+      e.d_ff_shared = e.d_ff_expert;
+      e.router = MoeRouter::sigmoid;
+      e.normalize = r.flag("norm_topk_prob", true);
+      e.n_group = r.integer("n_group", 1);
+      e.topk_group = r.integer("topk_group", e.n_group);
+      e.routed_scaling_factor = r.real("routed_scaling_factor", 1.0f);
+      e.balance = MoeBalance::bias;
+      e.first_dense_layers = dense;
+      e.capacity_factor = 0;
+      if (r.integer("moe_layer_freq", 1) != 1)
+        r.problems.push_back(
+            "moe_layer_freq: llmtrain's DeepseekV3 layers are all MoE after the "
+            "first first_k_dense_replace");
+      if (r.text("scoring_func", "sigmoid") != "sigmoid")
+        r.problems.push_back("scoring_func \"" + r.text("scoring_func", "") +
+                             "\": DeepseekV3's router scores are sigmoids");
+    }
+    if (r.text("hidden_act", "silu") != "silu")
+      r.problems.push_back("hidden_act \"" + r.text("hidden_act", "") +
+                           "\": llmtrain's gated MLP is SwiGLU (silu)");
+    if (r.flag("attention_bias", false))
+      r.problems.push_back("attention_bias true: llmtrain's latent attention has no biases");
+    if (r.present("rope_scaling"))
+      r.problems.push_back("rope_scaling " + json_text(*r.get("rope_scaling")) +
+                           ": llmtrain's RoPE has no scaling (YaRN is not built)");
+    // transformers' default, and DeepSeek's released weights: the rope dims interleaved in the
+    // q_b and kv_a rows, which llmtrain's rotate-half RoPE would read in another order.
+    if (r.flag("rope_interleave", true))
+      r.problems.push_back(
+          "rope_interleave true (transformers' default): the weights' rope dims "
+          "are interleaved, llmtrain's RoPE rotates halves; import does not "
+          "permute them");
   } else {
     r.problems.push_back("model_type \"" + type +
-                         "\": import reads gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM) and "
-                         "mixtral (MixtralForCausalLM)");
+                         "\": import reads gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), "
+                         "mixtral (MixtralForCausalLM) and deepseek_v3 (DeepseekV3ForCausalLM, "
+                         "rope_interleave false)");
   }
   if (!r.problems.empty()) {
     std::string msg = what + ": cannot import this model into llmtrain:";

@@ -4,7 +4,8 @@ safetensors package) and compare every tensor, through the Hugging Face name map
 here independently of the C++ one (docs/checkpoint-format.md, "Export to Hugging Face"), with the checkpoint read by h5py
 and with the run's --dump-final; check config.json; and, when torch is importable, run the
 exported weights through a forward pass written after transformers' GPT2LMHeadModel /
-LlamaForCausalLM and match the loss llmtrain logged for the next step. Run by ctest; see --help."""
+LlamaForCausalLM / MixtralForCausalLM / DeepseekV3ForCausalLM and match the loss llmtrain logged
+for the next step. Run by ctest; see --help."""
 import argparse
 import json
 import math
@@ -93,6 +94,43 @@ def hf_expected(m, get):
                 e[h + hf + ".bias"] = get(o + ours + ".bias")
         e["transformer.ln_f.weight"] = get("norm_f.weight")
         e["transformer.ln_f.bias"] = get("norm_f.bias")
+    elif m.get("attention") == "mla":
+        # DeepseekV3ForCausalLM (transformers' modeling_deepseek_v3 and DeepSeek's released
+        # checkpoint names): attention under its own names, experts one by one, shared experts
+        # one gated MLP, the balancing bias as the gate's e_score_correction_bias.
+        e["model.embed_tokens.weight"] = get("wte.weight")
+        a = m["mla"]
+        for l in range(L):
+            h, o = f"model.layers.{l}.", f"layers.{l}."
+            e[h + "input_layernorm.weight"] = get(o + "norm_1.weight")
+            e[h + "post_attention_layernorm.weight"] = get(o + "norm_2.weight")
+            names = [("kv_a_proj_with_mqa", "kv_a"), ("kv_a_layernorm", "kv_a_norm"),
+                     ("kv_b_proj", "kv_b"), ("o_proj", "proj")]
+            names += ([("q_a_proj", "q_a"), ("q_a_layernorm", "q_a_norm"), ("q_b_proj", "q_b")]
+                      if a["q_lora_rank"] > 0 else [("q_proj", "q")])
+            for hf, ours in names:
+                e[h + "self_attn." + hf + ".weight"] = get(o + "attn." + ours + ".weight")
+            is_moe = moe and l >= moe["first_dense_layers"]
+
+            def gated(prefix, ours, width):
+                fc1 = get(ours + "fc1.weight")
+                e[prefix + "gate_proj.weight"] = fc1[:width]
+                e[prefix + "up_proj.weight"] = fc1[width:]
+                e[prefix + "down_proj.weight"] = get(ours + "fc2.weight")
+            if not is_moe:
+                gated(h + "mlp.", o + "mlp.", F)
+                continue
+            e[h + "mlp.gate.weight"] = get(o + "mlp.router.weight")
+            e[h + "mlp.gate.e_score_correction_bias"] = get(o + "mlp.router.expert_bias")
+            fc1, fc2 = get(o + "mlp.experts.fc1.weight"), get(o + "mlp.experts.fc2.weight")
+            Fe = moe["d_ff_expert"]
+            for j in range(moe["num_experts"]):
+                e[h + f"mlp.experts.{j}.gate_proj.weight"] = fc1[j, :Fe]
+                e[h + f"mlp.experts.{j}.up_proj.weight"] = fc1[j, Fe:]
+                e[h + f"mlp.experts.{j}.down_proj.weight"] = fc2[j]
+            gated(h + "mlp.shared_experts.", o + "mlp.shared.",
+                  moe["shared_experts"] * moe["d_ff_shared"])
+        e["model.norm.weight"] = get("norm_f.weight")
     else:
         e["model.embed_tokens.weight"] = get("wte.weight")
         for l in range(L):
@@ -150,6 +188,26 @@ def expected_config(m):
                 "n_positions": m["seq_len"], "n_inner": m["d_ff"],
                 "layer_norm_epsilon": m["norm_eps"], "activation_function": "gelu_new"}
     moe = m.get("moe", {})
+    if m.get("attention") == "mla":
+        a, on = m["mla"], moe.get("num_experts", 0) > 0
+        return {**common, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "hidden_size": m["d_model"], "intermediate_size": m["d_ff"],
+                "moe_intermediate_size": moe["d_ff_expert"] if on else m["d_ff"],
+                "num_hidden_layers": m["n_layers"], "num_attention_heads": m["n_heads"],
+                "num_key_value_heads": m["n_heads"],
+                "n_shared_experts": moe["shared_experts"] if on else 1,
+                "n_routed_experts": moe["num_experts"] if on else 1,
+                "routed_scaling_factor": moe["routed_scaling_factor"] if on else 1.0,
+                "kv_lora_rank": a["kv_lora_rank"], "q_lora_rank": a["q_lora_rank"] or None,
+                "qk_rope_head_dim": a["qk_rope_head_dim"], "v_head_dim": a["v_head_dim"],
+                "qk_nope_head_dim": a["qk_nope_head_dim"], "n_group": moe["n_group"] if on else 1,
+                "topk_group": (moe["topk_group"] or moe["n_group"]) if on else 1,
+                "num_experts_per_tok": moe["top_k"] if on else 1,
+                "first_k_dense_replace": moe["first_dense_layers"] if on else m["n_layers"],
+                "norm_topk_prob": moe["normalize"] if on else True, "scoring_func": "sigmoid",
+                "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
+                "rope_interleave": False, "rope_scaling": None,
+                "max_position_embeddings": m["seq_len"], "hidden_act": "silu"}
     if moe.get("num_experts", 0) > 0:
         return {**common, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                 "hidden_size": m["d_model"], "intermediate_size": moe["d_ff_expert"],
@@ -198,6 +256,9 @@ def hf_loss(t, cfg, tokens):
             h = h + conv1d(gelu_new(conv1d(ln(h, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
         h = ln(h, "transformer.ln_f")
         head = W["transformer.wte.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    elif cfg["model_type"] == "deepseek_v3":
+        h = deepseek_v3_hidden(W, cfg, x_ids, mask)
+        head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     else:
         H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
         eps = cfg["rms_norm_eps"]
@@ -240,6 +301,67 @@ def hf_loss(t, cfg, tokens):
         head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     logits = h @ head.T
     return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), y_ids.reshape(-1)).item()
+
+
+def deepseek_v3_hidden(W, cfg, x_ids, mask):
+    """The final hidden states (B,T,C) after transformers' modeling_deepseek_v3 (rope_interleave
+    false): MLA with the queries' and keys' rope parts rotated (rotate-half over qk_rope_head_dim)
+    and the key's shared by every head, scale 1/sqrt(nope + rope); MoE layers: sigmoid scores,
+    the top_k of the topk_group groups whose two best scores + e_score_correction_bias sum
+    highest, weights the scores normalised (norm_topk_prob) and scaled, plus the shared experts."""
+    import torch
+    F_ = torch.nn.functional
+    B, T = x_ids.shape
+    H, eps = cfg["num_attention_heads"], cfg["rms_norm_eps"]
+    dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    rms = lambda x, w: W[w] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    lin = lambda x, p: x @ W[p + ".weight"].T
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dr, 2, dtype=torch.float64) / dr))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    rotate_half = lambda z: torch.cat((-z[..., dr // 2:], z[..., :dr // 2]), dim=-1)
+    rope = lambda z: z * cos + rotate_half(z) * sin  # z (B, heads, T, dr)
+    mlp = lambda x, p: lin(F_.silu(lin(x, p + "gate_proj")) * lin(x, p + "up_proj"), p + "down_proj")
+    h = W["model.embed_tokens.weight"][x_ids]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a, s = rms(h, p + "input_layernorm.weight"), p + "self_attn."
+        if cfg["q_lora_rank"] is None:
+            q = lin(a, s + "q_proj")
+        else:
+            q = lin(rms(lin(a, s + "q_a_proj"), s + "q_a_layernorm.weight"), s + "q_b_proj")
+        q = q.view(B, T, H, dn + dr).transpose(1, 2)
+        q_pass, q_rot = q.split([dn, dr], dim=-1)
+        kv_nope, k_rot = lin(a, s + "kv_a_proj_with_mqa").split([cfg["kv_lora_rank"], dr], dim=-1)
+        kv = lin(rms(kv_nope, s + "kv_a_layernorm.weight"), s + "kv_b_proj")
+        k_nope, v = kv.view(B, T, H, dn + dv).transpose(1, 2).split([dn, dv], dim=-1)
+        q_rot, k_rot = rope(q_rot), rope(k_rot.view(B, 1, T, dr))
+        qs = torch.cat((q_pass, q_rot), dim=-1)
+        ks = torch.cat((k_nope, k_rot.expand(-1, H, -1, -1)), dim=-1)
+        att = torch.softmax(qs @ ks.transpose(-1, -2) * (dn + dr) ** -0.5 + mask, dim=-1) @ v
+        h = h + lin(att.transpose(1, 2).reshape(B, T, H * dv), s + "o_proj")
+        m = rms(h, p + "post_attention_layernorm.weight")
+        if l < cfg["first_k_dense_replace"]:
+            h = h + mlp(m, p + "mlp.")
+            continue
+        E, G, k = cfg["n_routed_experts"], cfg["n_group"], cfg["num_experts_per_tok"]
+        x = m.reshape(B * T, -1)
+        scores = lin(x, p + "mlp.gate").sigmoid()
+        choice = scores + W[p + "mlp.gate.e_score_correction_bias"]
+        group = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(group).scatter_(1, group.topk(cfg["topk_group"], dim=-1)[1], 1)
+        keep = keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+        sel = choice.masked_fill(~keep.bool(), float("-inf")).topk(k, dim=-1)[1]
+        w = scores.gather(1, sel)
+        if cfg["norm_topk_prob"]:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * cfg["routed_scaling_factor"]
+        y = mlp(x, p + "mlp.shared_experts.")
+        for j in range(E):
+            y = y + (w * (sel == j)).sum(-1, keepdim=True) * mlp(x, p + f"mlp.experts.{j}.")
+        h = h + y.view(B, T, -1)
+    return rms(h, "model.norm.weight")
 
 
 # ---- the checks ----
@@ -362,6 +484,19 @@ def errors(args):
           and "first_dense_layers=1" in msg and "topk_group=1 of model.moe.n_group=2" in msg
           and "routed_scaling_factor=2.5" in msg and not (work / "f").exists(),
           f"MoE with a shared expert, a dense layer and grouped routing refused, no OUT: {msg.strip()!r}")
+
+    # Latent attention with experts DeepseekV3 cannot represent: softmax scores, the aux loss
+    # instead of the balancing bias, no shared expert.
+    ck4 = work / "ck_mla"
+    run([args.llmtrain, "train", "--config", args.config, "--set", f"train.run_dir={work / 'run4'}",
+         "--set", "train.steps=2", "--set", f"checkpoint.dir={ck4}", "--set", "model.attention=mla",
+         "--set", "model.n_kv_heads=0", "--set", "model.moe.num_experts=4"])
+    msg = run(exporter + [ck4, work / "g"], expect_rc=2)
+    check("cannot export to Hugging Face DeepseekV3ForCausalLM" in msg and "sigmoids" in msg
+          and "e_score_correction_bias" in msg and "shared_experts=0" in msg
+          and not (work / "g").exists(),
+          f"latent attention with a softmax router, aux loss and no shared expert refused, no "
+          f"OUT: {msg.strip()!r}")
 
     # A damaged checkpoint (a rank file gone): runtime error naming the file, nothing at OUT.
     (ck / "step_00000002" / "rank_00000.h5").unlink()

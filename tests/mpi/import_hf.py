@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """`llmtrain checkpoint import` (Hugging Face safetensors -> checkpoint), checked against export:
 
-  roundtrip  GPT-2, Llama and Mixtral (the MoE config without shared experts or dense layers):
+  roundtrip  GPT-2, Llama, Mixtral (the MoE config without shared experts or dense layers) and
+             DeepseekV3 (latent attention, a dense layer, shared and group-routed experts):
              train 2 steps, export, import: every tensor bitwise the checkpoint's; one
              fine-tuning step from the import and from the original checkpoint give bitwise the
              same losses; imported at tp 2 + sp (--world 2 --set parallel.tp=2 ...) it verifies and
@@ -10,7 +11,8 @@
              imported and exported again, each tensor is its BF16 rounding (nearest even), exactly
   gpt2model  the GPT-2 export under GPT2Model's names (no "transformer." prefix) with the causal
              mask buffers (h.N.attn.bias) beside them: imported bitwise, the buffers ignored
-  errors     rope_scaling, a missing tensor and a tensor of another shape are refused naming them"""
+  errors     rope_scaling, DeepseekV3 weights with interleaved rope dims, a missing tensor and a
+             tensor of another shape are refused naming them"""
 import json
 import os
 import shutil
@@ -22,8 +24,15 @@ import numpy as np
 
 from harness import finish, parse_args, run
 
-CONFIGS = {"gpt": "gpt-tiny.toml", "llama": "llama-tiny.toml", "moe": "moe-tiny.toml"}
+CONFIGS = {"gpt": "gpt-tiny.toml", "llama": "llama-tiny.toml", "moe": "moe-tiny.toml",
+           "mla": "mla-tiny.toml"}
 MIXTRAL = ["model.moe.shared_experts=0", "model.moe.first_dense_layers=0"]
+# DeepseekV3ForCausalLM: latent attention, a dense first layer, then a shared and 8 routed
+# experts (sigmoid scores, 2 of 2 of 4 groups, scaled, the balancing bias).
+DEEPSEEK_V3 = ["model.moe.num_experts=8", "model.moe.top_k=2", "model.moe.d_ff_expert=32",
+               "model.moe.router=sigmoid", "model.moe.balance=bias", "model.moe.shared_experts=1",
+               "model.moe.n_group=4", "model.moe.topk_group=2",
+               "model.moe.routed_scaling_factor=2.5", "model.moe.first_dense_layers=1"]
 
 
 def read_st(path):
@@ -96,7 +105,7 @@ def main():
 
     for model, file in CONFIGS.items():
         config = os.path.join(cfgdir, file)
-        sets = MIXTRAL if model == "moe" else []
+        sets = {"moe": MIXTRAL, "mla": DEEPSEEK_V3}.get(model, [])
         ck = os.path.join(w, model + "_ck")
         train(model, config, sets + ["train.steps=2", f"checkpoint.dir={ck}"])
         hf, imp, imp2 = (os.path.join(w, model + s) for s in ("_hf", "_imp", "_imp_tp2"))
@@ -182,6 +191,13 @@ def main():
     shutil.copy(os.path.join(w, "llama_hf", "config.json"), missing)
     write_st(os.path.join(missing, "model.safetensors"),
              {n: t for n, t in src.items() if n != "model.norm.weight"})
+    interleaved = os.path.join(w, "rope_interleave")
+    shutil.copytree(os.path.join(w, "mla_hf"), interleaved)
+    with open(os.path.join(interleaved, "config.json")) as f:
+        c = json.load(f)
+    del c["rope_interleave"]  # transformers' default: true, DeepSeek's released layout
+    with open(os.path.join(interleaved, "config.json"), "w") as f:
+        json.dump(c, f)
     shape = os.path.join(w, "shape")
     os.makedirs(shape)
     with open(os.path.join(w, "llama_hf", "config.json")) as f:
@@ -191,6 +207,7 @@ def main():
         json.dump(c, f)
     shutil.copy(os.path.join(w, "llama_hf", "model.safetensors"), shape)
     for name, d, code, want in [("rope_scaling", bad_cfg, 2, "rope_scaling"),
+                                ("rope_interleave", interleaved, 2, "rope_interleave true"),
                                 ("missing", missing, 1, "model.norm.weight: missing"),
                                 ("shape", shape, 1, "mlp.gate_proj.weight: shape")]:
         r = llmtrain("checkpoint", "import", d, os.path.join(w, name + "_out"))
