@@ -42,14 +42,20 @@ Run add_eval_command(CLI::App& app) {
     const ckpt::Checkpoint ck(dir);
     // The run's own config, at one rank unless the user's --set say otherwise, reading the
     // checkpoint's weights (init_from) and writing nothing but a scratch run_dir.
-    std::vector<std::string> sets = {"parallel.tp=1", "parallel.cp=1", "parallel.cp_impl=ring",
-                                     "parallel.dp=-1", "parallel.pp=1", "parallel.pp_schedule=1f1b",
-                                     "parallel.ep=1", "parallel.virtual_stages=1",
-                                     "parallel.pp_layers=[]", "parallel.sequence_parallel=false",
-                                     "train.distribute_saved_activations=false",
-                                     // (no update: the stored run's offload folder is not needed)
-                                     "offload.optimizer=\"none\""};
+    std::vector<std::string> sets = {"parallel.tp=1",
+                                     "parallel.cp=1",
+                                     "parallel.cp_impl=ring",
+                                     "parallel.dp=-1",
+                                     "parallel.pp=1",
+                                     "parallel.pp_schedule=1f1b",
+                                     "parallel.ep=1",
+                                     "parallel.virtual_stages=1",
+                                     "parallel.pp_layers=[]",
+                                     "parallel.sequence_parallel=false",
+                                     "train.distribute_saved_activations=false"};
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
+    // No update: the stored run's offload folder is not needed.
+    sets.insert(sets.end(), no_offload_overrides().begin(), no_offload_overrides().end());
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());
     char tmpl[] = "/tmp/llmtrain-eval.XXXXXX";
     const bool rank0 = world_rank_from_env() == 0;

@@ -132,10 +132,10 @@ Run add_generate_command(CLI::App& app) {
         "train.micro_batch_size=1", "train.global_batch_size=1", "train.recompute=\"none\"",
         "train.distribute_saved_activations=false",
         // one token at a time: no expert capacity drops it
-        "model.moe.capacity_factor=0",
-        // no update: the stored run's offload folder is not needed
-        "offload.optimizer=\"none\""};
+        "model.moe.capacity_factor=0"};
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
+    // No update: the stored run's offload folder is not needed.
+    sets.insert(sets.end(), no_offload_overrides().begin(), no_offload_overrides().end());
     sets.insert(sets.end(), args->overrides.begin(), args->overrides.end());
     Config cfg;
     try {

@@ -125,6 +125,11 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   const bool qgz = base.parallel.zero_quantized_gradients;
   // [offload]: the optimizer's kept on every candidate, ZeRO-3's shards' on the stage-3 ones.
   const OffloadTarget offload_params = base.offload.params;
+  // Without the optimizer's offload, a candidate without ZeRO-3's has no "nvme" left: its folder
+  // and chunk size go back to their defaults (a rule refuses them set without "nvme").
+  const bool offload_only_params =
+      base.offload.optimizer == OffloadTarget::none && offload_params != OffloadTarget::none;
+  const std::vector<std::string> no_offload_folder{"offload.nvme_dir=\"\"", "offload.buffer_mb=64"};
   const int64_t qwz_block = base.parallel.zero_quant_block;
   // Context parallelism pays from long sequences on: cp > 1 is tried from 8192 positions.
   std::vector<LayoutShape> shapes;
@@ -170,6 +175,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
       std::vector<std::string> all = overrides;
       all.insert(all.end(), sets.begin(), sets.end());
       all.insert(all.end(), ddp_overrides().begin(), ddp_overrides().end());
+      if (offload_only_params)
+        all.insert(all.end(), no_offload_folder.begin(), no_offload_folder.end());
       all.push_back("train.distribute_saved_activations=false");  // chosen per candidate below
       shaped = parse_config(path, all);
     } catch (const ConfigError&) {
@@ -211,6 +218,10 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.cfg.parallel.zero_quantized_weights = zero == 3 && qwz;
               c.cfg.parallel.zero_quantized_gradients = zero == 3 && qgz;
               c.cfg.offload.params = zero == 3 ? offload_params : OffloadTarget::none;
+              if (offload_only_params && zero == 3) {
+                c.cfg.offload.nvme_dir = base.offload.nvme_dir;
+                c.cfg.offload.buffer_mb = base.offload.buffer_mb;
+              }
               c.cfg.parallel.zero_quant_block = zero == 3 ? qwz_block : 256;
               c.cfg.train.micro_batch_size = mbs;
               c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
@@ -235,6 +246,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.sets.push_back(
                   concat("offload.params=\"",
                          kOffloadTargetNames[static_cast<size_t>(c.cfg.offload.params)], "\""));
+              if (offload_only_params && zero != 3)
+                c.sets.insert(c.sets.end(), no_offload_folder.begin(), no_offload_folder.end());
               c.sets.push_back(
                   concat("parallel.zero_quant_block=", c.cfg.parallel.zero_quant_block));
               c.sets.push_back(concat("train.micro_batch_size=", mbs));

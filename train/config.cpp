@@ -536,6 +536,13 @@ const std::vector<std::string>& ddp_overrides() {
   return sets;
 }
 
+const std::vector<std::string>& no_offload_overrides() {
+  static const std::vector<std::string> sets{"offload.optimizer=\"none\"",
+                                             "offload.params=\"none\"", "offload.nvme_dir=\"\"",
+                                             "offload.buffer_mb=64"};
+  return sets;
+}
+
 int64_t layout_min_ranks(const ParallelConfig& p) {
   return p.tp * p.cp * p.pp * std::max<int64_t>(p.dp, 1);
 }

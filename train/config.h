@@ -114,6 +114,9 @@ void validate_layout(const Config& c, int world);
 // option back at its default, offload.params too (each refuses zero_stage 0). For the commands that
 // run a stored config at a layout of their own (eval, generate) and for plan --search's candidates.
 const std::vector<std::string>& ddp_overrides();
+// The --set values that turn [offload] off whole (both targets, the folder and the chunk size at
+// their defaults): for the commands that run a stored config without an update (eval, generate).
+const std::vector<std::string>& no_offload_overrides();
 // The fewest ranks the [parallel] layout runs on: tp*cp*pp*dp, dp = -1 counted as 1 (the commands
 // that meet a world too small say how to get more: mpirun for train and eval, --world offline).
 int64_t layout_min_ranks(const ParallelConfig& p);

@@ -20,6 +20,17 @@ void check_offload_config(const OffloadConfig& c, Rules& r) {
                              "which is not set: name a directory on a fast local disk"));
   }
   r.at_least("offload.buffer_mb", c.buffer_mb, 1.0);
+  // The folder and the chunk size serve "nvme" only: set without it they would do nothing.
+  if (c.optimizer != OffloadTarget::nvme && c.params != OffloadTarget::nvme) {
+    const OffloadConfig d;
+    r.require(c.nvme_dir == d.nvme_dir, {"offload.nvme_dir"},
+              "offload.nvme_dir is set, but neither offload.optimizer nor offload.params is "
+              "\"nvme\": set one of them to \"nvme\", or remove offload.nvme_dir");
+    r.require(c.buffer_mb == d.buffer_mb, {"offload.buffer_mb"},
+              detail::concat("offload.buffer_mb=", c.buffer_mb,
+                             " sets the chunks of \"nvme\" offload, but neither "
+                             "offload.optimizer nor offload.params is \"nvme\""));
+  }
 }
 
 }  // namespace llmt

@@ -27,7 +27,8 @@ struct OffloadConfig {
   bool any() const { return optimizer != OffloadTarget::none || params != OffloadTarget::none; }
 };
 
-// [offload]'s own rules: nvme_dir given with "nvme", buffer_mb >= 1, "host" refused (not built).
+// [offload]'s own rules: nvme_dir given with "nvme", buffer_mb >= 1, "host" refused (not built),
+// nvme_dir and buffer_mb left at their defaults without "nvme".
 void check_offload_config(const OffloadConfig& c, Rules& r);
 
 }  // namespace llmt

@@ -27,8 +27,7 @@ LAYOUTS = {
     "zero3-dp2": (2, ["parallel.zero_stage=3"], BOTH),
     "pp2-zero3": (2, ["parallel.pp=2", "parallel.zero_stage=3"], BOTH),
 }
-COMMON = ["train.threads=1", "log.progress=false", "train.steps=4", "checkpoint.interval=4",
-          "offload.buffer_mb=1"]
+COMMON = ["train.threads=1", "log.progress=false", "train.steps=4", "checkpoint.interval=4"]
 
 
 def datasets(ckpt):
@@ -50,7 +49,8 @@ def main():
     for name, (ranks, sets, offload) in LAYOUTS.items():
         base = sets + COMMON
         runs = {}
-        for kind, extra in (("plain", []), ("offload", offload + [f"offload.nvme_dir={nvme}"])):
+        for kind, extra in (("plain", []), ("offload", offload + [f"offload.nvme_dir={nvme}",
+                                                                  "offload.buffer_mb=1"])):
             shutil.rmtree(nvme, ignore_errors=True)
             os.makedirs(nvme)
             out = os.path.join(args.workdir, f"{name}-{kind}")

@@ -620,6 +620,14 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
     EXPECT_EQ(c.cfg.offload.params == OffloadTarget::nvme, p.zero_stage == 3)
         << layout_text(c.cfg, 4);
     EXPECT_EQ(p.zero_quant_block, p.zero_stage == 3 ? 64 : 256) << layout_text(c.cfg, 4);
+    // Without ZeRO-3 no "nvme" is left: the folder goes too (a rule refuses it unused), and the
+    // printed overrides on the user's config give the candidate's [offload].
+    EXPECT_EQ(c.cfg.offload.nvme_dir, p.zero_stage == 3 ? "/tmp" : "") << layout_text(c.cfg, 4);
+    std::vector<std::string> sets = qw;
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    const Config again = parse_config(path, sets);
+    EXPECT_EQ(again.offload.params, c.cfg.offload.params) << layout_text(c.cfg, 4);
+    EXPECT_EQ(again.offload.nvme_dir, c.cfg.offload.nvme_dir) << layout_text(c.cfg, 4);
     stage3 += p.zero_stage == 3;
   }
   EXPECT_GT(stage3, 0);
