@@ -2,7 +2,7 @@
 """FP8 GEMM inputs (train.fp8, docs/model.md "FP8 GEMM inputs") on the tiny config in bf16, for
 "blockwise" (tiles of 16, so that every tp rank's q, k and v rows, fc1 rows and proj/fc2 columns
 are whole tiles of the single rank's) and "tensorwise"; on the dense configs and the MoE one
-(its routed experts' grouped GEMMs too):
+(its routed experts' grouped GEMMs too) and latent attention's (tiles of 4; tp with sp only):
 - drift: the largest per-step loss difference to the bf16 run without FP8 over STEPS steps (one
   rank), beside the micro-batch-size noise (the bf16 run against the same batch split into 8, 2
   and 1 micro-batches); it must be larger than that noise (FP8 did change the GEMMs) and at most
@@ -18,7 +18,8 @@ are whole tiles of the single rank's) and "tensorwise"; on the dense configs and
   quantisation itself (docs/model.md);
 - control: tiles of 64 straddle a Llama tp rank's q, k and v rows (32, 16, 16) and cover two
   ranks' attention output columns (32 each), so tp2 then quantises other tiles than one rank:
-  its difference must exceed CONTROL_FACTOR x LAYOUT_BOUND.
+  its difference must exceed CONTROL_FACTOR x LAYOUT_BOUND; latent attention's with tiles of 16
+  across its tp2-sp shards must exceed LAYOUT_BOUND.
 Usage: fp8.py --llmtrain BIN --mpirun MPIRUN --config C --workdir W"""
 import os
 import statistics
@@ -52,6 +53,10 @@ MOE_LAYOUTS = {
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     "pp2": (2, ["parallel.pp=2"]),
 }
+# Latent attention (configs/mla-tiny.toml; tp needs sp): its up projections' rows per tp rank
+# (2 heads of 12 query or 14 key/value rows) and proj's columns (2 x 6) are whole tiles of 4.
+MLA_LAYOUTS = {k: v for k, v in LAYOUTS.items() if k != "tp2"}
+MLA_BLOCK = 4
 
 
 def losses(runs):
@@ -72,9 +77,13 @@ def main():
     bf16 = train(args, os.path.join(w, "bf16"), 1, COMMON)
     noise = split_noise(args, w, "bf16", COMMON, bf16)
     llama = "llama" in os.path.basename(args.config)
-    layouts = MOE_LAYOUTS if "moe" in os.path.basename(args.config) else LAYOUTS
+    mla = "mla" in os.path.basename(args.config)
+    layouts = (MOE_LAYOUTS if "moe" in os.path.basename(args.config)
+               else MLA_LAYOUTS if mla else LAYOUTS)
+    block = MLA_BLOCK if mla else 16
     for scaling in ("blockwise", "tensorwise"):
-        recipe = [f"train.fp8={scaling}"] + (["train.fp8_block=16"] if scaling == "blockwise" else [])
+        recipe = [f"train.fp8={scaling}"] + ([f"train.fp8_block={block}"]
+                                              if scaling == "blockwise" else [])
         one = train(args, os.path.join(w, scaling), 1, COMMON + recipe)
         drift = max(abs(a - b) for a, b in zip(losses(bf16), losses(one)))
         rel = max(abs(a / b - 1) for a, b in zip(losses(one), losses(bf16)))
@@ -93,14 +102,18 @@ def main():
             if not err <= LAYOUT_BOUND:
                 failures.append(f"{scaling} {name}: grad_norm differs from the single rank by "
                                 f"{err:.2e} relative (median)")
-        if llama and scaling == "blockwise":
-            straddle = ["train.fp8=blockwise", "train.fp8_block=64"] + FIXED
+        if (llama or mla) and scaling == "blockwise":
+            # Latent attention: tiles of 16 straddle a tp rank's 24 query and 28 key/value rows
+            # (only its up projections and proj take FP8 inputs, so the effect is smaller: 4.7e-5
+            # against 7.8e-7 aligned; it must exceed the layouts' bound itself).
+            tile = 64 if llama else 16
+            straddle = ["train.fp8=blockwise", f"train.fp8_block={tile}"] + FIXED
+            tp2 = ["parallel.tp=2"] + ([] if llama else ["parallel.sequence_parallel=true"])
             ref = train(args, os.path.join(w, "straddle"), 1, COMMON + straddle)
-            got = train(args, os.path.join(w, "straddle-tp2"), 2,
-                        COMMON + straddle + ["parallel.tp=2"])
+            got = train(args, os.path.join(w, "straddle-tp2"), 2, COMMON + straddle + tp2)
             err = grad_error(got, ref)
-            print(f"control: tiles of 64 across the tp shards: {err:.2e}")
-            if not err > CONTROL_FACTOR * LAYOUT_BOUND:
+            print(f"control: tiles of {tile} across the tp shards: {err:.2e}")
+            if not err > (CONTROL_FACTOR if llama else 1) * LAYOUT_BOUND:
                 failures.append(f"control: tp2 with tiles across its shards differs by only "
                                 f"{err:.2e}: the layout check cannot tell")
     finish(failures)
