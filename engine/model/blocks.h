@@ -1,9 +1,10 @@
-// The transformer's blocks: Embedding, Norm, Attention and Mlp (the two residual branches, behind
-// the Branch interface so that another attention or MLP is a swap), Head (final norm, vocab-
-// parallel logits and loss), and the Layer that assembles norm -> branch -> dropout + residual
-// twice. Each block has forward, backward_input and backward_weight, and declares what it saves
-// (forward -> backward) and what it stashes (backward_input -> backward_weight), as shapes, so
-// activation memory is a sum the model lays out once and `plan` and tests can compute.
+// The transformer's blocks: Embedding, Norm, Attention (or LatentAttention) and Mlp (or MoeMlp),
+// the two residual branches behind the Branch interface so that another attention or MLP is a
+// swap, Head (final norm, vocab-parallel logits and loss), and the Layer that assembles norm ->
+// branch -> dropout + residual twice. Each block has forward, backward_input and backward_weight,
+// and declares what it saves (forward -> backward) and what it stashes (backward_input ->
+// backward_weight), as shapes, so activation memory is a sum the model lays out once and `plan` and
+// tests can compute.
 //
 // Backward: backward_input assigns the input gradient; backward_weight adds into the weight
 // gradients. Run back to back (every schedule but zero-bubble) the stash holds views of live
