@@ -124,6 +124,17 @@ Run add_generate_command(CLI::App& app) {
     CommRuntime runtime;
     std::unique_ptr<Communicator> world = make_world_communicator();
     const int world_size = world->size();
+    // Latent attention under tp projects each rank's rows of the sequence down (sequence
+    // parallelism), and a decoding step has one token: it decodes on one rank.
+    if (world_size > 1 && parse_config_string(ck.state().config,
+                                              std::string(ckpt::kIndexFile) + " (attribute config)")
+                              .model.mla_attention())
+      throw ConfigError(detail::concat(
+          "the model of ", dir,
+          " has latent attention (model.attention=\"mla\"), which decodes on one rank: its tp "
+          "ranks each project their own rows of the sequence, and a decoding step has one token; "
+          "run generate without mpirun (",
+          world_size, " ranks here)"));
     // The run's config at tp = the world (decoding one token: no sequence parallelism).
     std::vector<std::string> sets = {
         "parallel.tp=" + std::to_string(world_size), "parallel.cp=1", "parallel.cp_impl=ring",

@@ -4,7 +4,8 @@
 # logits against the whole-sequence forward are test_model's KvCacheDecodingEqualsTheWhole...);
 # the same seed samples the same text; a model vocabulary padded past the tokenizer's never
 # yields a padding id; a prompt that fills model.seq_len and a checkpoint whose
-# run had no tokenizer are refused (exit 2, saying why).
+# run had no tokenizer are refused (exit 2, saying why); a latent-attention model decodes on one
+# rank and is refused under mpirun.
 #   check_generate.sh LLMTRAIN MPIRUN TEXT WORKDIR
 set -euo pipefail
 llmtrain="$1" mpirun="$2" text="$3" work="$4"
@@ -77,5 +78,22 @@ rc=$?
 set -e
 echo "no tokenizer: exit $rc: $msg"
 [[ $rc -eq 2 && "$msg" == *"--tokenizer"* ]] || { echo "FAIL: no tokenizer"; fail=1; }
+# Latent attention decodes on one rank (its KV-cache logits: test_model's
+# KvCacheDecodingEqualsTheWholeSequenceForward); under mpirun it is refused saying why.
+"$llmtrain" train --config run/config.toml -q --set model.attention=mla --set model.n_kv_heads=0 \
+  --set model.mla.kv_lora_rank=16 --set model.mla.qk_nope_head_dim=8 \
+  --set model.mla.qk_rope_head_dim=8 --set model.mla.v_head_dim=8 --set train.steps=5 \
+  --set 'data.path="ds"' --set 'data.tokenizer="tok.model"' --set train.run_dir=\"mla\" \
+  --set checkpoint.dir=\"mla/ck\" > /dev/null
+mla="$("$llmtrain" generate --checkpoint mla/ck --prompt "The model" --max-new-tokens 8 \
+  --ignore-eos --temperature 0 2>&1 | ids)"
+echo "latent attention, one rank: $mla"
+[[ $(wc -w <<< "$mla") -eq 8 ]] || { echo "FAIL: latent attention: not 8 tokens"; fail=1; }
+set +e
+msg="$("$mpirun" --oversubscribe -np 2 "$llmtrain" generate --checkpoint mla/ck --prompt x 2>&1)"
+rc=$?
+set -e
+echo "latent attention at 2 ranks: exit $rc"
+[[ $rc -ne 0 && "$msg" == *"decodes on one rank"* ]] || { echo "FAIL: mla under mpirun: $msg"; fail=1; }
 [[ $fail -eq 0 ]] && echo "generate: checks passed"
 exit $fail

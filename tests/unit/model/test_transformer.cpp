@@ -208,14 +208,19 @@ TEST(Transformer, EvaluationContextTurnsDropoutOff) {
 }
 
 // Decoding through the KV cache (llmtrain generate) gives, position by position, the logits of
-// the whole-sequence forward: GPT-2 (learned positions), Llama (RoPE, GQA) and an MoE model, each
-// greedy continuation the argmax of the forward pass over the sequence it has produced.
+// the whole-sequence forward: GPT-2 (learned positions), Llama (RoPE, GQA), an MoE model and
+// latent attention (the cache holds its expanded keys and values), each greedy continuation the
+// argmax of the forward pass over the sequence it has produced.
 TEST(Transformer, KvCacheDecodingEqualsTheWholeSequenceForward) {
   ModelConfig moe = tiny(Arch::llama);
   moe.moe.num_experts = 4;
   moe.moe.top_k = 2;
   moe.moe.d_ff_expert = 12;
-  for (const ModelConfig& c : {tiny(Arch::gpt2), tiny(Arch::llama), moe}) {
+  ModelConfig mla = tiny(Arch::llama);
+  mla.attention = AttentionKind::mla;
+  mla.n_kv_heads = mla.n_heads;
+  mla.mla = {6, 8, 4, 4, 6};  // q latent 6, kv latent 8, nope 4 + rope 4, values 6 (padded to 8)
+  for (const ModelConfig& c : {tiny(Arch::gpt2), tiny(Arch::llama), moe, mla}) {
     const int64_t T = c.seq_len, V = c.vocab_size;
     Fixture f(1, T, V, 11);
     const ModelSpec spec = ModelSpec::from_config(c);
@@ -236,7 +241,8 @@ TEST(Transformer, KvCacheDecodingEqualsTheWholeSequenceForward) {
       const Tensor step = decoder.decode(token, pos);  // (1, V)
       for (int64_t v = 0; v < V; ++v)
         ASSERT_NEAR(step.f32()[v], expected[static_cast<size_t>(pos * V + v)], 2e-5)
-            << "n_experts " << c.moe.num_experts << " position " << pos << " token " << v;
+            << "n_experts " << c.moe.num_experts << " mla " << c.mla_attention() << " position "
+            << pos << " token " << v;
     }
     // Greedy: each position's argmax, fed back; the forward over the produced sequence agrees.
     std::vector<int32_t> seq{f.tokens.i32()[0]};
