@@ -81,6 +81,15 @@ def hf_expected(m, get):
     KV, D, F = m["n_kv_heads"], C // m["n_heads"], m["d_ff"]
     moe = m.get("moe") if m.get("moe", {}).get("num_experts", 0) > 0 else None
     e = {}
+
+    def experts(name, o):
+        """Expert j's gate, up (fc1 rows [0, Fe), [Fe, 2Fe)) and down (fc2) under name(j, which)."""
+        fc1, fc2 = get(o + "mlp.experts.fc1.weight"), get(o + "mlp.experts.fc2.weight")
+        Fe = moe["d_ff_expert"]
+        for j in range(moe["num_experts"]):
+            e[name(j, "gate")] = fc1[j, :Fe]
+            e[name(j, "up")] = fc1[j, Fe:]
+            e[name(j, "down")] = fc2[j]
     if m["arch"] == "gpt2":
         e["transformer.wte.weight"] = get("wte.weight")
         e["transformer.wpe.weight"] = get("wpe.weight")
@@ -122,12 +131,7 @@ def hf_expected(m, get):
                 continue
             e[h + "mlp.gate.weight"] = get(o + "mlp.router.weight")
             e[h + "mlp.gate.e_score_correction_bias"] = get(o + "mlp.router.expert_bias")
-            fc1, fc2 = get(o + "mlp.experts.fc1.weight"), get(o + "mlp.experts.fc2.weight")
-            Fe = moe["d_ff_expert"]
-            for j in range(moe["num_experts"]):
-                e[h + f"mlp.experts.{j}.gate_proj.weight"] = fc1[j, :Fe]
-                e[h + f"mlp.experts.{j}.up_proj.weight"] = fc1[j, Fe:]
-                e[h + f"mlp.experts.{j}.down_proj.weight"] = fc2[j]
+            experts(lambda j, w: h + f"mlp.experts.{j}.{w}_proj.weight", o)
             gated(h + "mlp.shared_experts.", o + "mlp.shared.",
                   moe["shared_experts"] * moe["d_ff_shared"])
         e["model.norm.weight"] = get("norm_f.weight")
@@ -152,12 +156,8 @@ def hf_expected(m, get):
             if moe:  # Mixtral: gate = router; expert e: w1 gate, w3 up rows of fc1, w2 = fc2
                 x = h + "block_sparse_moe."
                 e[x + "gate.weight"] = get(o + "mlp.router.weight")
-                fc1, fc2 = get(o + "mlp.experts.fc1.weight"), get(o + "mlp.experts.fc2.weight")
-                Fe = moe["d_ff_expert"]
-                for j in range(moe["num_experts"]):
-                    e[x + f"experts.{j}.w1.weight"] = fc1[j, :Fe]
-                    e[x + f"experts.{j}.w3.weight"] = fc1[j, Fe:]
-                    e[x + f"experts.{j}.w2.weight"] = fc2[j]
+                w_of = {"gate": "w1", "up": "w3", "down": "w2"}
+                experts(lambda j, w: x + f"experts.{j}.{w_of[w]}.weight", o)
         e["model.norm.weight"] = get("norm_f.weight")
     if not m["tie_embeddings"]:
         e["lm_head.weight"] = get("lm_head.weight")

@@ -37,6 +37,19 @@ split = "100,0,0"
 dir = "run/ck"
 TOML
 ids() { sed -n 's/^token ids: //p'; }
+# refused WHAT WANT CMD...: CMD must fail (exit 2, or any failure under mpirun: its own code)
+# with a message holding WANT.
+refused() {
+  local what="$1" want="$2" msg rc
+  shift 2
+  set +e
+  msg="$("$@" 2>&1)"
+  rc=$?
+  set -e
+  echo "$what: exit $rc: ${msg##*error: }"
+  if [[ "$1" == "$mpirun" ]]; then [[ $rc -ne 0 ]]; else [[ $rc -eq 2 ]]; fi &&
+    [[ "$msg" == *"$want"* ]] || { echo "FAIL: $what"; fail=1; }
+}
 gen=(generate --checkpoint run/ck --prompt "The model" --max-new-tokens 12 --ignore-eos)
 fail=0
 one="$("$llmtrain" "${gen[@]}" --temperature 0 2>&1 | ids)"
@@ -66,18 +79,10 @@ for id in $pad; do
 done
 [[ $(wc -w <<< "$pad") -eq 24 ]] || { echo "FAIL: not 24 tokens"; fail=1; }
 long="$(printf 'word %.0s' {1..40})"
-set +e
-msg="$("$llmtrain" generate --checkpoint run/ck --prompt "$long" 2>&1)"
-rc=$?
-set -e
-echo "long prompt: exit $rc: $msg"
-[[ $rc -eq 2 && "$msg" == *"leaves no room to generate"* ]] || { echo "FAIL: long prompt"; fail=1; }
-set +e
-msg="$("$llmtrain" generate --checkpoint run/ck --set 'data.tokenizer=""' --prompt x 2>&1)"
-rc=$?
-set -e
-echo "no tokenizer: exit $rc: $msg"
-[[ $rc -eq 2 && "$msg" == *"--tokenizer"* ]] || { echo "FAIL: no tokenizer"; fail=1; }
+refused "long prompt" "leaves no room to generate" \
+  "$llmtrain" generate --checkpoint run/ck --prompt "$long"
+refused "no tokenizer" "--tokenizer" \
+  "$llmtrain" generate --checkpoint run/ck --set 'data.tokenizer=""' --prompt x
 # Latent attention decodes on one rank (its KV-cache logits: test_model's
 # KvCacheDecodingEqualsTheWholeSequenceForward); under mpirun it is refused saying why.
 "$llmtrain" train --config run/config.toml -q --set model.attention=mla --set model.n_kv_heads=0 \
@@ -89,11 +94,7 @@ mla="$("$llmtrain" generate --checkpoint mla/ck --prompt "The model" --max-new-t
   --ignore-eos --temperature 0 2>&1 | ids)"
 echo "latent attention, one rank: $mla"
 [[ $(wc -w <<< "$mla") -eq 8 ]] || { echo "FAIL: latent attention: not 8 tokens"; fail=1; }
-set +e
-msg="$("$mpirun" --oversubscribe -np 2 "$llmtrain" generate --checkpoint mla/ck --prompt x 2>&1)"
-rc=$?
-set -e
-echo "latent attention at 2 ranks: exit $rc"
-[[ $rc -ne 0 && "$msg" == *"decodes on one rank"* ]] || { echo "FAIL: mla under mpirun: $msg"; fail=1; }
+refused "latent attention at 2 ranks" "decodes on one rank" \
+  "$mpirun" --oversubscribe -np 2 "$llmtrain" generate --checkpoint mla/ck --prompt x
 [[ $fail -eq 0 ]] && echo "generate: checks passed"
 exit $fail
