@@ -162,8 +162,9 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
 
 void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& spec) {
   std::string s = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", c.world,
-                         ", \"parameters\": ", spec.num_params(),
+                         ", \"parameters\": ", spec.num_params() - spec.num_mtp_params(),
                          ", \"active_parameters\": ", spec.num_active_params(),
+                         ", \"mtp_parameters\": ", spec.num_mtp_params(),
                          ", \"micro_batches\": ", c.micro_batches);
   auto num = [](double v) {
     char buf[40];
@@ -395,15 +396,16 @@ Run add_plan_command(CLI::App& app) {
         line += concat(c > 0 ? ";" : "", " stage ", s);
         line += layers[s] > 0 ? concat(" layers ", first[s], "-", first[s + 1] - 1) : " no layers";
         if (s == 0) line += " + embeddings";
-        if (s == p * v - 1) line += " + head and loss";
+        if (s == p * v - 1)
+          line += cfg.model.mtp_depth > 0 ? " + head, loss and multi-token prediction"
+                                          : " + head and loss";
       }
       std::printf("%s\n", line.c_str());
     }
     // The training state each rank allocates, exactly (rank_state_bytes): the ranks of dp and
     // cp coordinate 0, one per (tp, pp) coordinate; the others of a group hold the same or less.
     const ModelSpec spec = ModelSpec::from_config(cfg.model);
-    std::printf("parameters: %lld%s; training FLOPs per step %.4g\n",
-                static_cast<long long>(spec.num_params()), active_params_text(spec).c_str(),
+    std::printf("parameters: %s; training FLOPs per step %.4g\n", params_text(spec).c_str(),
                 spec.flops_per_token() * static_cast<double>(gbs * cfg.model.seq_len));
     std::printf("state per rank, bytes as allocated (dp and cp coordinate 0; ZeRO stage %lld%s):\n",
                 static_cast<long long>(par.zero_stage),

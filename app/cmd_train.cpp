@@ -1,6 +1,8 @@
 // `llmtrain train --config F [--set k=v]...`: parse, validate, train.
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "app/commands.h"
 #include "core/allocator.h"
@@ -15,11 +17,19 @@
 
 namespace llmt::app {
 
-std::string active_params_text(const ModelSpec& spec) {
+std::string params_text(const ModelSpec& spec) {
   const MoeConfig& e = spec.cfg.moe;
-  if (!e.enabled()) return "";
-  return detail::concat(" (", spec.num_active_params(), " active: ", e.top_k, " of ", e.num_experts,
-                        " experts per MoE layer)");
+  std::vector<std::string> notes;
+  if (e.enabled())
+    notes.push_back(detail::concat(spec.num_active_params(), " active: ", e.top_k, " of ",
+                                   e.num_experts, " experts per MoE layer"));
+  if (spec.cfg.mtp_depth > 0)
+    notes.push_back(detail::concat("+ ", spec.num_mtp_params(), " in ", spec.cfg.mtp_depth,
+                                   " multi-token prediction module",
+                                   spec.cfg.mtp_depth > 1 ? "s" : ""));
+  std::string out = std::to_string(spec.num_params() - spec.num_mtp_params());
+  for (size_t i = 0; i < notes.size(); ++i) out += (i == 0 ? " (" : "; ") + notes[i];
+  return notes.empty() ? out : out + ")";
 }
 
 std::string launch_hint(const Config& cfg, int world) {
@@ -210,9 +220,8 @@ Run add_train_command(CLI::App& app) {
     Mesh mesh = Mesh::create(mesh_shape(cfg.parallel, world_size), std::move(world));
     ModelSpec spec = ModelSpec::from_config(cfg.model);
     if (!args->quiet && rank0)
-      std::printf("llmtrain: %s, %lld parameters%s, %lld layers, d_model %lld, seq_len %lld, %s\n",
-                  cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama",
-                  static_cast<long long>(spec.num_params()), active_params_text(spec).c_str(),
+      std::printf("llmtrain: %s, %s parameters, %lld layers, d_model %lld, seq_len %lld, %s\n",
+                  cfg.model.arch == Arch::gpt2 ? "gpt2" : "llama", params_text(spec).c_str(),
                   static_cast<long long>(cfg.model.n_layers),
                   static_cast<long long>(cfg.model.d_model),
                   static_cast<long long>(cfg.model.seq_len),

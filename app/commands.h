@@ -27,8 +27,9 @@ Run add_generate_command(CLI::App& app);
 // layout needs more ranks than `world`, else "" (train and eval append it to layout errors).
 std::string launch_hint(const Config& cfg, int world);
 
-// " (A active: k of E experts per MoE layer)" for a mixture of experts, else "" (the start-up
-// line and plan print it after the parameter count).
-std::string active_params_text(const ModelSpec& spec);
+// The parameter count as the start-up line and plan print it: the model's without its
+// multi-token prediction modules (as the papers count them), then " (A active: k of E experts per
+// MoE layer)" for a mixture of experts and " (+ M in D multi-token prediction modules)" with MTP.
+std::string params_text(const ModelSpec& spec);
 
 }  // namespace llmt::app

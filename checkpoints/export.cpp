@@ -105,6 +105,10 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
       if (c.bias) p.push_back("model.bias=true: Mixtral's linears have no bias");
     }
   }
+  if (c.mtp_depth > 0 && (c.arch == Arch::gpt2 || !c.mla_attention()))
+    p.push_back(detail::concat("model.mtp_depth=", c.mtp_depth, ": ", hf_class(c),
+                               " has no multi-token prediction modules (DeepseekV3, "
+                               "model.attention=\"mla\", stores them as extra layers)"));
   if (c.arch != Arch::gpt2) {
     if (c.norm != NormKind::rmsnorm)
       p.push_back("model.norm=\"layernorm\": Llama's norms are RMSNorm (weight only, no bias)");
@@ -249,9 +253,18 @@ void deepseek_v3_tensors(const ModelSpec& spec, Builder& m) {
   const ModelConfig& c = spec.cfg;
   const int64_t F = spec.ffn_dim;
   m.add("model.embed_tokens.weight", "wte.weight");
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  // The multi-token prediction modules are layers L .. L + D - 1, as in DeepSeek's released
+  // weights (which also store the embedding and head again under each: not written here, the
+  // model's own are).
+  for (int64_t l = 0; l < c.n_layers + c.mtp_depth; ++l) {
     const std::string h = detail::concat("model.layers.", l, "."),
                       o = detail::concat("layers.", l, ".");
+    if (l >= c.n_layers) {
+      m.add(h + "enorm.weight", o + "mtp.enorm.weight");
+      m.add(h + "hnorm.weight", o + "mtp.hnorm.weight");
+      m.add(h + "eh_proj.weight", o + "mtp.eh_proj.weight");
+      m.add(h + "shared_head.norm.weight", o + "mtp.norm.weight");
+    }
     m.add(h + "input_layernorm.weight", o + "norm_1.weight");
     const std::string a = h + "self_attn.";
     if (c.mla.q_lora_rank > 0) {
@@ -439,6 +452,7 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("rope_interleave", "false");
     field("attention_bias", "false");
     field("attention_dropout", "0.0");
+    field("num_nextn_predict_layers", num(c.mtp_depth));
   } else {
     const bool mixtral = c.moe.enabled();
     field("model_type", mixtral ? "\"mixtral\"" : "\"llama\"");

@@ -41,19 +41,9 @@ class ConfigReader {
     const Json* v = get(key);
     return v && !v->is_null();
   }
-  int64_t integer(const char* key, int64_t fallback = -1) {
-    const Json* v = get(key);
-    if (!v || v->is_null()) {
-      if (fallback < 0) problems.push_back(detail::concat(key, ": missing"));
-      return fallback;
-    }
-    if (v->kind != Json::Kind::number || v->number != std::floor(v->number) || v->number < 1 ||
-        v->number > 9.007199254740992e15) {
-      problems.push_back(detail::concat(key, ": not a positive integer"));
-      return fallback;
-    }
-    return static_cast<int64_t>(v->number);
-  }
+  int64_t integer(const char* key, int64_t fallback = -1) { return whole(key, fallback, 1); }
+  // A count that may be 0 (absent: 0).
+  int64_t count(const char* key) { return whole(key, 0, 0); }
   float real(const char* key, float fallback) {
     const Json* v = get(key);
     if (!v || v->is_null()) return fallback;
@@ -71,6 +61,20 @@ class ConfigReader {
       return fallback;
     }
     return v->boolean;
+  }
+  int64_t whole(const char* key, int64_t fallback, int64_t least) {
+    const Json* v = get(key);
+    if (!v || v->is_null()) {
+      if (fallback < 0) problems.push_back(detail::concat(key, ": missing"));
+      return fallback;
+    }
+    if (v->kind != Json::Kind::number || v->number != std::floor(v->number) ||
+        v->number < static_cast<double>(least) || v->number > 9.007199254740992e15) {
+      problems.push_back(
+          detail::concat(key, least > 0 ? ": not a positive integer" : ": not an integer >= 0"));
+      return fallback;
+    }
+    return static_cast<int64_t>(v->number);
   }
   std::string text(const char* key, const std::string& fallback) {
     const Json* v = get(key);
@@ -337,7 +341,9 @@ ModelConfig hf_model_config(const std::string& config_json, const std::string& w
     a.qk_nope_head_dim = r.integer("qk_nope_head_dim");
     a.qk_rope_head_dim = r.integer("qk_rope_head_dim");
     a.v_head_dim = r.integer("v_head_dim");
-    const int64_t dense = r.integer("first_k_dense_replace", 0);
+    // Multi-token prediction modules: layers num_hidden_layers .. + D - 1 of the weights.
+    c.mtp_depth = r.count("num_nextn_predict_layers");
+    const int64_t dense = r.count("first_k_dense_replace");
     if (dense < c.n_layers) {
       MoeConfig& e = c.moe;
       e.num_experts = r.present("n_routed_experts") ? r.integer("n_routed_experts")
@@ -480,8 +486,18 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
     write_manifest_of(tmp.string(), state.step, 1);
   });
   for (const std::string& d : dtypes) r.dtypes += (r.dtypes.empty() ? "" : ", ") + d;
+  // DeepSeek's released weights store the embedding and head again under each multi-token
+  // prediction module's layer: the model's own are read.
+  auto shared_copy = [&](const std::string& name) {
+    for (int64_t l = cfg.n_layers; l < cfg.n_layers + cfg.mtp_depth; ++l) {
+      const std::string h = detail::concat("model.layers.", l, ".");
+      if (name == h + "embed_tokens.weight" || name == h + "shared_head.head.weight") return true;
+    }
+    return false;
+  };
   for (const auto& [name, st] : files)
-    if (!used.count(&st) && !is_buffer(name) && !(cfg.tie_embeddings && name == "lm_head.weight"))
+    if (!used.count(&st) && !is_buffer(name) && !(cfg.tie_embeddings && name == "lm_head.weight") &&
+        !shared_copy(name))
       r.unused.push_back(name);
   return r;
 }

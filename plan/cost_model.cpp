@@ -70,10 +70,12 @@ double schedule_activation_peak(const std::vector<Action>& actions, double per_m
 void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pipeline,
                  RankActivations& out) {
   const ModelConfig& mc = model.spec().cfg;
+  // With multi-token prediction the targets carry each depth's inputs and labels (TokenStaging).
+  const Shape tt = mc.mtp_depth > 0 ? Shape({1 + 2 * mc.mtp_depth, bt[0], bt[1]}) : bt;
   Buffer tok = alloc.allocate_tensor(bt, DType::i32, MemCategory::other),
-         tgt = alloc.allocate_tensor(bt, DType::i32, MemCategory::other),
+         tgt = alloc.allocate_tensor(tt, DType::i32, MemCategory::other),
          grad = alloc.allocate_tensor(model.activation_shape(), DType::f32, MemCategory::other);
-  const Tensor tokens = tok.tensor(bt, DType::i32), targets = tgt.tensor(bt, DType::i32);
+  const Tensor tokens = tok.tensor(bt, DType::i32), targets = tgt.tensor(tt, DType::i32);
   // Weights and gradients the model does not own (ZeRO binds them to its units): meta buffers
   // of their types, as ZeRO's gathered units (the compute type) and staging hold them.
   std::vector<Buffer> bound;
@@ -509,6 +511,10 @@ struct Job {
   // empty without FP8.
   std::vector<double> layer_fp8_params;
   double head_fpt = 0, attn_fpt = 0;
+  // Multi-token prediction (model.mtp_depth), on the head's rank: the modules' FLOPs per token
+  // (eh_proj, the layers, their heads), what recompute replays of their layers, and their GEMMs
+  // with FP8 inputs.
+  double mtp_fpt = 0, mtp_recompute_fpt = 0, mtp_fp8_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
   double bw_zero = 0;                 // ZeRO's shard group's (dp x cp's without hybrid sharding)
@@ -579,6 +585,27 @@ void Job::derive() {
   // The attention core, forward and backward (ModelSpec::attention_width: C, or latent
   // attention's H (Dqk + Dv) / 2).
   j.attn_fpt = 6 * spec.attention_width() * j.T;
+  if (mc.mtp_depth > 0) {
+    // Each module: eh_proj (2C x C), its layer, its head; its layer recomputed when
+    // train.recompute covers every layer (Transformer).
+    const double D = static_cast<double>(mc.mtp_depth), eh = 2 * j.C * j.C;
+    double w = 0, fp8 = 0;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (!spec.params[i].mtp) continue;
+      w += spec.matmul_weights(i);
+      if (spec.params[i].kind != ParamKind::router) fp8 += spec.matmul_weights(i);
+    }
+    const double layers = 6 * (w - D * eh) + D * j.attn_fpt;
+    j.mtp_fpt = 6 * w + D * (j.attn_fpt + j.head_fpt);
+    if (j.cfg.train.recompute_layers == 0)
+      j.mtp_recompute_fpt = j.rc == Recompute::full        ? layers / 3
+                            : j.rc == Recompute::selective ? D * j.attn_fpt / 3
+                                                           : 0.0;
+    if (j.cfg.train.fp8 != Fp8Scaling::none)
+      j.mtp_fp8_fpt =
+          6 * (fp8 - D * eh) +
+          (j.rc == Recompute::full && j.cfg.train.recompute_layers == 0 ? 2 * (fp8 - D * eh) : 0.0);
+  }
   if (j.p > 1) j.schedule = make_schedule(j.par.pp_schedule, j.shape);
   j.stage_layers = j.par.pp_layers.empty()
                        ? std::vector<int64_t>(j.p * j.v, mc.n_layers / (j.p * j.v))
@@ -610,7 +637,9 @@ void Job::derive() {
 // One pipeline rank's layers (its chunks' global layers, the first recompute_layers of each
 // chunk under recompute), counted by what the axes' costs read.
 struct RankLayers {
-  double L = 0, e = 0, h = 0;         // layers; whether the rank holds the embedding, the head
+  double L = 0, e = 0, h = 0;  // layers; whether the rank holds the embedding, the head
+  double mtp = 0;  // multi-token prediction modules (with the head): a layer, an embedding lookup
+                   // and a head each, and two norms
   double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
   double fp8_fpt = 0;  // of those, the GEMMs with FP8 inputs (train.fp8), replays included
   bool moe = false;
@@ -637,10 +666,16 @@ void replayed_layers(const Job& j, int pr, RankLayers& r) {
   auto full = [&](int64_t k) { return k_full == 0 || k < k_full; };
   std::pair<int64_t, int> last{-1, -1};  // (global layer, micro-batch)
   double replays = 0, moe = 0, gathers = 0;
+  // The multi-token prediction modules' layers, after the head chunk's (recomputed when
+  // train.recompute covers every layer).
+  std::vector<int64_t> mtp;
+  if (k_full == 0)
+    for (int64_t k = 0; k < static_cast<int64_t>(r.mtp); ++k) mtp.push_back(j.mc.n_layers + k);
+  const auto is_head = [&](int c) { return c + 1 == j.v && pr + 1 == j.p; };
   auto forward = [&](int c, int mb) {
     const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
     const int64_t n = static_cast<int64_t>(ls.size());
-    const bool head = c + 1 == j.v && pr + 1 == j.p, embedding = c == 0 && pr == 0;
+    const bool head = is_head(c), embedding = c == 0 && pr == 0;
     auto part = [&](int64_t k) { return j.distribute && (k < n ? full(k) : !head); };
     if (part(0)) last = {-1, -1};
     if (part(0) && !embedding) ++gathers;
@@ -648,18 +683,22 @@ void replayed_layers(const Job& j, int pr, RankLayers& r) {
       if (part(k + 1)) last = {-1, -1};
       if (full(k)) last = {ls[static_cast<size_t>(k)], mb};
     }
+    if (is_head(c))
+      for (const int64_t l : mtp) last = {l, mb};
+  };
+  auto replay = [&](std::pair<int64_t, int> mine) {
+    if (last != mine) {
+      ++replays;
+      moe += j.mc.moe.layer(mine.first);
+    }
+    last = mine;
   };
   auto backward = [&](int c, int mb) {
     const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
-    for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k) {
-      if (!full(k)) continue;
-      const std::pair<int64_t, int> mine{ls[static_cast<size_t>(k)], mb};
-      if (last != mine) {
-        ++replays;
-        moe += j.mc.moe.layer(mine.first);
-      }
-      last = mine;
-    }
+    if (is_head(c))
+      for (auto l = mtp.rbegin(); l != mtp.rend(); ++l) replay({*l, mb});
+    for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k)
+      if (full(k)) replay({ls[static_cast<size_t>(k)], mb});
   };
   if (j.p == 1) {
     for (int mb = 0; mb < j.m; ++mb) {
@@ -712,6 +751,18 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     }
   }
   r.L = static_cast<double>(layers);
+  // (Before replayed_layers, which walks the modules' layers too.)
+  for (const int64_t l : rs.mtp_layers()) {
+    const bool is_moe = j.mc.moe.layer(l);
+    r.mtp += 1;
+    r.moe = r.moe || is_moe;
+    r.moe_layers += is_moe;
+  }
+  if (r.mtp > 0) {
+    r.fpt += j.mtp_fpt;
+    r.recompute_fpt += j.mtp_recompute_fpt;
+    r.fp8_fpt += j.mtp_fp8_fpt;
+  }
   if (j.rc == Recompute::full) replayed_layers(j, pr, r);
   return r;
 }
@@ -743,9 +794,11 @@ double moe_count_elements(const Job& j) {
 AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes t;
   if (j.tp == 1) return t;
-  const double m = j.m, f = j.f_tp, E = j.E, L = r.L;
+  // Each multi-token prediction module counts as a layer, an embedding, a head and two norms
+  // (its eh_proj projects this rank's rows: no collective).
+  const double m = j.m, f = j.f_tp, E = j.E, L = r.L + r.mtp, e = r.e + r.mtp, h = r.h + r.mtp;
   if (!j.sp) {
-    t.all_reduce = m * 2 * f * (E * (4 * L + 2 * r.full_replays + r.e + r.h) + r.h * 4 * 3 * j.d.N);
+    t.all_reduce = m * 2 * f * (E * (4 * L + 2 * r.full_replays + e + h) + h * 4 * 3 * j.d.N);
     // Distributed saved inputs: each replay gathers its layer's input, and each chunk that
     // receives its input (1/tp of it) gathers it before its forward; in the compute type.
     if (j.distribute)
@@ -770,16 +823,16 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
     in_again = a.q_lora_rank > 0 ? 0 : 1;
   }
   t.reduce_scatter =
-      m * f * E * ((3 + in_fwd) * L - 2 * bare + 2 * r.full_replays - bare_replays + r.e + r.h);
+      m * f * E * ((3 + in_fwd) * L - 2 * bare + 2 * r.full_replays - bare_replays + e + h);
   const double norm_out = (j.sixteen ? 2.0 : 4.0) / 4.0;  // bytes of a norm output per fp32 byte
   t.all_gather = m * f * E *
                  (norm_out * ((2 + in_fwd + in_again) * L - 2 * bare +
                               (1 + in_fwd) * r.full_replays - bare_replays) +
-                  (2 * L - bare + r.e + r.h));
-  t.all_reduce =
-      m * 2 * f *
-      (r.h * 4 * 3 * j.d.N + 4 * (j.mc.norm == NormKind::layernorm ? 2 : 1) * j.C * (2 * L + r.h) +
-       (r.moe_layers + r.moe_replays) * 4 * moe_count_elements(j));
+                  (2 * L - bare + e + h));
+  t.all_reduce = m * 2 * f *
+                 (h * 4 * 3 * j.d.N +
+                  4 * (j.mc.norm == NormKind::layernorm ? 2 : 1) * j.C * (2 * L + h + 2 * r.mtp) +
+                  (r.moe_layers + r.moe_replays) * 4 * moe_count_elements(j));
   return t;
 }
 
@@ -792,9 +845,9 @@ AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
       cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs,
                          j.mc.seq_len, j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp,
                          j.spec.head_dim, compute_dtype(j.cfg.train.precision));
-  k.send = b.send * r.L * j.m;
-  k.recv = b.recv * r.L * j.m;
-  k.all_to_all = b.all_to_all * r.L * j.m;
+  k.send = b.send * (r.L + r.mtp) * j.m;
+  k.recv = b.recv * (r.L + r.mtp) * j.m;
+  k.all_to_all = b.all_to_all * (r.L + r.mtp) * j.m;
   k.all_reduce =
       j.m * (r.moe_layers + r.moe_replays) * 2 * (j.cp - 1.0) / j.cp * 4 * moe_count_elements(j);
   return k;
@@ -802,8 +855,8 @@ AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
 
 // pp: each chunk's output activation forward, (R, C) in the compute type (16 bits in
 // bf16/fp16), and its input gradient backward, (R, C) f32, per micro-batch, for every chunk
-// boundary this rank has; tied embeddings all-reduce the head's
-// copy of wte's gradient between the first and the last stage (ZeRO reduces it after its
+// boundary this rank has; tied embeddings (or multi-token prediction) all-reduce the last
+// stage's copy of wte's gradient between the first and the last stage (ZeRO reduces it after its
 // reduce-scatter: this rank's rows only).
 AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes q;
@@ -814,7 +867,7 @@ AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
                back = r.boundaries_back;  // chunk ends sending forward; chunk starts sending back
   q.send = j.m * j.d.R * j.C * (act * fwd + 4 * back);
   q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);
-  if (j.mc.tie_embeddings && (r.e > 0 || r.h > 0)) {
+  if (j.mc.embedding_on_last_stage() && (r.e > 0 || r.h > 0)) {
     const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
     q.all_reduce =
         j.grad_bytes * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.zero_group) : rows);

@@ -164,6 +164,8 @@ const std::vector<Section>& sections() {
                     .add("dropout", &M::dropout)
                     .add("init_std", &M::init_std)
                     .add("attention", &M::attention, kAttentionNames)
+                    .add("mtp_depth", &M::mtp_depth)
+                    .add("mtp_loss_weight", &M::mtp_loss_weight)
                     .build());
     s.push_back(SectionBuilder<MlaConfig>("model.mla", &Config::model, &M::mla)
                     .add("q_lora_rank", &MlaConfig::q_lora_rank)

@@ -66,6 +66,7 @@ std::vector<MetricValue> metric_record(const StepMetrics& m) {
   };
   integer("step", static_cast<double>(m.step));
   real("loss", m.loss);
+  if (m.mtp_loss) real("mtp_loss", *m.mtp_loss);
   if (m.val_loss) real("val_loss", *m.val_loss);
   real("lr", m.lr);
   real("grad_norm", m.grad_norm);
@@ -183,9 +184,11 @@ std::string format_duration(double s) {
 }
 
 std::string progress_line(const StepMetrics& m, double eta_s) {
-  char buf[256], val[32] = "";
+  char buf[288], val[64] = "";
   int width = static_cast<int>(std::to_string(m.steps).size());
-  if (m.val_loss) std::snprintf(val, sizeof val, " | val %.4f", *m.val_loss);
+  int at = 0;
+  if (m.mtp_loss) at = std::snprintf(val, sizeof val, " | mtp %.4f", *m.mtp_loss);
+  if (m.val_loss) std::snprintf(val + at, sizeof val - at, " | val %.4f", *m.val_loss);
   std::snprintf(buf, sizeof buf,
                 "step %*lld/%lld | loss %.4f%s | lr %.2e | gnorm %.3f | %.0f tok/s | mfu %.1f%% | "
                 "eta %s%s",

@@ -18,6 +18,9 @@ struct StepMetrics {
   int64_t step = 0;
   int64_t steps = 0;
   double loss = 0;
+  // Multi-token prediction (model.mtp_depth > 0): the modules' mean loss, averaged as the loss is
+  // (its mtp_loss_weight times it is in the objective; `loss` is the next token's alone).
+  std::optional<double> mtp_loss;
   double lr = 0;
   double grad_norm = 0;
   double step_time_s = 0;
@@ -77,7 +80,8 @@ class MetricsWriter {
 };
 
 // "step   12/100 | loss 5.1234 | lr 3.00e-04 | gnorm 1.234 | 12,345 tok/s | mfu 31.2% | eta 1m23s",
-// with "| val 5.2345" after the loss on evaluation steps.
+// with "| mtp 5.3456" (multi-token prediction) and "| val 5.2345" (evaluation steps) after the
+// loss.
 std::string progress_line(const StepMetrics& m, double eta_s);
 // "1h02m", "3m04s", "12s".
 std::string format_duration(double seconds);

@@ -16,34 +16,44 @@
 namespace llmt {
 
 TokenStaging::TokenStaging(Allocator& alloc, DeviceBackend& backend, int64_t slots, int64_t mbs,
-                           int64_t T, std::vector<int32_t> positions)
+                           int64_t T, std::vector<int32_t> positions, int64_t mtp_depth)
     : backend_(backend),
       mbs_(mbs),
       T_(T),
+      D_(mtp_depth),
       positions_(std::move(positions)),
       Tl_(static_cast<int64_t>(positions_.size())),
-      buf_(alloc.allocate_tensor({slots, 2, mbs, Tl_}, DType::i32, MemCategory::other)),
-      host_in_(static_cast<size_t>(mbs * Tl_)),
-      host_tg_(host_in_.size()) {}
+      buf_(alloc.allocate_tensor({slots, 2 + 2 * D_, mbs, Tl_}, DType::i32, MemCategory::other)),
+      host_(static_cast<size_t>((2 + 2 * D_) * mbs * Tl_)) {}
 
 void TokenStaging::stage(const MicroBatch& mb, int64_t slot) {
+  // Plane j of (2 + 2D, mbs, Tl): the token j places after each position's (inputs 0, targets
+  // 1), and for depth k its inputs (2k: k ahead, 0 past the window) and labels (2k + 1: k + 1
+  // ahead, -1 past it).
+  const int64_t plane = mbs_ * Tl_;
   for (int64_t b = 0; b < mbs_; ++b)
     for (int64_t t = 0; t < Tl_; ++t) {
-      const int64_t at = b * (T_ + 1) + positions_[static_cast<size_t>(t)];
-      host_in_[b * Tl_ + t] = mb.tokens[at];
-      host_tg_[b * Tl_ + t] = mb.tokens[at + 1];
+      const int64_t g = positions_[static_cast<size_t>(t)], at = b * (T_ + 1) + g;
+      int32_t* out = host_.data() + b * Tl_ + t;
+      out[0] = mb.tokens[at];
+      out[plane] = mb.tokens[at + 1];
+      for (int64_t k = 1; k <= D_; ++k) {
+        out[2 * k * plane] = g + k <= T_ ? mb.tokens[at + k] : 0;
+        out[(2 * k + 1) * plane] = g + k + 1 <= T_ ? mb.tokens[at + k + 1] : -1;
+      }
     }
-  const size_t bytes = host_in_.size() * 4;
-  backend_.copy_from_host(inputs(slot).data, host_in_.data(), bytes);
-  backend_.copy_from_host(targets(slot).data, host_tg_.data(), bytes);
+  backend_.copy_from_host(inputs(slot).data, host_.data(), host_.size() * 4);
 }
 
 Tensor TokenStaging::inputs(int64_t slot) const {
-  return buf_.tensor({mbs_, Tl_}, DType::i32, static_cast<size_t>(2 * slot * mbs_ * Tl_) * 4);
+  return buf_.tensor({mbs_, Tl_}, DType::i32,
+                     static_cast<size_t>((2 + 2 * D_) * slot * mbs_ * Tl_) * 4);
 }
 
 Tensor TokenStaging::targets(int64_t slot) const {
-  return buf_.tensor({mbs_, Tl_}, DType::i32, static_cast<size_t>((2 * slot + 1) * mbs_ * Tl_) * 4);
+  const size_t off = static_cast<size_t>(((2 + 2 * D_) * slot + 1) * mbs_ * Tl_) * 4;
+  if (D_ == 0) return buf_.tensor({mbs_, Tl_}, DType::i32, off);
+  return buf_.tensor({1 + 2 * D_, mbs_, Tl_}, DType::i32, off);
 }
 
 namespace {
@@ -112,7 +122,8 @@ Step::Step(const Config& cfg, const StepParts& parts, int64_t first_step,
       scaler_(cfg.optimizer, cfg.train.precision == Precision::fp16),
       tokens_(parts.alloc, parts.backend, parts.pipeline ? accum_ : 1, mbs_, cfg.model.seq_len,
               zigzag_shard(cfg.model.seq_len, parts.mesh.size(Axis::cp), parts.mesh.coord(Axis::cp))
-                  .positions()),
+                  .positions(),
+              cfg.model.mtp_depth),
       pipe_mbs_(static_cast<size_t>(parts.pipeline ? accum_ : 1)) {
   if (resumed) {
     scaler_.restore({static_cast<float>(resumed->loss_scale), resumed->loss_scale_clean_steps});
@@ -205,7 +216,8 @@ void Step::warn_long_step(int64_t step, double first_s) const {
 // layer's assignments per expert over the global batch in moe_loads_.
 StepMetrics::Moe Step::moe_metrics() {
   const MoeStats& st = model_.moe_stats();
-  const int64_t L = cfg_.model.n_layers, E = cfg_.model.moe.num_experts;
+  // Every layer's, the multi-token prediction modules' after the model's.
+  const int64_t L = cfg_.model.n_layers + cfg_.model.mtp_depth, E = cfg_.model.moe.num_experts;
   // [aux, z, dropped, assigned, then each layer's E counts]: summed over the world, each layer's
   // counts are the local ones of its pp stage's ranks (each routes its own tokens).
   std::vector<double> v(static_cast<size_t>(4 + L * E), 0.0);
@@ -245,8 +257,9 @@ Step::Outcome Step::run(int64_t step, StepMetrics& m) {
   // mean (each cp rank's loss is the mean over its Tl of every sequence).
   const float dloss = scale / static_cast<float>(accum_ * dp_ * cp_);
   fault_.at("forward", step);
-  const bool moe = cfg_.model.moe.enabled();
+  const bool moe = cfg_.model.moe.enabled(), mtp = cfg_.model.mtp_depth > 0;
   if (moe) model_.moe_stats().reset();
+  if (mtp) model_.mtp_loss_sum() = 0;
   const double loss_sum = forward_backward(step, dloss, out.dropped);
   if (out.dropped) return out;  // a stop request inside the step: no update
   if (moe) m.moe = moe_metrics();
@@ -255,6 +268,10 @@ Step::Outcome Step::run(int64_t step, StepMetrics& m) {
   if (pipeline_)
     pipeline_->sum_tied_embedding_grads([&](size_t i) { return data_parallel_.owned_grad(i); });
   m.loss = world_mean(loss_sum / static_cast<double>(accum_));
+  // The modules run on the ranks holding the head, one in pp: their mean over those.
+  if (mtp)
+    m.mtp_loss = world_mean(model_.mtp_loss_sum() / static_cast<double>(accum_)) *
+                 static_cast<double>(mesh_.size(Axis::pp));
   m.lr = lr_at(cfg_.optimizer, step);
   m.loss_scale = scale;
   // The gradients hold scale * dL/dw: overflow shows as inf/nan whatever the scale, the norm is

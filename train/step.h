@@ -33,22 +33,25 @@ struct RunState;  // checkpoints/store.h
 // A micro-batch's windows (mbs, T+1) on the host -> the device inputs and targets (mbs, Tl) i32
 // at this rank's positions of each sequence (context_parallel.h's zigzag chunks; all T without
 // cp), into one of `slots` pairs: under pp one per micro-batch of the step (every pp rank of a dp
-// group reads the same ones; the first and last stage use them), else one.
+// group reads the same ones; the first and last stage use them), else one. With multi-token
+// prediction (mtp_depth D > 0) the targets are (1 + 2D, mbs, Tl): after them each depth's inputs
+// and labels from the same window (Transformer::forward_backward), so that a cp rank reads the
+// tokens ahead of its positions whatever rank holds them.
 class TokenStaging {
  public:
   TokenStaging(Allocator& alloc, DeviceBackend& backend, int64_t slots, int64_t mbs, int64_t T,
-               std::vector<int32_t> positions);
+               std::vector<int32_t> positions, int64_t mtp_depth = 0);
   void stage(const MicroBatch& mb, int64_t slot);
   Tensor inputs(int64_t slot) const;   // (mbs, Tl)
-  Tensor targets(int64_t slot) const;  // (mbs, Tl)
+  Tensor targets(int64_t slot) const;  // (mbs, Tl), or (1 + 2D, mbs, Tl)
 
  private:
   DeviceBackend& backend_;
-  const int64_t mbs_, T_;
+  const int64_t mbs_, T_, D_;
   const std::vector<int32_t> positions_;  // (Tl)
   const int64_t Tl_;
-  Buffer buf_;                              // (slots, 2, mbs, Tl): inputs, then targets
-  std::vector<int32_t> host_in_, host_tg_;  // (mbs, Tl)
+  Buffer buf_;                 // (slots, 2 + 2D, mbs, Tl): inputs, targets, each depth's two
+  std::vector<int32_t> host_;  // (2 + 2D, mbs, Tl)
 };
 
 // What a Step acts on: this rank's parts of the run, owned by the caller and alive while the Step

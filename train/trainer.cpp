@@ -497,7 +497,7 @@ void Trainer::State::build_model() {
   const int micro_batches = static_cast<int>(grad_accum_steps(cfg) / s.dp);
   s.pipeline = std::make_unique<PipelineStage>(
       make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, micro_batches}), *s.model,
-      s.mesh.comm(Axis::pp), s.alloc, cfg.model.tie_embeddings);
+      s.mesh.comm(Axis::pp), s.alloc, cfg.model.embedding_on_last_stage());
 }
 
 // Loads the checkpoint to resume from into what build_model made (resharding when the layout

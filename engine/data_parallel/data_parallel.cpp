@@ -266,7 +266,9 @@ void DataParallel::balance_expert_biases(const std::vector<double>& loads, float
   const ModelSpec& ms = model_.spec();
   const MoeConfig& e = ms.cfg.moe;
   const int64_t E = e.num_experts;
-  for (int64_t l : ms.layers()) {
+  std::vector<int64_t> layers = ms.layers();
+  for (const int64_t l : ms.mtp_layers()) layers.push_back(l);
+  for (const int64_t l : layers) {
     if (!e.layer(l)) continue;
     const double* load = loads.data() + l * E;
     const double mean = std::accumulate(load, load + E, 0.0) / static_cast<double>(E);

@@ -1222,10 +1222,10 @@ void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const St
 
 // ---- Embedding ----------------------------------------------------------------------------------
 
-Embedding::Embedding(const BlockEnv& env)
+Embedding::Embedding(const BlockEnv& env, bool positions)
     : env_(env),
       wte_(env.param_opt("wte.weight")),
-      wpe_(env.param_opt("wpe.weight")),
+      wpe_(positions ? env.param_opt("wpe.weight") : -1),
       emb_(env.tp, env.spec.cfg.vocab_size) {}
 
 std::vector<TensorSpec> Embedding::stash() const {
@@ -1253,10 +1253,11 @@ void Embedding::backward_weight(const Stash& st, Tensor tokens) const {
 
 // ---- Head ---------------------------------------------------------------------------------------
 
-Head::Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits)
+Head::Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits,
+           const std::string& norm)
     : env_(env),
       f32_logits_(f32_logits),
-      norm_f_(env, "norm_f"),
+      norm_f_(env, norm),
       head_(env.param(env.spec.cfg.tie_embeddings ? "wte.weight" : "lm_head.weight")),
       linear_(env.tp),
       loss_(env.tp, env.spec.cfg.vocab_size, ce_max, ce_sums),
@@ -1304,9 +1305,18 @@ float Head::forward(std::span<const Tensor> s, Tensor x, Tensor targets, float d
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-void Head::backward_input(std::span<const Tensor> s, Stash& st, Tensor x) {
+Tensor Head::normed(std::span<const Tensor> s) const {
+  // xf (N,C): this rank's rows under SP (gathered there by logits()), all of them otherwise.
+  return env_.tp.sp() ? s[0].rows(env_.tp.row0, env_.tp.row0 + env_.tp.R) : s[0];
+}
+
+void Head::backward_input(std::span<const Tensor> s, Stash& st, Tensor x, Tensor d_normed) {
   const size_t k = norm_f_.saved().size();
   Tensor dxf = linear_.backward_input(env_.scratch.d_c, s[1 + k], env_.w(head_));
+  if (d_normed.defined()) {
+    ops::add_inplace(dxf, d_normed.view(dxf.shape));
+    env_.round(dxf);
+  }
   norm_f_.backward_input(s.subspan(1, k), st, env_.scratch.d_res, dxf, x);
 }
 
@@ -1314,6 +1324,132 @@ void Head::backward_weight(std::span<const Tensor> s, const Stash& st) {
   const size_t k = norm_f_.saved().size();
   linear_.backward_weight(env_.g(head_), Tensor(), s[1 + k], s[0]);
   norm_f_.backward_weight(st);
+}
+
+// ---- MtpModule ----------------------------------------------------------------------------------
+
+namespace {
+std::string mtp_prefix(const BlockEnv& env, int64_t depth) {
+  return "layers." + std::to_string(env.spec.cfg.n_layers + depth - 1) + ".mtp";
+}
+}  // namespace
+
+MtpModule::MtpModule(const BlockEnv& env, int64_t depth, Recompute recompute,
+                     std::span<Tensor> replay, Tensor ce_max, Tensor ce_sums)
+    : env_(env),
+      depth_(depth),
+      emb_(env, /*positions=*/false),
+      enorm_(env, mtp_prefix(env, depth) + ".enorm"),
+      hnorm_(env, mtp_prefix(env, depth) + ".hnorm"),
+      eh_(env.param(mtp_prefix(env, depth) + ".eh_proj.weight")),
+      layer_(env, env.spec.cfg.n_layers + depth - 1, recompute, replay),
+      head_(env, ce_max, ce_sums, false, mtp_prefix(env, depth) + ".norm") {
+  LLMT_CHECK(env.tp.tp.size() == 1 || env.tp.sp(),
+             "multi-token prediction under tp needs sequence parallelism (each rank projects its "
+             "rows)");
+  en_ = 4;
+  hn_ = en_ + enorm_.saved().size();
+  layer_s_ = hn_ + hnorm_.saved().size();
+  head_s_ = layer_s_ + layer_.saved().size();
+  end_s_ = head_s_ + head_.saved().size();
+  st_en_ = 1;
+  st_hn_ = st_en_ + enorm_.stash().size();
+  st_hp_ = st_hn_ + hnorm_.stash().size();
+  st_layer_ = st_hp_ + 1;
+  st_head_ = st_layer_ + layer_.stash().size();
+  st_end_ = st_head_ + head_.stash().size();
+}
+
+std::vector<TensorSpec> MtpModule::saved() const {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  const DType t = env_.tp.compute;
+  std::vector<TensorSpec> out{{"tokens", {env_.B, env_.T}, false, DType::i32},
+                              {"e", {R, C}, false, t},
+                              {"en_hn", {R, 2 * C}, false, t},
+                              {"y", {R, C}, false, t}};
+  for (const auto& part : {enorm_.saved(), hnorm_.saved(), layer_.saved(), head_.saved()})
+    out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+std::vector<TensorSpec> MtpModule::stash() const {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  std::vector<TensorSpec> out = emb_.stash();
+  for (const auto& part : {enorm_.stash(), hnorm_.stash()})
+    out.insert(out.end(), part.begin(), part.end());
+  out.push_back({"d_h_proj", {R, C}, true});
+  for (const auto& part : {layer_.stash(), head_.stash()})
+    out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+float MtpModule::forward(std::span<const Tensor> s, Tensor h, Tensor tokens, Tensor labels,
+                         float dloss, const StepContext& ctx) {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  const Tensor x = env_.scratch.mtp.x, e = s[1], cat = s[2];
+  ops::copy(s[0], tokens);
+  emb_.forward(e, s[0]);
+  // [enorm(e) | hnorm(h)], each norm's output rounded to the compute type as it is written.
+  enorm_.forward(s.subspan(en_, hn_ - en_), x, e);
+  ops::copy_blocks(cat, x, {1, C, 0, 0, 0, 0});
+  hnorm_.forward(s.subspan(hn_, layer_s_ - hn_), x, h.view({R, C}));
+  ops::copy_blocks(cat, x, {1, C, C, 0, 0, 0});
+  const std::span<const Tensor> ls = s.subspan(layer_s_, head_s_ - layer_s_);
+  ops::linear_forward(ls[0], cat, env_.w(eh_), Tensor(), env_.tp.compute);
+  env_.round(ls[0]);
+  layer_.forward(ls, ls[0], s[3], ctx);
+  return head_.forward(s.subspan(head_s_, end_s_ - head_s_), s[3], labels, dloss);
+}
+
+void MtpModule::backward_input(std::span<const Tensor> s, Stash& st, Tensor h, bool from_next,
+                               const StepContext& ctx, bool then_weight) {
+  const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
+  const BlockScratch& sc = env_.scratch;
+  const BlockScratch::Mtp& m = sc.mtp;
+  // The head: d y from this depth's loss and, through its norm, the next depth's hnorm's.
+  const std::span<const Tensor> hs = s.subspan(head_s_, end_s_ - head_s_);
+  Stash head_st = st.part(st_head_, st_end_ - st_head_);
+  head_.backward_input(hs, head_st, s[3], from_next ? m.carry : Tensor());
+  if (then_weight) head_.backward_weight(hs, head_st);
+  // The layer: d_res becomes d h'.
+  Stash layer_st = st.part(st_layer_, st_head_ - st_layer_);
+  layer_.backward_input(s.subspan(layer_s_, head_s_ - layer_s_), layer_st, ctx, then_weight);
+  // eh_proj: d [en | hn] (R,2C).
+  const Tensor d_hp = st.keep(st_hp_, sc.d_res);
+  ops::linear_backward(m.d_cat, Tensor(), Tensor(), d_hp, Tensor(), env_.w(eh_), env_.tp.compute);
+  env_.round(m.d_cat);
+  if (then_weight) eh_weight(s, d_hp);
+  // enorm, then the embedding: d e in d_res (d h' is no longer read).
+  Stash en_st = st.part(st_en_, st_hn_ - st_en_);
+  ops::copy_blocks(m.x, m.d_cat, {1, C, 0, 0, 0, 0});
+  enorm_.backward_input(s.subspan(en_, hn_ - en_), en_st, sc.d_res, m.x, s[1]);
+  Stash emb_st = st.part(0, 1);
+  emb_.backward_input(emb_st, sc.d_res);
+  if (then_weight) {
+    enorm_.backward_weight(en_st);
+    emb_.backward_weight(emb_st, s[0]);
+  }
+  // hnorm: d h into the carry.
+  Stash hn_st = st.part(st_hn_, st_hp_ - st_hn_);
+  ops::copy_blocks(m.x, m.d_cat, {1, C, 0, 0, C, 0});
+  hnorm_.backward_input(s.subspan(hn_, layer_s_ - hn_), hn_st, m.carry, m.x, h.view({R, C}));
+  if (then_weight) hnorm_.backward_weight(hn_st);
+}
+
+void MtpModule::eh_weight(std::span<const Tensor> s, Tensor d_hp) const {
+  ops::linear_backward(Tensor(), env_.g(eh_), Tensor(), d_hp, s[2], Tensor(), env_.tp.compute);
+}
+
+void MtpModule::backward_weight(std::span<const Tensor> s, const Stash& st,
+                                const StepContext& ctx) {
+  head_.backward_weight(s.subspan(head_s_, end_s_ - head_s_),
+                        st.part(st_head_, st_end_ - st_head_));
+  layer_.backward_weight(s.subspan(layer_s_, head_s_ - layer_s_),
+                         st.part(st_layer_, st_head_ - st_layer_), ctx);
+  eh_weight(s, st[st_hp_]);
+  enorm_.backward_weight(st.part(st_en_, st_hn_ - st_en_));
+  emb_.backward_weight(st.part(0, 1), s[0]);
+  hnorm_.backward_weight(st.part(st_hn_, st_hp_ - st_hn_));
 }
 
 }  // namespace llmt

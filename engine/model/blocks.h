@@ -126,6 +126,12 @@ struct BlockScratch {
   struct Mla {
     Tensor kv, k_pe, rows, kva, d_kva, d_lat, d_kpe, d_rows, d_qa, dx;
   } mla;
+  // Multi-token prediction (MtpModule; f32): a norm's output or its gradient x (R,C), the
+  // gradient of eh_proj's input d_cat (R,2C), and `carry` (R,C), the gradient of a module's
+  // hidden input passed to the depth before it (the last layer's output at depth 1).
+  struct Mtp {
+    Tensor x, d_cat, carry;
+  } mtp;
   // Which saved set the recompute scratch holds now (its first tensor's data), so a zero-bubble
   // backward_weight replays only when another micro-batch or layer has used it since.
   const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
@@ -475,7 +481,8 @@ class Layer {
 // Token (+ learned position) embedding, vocab-parallel.
 class Embedding {
  public:
-  explicit Embedding(const BlockEnv& env);
+  // positions false: the token embedding only (a multi-token prediction module's), no wpe.
+  explicit Embedding(const BlockEnv& env, bool positions = true);
   std::vector<TensorSpec> stash() const;  // d out (R,C) (view)
   // x (R,C) from tokens (B,T), rounded to the compute type.
   void forward(Tensor x, Tensor tokens) const;
@@ -496,16 +503,23 @@ class Head {
  public:
   // f32_logits: the logits stay fp32 (a decoder's, which generate samples from); otherwise they
   // are stored in the compute type, the values the 16-bit rounding gave them anyway.
-  Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits = false);
+  // norm: the final norm's parameter prefix (a multi-token prediction module's own).
+  Head(const BlockEnv& env, Tensor ce_max, Tensor ce_sums, bool f32_logits = false,
+       const std::string& norm = "norm_f");
   std::vector<TensorSpec> saved() const;
   std::vector<TensorSpec> stash() const;  // the final norm's
-  // The micro-batch's mean loss of the residual stream x (R,C) against targets (B,T); the
-  // logits' gradient d(dloss * mean loss)/d logits is computed with it.
+  // The micro-batch's mean loss of the residual stream x (R,C) against targets (B,T) (over all
+  // N positions; a target < 0 adds 0); the logits' gradient d(dloss * mean loss)/d logits is
+  // computed with it.
   float forward(std::span<const Tensor> s, Tensor x, Tensor targets, float dloss);
   // The logits (N,V/tp) of x (R,C), this rank's vocabulary shard (a view of the saved set s).
   Tensor logits(std::span<const Tensor> s, Tensor x);
-  // scratch.d_res (R,C) = the gradient of x.
-  void backward_input(std::span<const Tensor> s, Stash& st, Tensor x);
+  // This rank's rows (R,C) of the final norm's output after forward (a view of s): what a
+  // multi-token prediction module reads as the hidden state before it.
+  Tensor normed(std::span<const Tensor> s) const;
+  // scratch.d_res (R,C) = the gradient of x; d_normed (R,C), optional: a further gradient of
+  // normed() (from a multi-token prediction module), added to the head's before the norm's.
+  void backward_input(std::span<const Tensor> s, Stash& st, Tensor x, Tensor d_normed = {});
   void backward_weight(std::span<const Tensor> s, const Stash& st);
 
  private:
@@ -516,6 +530,52 @@ class Head {
   ColumnParallelLinear linear_;
   VocabParallelCrossEntropy loss_;
   std::vector<float> host_losses_;
+};
+
+// A multi-token prediction module (DeepSeek-V3 §2.2; docs/model.md, "Multi-token prediction"),
+// depth k (1-based) of model.mtp_depth: from the previous depth's hidden state h (R,C) and the
+// tokens k places ahead, h' = eh_proj [enorm(wte[tokens]) | hnorm(h)] (eh_proj [C, 2C]
+// replicated over tp, each rank its own rows), then the module's transformer layer (global layer
+// L + k - 1) gives y, which its own final norm and the shared head score against the tokens k + 1
+// places ahead. h is the previous head's normalised input (Head::normed: the main model's final
+// norm output at k = 1), as Megatron-Core and DeepSeek's inference code take it. Saves [tokens
+// (B,T) i32, e (R,C), [en | hn] (R,2C), y (R,C), enorm's, hnorm's, the layer's, the head's];
+// stashes [d e (R,C), enorm's, hnorm's, d h' (R,C), the layer's, the head's].
+class MtpModule {
+ public:
+  MtpModule(const BlockEnv& env, int64_t depth, Recompute recompute, std::span<Tensor> replay,
+            Tensor ce_max, Tensor ce_sums);
+  int64_t depth() const { return depth_; }
+  const Layer& layer() const { return layer_; }
+  std::vector<TensorSpec> saved() const;
+  std::vector<TensorSpec> stash() const;
+  // The module's loss: the mean over the micro-batch's N positions of its cross-entropy against
+  // labels (B,T) (-1 where no token lies that far ahead: adds 0, the paper's 1/T), its gradient
+  // scaled by dloss. tokens (B,T): the inputs k places ahead (any id where none).
+  float forward(std::span<const Tensor> s, Tensor h, Tensor tokens, Tensor labels, float dloss,
+                const StepContext& ctx);
+  // The hidden state the next depth reads (R,C): its head's normalised input (a view of s).
+  Tensor out(std::span<const Tensor> s) const { return head_.normed(s.subspan(head_s_)); }
+  // scratch.mtp.carry (R,C): on entry the gradient of out() from the next depth (read only when
+  // `from_next`), on return the gradient of h. With `then_weight` each block's weight part
+  // follows its input part at once; otherwise backward_weight(s, st) runs later (zero-bubble).
+  void backward_input(std::span<const Tensor> s, Stash& st, Tensor h, bool from_next,
+                      const StepContext& ctx, bool then_weight);
+  void backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx);
+
+ private:
+  void eh_weight(std::span<const Tensor> s, Tensor d_hp) const;  // eh_proj's weight gradient
+  const BlockEnv& env_;
+  int64_t depth_;
+  Embedding emb_;
+  Norm enorm_, hnorm_;
+  int64_t eh_;
+  Layer layer_;
+  Head head_;
+  // Offsets in the saved set: enorm's, hnorm's, the layer's, the head's, the end; in the stash:
+  // enorm's, hnorm's, d h', the layer's, the head's, the end.
+  size_t en_, hn_, layer_s_, head_s_, end_s_;
+  size_t st_en_, st_hn_, st_hp_, st_layer_, st_head_, st_end_;
 };
 
 }  // namespace llmt

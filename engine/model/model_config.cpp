@@ -47,6 +47,28 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
                    "uses 0.02)"));
   check_moe_config(m, r);
   check_mla_config(m, r);
+  check_mtp_config(m, raw, r);
+}
+
+void check_mtp_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) {
+  r.at_least<int64_t>("model.mtp_depth", m.mtp_depth, 0, " (0 = no multi-token prediction)");
+  if (m.mtp_depth < 1) {
+    r.require(raw.mtp_loss_weight == ModelConfig{}.mtp_loss_weight,
+              {"model.mtp_loss_weight", "model.mtp_depth"},
+              concat("model.mtp_loss_weight=", toml_text(m.mtp_loss_weight),
+                     " is set, but model.mtp_depth=0 has no multi-token prediction module to "
+                     "weigh: set model.mtp_depth, or remove model.mtp_loss_weight"));
+    return;
+  }
+  r.at_least("model.mtp_loss_weight", m.mtp_loss_weight, 0.0f);
+  if (m.seq_len >= 1)
+    r.require(m.mtp_depth < m.seq_len, {"model.mtp_depth", "model.seq_len"},
+              concat("model.mtp_depth=", m.mtp_depth,
+                     " leaves no position of a sequence of "
+                     "model.seq_len=",
+                     m.seq_len,
+                     " with a token to predict (module k predicts "
+                     "position i + k + 1 from position i): use mtp_depth < seq_len"));
 }
 
 void check_mla_config(const ModelConfig& m, Rules& r) {
@@ -153,6 +175,12 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
               concat("model.attention=\"mla\" with parallel.tp=", p.tp,
                      ": each tp rank projects its own rows of the sequence down to the latents, "
                      "which are gathered over tp; set parallel.sequence_parallel = true"));
+  if (m.mtp_depth > 0 && p.tp > 1)
+    r.require(p.sequence_parallel, {"model.mtp_depth", "parallel.tp"},
+              concat("model.mtp_depth=", m.mtp_depth, " with parallel.tp=", p.tp,
+                     ": each tp rank projects its own rows of the sequence through the "
+                     "multi-token prediction modules' eh_proj; set parallel.sequence_parallel = "
+                     "true"));
   if (m.moe.enabled()) {
     // Under tp each rank routes the rows sequence parallelism gives it, with the experts and
     // the router replicated over tp (docs/parallelism.md, "Mixture of experts").

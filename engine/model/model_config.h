@@ -102,8 +102,17 @@ struct ModelConfig {
   AttentionKind attention = AttentionKind::mha;
   MlaConfig mla;  // read when attention = mla
   MoeConfig moe;
+  // Multi-token prediction (DeepSeek-V3 §2.2; docs/model.md, "Multi-token prediction"):
+  // mtp_depth sequential modules after the last layer, module k (1..D) predicting from each
+  // position the token k+1 places ahead through the shared embedding and head; the mean of their
+  // losses times mtp_loss_weight joins the objective (logged as mtp_loss, not in loss).
+  int64_t mtp_depth = 0;
+  float mtp_loss_weight = 0.3f;
 
   bool mla_attention() const { return attention == AttentionKind::mla; }
+  // Whether the last pipeline stage holds a copy of wte: the tied head's, or the multi-token
+  // prediction modules' embedding.
+  bool embedding_on_last_stage() const { return tie_embeddings || mtp_depth > 0; }
 };
 
 // d_ff when [model] leaves it 0: 4*d_model (gpt2), or 8/3*d_model rounded up to a multiple of
@@ -134,6 +143,8 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
 void check_moe_config(const ModelConfig& m, Rules& r);
 // model.attention's and [model.mla]'s rules (called by check_model_config).
 void check_mla_config(const ModelConfig& m, Rules& r);
+// model.mtp_depth's and model.mtp_loss_weight's rules (called by check_model_config).
+void check_mtp_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
 // What tensor (and sequence) parallelism at p.tp needs of the model's shapes
 // (tensor_parallel_errors, model_spec.h), each rule written once.
 void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r);

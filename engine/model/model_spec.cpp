@@ -32,11 +32,13 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   using K = ParamKind;
   int64_t layer = -1;  // the layer the next parameters belong to
   K kind = K::embedding;
+  bool in_mtp = false;  // the next parameters are a multi-token prediction module's
   auto add = [&](std::string name, Shape shape, InitKind init, float sd, bool decay, P tp) {
     ParamSpec p{std::move(name), shape, shape, init, sd, decay};
     p.placement[static_cast<int>(Axis::tp)] = std::move(tp);
     p.layer = layer;
     p.kind = kind;
+    p.mtp = in_mtp;
     s.params.push_back(std::move(p));
   };
   auto norm = [&](const std::string& prefix) {
@@ -96,9 +98,9 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
   kind = K::position;
   if (cfg.position == PositionKind::learned)
     add("wpe.weight", {cfg.seq_len, C}, InitKind::normal, std, true, P::replicate());
-  for (int64_t l = 0; l < L; ++l) {
+  // A transformer layer: global layer l's blocks (an MTP module's is layer L + k - 1).
+  auto add_layer = [&](int64_t l) {
     const std::string p = "layers." + std::to_string(l);
-    layer = l;
     norm(p + ".norm_1");
     kind = K::attention;
     if (cfg.mla_attention()) {
@@ -112,7 +114,7 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
     if (!cfg.moe.layer(l)) {
       column(p + ".mlp.fc1", s.fc1_out, C, std, fc1_segments);
       row(p + ".mlp.fc2", C, F, resid_std);
-      continue;
+      return;
     }
     // A mixture of experts: the router, E experts' stacked fc1/fc2 (no biases), and the shared
     // experts as one dense MLP of width S * d_ff_shared.
@@ -145,11 +147,32 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
       column(p + ".mlp.shared.fc1", s.shared_fc1_out, C, std, shared_segments);
       row(p + ".mlp.shared.fc2", C, s.shared_ffn, resid_std);
     }
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    layer = l;
+    add_layer(l);
   }
   layer = -1;
   norm("norm_f");
   kind = K::head;
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, InitKind::normal, std, true, P::shard(0));
+  // Multi-token prediction: module k (layer L + k - 1, with the head: ParamSpec::layer -1) norms
+  // the embedding of the token k places ahead (enorm) and the previous depth's hidden state
+  // (hnorm), projects both (eh_proj, [C, 2C], replicated over tp: each tp rank projects its own
+  // rows, so its gradient is partial over tp) to one transformer layer, and norms its output
+  // (norm) for the shared head.
+  in_mtp = true;
+  for (int64_t k = 1; k <= cfg.mtp_depth; ++k) {
+    const int64_t l = L + k - 1;
+    const std::string p = "layers." + std::to_string(l) + ".mtp";
+    norm(p + ".enorm");
+    norm(p + ".hnorm");
+    kind = K::mlp;
+    add(p + ".eh_proj.weight", {C, 2 * C}, InitKind::normal, std, true, P::replicate());
+    s.params.back().tp_partial_grad = true;
+    add_layer(l);
+    norm(p + ".norm");
+  }
   s.chunks = {{0, L}};
   return s;
 }
@@ -188,11 +211,11 @@ ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int6
     if (p.layer >= 0) {
       keep = held[static_cast<size_t>(p.layer)];
     } else if (p.kind == ParamKind::embedding) {
-      keep = out.has_embedding || (out.has_head && cfg.tie_embeddings);
+      keep = out.has_embedding || (out.has_head && cfg.embedding_on_last_stage());
       copy = !out.has_embedding;
     } else if (p.kind == ParamKind::position) {
       keep = out.has_embedding;
-    } else {  // norm_f, lm_head
+    } else {  // norm_f, lm_head, the multi-token prediction modules
       keep = out.has_head;
     }
     if (!keep) continue;
@@ -201,6 +224,20 @@ ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int6
     out.params.back().placement[static_cast<int>(Axis::pp)] = Placement::owned(rank);
   }
   return out;
+}
+
+std::vector<int64_t> ModelSpec::mtp_layers() const {
+  std::vector<int64_t> out;
+  if (has_head)
+    for (int64_t k = 0; k < cfg.mtp_depth; ++k) out.push_back(cfg.n_layers + k);
+  return out;
+}
+
+int64_t ModelSpec::num_mtp_params() const {
+  int64_t n = 0;
+  for (const ParamSpec& p : params)
+    if (p.mtp) n += p.global_shape.numel();
+  return n;
 }
 
 std::vector<int64_t> ModelSpec::layers() const {
@@ -338,10 +375,10 @@ size_t ModelSpec::index_of(const std::string& name) const {
 }
 
 int64_t ModelSpec::num_active_params() const {
-  int64_t n = num_params();
+  int64_t n = num_params() - num_mtp_params();
   const MoeConfig& e = cfg.moe;
   for (const auto& p : params)
-    if (p.kind == ParamKind::expert)
+    if (p.kind == ParamKind::expert && !p.mtp)
       n -= p.global_shape.numel() / e.num_experts * (e.num_experts - e.top_k);
   return n;
 }
@@ -370,7 +407,13 @@ double ModelSpec::matmul_weights(size_t i) const {
 double ModelSpec::flops_per_token() const {
   double n = 0;
   for (size_t i = 0; i < params.size(); ++i) n += matmul_weights(i);
-  return 6.0 * n + 6.0 * static_cast<double>(cfg.n_layers * cfg.seq_len) * attention_width();
+  // Multi-token prediction: each module's matmul weights are in n; its attention and its head
+  // (the shared weight, multiplied once more per module) are added.
+  const double D = static_cast<double>(cfg.mtp_depth);
+  return 6.0 * n +
+         6.0 * (static_cast<double>(cfg.n_layers) + D) * static_cast<double>(cfg.seq_len) *
+             attention_width() +
+         6.0 * D * static_cast<double>(cfg.vocab_size * cfg.d_model);
 }
 
 double ModelSpec::attention_width() const {

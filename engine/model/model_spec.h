@@ -52,12 +52,17 @@ struct ParamSpec {
   // layout, zero.h; the parameter a layer computes with is whole).
   std::array<Placement, kNumPlacementAxes> placement{};
   const Placement& on(Axis a) const { return placement[static_cast<int>(a)]; }
-  // Pipeline parallelism with tied embeddings: the last stage's copy of wte.weight (the head).
+  // Pipeline parallelism with tied embeddings or multi-token prediction
+  // (ModelConfig::embedding_on_last_stage): the last stage's copy of wte.weight.
   // Initialised like stage 0's; its gradient is summed with stage 0's before the update, and it
   // counts once (on stage 0) in norms.
   bool tied_copy = false;
-  int64_t layer = -1;  // the global layer ("layers.<layer>."); -1 for wte, wpe, norm_f, lm_head
+  // The global layer ("layers.<layer>."); -1 for wte, wpe, norm_f, lm_head and the multi-token
+  // prediction modules (named "layers.<L + k - 1>.", held with the head: block L+1, ZeRO's root
+  // unit, the last pipeline stage).
+  int64_t layer = -1;
   ParamKind kind = ParamKind::mlp;
+  bool mtp = false;  // a multi-token prediction module's (ModelConfig::mtp_depth)
   // Replicated over tp, but under tp > 1 each tp rank's gradient is a part of a sum over tp (a
   // router and the expert stacks: each tp rank routes its own rows of the sequence), so it reduces
   // over its data-parallel group times tp (GradGroup::tp).
@@ -97,7 +102,8 @@ struct ModelSpec {
   // The transform to pp rank `rank` of `pp` with `virtual_stages` chunks per rank: chunk c holds
   // global stage s = c*pp + rank (schedule.h), whose layers are `stage_layers[s]` consecutive
   // layers (empty: n_layers / (pp*virtual_stages) each). Stage 0 adds wte (+ wpe), the last stage
-  // norm_f and lm_head, or with tied embeddings a tied_copy of wte. Example: 4 layers, pp 2, v 2:
+  // norm_f, lm_head and the multi-token prediction modules, and with tied embeddings or MTP a
+  // tied_copy of wte. Example: 4 layers, pp 2, v 2:
   // rank 0 holds layers 0 and 2 (stages 0, 2) and the embeddings, rank 1 layers 1 and 3 and the
   // head. Throws, with the numbers, when the layers do not split that way.
   ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
@@ -141,11 +147,18 @@ struct ModelSpec {
   int64_t cut_rows(size_t i) const;
   // The global layers this spec holds, in order.
   std::vector<int64_t> layers() const;
+  // The multi-token prediction modules' layers this spec holds: L .. L + mtp_depth - 1 with the
+  // head, none elsewhere.
+  std::vector<int64_t> mtp_layers() const;
   // The slices of parameter i's global tensor this rank holds, in local order.
   std::vector<ShardSlice> local_slices(size_t i) const;
   int64_t num_params() const;        // global
   int64_t num_local_params() const;  // this rank's
-  // Global, counting of each MoE layer's experts only the top_k a token runs through.
+  // Global, of the multi-token prediction modules (in num_params; their embedding and head are
+  // the model's).
+  int64_t num_mtp_params() const;
+  // Global, counting of each MoE layer's experts only the top_k a token runs through, without the
+  // multi-token prediction modules (as the papers count them).
   int64_t num_active_params() const;
   // Index of a parameter by name; throws if absent.
   size_t index_of(const std::string& name) const;
@@ -155,7 +168,9 @@ struct ModelSpec {
   // position or balancing bias (no matmul).
   double matmul_weights(size_t i) const;
   // Training FLOPs per token, matmuls only: 6*N + 6*L*A*T (docs/references.md), N the sum of
-  // matmul_weights over the model, the second term attention's scores and weighted sum.
+  // matmul_weights over the model, the second term attention's scores and weighted sum; with
+  // multi-token prediction each of the D modules adds its weights (in N), its attention (L + D
+  // layers) and its head, 6*V*C.
   double flops_per_token() const;
   // A of that term: the mean of the query/key and value widths over all heads, H*(Dqk + Dv)/2;
   // C for multi-head attention (H*D), H*(qk_nope + qk_rope + v_head_dim)/2 for latent attention.

@@ -117,7 +117,13 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     for (int64_t j = 0; j < chunk_layers(c); ++j)
       modes.push_back(recompute.layers == 0 || j < recompute.layers ? recompute.mode
                                                                     : Recompute::none);
-  const bool any_core = std::count(modes.begin(), modes.end(), Recompute::selective) > 0;
+  // The multi-token prediction modules' layers (with the head; none when decoding) recompute
+  // as train.recompute says when it covers every layer (recompute.layers 0), else nothing.
+  const bool with_mtp = spec_.has_head && decode_len == 0 && cfg.mtp_depth > 0;
+  const std::vector<int64_t> mtp_layers = with_mtp ? spec_.mtp_layers() : std::vector<int64_t>{};
+  const Recompute mtp_mode = recompute.layers == 0 ? recompute.mode : Recompute::none;
+  const bool any_core = std::count(modes.begin(), modes.end(), Recompute::selective) > 0 ||
+                        (with_mtp && mtp_mode == Recompute::selective);
   distribute_ = recompute.distribute;
   LLMT_CHECK(!distribute_ || (recompute.mode == Recompute::full && p > 1 && !tp_.sp() &&
                               decode_len == 0 && (R * C) % p == 0),
@@ -132,17 +138,20 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   // The layers' shapes: one kind for dense layers and one for mixture-of-experts layers
   // (LayerKind), each with its full saved set, whether a layer of it recomputes fully, and its
   // stash.
-  moe_stats_.load.resize(static_cast<size_t>(L));
+  moe_stats_.load.resize(static_cast<size_t>(L + cfg.mtp_depth));
   bool has_moe = false;
   std::array<std::vector<TensorSpec>, 2> layer_full;
   std::array<std::vector<TensorSpec>, 2> layer_stash;
   std::array<bool, 2> full_of{false, false};
-  for (size_t j = 0; j < layers_.size(); ++j) {
-    const int kind = cfg.moe.layer(layers_[j]) ? 1 : 0;
+  std::vector<std::pair<int64_t, Recompute>> all_layers;  // (global layer, mode)
+  for (size_t j = 0; j < layers_.size(); ++j) all_layers.emplace_back(layers_[j], modes[j]);
+  for (const int64_t l : mtp_layers) all_layers.emplace_back(l, mtp_mode);
+  for (const auto& [l, mode] : all_layers) {
+    const int kind = cfg.moe.layer(l) ? 1 : 0;
     has_moe = has_moe || kind == 1;
-    full_of[kind] = full_of[kind] || modes[j] == Recompute::full;
+    full_of[kind] = full_of[kind] || mode == Recompute::full;
     if (!layer_full[kind].empty()) continue;
-    const Layer probe(env_, layers_[j], Recompute::none, {});
+    const Layer probe(env_, l, Recompute::none, {});
     layer_full[kind] = probe.full_saved();
     layer_stash[kind] = probe.stash();
   }
@@ -160,9 +169,13 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       if (!t.view) out.push_back(t);
     return out;
   };
-  const size_t stash_bytes =
-      std::max({spec_bytes(made(layer_stash[0])), spec_bytes(made(layer_stash[1])),
-                spec_bytes(made(head_stash))});
+  // Each multi-token prediction module's stash (the same whatever its layer recomputes).
+  std::vector<std::vector<TensorSpec>> mtp_stash;
+  for (int64_t k = 1; k <= static_cast<int64_t>(mtp_layers.size()); ++k)
+    mtp_stash.push_back(MtpModule(env_, k, Recompute::none, {}, Tensor(), Tensor()).stash());
+  size_t stash_bytes = std::max({spec_bytes(made(layer_stash[0])), spec_bytes(made(layer_stash[1])),
+                                 spec_bytes(made(head_stash))});
+  for (const auto& m : mtp_stash) stash_bytes = std::max(stash_bytes, spec_bytes(made(m)));
 
   // Scratch shared by every micro-batch: lay out twice (count, then carve).
   const int64_t H = cfg.n_heads / p, KV = spec_.n_kv_heads / p, D = spec_.head_dim;
@@ -212,6 +225,11 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       if (Cq > 0) m.d_qa = lay.take({R, Cq});
       m.dx = lay.take({R, C});
     }
+    if (with_mtp) {
+      sc.mtp.x = lay.take({R, C});
+      sc.mtp.d_cat = lay.take({R, 2 * C});
+      sc.mtp.carry = lay.take({R, C});
+    }
     tp_.full = lay.take({N, C});
     if (tp_.sp()) {
       tp_.gathered = lay.take({N, C}, compute_);  // the layers' norm outputs, gathered
@@ -224,7 +242,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
       // largest layer weight (an expert stack whole: its experts are quantised one by one).
       int64_t width = 1, numel = 1, rows = N;
       for (const ParamSpec& ps : spec_.params) {
-        if (ps.layer < 0 || ps.shape.ndim() < 2) continue;
+        if ((ps.layer < 0 && !ps.mtp) || ps.shape.ndim() < 2) continue;
         const int d = ps.shape.ndim();
         width = std::max({width, ps.shape[d - 2], ps.shape[d - 1]});
         numel = std::max(numel, ps.shape.numel());
@@ -270,6 +288,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   for (int kind = 0; kind < 2; ++kind) layer_stash_[kind] = fused(layer_stash[kind]);
   head_stash_ = fused(head_stash);
   emb_stash_ = fused(emb_stash);
+  for (const auto& m : mtp_stash) mtp_stash_.push_back(fused(m));
 
   // The blocks.
   if (spec_.has_embedding) embedding_.emplace(env_);
@@ -281,6 +300,13 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
         distribute_ && modes[j] == Recompute::full));
   }
   if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums, /*f32_logits=*/decode_len > 0);
+  for (const int64_t l : mtp_layers) {
+    std::vector<Tensor>& replay = replay_sets_[cfg.moe.layer(l) ? 1 : 0];
+    mtp_.push_back(std::make_unique<MtpModule>(
+        env_, l - L + 1, mtp_mode,
+        mtp_mode == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(), ce_max,
+        ce_sums));
+  }
 
   if (num_chunks() == 1 && spec_.has_embedding && spec_.has_head) {
     // The whole model: one micro-batch's activations, kept for the model's lifetime.
@@ -309,6 +335,9 @@ void Transformer::carve_acts(TensorLayout& lay, Acts& a, int chunk) const {
   const int64_t R = tp_.R, C = spec_.cfg.d_model;
   a.out = lay.take(out_distributed(chunk) ? Shape{R * C / tp_.tp.size()} : Shape{R, C}, compute_);
   if (chunk_has_head(chunk)) a.head = lay.take_all(head_->saved());
+  a.mtp.clear();
+  if (chunk_has_head(chunk))
+    for (const auto& m : mtp_) a.mtp.push_back(lay.take_all(m->saved()));
 }
 
 void Transformer::carve_stash(TensorLayout& lay, Acts& a, int chunk) const {
@@ -316,6 +345,9 @@ void Transformer::carve_stash(TensorLayout& lay, Acts& a, int chunk) const {
   for (int64_t j = chunk_first_[chunk]; j < chunk_first_[chunk + 1]; ++j)
     a.layer_stash.push_back(lay.take_all(layer_blocks_[static_cast<size_t>(j)]->stash()));
   if (chunk_has_head(chunk)) a.head_stash = lay.take_all(head_->stash());
+  a.mtp_stash.clear();
+  if (chunk_has_head(chunk))
+    for (const auto& m : mtp_) a.mtp_stash.push_back(lay.take_all(m->stash()));
   if (chunk_has_embedding(chunk)) a.emb_stash = lay.take_all(embedding_->stash());
 }
 
@@ -557,9 +589,49 @@ float Transformer::forward(int chunk, Acts& acts, Tensor tokens, Tensor targets,
   moe_stats_.forward_only = dloss == 0.0f;      // evaluation (forward_loss, pipeline eval)
   forward_layers(chunk, acts, tokens, ctx);
   if (!chunk_has_head(chunk)) return 0.0f;
-  LLMT_CHECK(is_bt(targets), "targets ", targets.shape.str(), " must be (", B_, ", ", T_, ")");
   if (hooks_) hooks_->before_forward(static_cast<int>(spec_.cfg.n_layers) + 1);
-  return head_->forward(acts.head, acts.out, targets, dloss);
+  const float loss = head_->forward(acts.head, acts.out, target_plane(targets, 0), dloss);
+  if (!mtp_.empty() && dloss != 0.0f) mtp_forward(acts, targets, dloss, ctx);
+  return loss;
+}
+
+Tensor Transformer::target_plane(Tensor targets, int64_t j) const {
+  if (j == 0 && is_bt(targets)) return targets;
+  const int64_t D = static_cast<int64_t>(mtp_.size());
+  LLMT_CHECK(targets.ndim() == 3 && targets.shape[0] == 1 + 2 * D && targets.shape[1] == B_ &&
+                 targets.shape[2] == T_,
+             "targets ", targets.shape.str(), " must be (", B_, ", ", T_, ")",
+             D > 0 ? detail::concat(", or with model.mtp_depth=", D, " (", 1 + 2 * D, ", ", B_,
+                                    ", ", T_, "): the targets, then each depth's inputs and labels")
+                   : std::string());
+  return targets.rows(j, j + 1).view({B_, T_});
+}
+
+void Transformer::mtp_forward(Acts& a, Tensor targets, float dloss, const StepContext& ctx) {
+  // Each depth's loss joins the objective with weight mtp_loss_weight / D.
+  const int64_t D = static_cast<int64_t>(mtp_.size());
+  const float d_mtp = dloss * spec_.cfg.mtp_loss_weight / static_cast<float>(D);
+  double sum = 0;
+  Tensor h = head_->normed(a.head);
+  for (int64_t k = 1; k <= D; ++k) {
+    MtpModule& m = *mtp_[static_cast<size_t>(k - 1)];
+    const std::vector<Tensor>& s = a.mtp[static_cast<size_t>(k - 1)];
+    sum +=
+        m.forward(s, h, target_plane(targets, 2 * k - 1), target_plane(targets, 2 * k), d_mtp, ctx);
+    h = m.out(s);
+  }
+  mtp_loss_sum_ += sum / static_cast<double>(D);
+}
+
+void Transformer::mtp_backward(Acts& a, const StepContext& ctx, bool then_weight) {
+  for (int64_t k = static_cast<int64_t>(mtp_.size()); k >= 1; --k) {
+    const size_t i = static_cast<size_t>(k - 1);
+    Stash st(then_weight ? std::span<Tensor>(mtp_stash_[i]) : std::span<Tensor>(a.mtp_stash[i]),
+             !then_weight);
+    const Tensor h = k == 1 ? head_->normed(a.head) : mtp_[i - 1]->out(a.mtp[i - 1]);
+    mtp_[i]->backward_input(a.mtp[i], st, h, k < static_cast<int64_t>(mtp_.size()), ctx,
+                            then_weight);
+  }
 }
 
 void Transformer::backward(int chunk, Acts& a, Tensor tokens, const StepContext& ctx,
@@ -577,7 +649,9 @@ void Transformer::backward(int chunk, Acts& a, Tensor tokens, const StepContext&
     Stash st(then_weight ? std::span<Tensor>(head_stash_) : std::span<Tensor>(a.head_stash),
              !then_weight);
     hook(true, last_block);
-    head_->backward_input(a.head, st, a.out);
+    if (!mtp_.empty()) mtp_backward(a, ctx, then_weight);
+    // The final norm's output feeds depth 1's hnorm too.
+    head_->backward_input(a.head, st, a.out, mtp_.empty() ? Tensor() : scratch_.mtp.carry);
     if (then_weight) head_->backward_weight(a.head, st);
     hook(false, last_block);
   }
@@ -613,6 +687,9 @@ void Transformer::backward_weight_chunk(int chunk, int mb, Tensor tokens, const 
   const int last_block = static_cast<int>(spec_.cfg.n_layers) + 1;
   if (chunk_has_head(chunk)) {
     if (hooks_) hooks_->before_backward(last_block);
+    // In the order backward() adds them back to back: the deepest module first.
+    for (size_t i = mtp_.size(); i-- > 0;)
+      mtp_[i]->backward_weight(a.mtp[i], Stash(a.mtp_stash[i], true), ctx);
     head_->backward_weight(a.head, Stash(a.head_stash, true));
     if (hooks_) hooks_->after_backward(last_block);
   }

@@ -121,9 +121,13 @@ class Transformer {
   const SequenceShard& sequence_shard() const { return seq_; }
   // Communicators the model made itself (context parallelism's hybrid groups), for metrics.
   std::vector<Communicator*> own_communicators() const { return attention_->own_communicators(); }
-  // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device.
+  // Forward and backward of one micro-batch. tokens, targets: (B,T) i32 on the model's device;
+  // with multi-token prediction (D = model.mtp_depth > 0) targets is (1 + 2D, B, T): the targets,
+  // then for each depth k the inputs k places ahead and the labels k + 1 places ahead (-1 past the
+  // window; mtp_targets), forward-only calls reading the first plane only.
   // Gradients are accumulated into grads() scaled by `dloss` (d total loss / d mean micro-batch
-  // loss, e.g. loss_scale / accumulation_steps). Returns the micro-batch's mean loss.
+  // loss, e.g. loss_scale / accumulation_steps); the MTP modules' mean loss joins it with
+  // model.mtp_loss_weight (mtp_loss_sum). Returns the micro-batch's mean loss (without MTP).
   float forward_backward(Tensor tokens, Tensor targets, float dloss, const StepContext& ctx);
   // Forward only: the mean loss (no gradients are touched).
   float forward_loss(Tensor tokens, Tensor targets, const StepContext& ctx);
@@ -181,6 +185,10 @@ class Transformer {
   size_t scratch_bytes() const { return scratch_buf_.bytes(); }
   // What the mixture-of-experts layers measured since the caller last reset it (MoeStats).
   MoeStats& moe_stats() { return moe_stats_; }
+  // Multi-token prediction (model.mtp_depth = D > 0): the sum over the training micro-batches
+  // since the caller last reset it of the modules' mean loss (each depth's mean over the
+  // micro-batch's positions, averaged over the D depths); 0 on a rank without the head.
+  double& mtp_loss_sum() { return mtp_loss_sum_; }
 
  private:
   // One micro-batch's activations of one chunk (the whole model without pp), views of `buf` laid
@@ -191,8 +199,9 @@ class Transformer {
     std::vector<std::vector<Tensor>> layers;  // each layer's saved set, the chunk's layers
     Tensor out;                               // (R,C) residual stream after the last layer
     std::vector<Tensor> head;                 // head chunk: Head::saved()
+    std::vector<std::vector<Tensor>> mtp;     // head chunk: each MtpModule::saved()
     Buffer stash_buf;
-    std::vector<std::vector<Tensor>> layer_stash;
+    std::vector<std::vector<Tensor>> layer_stash, mtp_stash;
     std::vector<Tensor> head_stash, emb_stash;
   };
   // Lays out `a` for chunk `chunk` (views only when the layout has a region).
@@ -214,6 +223,12 @@ class Transformer {
   void backward(int chunk, Acts& a, Tensor tokens, const StepContext& ctx, bool then_weight);
   // before/after_backward(0) on a stage other than the first that holds root parameters.
   void root_hooks();
+  // The head chunk's multi-token prediction modules, forward (after the head's) and backward
+  // (before it: leaves the gradient of a.out they add in scratch.mtp.carry).
+  void mtp_forward(Acts& a, Tensor targets, float dloss, const StepContext& ctx);
+  void mtp_backward(Acts& a, const StepContext& ctx, bool then_weight);
+  // Plane j (B,T) of targets (1 + 2D, B, T); targets itself when it is (B,T) and j = 0.
+  Tensor target_plane(Tensor targets, int64_t j) const;
   int64_t chunk_layers(int chunk) const { return chunk_first_[chunk + 1] - chunk_first_[chunk]; }
 
   ModelSpec spec_;
@@ -244,6 +259,9 @@ class Transformer {
   std::optional<Embedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layer_blocks_;  // per local layer
   std::optional<Head> head_;
+  std::vector<std::unique_ptr<MtpModule>> mtp_;  // with the head: depths 1..D (none decoding)
+  std::vector<std::vector<Tensor>> mtp_stash_;   // back-to-back: each module's stash
+  double mtp_loss_sum_ = 0;
   // Back-to-back backward: the stash entries (views, or the non-view ones in scratch.stash).
   std::array<std::vector<Tensor>, 2> layer_stash_;  // of a dense layer [0], an MoE layer [1]
   std::vector<Tensor> head_stash_, emb_stash_;

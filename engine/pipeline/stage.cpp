@@ -7,10 +7,10 @@
 namespace llmt {
 
 PipelineStage::PipelineStage(Schedule schedule, Transformer& model, Communicator& pp,
-                             Allocator& alloc, bool tie_embeddings)
+                             Allocator& alloc, bool shared_embedding)
     : executor_(std::move(schedule), model, pp, alloc), model_(model), pp_(pp) {
   predicted_bubble_ = simulate(executor_.schedule()).bubble_fraction;
-  if (!tie_embeddings) return;
+  if (!shared_embedding) return;
   const bool ends = pp.rank() == 0 || pp.rank() == pp.size() - 1;
   embedding_group_ = pp.split(ends ? 0 : 1, pp.rank(), "embedding");
   if (!ends) embedding_group_.reset();

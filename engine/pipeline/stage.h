@@ -19,17 +19,18 @@ namespace llmt {
 class PipelineStage {
  public:
   // The executor of `schedule` for this rank (pp.rank()) on `model`, its stage of the model; with
-  // `tie_embeddings`, the embedding group: pp rank 0's wte and the last rank's tied copy (a split
-  // of pp, collective over it, which every pp rank makes).
+  // `shared_embedding` (tied embeddings or multi-token prediction:
+  // ModelConfig::embedding_on_last_stage), the embedding group: pp rank 0's wte and the last
+  // rank's tied copy (a split of pp, collective over it, which every pp rank makes).
   PipelineStage(Schedule schedule, Transformer& model, Communicator& pp, Allocator& alloc,
-                bool tie_embeddings);
+                bool shared_embedding);
 
   PipelineExecutor& executor() { return executor_; }
 
   // Tied embeddings, after the gradient sync: both copies of wte get the sum of their gradients
   // (Megatron's embedding group). `owned_grad(i)`: the gradient of the stage spec's parameter i
   // this rank updates, undefined when it owns none (DataParallel::owned_grad); the same rows on
-  // both ends, whose dp coordinates are the same. Nothing on the other stages, or untied.
+  // both ends, whose dp coordinates are the same. Nothing on the other stages, or without a copy.
   void sum_tied_embedding_grads(const std::function<Tensor(size_t)>& owned_grad);
 
   // This stage's gradient norm and overflow flag -> the whole model's, the same on every pp rank

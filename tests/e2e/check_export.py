@@ -109,8 +109,14 @@ def hf_expected(m, get):
         # one gated MLP, the balancing bias as the gate's e_score_correction_bias.
         e["model.embed_tokens.weight"] = get("wte.weight")
         a = m["mla"]
-        for l in range(L):
+        # Multi-token prediction modules: layers L .. L + D - 1 (DeepSeek's names; their copies
+        # of the embedding and head are not written).
+        for l in range(L + m.get("mtp_depth", 0)):
             h, o = f"model.layers.{l}.", f"layers.{l}."
+            if l >= L:
+                for hf, ours in [("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
+                                 ("shared_head.norm", "norm")]:
+                    e[h + hf + ".weight"] = get(o + "mtp." + ours + ".weight")
             e[h + "input_layernorm.weight"] = get(o + "norm_1.weight")
             e[h + "post_attention_layernorm.weight"] = get(o + "norm_2.weight")
             names = [("kv_a_proj_with_mqa", "kv_a"), ("kv_a_layernorm", "kv_a_norm"),
@@ -207,7 +213,8 @@ def expected_config(m):
                 "norm_topk_prob": moe["normalize"] if on else True, "scoring_func": "sigmoid",
                 "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
                 "rope_interleave": False, "rope_scaling": None,
-                "max_position_embeddings": m["seq_len"], "hidden_act": "silu"}
+                "max_position_embeddings": m["seq_len"], "hidden_act": "silu",
+                "num_nextn_predict_layers": m.get("mtp_depth", 0)}
     if moe.get("num_experts", 0) > 0:
         return {**common, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                 "hidden_size": m["d_model"], "intermediate_size": moe["d_ff_expert"],

@@ -2,7 +2,8 @@
 """`llmtrain checkpoint import` (Hugging Face safetensors -> checkpoint), checked against export:
 
   roundtrip  GPT-2, Llama, Mixtral (the MoE config without shared experts or dense layers) and
-             DeepseekV3 (latent attention, a dense layer, shared and group-routed experts):
+             DeepseekV3 (latent attention, a dense layer, shared and group-routed experts, a
+             multi-token prediction module):
              train 2 steps, export, import: every tensor bitwise the checkpoint's; one
              fine-tuning step from the import and from the original checkpoint give bitwise the
              same losses; imported at tp 2 + sp (--world 2 --set parallel.tp=2 ...) it verifies and
@@ -32,7 +33,8 @@ MIXTRAL = ["model.moe.shared_experts=0", "model.moe.first_dense_layers=0"]
 DEEPSEEK_V3 = ["model.moe.num_experts=8", "model.moe.top_k=2", "model.moe.d_ff_expert=32",
                "model.moe.router=sigmoid", "model.moe.balance=bias", "model.moe.shared_experts=1",
                "model.moe.n_group=4", "model.moe.topk_group=2",
-               "model.moe.routed_scaling_factor=2.5", "model.moe.first_dense_layers=1"]
+               "model.moe.routed_scaling_factor=2.5", "model.moe.first_dense_layers=1",
+               "model.mtp_depth=1"]
 
 
 def read_st(path):

@@ -12,7 +12,8 @@ selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp rank
 (ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike),
 hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks), qg1-...
 (ZeRO-3 with int4 gradient all-to-alls in blocks of 1, against the plain single rank); for latent
-attention q-... (a full-rank query) and moe-... (with experts). Prints one line: layout, max
+attention q-... (a full-rank query) and moe-... (with experts); for multi-token prediction
+moe-bias-... (experts balanced by the bias) and tied-... (tied embeddings). Prints one line: layout, max
 relative differences."""
 import os
 
@@ -44,6 +45,12 @@ LAYOUTS = {
                                 "parallel.zero_stage=3"], MLA_Q),
     "moe-ep2-tp2-sp-zb-h1": (8, ["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                                  "parallel.pp=2", "parallel.pp_schedule=zb-h1"], MLA_MOE),
+    # Multi-token prediction (configs/mtp-tiny.toml) with experts in every layer, its modules'
+    # included, balanced by the bias at ep2 x pp2; and with tied embeddings (the last stage's copy
+    # of wte serves the head and the modules' embedding).
+    "moe-bias-ep2-pp2": (4, ["parallel.ep=2", "parallel.pp=2"], MLA_MOE + BIAS),
+    "tied-pp2-dp2-zero1": (4, ["parallel.pp=2", "parallel.zero_stage=1"],
+                           ["model.tie_embeddings=true"]),
     "dp4": (4, [], []),
     "zero1-dp2": (2, ["parallel.zero_stage=1"], []),
     "zero2-dp2": (2, ["parallel.zero_stage=2"], []),
@@ -304,8 +311,8 @@ def main():
     if len(steps) != len(ref_steps):
         failures.append(f"{len(steps)} steps vs {len(ref_steps)} single-rank")
     # MoE runs also report their router losses, expert load and dropped share (layout-free).
-    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0, "moe_aux": 0.0, "moe_z": 0.0,
-             "moe_load_max": 0.0, "moe_load_min": 0.0, "moe_dropped": 0.0}
+    worst = {"loss": 0.0, "grad_norm": 0.0, "val_loss": 0.0, "mtp_loss": 0.0, "moe_aux": 0.0,
+             "moe_z": 0.0, "moe_load_max": 0.0, "moe_load_min": 0.0, "moe_dropped": 0.0}
     for s, r in zip(steps, ref_steps):
         tol = 1e-5 if s["step"] == 1 else 1e-4
         for key in worst:
@@ -327,6 +334,7 @@ def main():
     print(f"{os.path.basename(args.config)} {args.layout}: ranks {ranks}, max rel loss "
           f"{worst['loss']:.2e}, max rel grad_norm {worst['grad_norm']:.2e}, final params "
           f"{pdiff:.2e}, max rel val_loss {worst['val_loss']:.2e}"
+          + (f", max rel mtp_loss {worst['mtp_loss']:.2e}" if "mtp_loss" in ref_steps[0] else "")
           + (f", max rel moe_aux {worst['moe_aux']:.2e}, moe_dropped {worst['moe_dropped']:.2e}"
              if "moe_aux" in ref_steps[0] else ""))
     finish(failures)

@@ -214,6 +214,12 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
 MLA_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
                "tp2-sp-dp2-zero3", "pp2", "pp2-zb-h1-dp2-zero2", "cp2-ring", "cp2-ulysses-dp2-zero1",
                "cp2-tp2-sp-zero1", "full", "selective"]
+# --layouts mtp: multi-token prediction (configs/mtp-tiny.toml: two modules with the head) under
+# tp + sp, cp, ZeRO, recompute and 16 bits, and under pp (rank 0 the first stage: the last
+# stage's copy of wte summed with it).
+MTP_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
+               "tp2-sp-dp2-zero3", "cp2-ring", "cp2-ulysses-dp2-zero1", "cp2-tp2-sp-zero1", "full",
+               "selective", "pp2-dp2-zero3"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
@@ -258,11 +264,12 @@ def boundary_bytes(config, sets):
 
 def main():
     args = harness.parse_args(lambda ap: ap.add_argument(
-        "--layouts", choices=["dense", "moe", "mla", "muon", "muon-moe"], default="dense",
+        "--layouts", choices=["dense", "moe", "mla", "mtp", "muon", "muon-moe"], default="dense",
         help="the dense configs' layout matrix, the mixture-of-experts one, latent attention's, "
              "or Muon's"))
     failures = []
-    names = {"dense": DENSE_LAYOUTS, "moe": MOE_LAYOUTS, "mla": MLA_LAYOUTS, "muon": MUON_LAYOUTS,
+    names = {"dense": DENSE_LAYOUTS, "moe": MOE_LAYOUTS, "mla": MLA_LAYOUTS, "mtp": MTP_LAYOUTS,
+             "muon": MUON_LAYOUTS,
              "muon-moe": MUON_MOE_LAYOUTS}[args.layouts]
     for name in names:
         ranks, sets = LAYOUTS[name]

@@ -79,7 +79,7 @@ def main():
             if len(steps) != len(ref_steps):
                 failures.append(f"{precision} {mode}: {len(steps)} steps vs {len(ref_steps)}")
             for s, r in zip(steps, ref_steps):
-                for key in ["loss", "grad_norm", "val_loss"]:
+                for key in ["loss", "grad_norm", "val_loss", "mtp_loss"]:
                     if s.get(key) != r.get(key):
                         failures.append(f"{precision} {mode} step {s['step']} {key}: "
                                         f"{s.get(key)!r} vs none {r.get(key)!r}")

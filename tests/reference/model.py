@@ -57,6 +57,8 @@ class ModelCfg:
     init_std: float = f32(0.02)
     moe: "MoeCfg | None" = None  # [model.moe]; None or num_experts 0 = dense
     mla: "MlaCfg | None" = None  # model.attention = "mla" with [model.mla]; None = multi-head
+    mtp_depth: int = 0  # multi-token prediction modules (DeepSeek-V3 §2.2)
+    mtp_loss_weight: float = f32(0.3)  # lambda
 
     def resolved(self) -> "ModelCfg":
         """Fills the preset defaults of docs/model.md's switch table."""
@@ -385,6 +387,25 @@ class Block(nn.Module):
         return x + self.mlp(self.norm_2(x))
 
 
+class MtpModule(Block):
+    """DeepSeek-V3 §2.2, depth k: h'_i = M_k [RMSNorm(Emb(t_{i+k})) ; RMSNorm(h_i^{k-1})], then a
+    transformer block TRM_k, then OutHead (shared with the main model). Choices the paper leaves
+    open, taken as DeepSeek's released weights and inference code (and Megatron-Core) take them:
+    the embedding's half comes first in M_k (the paper writes [h ; Emb]); each module has its own
+    final RMSNorm before the shared head (the paper's OutHead is the linear map alone); and
+    h^{k-1} is what the previous head reads after its final norm (h^0 = the main model's
+    normalised output). Its block is global layer L + k - 1 (the parameter names), an MoE block
+    when [model.moe] says so of that layer."""
+
+    def __init__(self, cfg: ModelCfg, layer: int):
+        super().__init__(cfg, layer)
+        self.mtp = nn.Module()
+        self.mtp.enorm = make_norm(cfg)
+        self.mtp.hnorm = make_norm(cfg)
+        self.mtp.eh_proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.mtp.norm = make_norm(cfg)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelCfg):
         super().__init__()
@@ -393,7 +414,10 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.position == "learned":
             self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
+        # layers[L + k - 1] is MTP module k (its block's parameters named as a layer's).
+        self.layers = nn.ModuleList([Block(cfg, l) for l in range(cfg.n_layers)] +
+                                    [MtpModule(cfg, cfg.n_layers + k) for k in range(cfg.mtp_depth)])
+        self.mtp_prenorm = False  # self-test: pass the hidden states on before the final norms
         self.norm_f = make_norm(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -415,37 +439,67 @@ class Transformer(nn.Module):
     def head_weight(self):
         return self.wte.weight if self.cfg.tie_embeddings else self.lm_head.weight
 
-    def forward(self, tokens):
-        """tokens (B,T) int64 -> logits (B,T,V)."""
+    def rope(self, T, dtype):
+        if self.cfg.position == "learned":
+            return None
+        D = self.cfg.mla.qk_rope_head_dim if self.cfg.mla is not None else self.cfg.head_dim
+        return rope_tables(T, D, self.cfg.rope_theta, dtype)
+
+    def hidden(self, tokens):
+        """tokens (B,T) int64 -> the last layer's output h (B,T,C), before the final norm."""
         B, T = tokens.shape
         assert T <= self.cfg.seq_len
         x = self.wte(tokens)
-        rope = None
         if self.cfg.position == "learned":
             x = x + self.wpe.weight[:T]
-        else:
-            D = self.cfg.mla.qk_rope_head_dim if self.cfg.mla is not None else self.cfg.head_dim
-            rope = rope_tables(T, D, self.cfg.rope_theta, x.dtype)
-        for block in self.layers:
+        rope = self.rope(T, x.dtype)
+        for block in self.layers[: self.cfg.n_layers]:
             x = block(x, rope)
-        x = self.norm_f(x)
-        return x @ self.head_weight().t()
+        return x
+
+    def forward(self, tokens):
+        """tokens (B,T) int64 -> logits (B,T,V)."""
+        return self.norm_f(self.hidden(tokens)) @ self.head_weight().t()
+
+    def mtp_losses(self, h, samples):
+        """The MTP losses L^k, k = 1..D, of DeepSeek-V3 eq. (24): module k runs on the T - k
+        positions whose token k + 1 ahead exists (the paper's truncation h_{1:T-k}; positions
+        and RoPE from 0), L^k = -1/T sum_i log P^k_i[t_{i+k+1}] over them; h: the main model's
+        normalised output, then each module's."""
+        B, T = samples.shape[0], samples.shape[1] - 1
+        out = []
+        for k in range(1, self.cfg.mtp_depth + 1):
+            m = self.layers[self.cfg.n_layers + k - 1]
+            n = T - k
+            e = self.wte(samples[:, k : k + n])  # Emb(t_{i+k}), no learned positions
+            hp = m.mtp.eh_proj(torch.cat([m.mtp.enorm(e), m.mtp.hnorm(h[:, :n])], dim=-1))
+            y = m(hp, self.rope(n, hp.dtype))
+            logits = m.mtp.norm(y) @ self.head_weight().t()
+            h = y if self.mtp_prenorm else m.mtp.norm(y)
+            targets = samples[:, k + 1 : k + 1 + n]
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+            out.append(ce / (B * T))
+        return out
 
     def loss(self, samples):
         """samples (B, T+1): inputs the first T, targets the last T; mean CE over B*T."""
         return self.objective(samples)[0]
 
     def objective(self, samples):
-        """(CE, router losses): the training objective is their sum; the router losses (aux + z
-        of every MoE layer) are 0 for a dense model."""
+        """(CE, router losses, MTP losses): the training objective is CE + router + lambda/D *
+        sum(MTP); the router losses (aux + z of every MoE layer) are 0 for a dense model, the MTP
+        list empty without multi-token prediction."""
         inputs, targets = samples[:, :-1], samples[:, 1:]
         moes = [b.mlp for b in self.layers if isinstance(b.mlp, MoE)]
         for m in moes:
             m.losses.clear()
-        logits = self.forward(inputs)
+        hidden = self.hidden(inputs)
+        h = self.norm_f(hidden)
+        logits = h @ self.head_weight().t()
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        mtp = self.mtp_losses(hidden if self.mtp_prenorm else h, samples) if self.cfg.mtp_depth > 0 else []
         router = sum((a + z for m in moes for a, z in m.losses), torch.zeros((), dtype=ce.dtype))
-        return ce, router
+        return ce, router, mtp
 
     # ---- debug dump ---------------------------------------------------------------------------
 

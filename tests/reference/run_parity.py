@@ -65,6 +65,12 @@ PRESETS = {
                 mla=dict(q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)),
     "mla-q": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, seq_len=32,
                   mla=dict(q_lora_rank=0, kv_lora_rank=16, qk_nope_head_dim=6, qk_rope_head_dim=6, v_head_dim=12)),
+    # DeepSeek-V3's multi-token prediction: two sequential modules (untied Llama; weight 0.3), and
+    # one on a tied GPT-2 (learned positions: the module's embedding has none).
+    "mtp": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
+                mtp_depth=2, mtp_loss_weight=0.3),
+    "mtp-gpt2": dict(arch="gpt2", vocab_size=97, n_layers=2, d_model=64, n_heads=4, seq_len=32,
+                     mtp_depth=1, mtp_loss_weight=0.5),
 }
 GLOBAL_BATCH = 4
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, decay="cosine", weight_decay=0.1, grad_clip=1.0,
@@ -136,8 +142,10 @@ def check_init(model: Transformer) -> list[str]:
     return errors
 
 
-def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_batch: int) -> list[tuple[float, float, float]]:
-    """Runs len(tokens) optimizer steps; returns per step (loss, grad_norm, lr)."""
+def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray,
+                  micro_batch: int) -> list[tuple[float, float, float, float | None]]:
+    """Runs len(tokens) optimizer steps; returns per step (loss, grad_norm, lr, MTP loss: the mean
+    over depths, None without MTP)."""
     params = list(model.parameters())
     adam = AdamW(model.named_parameters(), opt)
     accum = tokens.shape[1] // micro_batch
@@ -145,10 +153,14 @@ def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_bat
     for s, batch in enumerate(tokens, 1):
         batch = torch.from_numpy(batch.astype(np.int64))
         model.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum = mtp_sum = 0.0
         for i in range(accum):
-            loss, router = model.objective(batch[i * micro_batch : (i + 1) * micro_batch])
-            ((loss + router) / accum).backward()
+            loss, router, mtp = model.objective(batch[i * micro_batch : (i + 1) * micro_batch])
+            total = loss + router
+            if mtp:
+                total = total + model.cfg.mtp_loss_weight / len(mtp) * sum(mtp)
+                mtp_sum += sum(l.item() for l in mtp) / len(mtp)
+            (total / accum).backward()
             loss_sum += loss.item()
         norm = grad_norm_and_clip(params, opt.grad_clip)
         lr = lr_at(opt, s)
@@ -156,7 +168,7 @@ def reference_run(model: Transformer, opt: OptCfg, tokens: np.ndarray, micro_bat
         for block in model.layers:
             if hasattr(block.mlp, "balance"):
                 block.mlp.balance()
-        rows.append((loss_sum / accum, norm, lr))
+        rows.append((loss_sum / accum, norm, lr, mtp_sum / accum if model.cfg.mtp_depth > 0 else None))
     return rows
 
 
@@ -176,7 +188,7 @@ def compare(ours, metrics, args, quiet=False) -> list[str]:
     if not quiet:
         print(f"{'step':>4} | {'loss llmtrain':>13} {'loss torch':>13} {'rel':>8} | "
               f"{'gnorm llmtrain':>14} {'gnorm torch':>13} {'rel':>8} | {'lr rel':>8} | {'tol':>7}")
-    for s, (loss, norm, lr) in enumerate(ours, 1):
+    for s, (loss, norm, lr, mtp) in enumerate(ours, 1):
         if s not in metrics:
             errors.append(f"step {s}: missing from metrics.jsonl")
             continue
@@ -193,6 +205,12 @@ def compare(ours, metrics, args, quiet=False) -> list[str]:
             errors.append(f"step {s}: grad_norm llmtrain {m['grad_norm']!r} vs torch {norm!r}: rel {dg:.3e} > {tol:.1e}")
         if not (dr <= args.lr_tol):
             errors.append(f"step {s}: lr llmtrain {m['lr']!r} vs schedule {lr!r}: rel {dr:.3e} > {args.lr_tol:.1e}")
+        if mtp is not None:
+            dm = rel(m["mtp_loss"], mtp) if "mtp_loss" in m else math.inf
+            if not quiet:
+                print(f"     | mtp_loss llmtrain {m.get('mtp_loss', float('nan')):.8f} torch {mtp:.8f} rel {dm:.1e}")
+            if not (dm <= tol):
+                errors.append(f"step {s}: mtp_loss llmtrain {m.get('mtp_loss')!r} vs torch {mtp!r}: rel {dm:.3e} > {tol:.1e}")
     return errors
 
 
@@ -261,7 +279,8 @@ def main() -> int:
     moe = None
     if moe_kv:
         moe = MoeCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in moe_kv.items()})
-    mcfg = ModelCfg(**model_kv, moe=moe, mla=MlaCfg(**mla_kv) if mla_kv else None)
+    mcfg = ModelCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in model_kv.items()}, moe=moe,
+                    mla=MlaCfg(**mla_kv) if mla_kv else None)
     o = OPT
     opt = OptCfg(lr=f32(o["lr"]), min_lr=f32(o["min_lr"]), warmup_steps=o["warmup_steps"], decay=o["decay"],
                  decay_steps=args.steps, beta1=f32(o["beta1"]), beta2=f32(o["beta2"]), eps=f32(o["eps"]),
@@ -333,34 +352,45 @@ def main() -> int:
             variants.append(("without router losses", dict(balance="none", z_loss_coef=0.0)))
             if moe.capacity_factor > 0:
                 variants.append(("dropless (no capacity)", dict(capacity_factor=0.0)))
-        if mcfg.mla is not None:
-            # The decoupled RoPE key must matter: the reference without rotating it must fail.
+        def must_fail(what, change, undo=None):
+            """The reference from the initial weights with change() made (undo() after) must no
+            longer match llmtrain."""
             with torch.no_grad():
                 for n, p in model.named_parameters():
                     p.copy_(initial[n])
-            for block in model.layers:
-                block.attn.rope_keys = False
+            change()
             bad = reference_run(model, opt, tokens, micro_batch)
-            errs = compare(bad, metrics, args, quiet=True)
-            if not errs:
-                print("SELF-TEST FAILED: the reference with an unrotated shared key still matched llmtrain",
-                      file=sys.stderr)
-                return 1
-            print(f"self-test OK: the reference with an unrotated shared key is detected ({len(errs)} "
-                  f"mismatches; first: {errs[0]})")
-        for what, change in variants:
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    p.copy_(initial[n])
-            for block in model.layers:
-                if hasattr(block.mlp, "m"):
-                    block.mlp.m = MoeCfg(**{**vars(moe), **change})
-            bad = reference_run(model, opt, tokens, micro_batch)
+            if undo:
+                undo()
             errs = compare(bad, metrics, args, quiet=True)
             if not errs:
                 print(f"SELF-TEST FAILED: the reference {what} still matched llmtrain", file=sys.stderr)
-                return 1
+                return False
             print(f"self-test OK: the reference {what} is detected ({len(errs)} mismatches; first: {errs[0]})")
+            return True
+
+        checks = []
+        if mcfg.mla is not None:
+            # The decoupled RoPE key must matter.
+            checks.append(("with an unrotated shared key",
+                           lambda: [setattr(b.attn, "rope_keys", False) for b in model.layers], None))
+        if mcfg.mtp_depth > 0:
+            # The MTP losses' gradient must matter, and the hidden state each module reads (the
+            # previous head's normalised input).
+            weight = model.cfg.mtp_loss_weight
+            checks.append(("without the MTP losses' gradient",
+                           lambda: setattr(model.cfg, "mtp_loss_weight", 0.0),
+                           lambda: setattr(model.cfg, "mtp_loss_weight", weight)))
+            checks.append(("passing the hidden states on before the final norms",
+                           lambda: setattr(model, "mtp_prenorm", True),
+                           lambda: setattr(model, "mtp_prenorm", False)))
+        for what, change in variants:
+            checks.append((what, lambda change=change: [
+                setattr(b.mlp, "m", MoeCfg(**{**vars(moe), **change}))
+                for b in model.layers if hasattr(b.mlp, "m")], None))
+        for what, change, undo in checks:
+            if not must_fail(what, change, undo):
+                return 1
     return 0
 
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "engine/model/model_spec.h"
 #include "engine/model/parallelize.h"
@@ -54,6 +55,43 @@ TEST(ModelSpec, FlopsPerTokenCountMatmulsOnly) {
   // 6.74B parameters, of which the 131M of the input embedding and the norms do no matmul.
   EXPECT_LT(llama.flops_per_token(), 6.0 * static_cast<double>(llama.num_params()) +
                                          6 * L2 * C2 * 4096 - 6 * 32000 * C2 + 1);
+}
+
+// Multi-token prediction (DeepSeek-V3 §2.2): module k is layer L + k - 1 with enorm, hnorm,
+// eh_proj (C, 2C) and its own final norm; its embedding and head are the model's. Counted apart
+// from the model's parameters, in the FLOPs (its weights, its attention, one more head each), and
+// held with the head on the last pipeline stage, which then keeps a copy of wte (untied too).
+TEST(ModelSpec, MultiTokenPredictionModules) {
+  ModelConfig c = llama2_7b();
+  const ModelSpec base = ModelSpec::from_config(c);
+  c.mtp_depth = 2;
+  const ModelSpec s = ModelSpec::from_config(c);
+  const int64_t C = 4096, F = 11008, V = 32000, T = 4096;
+  const int64_t layer = 4 * C * C + 3 * C * F + 2 * C;  // attention, SwiGLU, two RMSNorms
+  const int64_t module = layer + 2 * C * C + 3 * C;     // + eh_proj, enorm, hnorm, norm
+  EXPECT_EQ(s.num_mtp_params(), 2 * module);
+  EXPECT_EQ(s.num_params(), base.num_params() + 2 * module);
+  EXPECT_EQ(s.num_active_params(), base.num_params());  // the model's, as papers count
+  EXPECT_EQ(s.params[s.index_of("layers.33.mtp.eh_proj.weight")].shape, Shape({C, 2 * C}));
+  EXPECT_EQ(s.params[s.index_of("layers.33.attn.qkv.weight")].shape, Shape({3 * C, C}));
+  for (const std::string name : {"layers.32.mtp.enorm.weight", "layers.32.mtp.hnorm.weight",
+                                 "layers.32.mtp.norm.weight", "layers.32.mlp.fc2.weight"}) {
+    const ParamSpec& p = s.params[s.index_of(name)];
+    EXPECT_TRUE(p.mtp) << name;
+    EXPECT_EQ(p.layer, -1) << name;  // with the head
+  }
+  EXPECT_TRUE(s.params[s.index_of("layers.32.mtp.eh_proj.weight")].tp_partial_grad);
+  EXPECT_FALSE(s.params[s.index_of("layers.31.mlp.fc2.weight")].mtp);
+  EXPECT_DOUBLE_EQ(
+      s.flops_per_token() - base.flops_per_token(),
+      6.0 * 2 * (4 * C * C + 3 * C * F + 2 * C * C) + 6.0 * 2 * T * C + 6.0 * 2 * V * C);
+  // pp 2: the modules and a copy of wte on the last stage, none of them on the first.
+  const ModelSpec first = s.shard_pp(2, 1, {}, 0), last = s.shard_pp(2, 1, {}, 1);
+  EXPECT_TRUE(first.mtp_layers().empty());
+  EXPECT_EQ(last.mtp_layers(), (std::vector<int64_t>{32, 33}));
+  EXPECT_THROW(first.index_of("layers.32.mtp.eh_proj.weight"), Error);
+  EXPECT_TRUE(last.params[last.index_of("wte.weight")].tied_copy);
+  EXPECT_THROW(base.shard_pp(2, 1, {}, 1).index_of("wte.weight"), Error);  // untied, no MTP
 }
 
 TEST(ModelSpec, Llama2_7bHas6738415616Parameters) {

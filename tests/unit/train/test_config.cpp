@@ -117,6 +117,8 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("model.dropout", model.dropout),
       LLMT_KEY("model.init_std", model.init_std),
       LLMT_KEY("model.attention", model.attention),
+      LLMT_KEY("model.mtp_depth", model.mtp_depth),
+      LLMT_KEY("model.mtp_loss_weight", model.mtp_loss_weight),
       LLMT_KEY("model.mla.q_lora_rank", model.mla.q_lora_rank),
       LLMT_KEY("model.mla.kv_lora_rank", model.mla.kv_lora_rank),
       LLMT_KEY("model.mla.qk_nope_head_dim", model.mla.qk_nope_head_dim),
@@ -549,6 +551,8 @@ norm_eps = 1e-6
 rope_theta = 500000.0
 dropout = 0.1
 init_std = 0.006
+mtp_depth = 2
+mtp_loss_weight = 0.1
 [model.moe]
 num_experts = 4
 top_k = 1
@@ -965,6 +969,16 @@ INSTANTIATE_TEST_SUITE_P(
                   "[parallel]\ntp = 2\n",
                   {"model.attention=\"mla\" with parallel.tp=2: each tp rank projects its own "
                    "rows"}},
+        ErrorCase{"[model]\nmtp_loss_weight = 0.1\n",
+                  {"model.mtp_loss_weight=0.1 is set, but model.mtp_depth=0 has no multi-token "
+                   "prediction module to weigh"}},
+        ErrorCase{"[model]\nmtp_depth = -1\n", {"model.mtp_depth=-1 must be >= 0"}},
+        ErrorCase{"[model]\nmtp_depth = 1\nmtp_loss_weight = -0.5\n",
+                  {"model.mtp_loss_weight=-0.5 must be >= 0"}},
+        ErrorCase{"[model]\nmtp_depth = 8\nseq_len = 8\n",
+                  {"model.mtp_depth=8 leaves no position of a sequence of model.seq_len=8"}},
+        ErrorCase{"[model]\nmtp_depth = 1\nvocab_size = 256\n[parallel]\ntp = 2\n",
+                  {"model.mtp_depth=1 with parallel.tp=2: each tp rank projects its own rows"}},
         ErrorCase{"[train]\ndistribute_saved_activations = true\nrecompute = \"selective\"\n"
                   "[parallel]\ntp = 2\n[model]\nvocab_size = 256\n",
                   {"train.distribute_saved_activations splits the input a fully recomputed layer "
