@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -130,10 +131,12 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
 // counted by the code that allocates them. Under ep each MoE layer adds, per micro-batch, the
 // rows its rank receives for its experts (ep_rows_specs, R k rows at balanced routing) from its
 // forward to its backward, their gradients from its input backward to its weight backward, and
-// for a moment in its backward their input gradients.
+// for a moment in its backward their input gradients; of the moe_full fully recomputed ones the
+// rows only from their backward's start (MoeMlp dispatches them again there) to their weight
+// backward.
 RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
-                                 const MeshShape& mesh, int64_t moe_layers, bool count_ops,
-                                 ActivationCache* cache) {
+                                 const MeshShape& mesh, int64_t moe_layers, int64_t moe_full,
+                                 bool count_ops, ActivationCache* cache) {
   const ParallelConfig& par = cfg.parallel;
   std::string key;
   if (cache) {
@@ -176,8 +179,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
         (cfg.parallel.sequence_parallel && tp > 1 ? N / tp : N) * cfg.model.moe.top_k;
     out.ep_rows = static_cast<double>(
         spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
-    out.ep_rows_mb = static_cast<double>(moe_layers) * out.ep_rows / chunks;
-    out.per_mb += static_cast<double>(moe_layers) * out.ep_rows;
+    out.ep_rows_mb = static_cast<double>(moe_layers - moe_full) * out.ep_rows / chunks;
+    out.per_mb += static_cast<double>(moe_layers - moe_full) * out.ep_rows;
     // The backward's buffers, and under train.fp8 the quantised copies of the received rows
     // (allocated by the forward, the input and the weight backward for their GEMMs alike; counted
     // once, at the input backward's moment, where they join the backward's buffers).
@@ -186,12 +189,16 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
         spec_bytes(ep_fp8_specs(rank_spec, routed, {cfg.train.fp8, cfg.train.fp8_block})));
     // The gradients the weight half reads: one layer's for a moment under back-to-back
     // backwards, every MoE layer's from input half to weight half under a zero-bubble schedule.
+    // A fully recomputed layer's rows likewise (from its replay or input half).
     const double grads = static_cast<double>(spec_bytes(ep_grad_specs(rank_spec, routed)));
-    if (mesh.size(Axis::pp) > 1 && cfg.parallel.pp_schedule == PipeSchedule::zb_h1)
-      out.stash_mb += static_cast<double>(moe_layers) * grads;
-    else
+    if (mesh.size(Axis::pp) > 1 && cfg.parallel.pp_schedule == PipeSchedule::zb_h1) {
+      out.stash_mb +=
+          static_cast<double>(moe_layers) * grads + static_cast<double>(moe_full) * out.ep_rows;
+    } else {
       out.ep_transient += grads;
-    out.scratch += out.ep_transient;
+      if (moe_full > 0) out.ep_full_rows = out.ep_rows;
+    }
+    out.scratch += out.ep_transient + out.ep_full_rows;
   }
   out.per_mb /= chunks;
   if (count_ops)
@@ -378,36 +385,52 @@ class ZeroReplay final : public ZeroSequence {
 // pp); `chunk_layers[c]`: chunk c's global layers.
 void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
                  const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
-                 bool root_params, int64_t L, const MoeConfig& moe, const RankActivations& act) {
+                 bool root_params, int64_t L, const MoeConfig& moe, const RankActivations& act,
+                 int64_t full_layers, int64_t mtp) {
   const int v = static_cast<int>(chunk_layers.size());
   // The activations: a micro-batch's saved set from before its forward's hooks (chunk_input)
   // to after its (weight) backward's (free_chunk), a zero-bubble stash from backward_input;
-  // under ep each MoE layer's received rows from its forward to its (weight) backward.
+  // under ep each MoE layer's received rows from its forward to its (weight) backward, a fully
+  // recomputed one's (the first full_layers of a chunk) from its backward's start (back to back:
+  // act.ep_full_rows; zero-bubble: in the stash). The multi-token prediction modules' layers
+  // (L .. L + mtp - 1, with the head: block L + 1) recompute when every layer does.
   const auto ep_rows = [&](int64_t l) { return act.ep_rows > 0 && moe.layer(l); };
+  const int64_t mtp_full = full_layers == std::numeric_limits<int64_t>::max() ? 1 : 0;
   const double saved = act.per_mb - act.ep_rows_mb;
   const auto forward = [&](int c) {
     z.hold(saved);
     if (c == 0 && embedding) z.on_before_forward(0);
-    for (int64_t l : chunk_layers[static_cast<size_t>(c)]) {
-      z.on_before_forward(static_cast<int>(l) + 1);
-      if (ep_rows(l)) z.hold(act.ep_rows);
+    const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
+    for (size_t k = 0; k < ls.size(); ++k) {
+      z.on_before_forward(static_cast<int>(ls[k]) + 1);
+      if (ep_rows(ls[k]) && static_cast<int64_t>(k) >= full_layers) z.hold(act.ep_rows);
     }
-    if (c + 1 == v && head) z.on_before_forward(static_cast<int>(L) + 1);
+    if (c + 1 == v && head) {
+      z.on_before_forward(static_cast<int>(L) + 1);
+      for (int64_t l = L; l < L + mtp && !mtp_full; ++l)
+        if (ep_rows(l)) z.hold(act.ep_rows);
+    }
   };
   const auto backward = [&](int c) {
     // (The rows go in the layer's weight backward, before its after-hook starts a reduction.)
-    const auto pair = [&](int64_t block) {
+    const auto rows = [&](int64_t l, bool full) {
+      if (!ep_rows(l)) return;
+      const double at = act.ep_transient + (full ? act.ep_full_rows : 0.0);
+      z.hold(at);
+      z.hold(-at - (full ? act.ep_full_rows : act.ep_rows));
+    };
+    const auto pair = [&](int64_t block, int64_t k) {
       z.on_before_backward(static_cast<int>(block));
-      if (block >= 1 && block <= L && ep_rows(block - 1)) {
-        z.hold(act.ep_transient);
-        z.hold(-act.ep_transient - act.ep_rows);
-      }
+      if (block >= 1 && block <= L) rows(block - 1, k < full_layers);
+      if (block == L + 1)
+        for (int64_t l = L + mtp - 1; l >= L; --l) rows(l, mtp_full);
       z.on_after_backward(static_cast<int>(block));
     };
-    if (c + 1 == v && head) pair(L + 1);
+    if (c + 1 == v && head) pair(L + 1, 0);
     const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
-    for (auto it = ls.rbegin(); it != ls.rend(); ++it) pair(*it + 1);
-    if (c == 0 && (embedding || root_params)) pair(0);  // (Transformer::root_hooks)
+    for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k)
+      pair(ls[static_cast<size_t>(k)] + 1, k);
+    if (c == 0 && (embedding || root_params)) pair(0, 0);  // (Transformer::root_hooks)
     z.hold(-saved);
   };
   if (!actions) {
@@ -645,6 +668,7 @@ struct RankLayers {
   bool moe = false;
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
+  double moe_full = 0;  // MoE layers recomputed fully (their ep rows dispatched again)
   // Layers replayed per micro-batch under full recompute (replayed_layers): each runs its
   // forward's tp collectives again (two all-reduces, or two all-gathers and two reduce-scatters
   // under SP); under distributed saved inputs each gathers its input, as does each forward of a
@@ -742,6 +766,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
                       (j.cfg.train.recompute_layers == 0 || k < j.cfg.train.recompute_layers);
       r.moe = r.moe || is_moe;
       r.moe_layers += is_moe;
+      r.moe_full += is_moe && re && j.rc == Recompute::full;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
       if (!j.layer_fp8_params.empty()) {
@@ -757,6 +782,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.mtp += 1;
     r.moe = r.moe || is_moe;
     r.moe_layers += is_moe;
+    r.moe_full += is_moe && j.rc == Recompute::full && j.cfg.train.recompute_layers == 0;
   }
   if (r.mtp > 0) {
     r.fpt += j.mtp_fpt;
@@ -1050,9 +1076,13 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   ZeroReplay zero(static_cast<int>(par.zero_stage),
                   par.zero_stage >= 1 ? zero_units : std::vector<ZeroUnitBytes>(zero_units.size()),
                   j.secondary_group > 0);
+  const int64_t full_layers = j.rc != Recompute::full ? 0
+                              : j.cfg.train.recompute_layers == 0
+                                  ? std::numeric_limits<int64_t>::max()
+                                  : j.cfg.train.recompute_layers;
   replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
               r.chunk_layers, r.e > 0, r.h > 0, par.zero_stage >= 1 && zero_units[0].whole > 0,
-              j.mc.n_layers, j.mc.moe, act);
+              j.mc.n_layers, j.mc.moe, act, full_layers, static_cast<int64_t>(r.mtp));
   out.zero_peak = zero.peak();
   out.zero_and_activations_peak = zero.peak_with_held();
   out.secondary_gather = zero.secondary_gather_bytes();
@@ -1113,15 +1143,17 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
 // Expert parallelism (counted with dp: the ep group is made of dp ranks): per MoE layer and
 // micro-batch, the count exchange and 4 crossings of the rows routed to other ranks' experts and
 // of those received, at balanced routing (each a fraction (ep-1)/ep of the N k): the rows and the
-// experts' outputs in the compute type (16 bits in bf16/fp16), their gradients in fp32; a full-
-// recompute replay of an MoE layer brings the experts' outputs back once more (one crossing;
-// MoeMlp::ep_forward). All-to-all bytes.
+// experts' outputs in the compute type (16 bits in bf16/fp16), their gradients in fp32; a fully
+// recomputed layer's backward dispatches its rows again (the count exchange and one crossing),
+// and its replay brings the experts' outputs back once more (one crossing; MoeMlp::ep_forward).
+// All-to-all bytes.
 double ep_all_to_all_bytes(const Job& j, const RankLayers& r) {
   if (j.ep == 1) return 0;
   const double ep = j.ep, act = j.sixteen ? 2 : 4;
   const double rows = j.d.R * j.d.k * (ep - 1.0) / ep * j.C;  // of the rank's R rows, elements
-  return j.m * r.moe_layers * (2 * act * rows + 2 * 4 * rows + (ep - 1.0) * (j.d.E / ep) * 4) +
-         j.m * r.moe_replays * act * rows;
+  const double counts = (ep - 1.0) * (j.d.E / ep) * 4;
+  return j.m * r.moe_layers * (2 * act * rows + 2 * 4 * rows + counts) +
+         j.m * r.moe_full * (act * rows + counts) + j.m * r.moe_replays * act * rows;
 }
 
 // Memory: the exact state, the in-flight activations and the buffers.
@@ -1163,7 +1195,8 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // The concurrent peak: the activations and ZeRO's buffers as the step's replay holds them
   // together, beside what is held all step.
   s.peak = s.memory.params + s.memory.grads + s.memory.optimizer +
-           (act.scratch - act.ep_transient) + (comm - dc.zero_peak) + dc.zero_and_activations_peak;
+           (act.scratch - act.ep_transient - act.ep_full_rows) + (comm - dc.zero_peak) +
+           dc.zero_and_activations_peak;
 }
 
 // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
@@ -1252,7 +1285,8 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
   const RankActivations act =
-      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers), j.count_ops, cache);
+      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers),
+                       static_cast<int64_t>(r.moe_full), j.count_ops, cache);
   const DpCost dc = dp_cost(j, pr, rs, r, act);
   AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
   g = dc.dp;

@@ -99,8 +99,9 @@ struct RankActivations {
   // per_mb), held from the layer's forward to its weight backward, and per_mb's share of them.
   double ep_rows = 0, ep_rows_mb = 0;
   // Under ep: what one MoE layer's backward adds for a moment (ep_backward_specs, and without a
-  // zero-bubble schedule the rows' gradients), included in scratch.
-  double ep_transient = 0;
+  // zero-bubble schedule the rows' gradients), included in scratch; with fully recomputed MoE
+  // layers (back to back) also their rows, dispatched again in backward (ep_full_rows).
+  double ep_transient = 0, ep_full_rows = 0;
   // The bytes the rank's ops move in one micro-batch's forward and backward of all its chunks
   // (recompute included), counted by running them on the meta device (ops::Recording): the
   // matmuls' and attention's, and every other op's (norms, activations, rotary, residual adds,

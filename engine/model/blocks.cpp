@@ -560,11 +560,12 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T) {
   return r;
 }
 
-MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer)
+MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed)
     : env_(env),
       cfg_(env.spec.cfg.moe),
       rows_(moe_rows(env.tp, env.T)),
       layer_(layer),
+      recomputed_(recomputed),
       E_(cfg_.num_experts),
       k_(cfg_.top_k),
       Fe_(cfg_.d_ff_expert),
@@ -648,20 +649,11 @@ std::vector<int64_t> MoeMlp::offsets(std::span<const Tensor> s) const {
   return {host.begin(), host.end()};
 }
 
-void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off) {
+MoeMlp::EpRows MoeMlp::ep_dispatch(std::span<const Tensor> s, const std::vector<int64_t>& off,
+                                   bool count) {
   Communicator& ep = *env_.ep;
   const int P = ep.size();
   const int64_t C = env_.spec.cfg.d_model, El = E_ / P;
-  const Tensor xp = s[7], eo = s[10];
-  if (env_.moe_stats.replaying) {
-    // A full-recompute replay of a micro-batch whose experts already ran (and whose gradients
-    // may be under way): their outputs come back again; nothing else is redone.
-    auto it = ep_rows_.find(env_.scratch.layer_input);
-    if (it != ep_rows_.end()) {
-      ep.all_to_allv(eo, it->second.send, it->second.er, it->second.recv).wait();
-      return;
-    }
-  }
   // Rows per (peer, local expert) to send, then the same counts from each peer for this rank's
   // experts: one all-to-all of P x El counts.
   std::vector<int32_t> cnt(static_cast<size_t>(P * El)), got(cnt.size());
@@ -688,7 +680,7 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
     r.send.push_back(sent * C);
     r.recv.push_back(recv * C);
   }
-  if (!env_.moe_stats.replaying)
+  if (count)
     for (int p = 0; p < P; ++p)
       if (p != ep.rank())
         env_.moe_stats.ep_rows +=
@@ -700,8 +692,8 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   r.hr = t[1];
   r.gr = t[2];
   r.er = t[3];
-  // The rows to the experts' ranks, the experts (grouped by peer and local expert), and back.
-  ep.all_to_allv(r.xr, r.recv, xp, r.send).wait();
+  // The rows to the experts' ranks and the experts' first GEMM and activation.
+  ep.all_to_allv(r.xr, r.recv, s[7], r.send).wait();
   Buffer fp8_buf;
   const Fp8Scratch q = fp8_scratch(R, fp8_buf);
   experts_forward(r.hr, r.xr, fc1_w_, r.groups, r.weight_of, q);
@@ -711,11 +703,35 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   else
     ops::swiglu_forward(r.gr, r.hr);
   env_.round(r.gr);
-  experts_forward(r.er, r.gr, fc2_w_, r.groups, r.weight_of, q);
+  return r;
+}
+
+void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off) {
+  Communicator& ep = *env_.ep;
+  const Tensor eo = s[10];
+  const bool replaying = env_.moe_stats.replaying;
+  if (replaying) {
+    // A full-recompute replay of a micro-batch whose experts already ran (and whose gradients
+    // may be under way): their outputs come back again; nothing else is redone.
+    auto it = ep_rows_.find(env_.scratch.layer_input);
+    if (it != ep_rows_.end()) {
+      ep.all_to_allv(eo, it->second.send, it->second.er, it->second.recv).wait();
+      return;
+    }
+  }
+  EpRows r = ep_dispatch(s, off, /*count=*/!replaying);
+  {
+    Buffer fp8_buf;
+    const Fp8Scratch q = fp8_scratch(r.xr.size(0), fp8_buf);
+    experts_forward(r.er, r.gr, fc2_w_, r.groups, r.weight_of, q);
+  }
   env_.round(r.er);
   ep.all_to_allv(eo, r.send, r.er, r.recv).wait();
-  if (env_.moe_stats.forward_only) {
-    ep_rows_.erase(env_.scratch.layer_input);  // evaluation: nothing to keep
+  // Kept for the backward, but not from the first forward of an evaluation or of a fully
+  // recomputed layer: its backward dispatches them again (the replay, or backward_input when
+  // the replay set still holds the layer), so no micro-batch in flight holds them.
+  if (env_.moe_stats.forward_only || (recomputed_ && !replaying)) {
+    ep_rows_.erase(env_.scratch.layer_input);
     return;
   }
   ep_rows_[env_.scratch.layer_input] = std::move(r);
@@ -886,7 +902,14 @@ Tensor MoeMlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
   // fc2, the activation, fc1 (input gradients); under ep on the experts' ranks, the output
   // gradients sent there and the input gradients back.
   if (ep()) {
-    EpRows& r = ep_rows_.at(env_.scratch.layer_input);
+    auto it = ep_rows_.find(env_.scratch.layer_input);
+    if (it == ep_rows_.end()) {
+      // A fully recomputed layer whose backward did not replay it (the replay set still held
+      // it): its rows are dispatched again here, as the replay would have.
+      LLMT_CHECK(recomputed_, "MoE backward_input before its forward");
+      it = ep_rows_.emplace(env_.scratch.layer_input, ep_dispatch(s, off, false)).first;
+    }
+    EpRows& r = it->second;
     const int64_t R = r.xr.size(0);
     Communicator& ep = *env_.ep;
     // The gradients the weight half reads, kept with the rows until backward_weight.
@@ -1027,9 +1050,10 @@ std::unique_ptr<Branch> make_attention(const BlockEnv& env, int64_t layer, bool 
   return std::make_unique<Attention>(env, prefix, recompute_core);
 }
 
-std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer) {
+std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer, bool recomputed) {
   const std::string prefix = "layers." + std::to_string(layer) + ".mlp";
-  if (env.spec.cfg.moe.layer(layer)) return std::make_unique<MoeMlp>(env, prefix, layer);
+  if (env.spec.cfg.moe.layer(layer))
+    return std::make_unique<MoeMlp>(env, prefix, layer, recomputed);
   return std::make_unique<Mlp>(env, prefix);
 }
 
@@ -1045,7 +1069,7 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
       norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
       attn_block_(make_attention(env, layer, recompute == Recompute::selective)),
-      mlp_block_(make_mlp(env, layer)) {
+      mlp_block_(make_mlp(env, layer, recompute == Recompute::full)) {
   n1_ = 4;
   attn_ = n1_ + norm_1_.saved().size();
   n2_ = attn_ + attn_block_->saved().size();

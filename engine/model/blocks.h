@@ -359,7 +359,9 @@ int64_t ep_count_bytes(const ModelSpec& spec);
 // rows and hidden width.
 class MoeMlp final : public Branch {
  public:
-  MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer);
+  // recomputed: the layer recomputes fully (train.recompute = "full"): under ep its forward keeps
+  // no received rows, its backward dispatches them again.
+  MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed = false);
   // logits (N,E), idx (N,k) i32, weights (N,k), counts (S,E) i32, offsets (E+1) i32, assign (M)
   // i32, slot (N,k) i32, xp (M,C), h (M,Fe1), g (M,Fe), eo (M,C) [, the shared Mlp's]
   std::vector<TensorSpec> saved() const override;
@@ -382,7 +384,9 @@ class MoeMlp final : public Branch {
   // rows the ep peers sent for this rank's experts (R of them, by peer, then by local expert) and
   // their activations and gradients, in memory of its own (R depends on the routing). Kept from
   // forward to backward_weight, by the layer's input (scratch.layer_input). A full-recompute
-  // replay of the layer finds them and only returns the outputs again.
+  // replay of the layer finds them and only returns the outputs again; a fully recomputed layer
+  // (recomputed_) keeps none from its forward, and its replay or backward_input dispatches them
+  // again.
   struct EpRows {
     Buffer buf, grad_buf;  // xr, hr, gr, er from the forward; d_er, dh_r from backward_input
     std::vector<int64_t> send, recv;         // elements per peer: to it, from it (rows x C)
@@ -409,6 +413,9 @@ class MoeMlp final : public Branch {
   // Forward under ep: the permuted rows xp (M,C) to the experts' ranks, the experts, and their
   // outputs back into eo (M,C) in xp's order.
   void ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off);
+  // The count exchange and the rows xp (s[7]) to the experts' ranks, their first GEMM and
+  // activation (xr, hr, gr; er allocated); `count`: into MoeStats::ep_rows.
+  EpRows ep_dispatch(std::span<const Tensor> s, const std::vector<int64_t>& off, bool count);
   std::map<const void*, EpRows> ep_rows_;
 
   // The sequences' expert counts (B,E) summed over the ranks holding other parts of them (cp's
@@ -419,6 +426,7 @@ class MoeMlp final : public Branch {
   const MoeConfig& cfg_;
   const MoeRows rows_;
   int64_t layer_;
+  bool recomputed_;
   int64_t E_, k_, Fe_, Fe1_, capacity_;
   size_t st_shared_ = 0;  // the shared Mlp's stash entries
   bool gelu_;
