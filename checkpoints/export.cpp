@@ -153,6 +153,11 @@ class Builder {
     add_box(hf, ours, {e, row_begin, 0}, {1, row_end - row_begin, g[2]},
             {row_end - row_begin, g[2]}, false);
   }
+  // hf as a copy of `ours`, whole (HfTensor::copy).
+  void add_copy(const std::string& hf, const std::string& ours) {
+    add(hf, ours);
+    out_.back().copy = true;
+  }
   std::vector<HfTensor> take() { return std::move(out_); }
 
  private:
@@ -254,16 +259,17 @@ void deepseek_v3_tensors(const ModelSpec& spec, Builder& m) {
   const int64_t F = spec.ffn_dim;
   m.add("model.embed_tokens.weight", "wte.weight");
   // The multi-token prediction modules are layers L .. L + D - 1, as in DeepSeek's released
-  // weights (which also store the embedding and head again under each: not written here, the
-  // model's own are).
+  // weights, which also store the embedding and head again under each (copies here).
   for (int64_t l = 0; l < c.n_layers + c.mtp_depth; ++l) {
     const std::string h = detail::concat("model.layers.", l, "."),
                       o = detail::concat("layers.", l, ".");
     if (l >= c.n_layers) {
+      m.add_copy(h + "embed_tokens.weight", "wte.weight");
       m.add(h + "enorm.weight", o + "mtp.enorm.weight");
       m.add(h + "hnorm.weight", o + "mtp.hnorm.weight");
       m.add(h + "eh_proj.weight", o + "mtp.eh_proj.weight");
       m.add(h + "shared_head.norm.weight", o + "mtp.norm.weight");
+      m.add_copy(h + "shared_head.head.weight", c.tie_embeddings ? "wte.weight" : "lm_head.weight");
     }
     m.add(h + "input_layernorm.weight", o + "norm_1.weight");
     const std::string a = h + "self_attn.";

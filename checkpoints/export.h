@@ -30,6 +30,9 @@ struct HfTensor {
   // expert's rows of a stack (gate of experts.fc1 for expert e: start {e, 0, 0}, count {1, Fe, C}).
   std::vector<int64_t> start, count;
   bool transpose = false;
+  // A second copy of a tensor written under another name too (DeepSeek's multi-token prediction
+  // layers store the embedding and head again): import checks it is there but reads the first.
+  bool copy = false;
 };
 
 // "GPT2LMHeadModel" (arch gpt2), "LlamaForCausalLM" (arch llama), "MixtralForCausalLM" (arch

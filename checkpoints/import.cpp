@@ -444,6 +444,7 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
         if (t.source != path) continue;
         const StTensor& st = *lookup(t.name);
         used.insert(&st);
+        if (t.copy) continue;  // (present and shaped as checked above; the first is read)
         dtypes.insert(st.dtype);
         read_tensor(st, t.name, piece);
         const float* data = piece.data();
@@ -486,18 +487,8 @@ ImportResult import_safetensors(const std::string& hf_dir, const ModelConfig& cf
     write_manifest_of(tmp.string(), state.step, 1);
   });
   for (const std::string& d : dtypes) r.dtypes += (r.dtypes.empty() ? "" : ", ") + d;
-  // DeepSeek's released weights store the embedding and head again under each multi-token
-  // prediction module's layer: the model's own are read.
-  auto shared_copy = [&](const std::string& name) {
-    for (int64_t l = cfg.n_layers; l < cfg.n_layers + cfg.mtp_depth; ++l) {
-      const std::string h = detail::concat("model.layers.", l, ".");
-      if (name == h + "embed_tokens.weight" || name == h + "shared_head.head.weight") return true;
-    }
-    return false;
-  };
   for (const auto& [name, st] : files)
-    if (!used.count(&st) && !is_buffer(name) && !(cfg.tie_embeddings && name == "lm_head.weight") &&
-        !shared_copy(name))
+    if (!used.count(&st) && !is_buffer(name) && !(cfg.tie_embeddings && name == "lm_head.weight"))
       r.unused.push_back(name);
   return r;
 }

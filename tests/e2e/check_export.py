@@ -109,14 +109,17 @@ def hf_expected(m, get):
         # one gated MLP, the balancing bias as the gate's e_score_correction_bias.
         e["model.embed_tokens.weight"] = get("wte.weight")
         a = m["mla"]
-        # Multi-token prediction modules: layers L .. L + D - 1 (DeepSeek's names; their copies
-        # of the embedding and head are not written).
+        # Multi-token prediction modules: layers L .. L + D - 1 (DeepSeek's names, with their
+        # copies of the embedding and head).
         for l in range(L + m.get("mtp_depth", 0)):
             h, o = f"model.layers.{l}.", f"layers.{l}."
             if l >= L:
                 for hf, ours in [("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
                                  ("shared_head.norm", "norm")]:
                     e[h + hf + ".weight"] = get(o + "mtp." + ours + ".weight")
+                e[h + "embed_tokens.weight"] = get("wte.weight")
+                e[h + "shared_head.head.weight"] = get(
+                    "wte.weight" if m["tie_embeddings"] else "lm_head.weight")
             e[h + "input_layernorm.weight"] = get(o + "norm_1.weight")
             e[h + "post_attention_layernorm.weight"] = get(o + "norm_2.weight")
             names = [("kv_a_proj_with_mqa", "kv_a"), ("kv_a_layernorm", "kv_a_norm"),
