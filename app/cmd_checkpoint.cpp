@@ -69,6 +69,7 @@ ckpt::RunState layout_state(ckpt::RunState state, const Config& cfg, int world) 
   state.sequence_parallel = cfg.parallel.sequence_parallel;
   state.virtual_stages = cfg.parallel.virtual_stages;
   state.pp_layers = cfg.parallel.pp_layers;
+  state.pp_v_shape = cfg.parallel.pp > 1 && v_shaped(cfg.parallel.pp_schedule);
   state.ep = cfg.parallel.ep;
   state.zero_shard_group = cfg.parallel.zero_shard_group;
   state.config = to_toml(cfg);

@@ -43,6 +43,8 @@ std::string formula_text(PipeSchedule kind) {
       return "(p-1)/(v*m)";
     case PipeSchedule::zb_h1:
       return "(p-1)/(3m)";
+    case PipeSchedule::zb_v:
+      return "(p-1)/(6m), m >= 2p-2";
   }
   return "";
 }
@@ -385,14 +387,16 @@ Run add_plan_command(CLI::App& app) {
         "(%lld * dp %d) = %d\n",
         schedule_name(par.pp_schedule), p, v, static_cast<long long>(gbs),
         static_cast<long long>(mbs), dp, m);
-    // Global stage s = chunk * p + rank (schedule.h); layers counted from 0.
+    // Global stage of each chunk (schedule.h: c * p + rank, or the V of ZB-V); layers from 0.
     const std::vector<int64_t> layers = stage_layers(cfg, p * v);
     std::vector<int64_t> first(p * v + 1, 0);
     for (int s = 0; s < p * v; ++s) first[s + 1] = first[s] + layers[s];
     for (int r = 0; r < p; ++r) {
       std::string line = concat("  rank ", r, ":");
       for (int c = 0; c < v; ++c) {
-        const int s = stage_of(ScheduleShape{p, v, m}, r, c);
+        ScheduleShape order{p, v, m};
+        order.v_shape = v_shaped(par.pp_schedule);
+        const int s = stage_of(order, r, c);
         line += concat(c > 0 ? ";" : "", " stage ", s);
         line += layers[s] > 0 ? concat(" layers ", first[s], "-", first[s + 1] - 1) : " no layers";
         if (s == 0) line += " + embeddings";
@@ -522,10 +526,9 @@ Run add_plan_command(CLI::App& app) {
     }
     if (!args->schedule) return 0;
 
-    const ScheduleShape shape{p, v, m};
     Schedule sched;
     try {
-      sched = make_schedule(par.pp_schedule, shape);
+      sched = make_schedule(par.pp_schedule, ScheduleShape{p, v, m});
     } catch (const Error& e) {
       throw ConfigError(concat("parallel.pp_schedule=\"", schedule_name(par.pp_schedule),
                                "\", parallel.pp=", p, ", parallel.virtual_stages=", v, ": ",
@@ -544,11 +547,11 @@ Run add_plan_command(CLI::App& app) {
         "%.4f\n",
         costs.forward, costs.backward, costs.backward_input, costs.backward_weight,
         sim.bubble_fraction, formula_text(par.pp_schedule).c_str(),
-        formula_bubble_fraction(par.pp_schedule, shape));
+        formula_bubble_fraction(par.pp_schedule, sched.shape));
     std::string peaks, formula;
     for (int r = 0; r < p; ++r) {
       peaks += concat(" ", sim.peak_in_flight[r]);
-      formula += concat(" ", formula_peak_in_flight(par.pp_schedule, shape, r));
+      formula += concat(" ", formula_peak_in_flight(par.pp_schedule, sched.shape, r));
     }
     std::printf("peak in-flight %s per rank:%s (formula%s)\n",
                 v > 1 ? "(micro-batch, chunk) activations" : "micro-batches", peaks.c_str(),

@@ -17,15 +17,19 @@ namespace llmt::ckpt {
 namespace fs = std::filesystem;
 
 WriteLayout write_layout(const RunState& s) {
-  return {s.mesh, static_cast<int>(s.virtual_stages), s.pp_layers, static_cast<int>(s.ep),
-          s.zero_shard_group};
+  return {s.mesh,
+          static_cast<int>(s.virtual_stages),
+          s.pp_layers,
+          static_cast<int>(s.ep),
+          s.zero_shard_group,
+          s.pp_v_shape};
 }
 
 std::string layout_text(const RunState& s) {
   return detail::concat(
       "tp=", s.mesh.size(Axis::tp), " cp=", s.mesh.size(Axis::cp), " dp=", s.mesh.size(Axis::dp),
-      " pp=", s.mesh.size(Axis::pp), s.ep > 1 ? detail::concat(" ep=", s.ep) : std::string(),
-      " zero_stage=", s.zero_stage,
+      " pp=", s.mesh.size(Axis::pp), s.pp_v_shape ? " pp_stages=v" : "",
+      s.ep > 1 ? detail::concat(" ep=", s.ep) : std::string(), " zero_stage=", s.zero_stage,
       s.zero_shard_group > 0 ? detail::concat(" zero_shard_group=", s.zero_shard_group)
                              : std::string(),
       " sequence_parallel=", s.sequence_parallel ? "true" : "false");
@@ -111,6 +115,7 @@ void write_index(const std::string& dir, const RunState& s,
     h5::write_attr(file, "sequence_parallel", static_cast<int64_t>(s.sequence_parallel));
     h5::write_attr(file, "virtual_stages", s.virtual_stages);
     if (!s.pp_layers.empty()) h5::write_attr(file, "pp_layers", s.pp_layers);
+    if (s.pp_v_shape) h5::write_attr(file, "pp_v_shape", int64_t{1});
     if (s.ep > 1) h5::write_attr(file, "ep", s.ep);
     if (s.zero_shard_group > 0) h5::write_attr(file, "zero_shard_group", s.zero_shard_group);
     h5::write_attr(file, "layout", layout_text(s));
@@ -158,6 +163,7 @@ int64_t state_checksum(const RunState& s) {
   for (int64_t l : s.pp_layers) text += detail::concat(" l", l);
   // (Only when set: the checksums of checkpoints written before the key still match.)
   if (s.zero_shard_group > 0) text += detail::concat(" z", s.zero_shard_group);
+  if (s.pp_v_shape) text += " v";
   text += '\n' + s.config;
   const XXH64_hash_t h = XXH64(text.data(), text.size(), 0);
   int64_t out;
@@ -204,6 +210,8 @@ void check_run_state(const RunState& s, const std::string& where) {
     bad.push_back(detail::concat("zero_stage ", s.zero_stage));
   if (s.virtual_stages < 1 || s.ep < 1)
     bad.push_back(detail::concat("virtual_stages ", s.virtual_stages, ", ep ", s.ep));
+  if (s.pp_v_shape && s.virtual_stages != 2)
+    bad.push_back(detail::concat("pp_v_shape with virtual_stages ", s.virtual_stages));
   const int dp = s.mesh.degree[static_cast<int>(Axis::dp)];
   if (s.zero_shard_group < 0 ||
       (s.zero_shard_group > 0 && (dp < 1 || dp % s.zero_shard_group != 0 || s.zero_stage < 1)))
@@ -272,6 +280,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), files_(std::make_uni
   s.sequence_parallel = h5::read_attr_int(file, "sequence_parallel", where) != 0;
   s.virtual_stages = h5::read_attr_int(file, "virtual_stages", where);
   if (h5::has_attr(file, "pp_layers")) s.pp_layers = h5::read_attr_ints(file, "pp_layers", where);
+  if (h5::has_attr(file, "pp_v_shape"))
+    s.pp_v_shape = h5::read_attr_int(file, "pp_v_shape", where) != 0;
   if (h5::has_attr(file, "ep")) s.ep = h5::read_attr_int(file, "ep", where);
   if (h5::has_attr(file, "zero_shard_group"))
     s.zero_shard_group = h5::read_attr_int(file, "zero_shard_group", where);

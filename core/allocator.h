@@ -63,6 +63,11 @@ bool cuda_built_in();
 // (GPU local_rank, even where none is usable: make_device_backend then says why); "auto": the
 // GPU when CUDA is built in and GPUs are visible, else the CPU.
 Device select_device(std::string_view setting, int local_rank);
+// Sets CUDA_MODULE_LOADING=EAGER for this process unless the environment already sets it (in
+// builds with CUDA; nothing otherwise). Effective only before CUDA's first call (select_device
+// "auto" is one): the first launch of a kernel under lazy loading may synchronize the context,
+// which can deadlock a ZB-V pipeline's transfers (docs/gpu.md).
+void request_eager_module_loading();
 // Free bytes on GPU `d` (cudaMemGetInfo), for the check before allocation; -1 when unknown (a
 // CPU device, CUDA not built in, no usable GPU).
 double gpu_free_bytes(Device d);

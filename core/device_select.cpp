@@ -1,6 +1,8 @@
 // Picks the DeviceBackend for a Device and the Device for a `train.device` setting. The CUDA
 // backend is compiled in only with LLMTRAIN_CUDA; without it, asking for a GPU fails with a
 // message that says so.
+#include <cstdlib>
+
 #include "core/allocator.h"
 
 #ifdef LLMTRAIN_HAVE_CUDA
@@ -25,6 +27,12 @@ Device select_device(std::string_view setting, int local_rank) {
   if (cuda_device_count() > 0) return {DeviceKind::cuda, local_rank};
 #endif
   return {DeviceKind::cpu, 0};
+}
+
+void request_eager_module_loading() {
+#ifdef LLMTRAIN_HAVE_CUDA
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+#endif
 }
 
 double gpu_free_bytes(Device d) {

@@ -38,23 +38,26 @@ struct Dims {
 
 // The peak of one rank's saved activations and zero-bubble stashes over its schedule's actions:
 // a micro-batch's saved set lives from its forward to its (weight) backward, its stash from
-// backward_input to backward_weight. `per_mb`, `stash_mb`: one micro-batch's of the rank's chunk.
-double schedule_activation_peak(const std::vector<Action>& actions, double per_mb,
-                                double stash_mb) {
+// backward_input to backward_weight. `per_mb`, `stash_mb`: one micro-batch's, per chunk.
+double schedule_activation_peak(const std::vector<Action>& actions,
+                                const std::vector<double>& per_mb,
+                                const std::vector<double>& stash_mb) {
   double live = 0, peak = 0;
   for (const Action& a : actions) {
+    const double saved = per_mb[static_cast<size_t>(a.chunk)],
+                 stash = stash_mb[static_cast<size_t>(a.chunk)];
     switch (a.kind) {
       case ActionKind::forward:
-        live += per_mb;
+        live += saved;
         break;
       case ActionKind::backward_input:
-        live += stash_mb;
+        live += stash;
         break;
       case ActionKind::backward:
-        live -= per_mb;
+        live -= saved;
         break;
       case ActionKind::backward_weight:
-        live -= per_mb + stash_mb;
+        live -= saved + stash;
         break;
       default:
         break;
@@ -135,9 +138,13 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
 // rows only from their backward's start (MoeMlp dispatches them again there) to their weight
 // backward.
 RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
-                                 const MeshShape& mesh, int64_t moe_layers, int64_t moe_full,
-                                 bool count_ops, ActivationCache* cache) {
+                                 const MeshShape& mesh, const std::vector<int64_t>& chunk_moe,
+                                 const std::vector<int64_t>& chunk_moe_full, bool count_ops,
+                                 ActivationCache* cache) {
   const ParallelConfig& par = cfg.parallel;
+  const int64_t moe_layers = std::accumulate(chunk_moe.begin(), chunk_moe.end(), int64_t{0});
+  const int64_t moe_full =
+      std::accumulate(chunk_moe_full.begin(), chunk_moe_full.end(), int64_t{0});
   std::string key;
   if (cache) {
     // What the rank's model depends on beyond the model config: its part of the model and the
@@ -152,7 +159,7 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  " fp8 ", static_cast<int>(cfg.train.fp8), "/", cfg.train.fp8_block, " ",
                  static_cast<int>(grad_dtype(cfg.train)), " ", rank_spec.has_embedding,
                  rank_spec.has_head, count_ops, " zb ",
-                 mesh.size(Axis::pp) > 1 && par.pp_schedule == PipeSchedule::zb_h1);
+                 mesh.size(Axis::pp) > 1 && splits_backward(par.pp_schedule));
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;
@@ -169,9 +176,10 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
       make_rank_model(cfg, rank_spec, alloc, tp_group.get(), cp_group.get(), ep_group.get());
   RankActivations out;
   const int chunks = model->num_chunks();
-  for (int c = 0; c < chunks; ++c)
-    out.per_mb += static_cast<double>(model->chunk_activation_bytes(c));
-  out.stash_mb = static_cast<double>(model->chunk_stash_bytes(0));
+  for (int c = 0; c < chunks; ++c) {
+    out.chunk_mb.push_back(static_cast<double>(model->chunk_activation_bytes(c)));
+    out.chunk_stash.push_back(static_cast<double>(model->chunk_stash_bytes(c)));
+  }
   out.scratch = static_cast<double>(model->scratch_bytes());
   if (ep > 1 && moe_layers > 0) {
     const int64_t N = cfg.train.micro_batch_size * cfg.model.seq_len / cp;
@@ -179,8 +187,11 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
         (cfg.parallel.sequence_parallel && tp > 1 ? N / tp : N) * cfg.model.moe.top_k;
     out.ep_rows = static_cast<double>(
         spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
-    out.ep_rows_mb = static_cast<double>(moe_layers - moe_full) * out.ep_rows / chunks;
-    out.per_mb += static_cast<double>(moe_layers - moe_full) * out.ep_rows;
+    for (size_t c = 0; c < out.chunk_mb.size(); ++c) {
+      out.chunk_ep_rows.push_back(static_cast<double>(chunk_moe[c] - chunk_moe_full[c]) *
+                                  out.ep_rows);
+      out.chunk_mb[c] += out.chunk_ep_rows.back();
+    }
     // The backward's buffers, and under train.fp8 the quantised copies of the received rows
     // (allocated by the forward, the input and the weight backward for their GEMMs alike; counted
     // once, at the input backward's moment, where they join the backward's buffers).
@@ -191,16 +202,17 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     // backwards, every MoE layer's from input half to weight half under a zero-bubble schedule.
     // A fully recomputed layer's rows likewise (from its replay or input half).
     const double grads = static_cast<double>(spec_bytes(ep_grad_specs(rank_spec, routed)));
-    if (mesh.size(Axis::pp) > 1 && cfg.parallel.pp_schedule == PipeSchedule::zb_h1) {
-      out.stash_mb +=
-          static_cast<double>(moe_layers) * grads + static_cast<double>(moe_full) * out.ep_rows;
+    if (mesh.size(Axis::pp) > 1 && splits_backward(cfg.parallel.pp_schedule)) {
+      for (size_t c = 0; c < out.chunk_stash.size(); ++c)
+        out.chunk_stash[c] += static_cast<double>(chunk_moe[c]) * grads +
+                              static_cast<double>(chunk_moe_full[c]) * out.ep_rows;
     } else {
       out.ep_transient += grads;
       if (moe_full > 0) out.ep_full_rows = out.ep_rows;
     }
     out.scratch += out.ep_transient + out.ep_full_rows;
   }
-  out.per_mb /= chunks;
+  out.per_mb = std::accumulate(out.chunk_mb.begin(), out.chunk_mb.end(), 0.0) / chunks;
   if (count_ops)
     record_step(*model, alloc, Shape({cfg.train.micro_batch_size, cfg.model.seq_len / cp}),
                 mesh.size(Axis::pp) > 1, out);
@@ -396,9 +408,12 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
   // (L .. L + mtp - 1, with the head: block L + 1) recompute when every layer does.
   const auto ep_rows = [&](int64_t l) { return act.ep_rows > 0 && moe.layer(l); };
   const int64_t mtp_full = full_layers == std::numeric_limits<int64_t>::max() ? 1 : 0;
-  const double saved = act.per_mb - act.ep_rows_mb;
+  const auto saved = [&](int c) {
+    const size_t i = static_cast<size_t>(c);
+    return act.chunk_mb[i] - (act.chunk_ep_rows.empty() ? 0.0 : act.chunk_ep_rows[i]);
+  };
   const auto forward = [&](int c) {
-    z.hold(saved);
+    z.hold(saved(c));
     if (c == 0 && embedding) z.on_before_forward(0);
     const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
     for (size_t k = 0; k < ls.size(); ++k) {
@@ -431,7 +446,7 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
     for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k)
       pair(ls[static_cast<size_t>(k)] + 1, k);
     if (c == 0 && (embedding || root_params)) pair(0, 0);  // (Transformer::root_hooks)
-    z.hold(-saved);
+    z.hold(-saved(c));
   };
   if (!actions) {
     for (int mb = 0; mb < micro_batches; ++mb) {
@@ -446,11 +461,12 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
         last_mb[static_cast<size_t>(a.chunk)] = a.mb;
     for (const Action& a : *actions) {
       if (a.kind == ActionKind::forward) forward(a.chunk);
-      if (a.kind == ActionKind::backward_input) z.hold(act.stash_mb);
+      const double stash = act.chunk_stash[static_cast<size_t>(a.chunk)];
+      if (a.kind == ActionKind::backward_input) z.hold(stash);
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
         z.on_start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
         backward(a.chunk);
-        if (a.kind == ActionKind::backward_weight) z.hold(-act.stash_mb);
+        if (a.kind == ActionKind::backward_weight) z.hold(-stash);
       }
     }
   }
@@ -493,7 +509,7 @@ struct Job {
         distribute(c.train.distribute_saved_activations),
         grad_bytes(static_cast<double>(dtype_size(grad_dtype(c.train)))),
         rc(c.train.recompute),
-        shape{p, v, m},
+        shape{p, v, m, p > 1 && v_shaped(c.parallel.pp_schedule)},
         layout(model_layout(par, mesh)) {
     derive();
   }
@@ -669,6 +685,9 @@ struct RankLayers {
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
   double moe_full = 0;  // MoE layers recomputed fully (their ep rows dispatched again)
+  // Per chunk: its MoE layers (the head's chunk with the multi-token prediction modules'), and
+  // of them the fully recomputed ones (their sums are moe_layers and moe_full).
+  std::vector<int64_t> chunk_moe, chunk_moe_full;
   // Layers replayed per micro-batch under full recompute (replayed_layers): each runs its
   // forward's tp collectives again (two all-reduces, or two all-gathers and two reduce-scatters
   // under SP); under distributed saved inputs each gathers its input, as does each forward of a
@@ -695,11 +714,11 @@ void replayed_layers(const Job& j, int pr, RankLayers& r) {
   std::vector<int64_t> mtp;
   if (k_full == 0)
     for (int64_t k = 0; k < static_cast<int64_t>(r.mtp); ++k) mtp.push_back(j.mc.n_layers + k);
-  const auto is_head = [&](int c) { return c + 1 == j.v && pr + 1 == j.p; };
+  const auto is_head = [&](int c) { return stage_of(j.shape, pr, c) == j.p * j.v - 1; };
   auto forward = [&](int c, int mb) {
     const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
     const int64_t n = static_cast<int64_t>(ls.size());
-    const bool head = is_head(c), embedding = c == 0 && pr == 0;
+    const bool head = is_head(c), embedding = stage_of(j.shape, pr, c) == 0;
     auto part = [&](int64_t k) { return j.distribute && (k < n ? full(k) : !head); };
     if (part(0)) last = {-1, -1};
     if (part(0) && !embedding) ++gathers;
@@ -747,12 +766,16 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   r.e = rs.has_embedding ? 1 : 0;
   r.h = rs.has_head ? 1 : 0;
   r.chunk_layers.resize(static_cast<size_t>(j.v));
+  r.chunk_moe.assign(static_cast<size_t>(j.v), 0);
+  r.chunk_moe_full.assign(static_cast<size_t>(j.v), 0);
   int64_t layers = 0;
   for (int c = 0; c < j.v; ++c) {
     const int st = stage_of(j.shape, pr, c);
-    if (j.p > 1) {
-      r.boundaries += (st < j.p * j.v - 1) + (st > 0);
-      r.boundaries_back += st > 0;
+    if (j.p > 1) {  // (the turn of a V is a hand-off within the rank)
+      const bool out = st < j.p * j.v - 1 && rank_of(j.shape, st + 1) != pr;
+      const bool back = st > 0 && rank_of(j.shape, st - 1) != pr;
+      r.boundaries += out + back;
+      r.boundaries_back += back;
     }
     const int64_t first =
         std::accumulate(j.stage_layers.begin(), j.stage_layers.begin() + st, int64_t{0});
@@ -767,6 +790,8 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.moe = r.moe || is_moe;
       r.moe_layers += is_moe;
       r.moe_full += is_moe && re && j.rc == Recompute::full;
+      r.chunk_moe[static_cast<size_t>(c)] += is_moe;
+      r.chunk_moe_full[static_cast<size_t>(c)] += is_moe && re && j.rc == Recompute::full;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
       if (!j.layer_fp8_params.empty()) {
@@ -781,8 +806,11 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     const bool is_moe = j.mc.moe.layer(l);
     r.mtp += 1;
     r.moe = r.moe || is_moe;
+    const bool full = is_moe && j.rc == Recompute::full && j.cfg.train.recompute_layers == 0;
     r.moe_layers += is_moe;
-    r.moe_full += is_moe && j.rc == Recompute::full && j.cfg.train.recompute_layers == 0;
+    r.moe_full += full;
+    r.chunk_moe.back() += is_moe;  // (the head's chunk is the rank's last)
+    r.chunk_moe_full.back() += full;
   }
   if (r.mtp > 0) {
     r.fpt += j.mtp_fpt;
@@ -893,7 +921,9 @@ AxisBytes pp_bytes(const Job& j, const RankLayers& r) {
                back = r.boundaries_back;  // chunk ends sending forward; chunk starts sending back
   q.send = j.m * j.d.R * j.C * (act * fwd + 4 * back);
   q.recv = j.m * j.d.R * j.C * (act * back + 4 * fwd);
-  if (j.mc.embedding_on_last_stage() && (r.e > 0 || r.h > 0)) {
+  // (None in a V, whose rank 0 holds both ends.)
+  const bool ends_apart = rank_of(j.shape, 0) != rank_of(j.shape, j.p * j.v - 1);
+  if (j.mc.embedding_on_last_stage() && ends_apart && (r.e > 0 || r.h > 0)) {
     const double rows = static_cast<double>(j.mc.vocab_size / j.tp);
     q.all_reduce =
         j.grad_bytes * j.C * (j.par.zero_stage >= 1 ? std::ceil(rows / j.zero_group) : rows);
@@ -1172,9 +1202,9 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   // Activations: one micro-batch's saved set times those in flight (a zero-bubble schedule's
   // stashes, between their two backward halves, on top), and the model's scratch.
   double held = s.in_flight * act.per_mb;
-  if (j.p > 1 && j.par.pp_schedule == PipeSchedule::zb_h1)
-    held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.per_mb,
-                                    act.stash_mb);
+  if (j.p > 1 && splits_backward(j.par.pp_schedule))
+    held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.chunk_mb,
+                                    act.chunk_stash);
   s.memory.activations = held + act.scratch;
   // The ops besides the matmuls and attention, every micro-batch.
   s.other_ops_bytes = j.m * act.other_bytes_mb;
@@ -1285,8 +1315,7 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
   const RankActivations act =
-      rank_activations(j.cfg, rs, j.mesh, static_cast<int64_t>(r.moe_layers),
-                       static_cast<int64_t>(r.moe_full), j.count_ops, cache);
+      rank_activations(j.cfg, rs, j.mesh, r.chunk_moe, r.chunk_moe_full, j.count_ops, cache);
   const DpCost dc = dp_cost(j, pr, rs, r, act);
   AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
   g = dc.dp;

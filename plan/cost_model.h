@@ -92,12 +92,16 @@ struct StepCost {
 // Throws ConfigError for a layout that validate_layout refuses.
 // One pipeline rank's activation memory, counted on its model built on the meta device.
 struct RankActivations {
-  double per_mb = 0;    // one micro-batch's saved set, the average of the rank's chunks
-  double stash_mb = 0;  // one micro-batch's zero-bubble stash (of chunk 0)
-  double scratch = 0;   // shared by every micro-batch
-  // Under ep: one MoE layer's received rows for one micro-batch (MoeMlp::EpRows, included in
-  // per_mb), held from the layer's forward to its weight backward, and per_mb's share of them.
-  double ep_rows = 0, ep_rows_mb = 0;
+  double per_mb = 0;  // one micro-batch's saved set, the average of the rank's chunks
+  // Per model chunk of the rank: one micro-batch's saved set (chunk 0 with the embeddings, the
+  // last with the head; under ep with its layers' received rows) and zero-bubble stash.
+  std::vector<double> chunk_mb, chunk_stash;
+  double scratch = 0;  // shared by every micro-batch
+  // Under ep: one MoE layer's received rows for one micro-batch (MoeMlp::EpRows), held from the
+  // layer's forward to its weight backward, and per chunk those of its MoE layers that keep
+  // them (not fully recomputed; included in chunk_mb).
+  double ep_rows = 0;
+  std::vector<double> chunk_ep_rows;
   // Under ep: what one MoE layer's backward adds for a moment (ep_backward_specs, and without a
   // zero-bubble schedule the rows' gradients), included in scratch; with fully recomputed MoE
   // layers (back to back) also their rows, dispatched again in backward (ep_full_rows).

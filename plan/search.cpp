@@ -144,6 +144,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           std::vector<std::pair<PipeSchedule, int>> schedules{{PipeSchedule::one_f_one_b, 1}};
           if (pp > 1) {
             schedules.push_back({PipeSchedule::zb_h1, 1});
+            if (pp * 2 <= L) schedules.push_back({PipeSchedule::zb_v, 2});
             for (int v : {2, 4})
               if (pp * v <= L) schedules.push_back({PipeSchedule::interleaved, v});
           }

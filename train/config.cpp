@@ -39,7 +39,8 @@ constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
 constexpr std::array<std::string_view, 3> kFp8Names{"none", "tensorwise", "blockwise"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
-constexpr std::array<std::string_view, 4> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1"};
+constexpr std::array<std::string_view, 5> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                         "zb-v"};
 constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
 constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
 constexpr std::array<std::string_view, 3> kMoeBalanceNames{"aux_loss", "bias", "none"};

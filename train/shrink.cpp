@@ -13,7 +13,7 @@ Shrunk shrink_overrides(const Config& c) {
   const int64_t tp = std::min<int64_t>(p.tp, 2), cp = std::min<int64_t>(p.cp, 2),
                 pp = std::min<int64_t>(p.pp, 2);
   const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
-  const int64_t v = interleaved ? 2 : 1;
+  const int64_t v = interleaved || v_shaped(p.pp_schedule) ? 2 : 1;
   // dp: 2 when the setup has data parallelism and the world stays within 8 ranks.
   const int64_t rest = tp * cp * pp, dp = p.dp != 1 && rest * 2 <= 8 ? 2 : 1;
   const int64_t mbs = 1, micro = interleaved ? 2 * pp : 2;  // micro-batches per dp rank

@@ -195,8 +195,8 @@ void gather_pp_params(Communicator& pp, const ModelSpec& spec, const ParallelCon
   out.assign(static_cast<size_t>(offset.back()), 0.0f);
   std::vector<float> part;
   for (int r = 0; r < p; ++r) {
-    const ModelSpec stage =
-        spec.shard_pp(p, static_cast<int>(par.virtual_stages), par.pp_layers, r);
+    const ModelSpec stage = spec.shard_pp(p, static_cast<int>(par.virtual_stages), par.pp_layers, r,
+                                          v_shaped(par.pp_schedule));
     const std::vector<float>* src = &local;
     if (r != 0) {
       part.resize(static_cast<size_t>(stage.num_params()));
@@ -650,6 +650,7 @@ bool Trainer::State::start_checkpoint(int64_t step) {
   rs.sequence_parallel = cfg.parallel.sequence_parallel;
   rs.virtual_stages = cfg.parallel.virtual_stages;
   rs.pp_layers = cfg.parallel.pp_layers;
+  rs.pp_v_shape = cfg.parallel.pp > 1 && v_shaped(cfg.parallel.pp_schedule);
   rs.ep = cfg.parallel.ep;
   rs.zero_shard_group = cfg.parallel.zero_shard_group;
   s.pending = std::make_unique<ckpt::PendingSave>(cfg.checkpoint, rs, s.spec, s.model->spec(),

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "engine/schedule/schedule.h"
+
 namespace llmt {
 
 ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
@@ -178,7 +180,7 @@ ModelSpec ModelSpec::from_config(const ModelConfig& cfg) {
 }
 
 ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
-                              int rank) const {
+                              int rank, bool v_shape) const {
   LLMT_CHECK(chunks.size() == 1 && has_embedding && has_head, "shard_pp of a pipeline stage spec");
   LLMT_CHECK(pp >= 1 && virtual_stages >= 1 && rank >= 0 && rank < pp, "pp rank ", rank, " of ", pp,
              " with ", virtual_stages, " virtual stages");
@@ -194,14 +196,16 @@ ModelSpec ModelSpec::shard_pp(int pp, int virtual_stages, const std::vector<int6
   std::vector<int64_t> first(static_cast<size_t>(S) + 1, 0);
   for (int64_t s = 0; s < S; ++s) first[s + 1] = first[s] + count[s];
   LLMT_CHECK(first[S] == L, "parallel.pp_layers sums to ", first[S], ", model.n_layers=", L);
+  ScheduleShape order{pp, virtual_stages, 1};
+  order.v_shape = v_shape;
   ModelSpec out = *this;
   out.chunks.clear();
   for (int c = 0; c < virtual_stages; ++c) {
-    const int64_t s = static_cast<int64_t>(c) * pp + rank;
+    const int64_t s = stage_of(order, rank, c);
     out.chunks.emplace_back(first[s], first[s + 1]);
   }
-  out.has_embedding = rank == 0;
-  out.has_head = rank == pp - 1;
+  out.has_embedding = rank == rank_of(order, 0);
+  out.has_head = rank == rank_of(order, static_cast<int>(S) - 1);
   std::vector<bool> held(static_cast<size_t>(L), false);
   for (const auto& [b, e] : out.chunks)
     for (int64_t l = b; l < e; ++l) held[l] = true;

@@ -100,14 +100,16 @@ struct ModelSpec {
   // heads, kv heads, d_ff or the vocabulary do not divide by size.
   ModelSpec shard_tp(int size, int rank) const;
   // The transform to pp rank `rank` of `pp` with `virtual_stages` chunks per rank: chunk c holds
-  // global stage s = c*pp + rank (schedule.h), whose layers are `stage_layers[s]` consecutive
-  // layers (empty: n_layers / (pp*virtual_stages) each). Stage 0 adds wte (+ wpe), the last stage
-  // norm_f, lm_head and the multi-token prediction modules, and with tied embeddings or MTP a
-  // tied_copy of wte. Example: 4 layers, pp 2, v 2:
-  // rank 0 holds layers 0 and 2 (stages 0, 2) and the embeddings, rank 1 layers 1 and 3 and the
-  // head. Throws, with the numbers, when the layers do not split that way.
-  ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers,
-                     int rank) const;
+  // global stage s = c*pp + rank, or with `v_shape` the V of ZB-V (schedule.h's stage_of), whose
+  // layers are `stage_layers[s]` consecutive layers (empty: n_layers / (pp*virtual_stages) each).
+  // Stage 0 adds wte (+ wpe), the last stage norm_f, lm_head and the multi-token prediction
+  // modules, and, on another rank than stage 0's, with tied embeddings or MTP a tied_copy of wte.
+  // Example: 4 layers, pp 2, v 2: rank 0 holds layers 0 and 2 (stages 0, 2) and the embeddings,
+  // rank 1 layers 1 and 3 and the head; in a V rank 0 holds layers 0 and 3, the embeddings and
+  // the head (one wte), rank 1 layers 1 and 2. Throws, with the numbers, when the layers do not
+  // split that way.
+  ModelSpec shard_pp(int pp, int virtual_stages, const std::vector<int64_t>& stage_layers, int rank,
+                     bool v_shape = false) const;
   // The transform to ep rank `rank` of `size` (expert parallelism), applied after shard_tp: every
   // parameter sharded over ep (its Placement on Axis::ep: an expert stack's Shard(0)) holds that
   // rank's part, num_experts/size consecutive experts; other parameters stay as they are. Throws

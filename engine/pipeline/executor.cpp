@@ -1,6 +1,8 @@
 // The pipeline executor (executor.h): a loop over this rank's actions. Receives are posted when
 // the schedule names them and waited by the compute action that reads them; sends are waited
 // before their buffer is freed (activations after the backward, gradients at the end of the step).
+// A transfer whose peer is this rank (the turn of a V, stage p-1 -> p on rank p-1) is a local
+// hand-off: the receive copies the sending chunk's output, or takes its input gradient's buffer.
 #include "engine/pipeline/executor.h"
 
 #include <chrono>
@@ -52,8 +54,14 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
     // Posted in action order: the order p2p_message's tests check against NCCL's matching.
     const P2pMessage msg = is_p2p(a.kind) ? p2p_message(shape, rank_, a) : P2pMessage{};
     const PipelineMicroBatch& mb = mbs[static_cast<size_t>(a.mb)];
+    const bool local = msg.local;
     switch (a.kind) {
       case ActionKind::recv_act:
+        if (local) {
+          const int from = chunk_of(shape, stage_of(shape, rank_, a.chunk) - 1);
+          ops::copy(model_.chunk_input(a.chunk, a.mb), model_.chunk_output(from, a.mb));
+          break;
+        }
         recv_act_[key] = pp_.recv(model_.chunk_input(a.chunk, a.mb), msg.peer, msg.tag);
         break;
       case ActionKind::forward: {
@@ -66,9 +74,20 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         break;
       }
       case ActionKind::send_act:
-        send_act_[key] = pp_.send(model_.chunk_output(a.chunk, a.mb), msg.peer, msg.tag);
+        // (A local one is copied by its recv: the output lives until this chunk's backward.)
+        if (!local)
+          send_act_[key] = pp_.send(model_.chunk_output(a.chunk, a.mb), msg.peer, msg.tag);
         break;
       case ActionKind::recv_grad: {
+        if (local) {
+          const int from = chunk_of(shape, stage_of(shape, rank_, a.chunk) + 1);
+          auto it = grad_out_.find(Key{a.mb, from});
+          LLMT_CHECK(it != grad_out_.end(), "recv_grad of micro-batch ", a.mb, " chunk ", a.chunk,
+                     " on pp rank ", rank_, " before chunk ", from, "'s backward");
+          grad_in_[key] = std::move(it->second.buf);
+          grad_out_.erase(it);
+          break;
+        }
         Buffer& buf = grad_in_[key];
         buf = alloc_.allocate_tensor(act, DType::f32, MemCategory::comm);
         recv_grad_[key] = pp_.recv(buf.tensor(act, DType::f32), msg.peer, msg.tag);
@@ -112,6 +131,7 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
         auto it = grad_out_.find(key);
         LLMT_CHECK(it != grad_out_.end(), "send_grad of micro-batch ", a.mb, " chunk ", a.chunk,
                    " on pp rank ", rank_, " before its backward");
+        if (local) break;  // taken by the recv_grad of the chunk before
         it->second.handle = pp_.send(it->second.buf.tensor(act, DType::f32), msg.peer, msg.tag);
         it->second.sent = true;
         break;
@@ -132,31 +152,41 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
   grad_out_.clear();
   grad_in_.clear();
 
-  // The loss lives on the last stage (rank p-1 holds stage p*v-1): every pp rank reports it.
+  // The loss lives on the last stage (rank p-1 holds stage p*v-1, rank 0 in a V): every pp rank
+  // reports it.
   float mean = static_cast<float>(loss_sum / static_cast<double>(shape.micro_batches));
-  if (pp_.size() > 1) pp_.broadcast(Tensor(&mean, {1}, DType::f32), pp_.size() - 1).wait();
+  const int head_rank = rank_of(shape, shape.stages * shape.virtual_stages - 1);
+  if (pp_.size() > 1) pp_.broadcast(Tensor(&mean, {1}, DType::f32), head_rank).wait();
   total_s_ = std::chrono::duration<double>(clock::now() - t_run).count();
   return mean;
 }
 
 double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
-  const int p = schedule_.shape.stages, stages = p * schedule_.shape.virtual_stages;
+  const ScheduleShape& shape = schedule_.shape;
+  const int stages = shape.stages * shape.virtual_stages;
   float loss = 0;
   for (int s = 0; s < stages; ++s) {
-    if (s % p != rank_) continue;
-    const int chunk = s / p;
-    if (s > 0)
-      pp_.recv(model_.chunk_input(chunk, 0), (s - 1) % p, p2p_tag(schedule_.shape, 0, s, false))
-          .device_wait();
+    if (rank_of(shape, s) != rank_) continue;
+    const int chunk = chunk_of(shape, s);
+    if (s > 0) {
+      const int from = rank_of(shape, s - 1);
+      if (from == rank_)
+        ops::copy(model_.chunk_input(chunk, 0), model_.chunk_output(chunk_of(shape, s - 1), 0));
+      else
+        pp_.recv(model_.chunk_input(chunk, 0), from, p2p_tag(shape, 0, s, false)).device_wait();
+    }
     const float l = model_.forward_chunk(chunk, 0, mb.tokens, mb.targets, 0.0f, mb.ctx);
     if (model_.chunk_has_head(chunk)) loss = l;
-    if (s + 1 < stages)
-      pp_.send(model_.chunk_output(chunk, 0), (s + 1) % p,
-               p2p_tag(schedule_.shape, 0, s + 1, false))
+    if (s + 1 < stages && rank_of(shape, s + 1) != rank_)
+      pp_.send(model_.chunk_output(chunk, 0), rank_of(shape, s + 1),
+               p2p_tag(shape, 0, s + 1, false))
           .wait();
-    model_.free_chunk(chunk, 0);
+    // (The chunk before a local hand-off is freed after the next one has copied its output.)
+    if (s > 0 && rank_of(shape, s - 1) == rank_) model_.free_chunk(chunk_of(shape, s - 1), 0);
+    if (s + 1 == stages || rank_of(shape, s + 1) != rank_) model_.free_chunk(chunk, 0);
   }
-  if (p > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), p - 1).wait();
+  const int head_rank = rank_of(shape, stages - 1);
+  if (shape.stages > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), head_rank).wait();
   return loss;
 }
 

@@ -10,8 +10,12 @@ PipelineStage::PipelineStage(Schedule schedule, Transformer& model, Communicator
                              Allocator& alloc, bool shared_embedding)
     : executor_(std::move(schedule), model, pp, alloc), model_(model), pp_(pp) {
   predicted_bubble_ = simulate(executor_.schedule()).bubble_fraction;
-  if (!shared_embedding) return;
-  const bool ends = pp.rank() == 0 || pp.rank() == pp.size() - 1;
+  // In a V one rank holds both ends (one wte): nothing to sum.
+  const ScheduleShape& shape = executor_.schedule().shape;
+  const int first = rank_of(shape, 0),
+            last = rank_of(shape, shape.stages * shape.virtual_stages - 1);
+  if (!shared_embedding || first == last) return;
+  const bool ends = pp.rank() == first || pp.rank() == last;
   embedding_group_ = pp.split(ends ? 0 : 1, pp.rank(), "embedding");
   if (!ends) embedding_group_.reset();
 }

@@ -21,7 +21,8 @@ class PipelineStage {
   // The executor of `schedule` for this rank (pp.rank()) on `model`, its stage of the model; with
   // `shared_embedding` (tied embeddings or multi-token prediction:
   // ModelConfig::embedding_on_last_stage), the embedding group: pp rank 0's wte and the last
-  // rank's tied copy (a split of pp, collective over it, which every pp rank makes).
+  // rank's tied copy (a split of pp, collective over it, which every pp rank makes); none in a V,
+  // whose rank 0 holds both ends.
   PipelineStage(Schedule schedule, Transformer& model, Communicator& pp, Allocator& alloc,
                 bool shared_embedding);
 

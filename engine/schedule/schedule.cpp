@@ -121,16 +121,75 @@ ComputeOrder zb_h1(const ScheduleShape& s) {
   return out;
 }
 
+// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", the V schedule): 2p stages over p ranks,
+// rank r holding stage r (chunk 0) and stage 2p-1-r (chunk 1), so a micro-batch's forward runs
+// down the ranks on chunk 0 and back up on chunk 1, and rank 0 ends it with the loss. With F = Bi
+// = Bw per chunk, rank r starts at time r and its first chunk-1 input arrives after 2(p-r)-1 of
+// its chunk-0 forwards; it then alternates the two chunks' forwards until the first output
+// gradient comes back (r pairs), runs p-r rounds of chunk 1's F, Bi, Bw (rank 0, the last stage,
+// turns each forward into its backward at once), then the steady round F Bi Bw on chunk 0 and on
+// chunk 1, and drains the input gradients left before the deferred weight gradients. At most 2p
+// (mb, chunk) units are alive on a rank: p micro-batches of its layers, 1F1B's first-stage peak.
+ComputeOrder zb_v(const ScheduleShape& s) {
+  const int p = s.stages, m = s.micro_batches;
+  ComputeOrder out(p);
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action>& o = out[r];
+    int f[2] = {0, 0}, b[2] = {0, 0}, w[2] = {0, 0};
+    // Each step runs when its unit exists: a forward of chunk 1 only after chunk 0's of that
+    // micro-batch, a backward only after its forward.
+    auto F = [&](int c) {
+      if (f[c] < m && (c == 0 || f[1] < f[0])) o.push_back(compute(ActionKind::forward, f[c]++, c));
+    };
+    auto Bi = [&](int c) {
+      if (b[c] < f[c] && (c == 1 || b[0] < b[1]))
+        o.push_back(compute(ActionKind::backward_input, b[c]++, c));
+    };
+    auto Bw = [&](int c) {
+      if (w[c] < b[c]) o.push_back(compute(ActionKind::backward_weight, w[c]++, c));
+    };
+    for (int k = 0; k < 2 * (p - r) - 1; ++k) F(0);
+    for (int k = 0; k < r; ++k) {
+      F(1);
+      F(0);
+    }
+    for (int k = 0; k < p - r; ++k) {
+      F(1);
+      Bi(1);
+      Bw(1);
+    }
+    while (f[1] < m) {
+      F(0);
+      Bi(0);
+      Bw(0);
+      F(1);
+      Bi(1);
+      Bw(1);
+    }
+    while (b[1] < m) {
+      Bi(0);
+      Bi(1);
+    }
+    while (b[0] < m) {
+      Bi(0);
+      Bw(0);
+    }
+    while (w[1] < m) Bw(1);
+    while (w[0] < m) Bw(0);
+  }
+  return out;
+}
+
 // Adds the p2p actions around rank r's compute actions: recv_act before a forward that is not on
 // stage 0, send_act after it unless on the last stage; recv_grad before a backward (B or Bi) that
 // is not on the last stage, send_grad after it unless on stage 0.
 std::vector<Action> with_p2p(const ScheduleShape& s, int r, const std::vector<Action>& order) {
-  const int p = s.stages, last = s.stages * s.virtual_stages - 1;
+  const int last = s.stages * s.virtual_stages - 1;
   std::vector<Action> out;
   out.reserve(order.size() * 3);
   for (const Action& a : order) {
     const int stage = stage_of(s, r, a.chunk);
-    const int prev_rank = (stage - 1 + p) % p, next_rank = (stage + 1) % p;
+    const int prev_rank = rank_of(s, std::max(stage - 1, 0)), next_rank = rank_of(s, stage + 1);
     if (a.kind == ActionKind::forward) {
       if (stage > 0) out.push_back({ActionKind::recv_act, a.mb, a.chunk, prev_rank});
       out.push_back(a);
@@ -173,6 +232,8 @@ const char* schedule_name(PipeSchedule kind) {
       return "interleaved";
     case PipeSchedule::zb_h1:
       return "zb-h1";
+    case PipeSchedule::zb_v:
+      return "zb-v";
   }
   return "?";
 }
@@ -202,7 +263,7 @@ const char* action_name(ActionKind kind) {
 namespace {
 // Colours of the pp ranks: neighbours differ, also across the ring p-1 -> 0 of interleaving.
 bool odd_ring(const ScheduleShape& s) {
-  return s.virtual_stages > 1 && s.stages % 2 == 1;
+  return s.virtual_stages > 1 && !s.v_shape && s.stages % 2 == 1;
 }
 int colour(const ScheduleShape& s, int rank) {
   return odd_ring(s) && rank == s.stages - 1 ? 2 : rank % 2;
@@ -210,13 +271,14 @@ int colour(const ScheduleShape& s, int rank) {
 }  // namespace
 
 int p2p_channels(const ScheduleShape& s) {
-  return odd_ring(s) ? 6 : 4;
+  return s.v_shape ? 8 : odd_ring(s) ? 6 : 4;
 }
 
 int p2p_tag(const ScheduleShape& s, int mb, int recv_stage, bool grad) {
-  const int p = s.stages, stages = p * s.virtual_stages;
-  const int sender = ((grad ? recv_stage + 1 : recv_stage - 1) + stages) % stages % p;
-  const int channel = (grad ? 1 : 0) + 2 * colour(s, sender);
+  const int stages = s.stages * s.virtual_stages;
+  const int sender = rank_of(s, ((grad ? recv_stage + 1 : recv_stage - 1) + stages) % stages);
+  const bool down = s.v_shape && sender > rank_of(s, recv_stage);
+  const int channel = (grad ? 1 : 0) + 2 * colour(s, sender) + (down ? 4 : 0);
   return (mb * stages + recv_stage) * p2p_channels(s) + channel;
 }
 
@@ -227,15 +289,16 @@ bool is_p2p(ActionKind kind) {
 
 P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a) {
   const int stage = stage_of(s, rank, a.chunk);
+  const bool local = a.peer == rank;
   switch (a.kind) {
     case ActionKind::recv_act:
-      return {false, a.peer, p2p_tag(s, a.mb, stage, false)};
+      return {false, a.peer, p2p_tag(s, a.mb, stage, false), local};
     case ActionKind::send_act:
-      return {true, a.peer, p2p_tag(s, a.mb, stage + 1, false)};
+      return {true, a.peer, p2p_tag(s, a.mb, stage + 1, false), local};
     case ActionKind::recv_grad:
-      return {false, a.peer, p2p_tag(s, a.mb, stage, true)};
+      return {false, a.peer, p2p_tag(s, a.mb, stage, true), local};
     case ActionKind::send_grad:
-      return {true, a.peer, p2p_tag(s, a.mb, stage - 1, true)};
+      return {true, a.peer, p2p_tag(s, a.mb, stage - 1, true), local};
     default:
       break;
   }
@@ -243,12 +306,17 @@ P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a) {
                      " is not a send or receive"));
 }
 
-Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape) {
+Schedule make_schedule(PipeSchedule kind, const ScheduleShape& requested) {
+  ScheduleShape shape = requested;
+  shape.v_shape = v_shaped(kind);
   const int p = shape.stages, v = shape.virtual_stages, m = shape.micro_batches;
   if (p < 1 || v < 1 || m < 1)
     throw Error(concat("pipeline schedule ", schedule_name(kind), ": stages=", p,
                        ", virtual_stages=", v, ", micro_batches=", m, " must all be >= 1"));
-  if (kind != PipeSchedule::interleaved && v != 1)
+  if (kind == PipeSchedule::zb_v && v != 2)
+    throw Error(concat("pipeline schedule zb-v runs two model chunks per rank (a V): ",
+                       "virtual_stages=", v, " must be 2"));
+  if (kind != PipeSchedule::interleaved && kind != PipeSchedule::zb_v && v != 1)
     throw Error(concat("pipeline schedule ", schedule_name(kind),
                        " runs one model chunk per rank: ", "virtual_stages=", v,
                        " needs the interleaved schedule"));
@@ -269,6 +337,9 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape) {
     case PipeSchedule::zb_h1:
       order = zb_h1(shape);
       break;
+    case PipeSchedule::zb_v:
+      order = zb_v(shape);
+      break;
   }
   Schedule s{kind, shape, {}};
   s.ranks.resize(p);
@@ -286,6 +357,8 @@ double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s) {
       return (p - 1) / (v * m);
     case PipeSchedule::zb_h1:
       return (p - 1) / (3 * m);
+    case PipeSchedule::zb_v:
+      return (p - 1) / (6 * m);
   }
   return 0;
 }
@@ -301,6 +374,8 @@ int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank) 
       return std::min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v);
     case PipeSchedule::zb_h1:
       return std::min(p, m);
+    case PipeSchedule::zb_v:
+      return std::min({2 * p, m + 1 + rank, 2 * m});
   }
   return 0;
 }
@@ -350,7 +425,8 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
       if (a.mb < 0 || a.mb >= m || a.chunk < 0 || a.chunk >= v)
         fail(r, i, concat("micro-batch or chunk out of range (m=", m, ", v=", v, ")"));
       const int stage = stage_of(s.shape, r, a.chunk);
-      const int prev_rank = (stage - 1 + p) % p, next_rank = (stage + 1) % p;
+      const int prev_rank = rank_of(s.shape, std::max(stage - 1, 0));
+      const int next_rank = rank_of(s.shape, stage + 1);
       UnitState& u = state[r][a.mb * v + a.chunk];
       switch (a.kind) {
         case ActionKind::recv_act:
@@ -384,7 +460,7 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
                  concat("runs before the ", act ? "forward" : "backward", " that produces it"));
           if (act ? u.sent_act : u.sent_grad) fail(r, i, "sent twice");
           (act ? u.sent_act : u.sent_grad) = true;
-          const int dst_chunk = (act ? stage + 1 : stage - 1) / p;
+          const int dst_chunk = chunk_of(s.shape, act ? stage + 1 : stage - 1);
           links[{r, dst, act ? 0 : 1}].push_back({a.mb, dst_chunk, clock[r] + costs.p2p});
           break;
         }

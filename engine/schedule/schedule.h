@@ -5,8 +5,9 @@
 //
 // Terms. p pp ranks, v model chunks per rank (virtual stages; 1 except for interleaved), m
 // micro-batches per step. Model chunk c of rank r is global stage s = c * p + r (Megatron's
-// interleaved assignment; with v = 1, stage s = rank r). Stage 0 holds the embeddings, stage
-// p*v-1 the head and the loss.
+// interleaved assignment; with v = 1, stage s = rank r), or with the V-shaped order of ZB-V stage
+// r for chunk 0 and 2p-1-r for chunk 1 (rank 0 holds the first and the last stage). Stage 0 holds
+// the embeddings, stage p*v-1 the head and the loss.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,18 @@ namespace llmt {
 
 // Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
 // interleaved 1F1B over virtual stages (Megatron PTD-P), ZB-H1 (zero bubble: backward split into
-// input- and weight-gradient parts). [parallel] pp_schedule names one (parallel_config.h).
-enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
+// input- and weight-gradient parts), ZB-V (zero bubble over two chunks per rank in a V, split
+// backward). [parallel] pp_schedule names one (parallel_config.h).
+enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
+
+// Whether the schedule splits each backward into backward_input and backward_weight (ZB-H1, ZB-V).
+inline bool splits_backward(PipeSchedule kind) {
+  return kind == PipeSchedule::zb_h1 || kind == PipeSchedule::zb_v;
+}
+// Whether its stages go down the ranks and back up (ZB-V: chunk 1 of rank r is stage 2p-1-r).
+inline bool v_shaped(PipeSchedule kind) {
+  return kind == PipeSchedule::zb_v;
+}
 
 enum class ActionKind : uint8_t {
   forward,          // forward of (mb, chunk); on the last stage also the loss
@@ -44,6 +55,8 @@ struct ScheduleShape {
   int stages = 1;          // p, pp ranks
   int virtual_stages = 1;  // v
   int micro_batches = 1;   // m
+  // The V-shaped stage order (v_shaped(kind)): make_schedule sets it from the schedule's kind.
+  bool v_shape = false;
 };
 
 // ranks[r]: rank r's actions in the order it runs them. Throws Error, naming the numbers, for a
@@ -60,7 +73,8 @@ struct Schedule {
 // each link (sender, receiver, activation or gradient) the sends and the recvs list the same
 // (mb, chunk) sequence, so FIFO matching per link (e.g. one MPI tag per kind) pairs them; with
 // interleaving a pair of ranks exchanges both kinds in each direction, so the kinds need distinct
-// tags.
+// tags. In a V the turn between stages p-1 and p is on rank p-1 itself: its send and recv name
+// that rank as the peer (a local hand-off: the executor copies, nothing crosses the network).
 Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 
 // Point-to-point channels (Communicator::send/recv, engine/comm/communicator.h): NCCL matches
@@ -69,15 +83,16 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& shape);
 // colour alternating along the pp ranks (0, 1, 0, 1, ...; the last rank 2 when interleaving
 // closes the ring p-1 -> 0 over an odd p), so each stream of a rank carries one role: the
 // activations it sends to the next rank, those it receives from the previous one, the gradients
-// it sends back, or those it receives. With one channel, 1F1B deadlocks already at p = 2 (each
-// rank's stream blocks in a send the peer's stream has queued behind its own send;
-// tests/unit/schedule/test_p2p_matching.cpp).
-int p2p_channels(const ScheduleShape& s);  // 4, or 6 for interleaving over an odd p
+// it sends back, or those it receives. In a V both kinds go both ways along the ranks, so the
+// direction (towards lower ranks or higher) doubles the channels. With one channel, 1F1B
+// deadlocks already at p = 2 (each rank's stream blocks in a send the peer's stream has queued
+// behind its own send; tests/unit/schedule/test_p2p_matching.cpp).
+int p2p_channels(const ScheduleShape& s);  // 4, 6 for interleaving over an odd p, 8 for a V
 
 // The message tag of the transfer into global stage `recv_stage` of micro-batch `mb`:
 // (mb * p*v + recv_stage) * p2p_channels + channel, channel = kind (activations 0, gradients 1)
-// + 2 * the sender's colour. Unique per message of a step; p2p_channel(tag, p2p_channels(s)) is
-// its channel.
+// + 2 * the sender's colour (+ 4 in a V when it sends to a lower rank). Unique per message of a
+// step; p2p_channel(tag, p2p_channels(s)) is its channel.
 int p2p_tag(const ScheduleShape& s, int mb, int recv_stage, bool grad);
 
 // What the executor passes to Communicator::send/recv for a p2p action of `rank` (the action's
@@ -86,11 +101,12 @@ struct P2pMessage {
   bool send = false;
   int peer = -1;
   int tag = 0;
+  bool local = false;  // the peer is the rank itself (a V's turn): a hand-off, nothing posted
 };
 P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a);
 bool is_p2p(ActionKind kind);
 
-const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
+const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"
 const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
 
 // Relative costs of the compute actions for simulation (the executor measures real ones). They are
@@ -120,16 +136,27 @@ struct Simulation {
 // the rank and action when it deadlocks or an action's dependency is missing.
 Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
 
-// Global stage of (rank, chunk), and the reverse.
+// Global stage of (rank, chunk), and the reverse. In a V the odd chunks run up the ranks.
 inline int stage_of(const ScheduleShape& s, int rank, int chunk) {
+  if (s.v_shape && chunk % 2 == 1) return (chunk + 1) * s.stages - 1 - rank;
   return chunk * s.stages + rank;
+}
+inline int rank_of(const ScheduleShape& s, int stage) {
+  const int i = stage % s.stages;
+  return s.v_shape && (stage / s.stages) % 2 == 1 ? s.stages - 1 - i : i;
+}
+inline int chunk_of(const ScheduleShape& s, int stage) {
+  return stage / s.stages;
 }
 
 // The published formulas (docs/references.md) that simulate() is tested against, for the
-// default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m).
+// default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m), ZB-V
+// (p-1)/(6m) when m >= 2p-2 (the last rank's first input waits p-1 chunk forwards, half a rank's
+// forward each; nothing else idles. Fewer micro-batches leave more).
 double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
-// Peak in-flight micro-batches (for interleaved: (micro-batch, chunk) pairs) of `rank`: GPipe m,
-// 1F1B p - rank, interleaved (p-rank-1)*2 + (v-1)*p + 1, ZB-H1 p; each at most m (m*v).
+// Peak in-flight micro-batches (for interleaved and ZB-V: (micro-batch, chunk) pairs) of `rank`:
+// GPipe m, 1F1B p - rank, interleaved (p-rank-1)*2 + (v-1)*p + 1, ZB-H1 p, each at most m (m*v);
+// ZB-V min(2p, m + 1 + rank, 2m).
 int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank);
 
 // One rank's actions as compact text: "F0 F1 B0 ..." with a ".chunk" suffix when v > 1, the p2p

@@ -4,10 +4,12 @@
 # measured bubble against the schedule's predicted one. Measured: each rank's idle time (waiting
 # for activations and gradients) over its compute time in the step's schedule, averaged over
 # the two ranks (metrics.jsonl pp_bubble); predicted: the simulator's, with backward = 2 forward
-# (pp_bubble_predicted; (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved, (p-1)/(3m) ZB-H1).
+# (pp_bubble_predicted; (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved, (p-1)/(3m) ZB-H1,
+# (p-1)/(6m) ZB-V).
 # CPU s: user + sys of all ranks over the whole run (Open MPI busy-polls while a rank waits, so
 # a pipeline's idle time shows up there too).
-# m = 8 micro-batches of 4 per step; 4 layers, 2 per rank (interleaved: 1 per chunk, v = 2).
+# m = 8 micro-batches of 4 per step; 4 layers, 2 per rank (interleaved and ZB-V: 1 per chunk,
+# v = 2).
 # Steps 1-2 are warm-up; a run's figures are the median over the remaining steps, and each run
 # is repeated LLMT_BENCH_REPEAT times (default 2, interleaved) keeping the fastest.
 #
@@ -26,6 +28,8 @@ for ((i = 0; i < ${LLMT_BENCH_REPEAT:-2}; i++)); do
   done
   bench_run pp2_interleaved.$i 2 --set parallel.pp=2 --set parallel.pp_schedule=interleaved \
     --set parallel.virtual_stages=2
+  bench_run pp2_zb-v.$i 2 --set parallel.pp=2 --set parallel.pp_schedule=zb-v \
+    --set parallel.virtual_stages=2
 done
 
 /usr/bin/python3 - "$work" "$(dirname "${BASH_SOURCE[0]}")" <<'PY'
@@ -42,7 +46,7 @@ print(f"{'run':<26} {'tokens/s':>10} {'step s':>8} {'speedup':>8} {'efficiency':
       f"{'bubble':>8} {'predicted':>9} {'CPU s':>8}")
 print(f"{'1 rank (1 thread)':<26} {base['tokens_per_s']:>10.0f} {base['step_time_s']:>8.3f} "
       f"{'':>8} {'':>10} {'':>8} {'':>9} {base['cpu_s']:>8.1f}")
-for s in ("gpipe", "1f1b", "interleaved", "zb-h1"):
+for s in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"):
     m = run(f"pp2_{s}")
     sp = m["tokens_per_s"] / base["tokens_per_s"]
     print(f"{'pp=2 ' + s:<26} {m['tokens_per_s']:>10.0f} {m['step_time_s']:>8.3f} {sp:>8.2f} "

@@ -51,6 +51,9 @@ LAYOUTS = {
     "moe-bias-ep2-pp2": (4, ["parallel.ep=2", "parallel.pp=2"], MLA_MOE + BIAS),
     "tied-pp2-dp2-zero1": (4, ["parallel.pp=2", "parallel.zero_stage=1"],
                            ["model.tie_embeddings=true"]),
+    # (In a V the modules sit with the head on rank 0, beside the embedding they share.)
+    "moe-bias-ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                                  "parallel.virtual_stages=2"], MLA_MOE + BIAS + L4),
     "dp4": (4, [], []),
     "zero1-dp2": (2, ["parallel.zero_stage=1"], []),
     "zero2-dp2": (2, ["parallel.zero_stage=2"], []),
@@ -78,6 +81,20 @@ LAYOUTS = {
     "pp4-zb-h1": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1"], L4),
     "pp2-zb-h1-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1",
                                 "parallel.zero_stage=2"], []),
+    # ZB-V: two chunks per rank in a V (rank 0 holds the embeddings and the head, the turn on the
+    # last rank is a local hand-off), with uneven and empty stages at pp4, tied embeddings, ZeRO-2
+    # and cp.
+    "pp2-zb-v": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"],
+                 L4),
+    "pp4-zb-v-uneven": (4, ["parallel.pp=4", "parallel.pp_schedule=zb-v",
+                            "parallel.virtual_stages=2",
+                            "parallel.pp_layers=[1, 0, 1, 1, 1, 1, 0, 1]"], ["model.n_layers=6"]),
+    "tied-pp2-zb-v": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-v",
+                          "parallel.virtual_stages=2"], L4 + ["model.tie_embeddings=true"]),
+    "pp2-zb-v-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-v",
+                               "parallel.virtual_stages=2", "parallel.zero_stage=2"], L4),
+    "cp2-pp2-zb-v": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                         "parallel.virtual_stages=2"], L4),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
     "pp2-tp2-sp-zero3": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                              "parallel.zero_stage=3"], []),
@@ -127,6 +144,8 @@ LAYOUTS = {
     "ep2-accum4": (2, ["parallel.ep=2", "train.micro_batch_size=1"], []),
     "ep2-pp2": (4, ["parallel.ep=2", "parallel.pp=2"], []),
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
+    "ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                         "parallel.virtual_stages=2"], []),
     "ep2-full-recompute": (2, ["parallel.ep=2", "train.recompute=full"], []),
     # Full recompute under zero-bubble: the weight half replays the layer after other micro-batches
     # used the replay set; the experts' rows stay keyed by the micro-batch.

@@ -11,7 +11,7 @@ buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 Layouts: single (one rank), tp2 and tp2-sp (a replay repeats the forward's collectives),
 dp2-zero3 (a replay after ZeRO-3's gather), pp2-1f1b, pp2-interleaved (2 chunks per rank,
 4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused),
-pp2-zb-h1-tp2-sp and, for mixture-of-experts configs, ep2-pp2-zb-h1.
+pp2-zb-h1-tp2-sp, pp2-zb-v and, for mixture-of-experts configs, ep2-pp2-zb-h1 and ep2-pp2-zb-v.
 
 Under tp without sequence parallelism, full recompute also runs with its saved inputs split over
 tp (train.distribute_saved_activations: "full-dist", and "full-first-dist" under pp, where a
@@ -38,6 +38,11 @@ LAYOUTS = {
                                 "parallel.virtual_stages=2", "model.n_layers=4", "parallel.tp=2"]),
     "pp2-zb-h1-tp2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "parallel.tp=2",
                           "model.n_layers=4"]),
+    # ZB-V: two chunks per rank (the weight half replays when the other chunk reused the buffer).
+    "pp2-zb-v": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+                     "model.n_layers=4"]),
+    "ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                         "parallel.virtual_stages=2"]),
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     # Context parallelism under MoE: the replay sums the chunks' expert counts over cp again.

@@ -60,7 +60,7 @@ void check(Arch arch, PipeSchedule kind, int v, int m) {
     whole_loss /= m;
   }
 
-  Transformer model(spec.shard_pp(p, v, {}, rank), alloc, B, DType::f32);
+  Transformer model(spec.shard_pp(p, v, {}, rank, v_shaped(kind)), alloc, B, DType::f32);
   model.init(3);
   const Schedule schedule = make_schedule(kind, {p, v, m});
   const Simulation sim = simulate(schedule);
@@ -74,7 +74,7 @@ void check(Arch arch, PipeSchedule kind, int v, int m) {
 
   // Zero-bubble: a micro-batch between its backward_input and backward_weight also holds the
   // stash of output gradients.
-  const bool zb = kind == PipeSchedule::zb_h1;
+  const bool zb = splits_backward(kind);
   std::vector<size_t> lo_bytes, hi_bytes;
   for (int c = 0; c < v; ++c) {
     lo_bytes.push_back(model.chunk_activation_bytes(c));
@@ -106,6 +106,13 @@ TEST(PipelineExecutor, OneFOneBHoldsAtMostStagesMicroBatches) {
 TEST(PipelineExecutor, ZeroBubbleH1) {
   check(Arch::gpt2, PipeSchedule::zb_h1, 1, 8);
   check(Arch::llama, PipeSchedule::zb_h1, 1, 8);
+}
+
+// The V: rank 0 holds the embeddings and the head, the last rank hands its chunk 0's output to its
+// chunk 1 in memory (and the input gradient back).
+TEST(PipelineExecutor, ZeroBubbleV) {
+  check(Arch::gpt2, PipeSchedule::zb_v, 2, 8);
+  check(Arch::llama, PipeSchedule::zb_v, 2, 8);
 }
 
 TEST(PipelineExecutor, Interleaved) {
@@ -155,6 +162,33 @@ TEST(PipelineStage, SumsOverStagesAndTiesTheEmbeddings) {
   if (end) {
     for (float g : grad) ASSERT_EQ(g, static_cast<float>(1 + p)) << "rank " << rank;
   }
+}
+
+// In a V rank 0 holds both ends and the one wte: no embedding group, nothing summed; the loss
+// comes from rank 0.
+TEST(PipelineStage, AVHasNoEmbeddingGroup) {
+  const int p = mpi_test_world().size(), rank = mpi_test_world().rank();
+  if (p < 2) GTEST_SKIP() << "needs two pp ranks";
+  const ModelConfig cfg = tiny(Arch::gpt2);
+  std::unique_ptr<DeviceBackend> backend = make_cpu_backend();
+  Allocator alloc(*backend);
+  MeshShape shape;
+  shape.degree = {1, 1, 1, p};
+  Mesh mesh = Mesh::create(shape, mpi_test_world().split(0, rank, "world"));
+  const ModelSpec stage_spec = ModelSpec::from_config(cfg).shard_pp(p, 2, {}, rank, true);
+  EXPECT_EQ(stage_spec.has_embedding, rank == 0);
+  EXPECT_EQ(stage_spec.has_head, rank == 0);
+  for (const ParamSpec& ps : stage_spec.params) EXPECT_FALSE(ps.tied_copy) << ps.name;
+  Transformer model(stage_spec, alloc, 2, DType::f32);
+  const Schedule schedule = make_schedule(PipeSchedule::zb_v, {p, 2, 2 * p});
+  PipelineStage stage(schedule, model, mesh.comm(Axis::pp), alloc, cfg.tie_embeddings);
+  EXPECT_TRUE(stage.own_communicators().empty());
+  int asked = 0;
+  stage.sum_tied_embedding_grads([&](size_t) {
+    ++asked;
+    return Tensor();
+  });
+  EXPECT_EQ(asked, 0);
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "engine/model/transformer.h"
-#include "tests/unit/tiny_model.h"
 #include "kernels/ops.h"
+#include "tests/unit/tiny_model.h"
 
 namespace llmt {
 namespace {
@@ -47,6 +47,16 @@ TEST(PipelineStages, ShardPpSplitsLayersEmbeddingsAndHead) {
   EXPECT_EQ(u1.chunks, (std::vector<std::pair<int64_t, int64_t>>{{1, 4}}));
   EXPECT_EQ(names(u1).back(), "lm_head.weight");  // untied: no copy of wte
   EXPECT_EQ(names(u1).front(), "layers.1.norm_1.weight");
+  // In a V (ZB-V), rank 0 holds stages 0 and 3 (layers 0, 3), the embeddings and the head with
+  // the one wte (no copy); rank 1 stages 1 and 2 (layers 1, 2) and nothing else.
+  const ModelSpec v0 = gpt.shard_pp(2, 2, {}, 0, true), v1 = gpt.shard_pp(2, 2, {}, 1, true);
+  EXPECT_EQ(v0.chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {3, 4}}));
+  EXPECT_EQ(v1.chunks, (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 3}}));
+  EXPECT_TRUE(v0.has_embedding && v0.has_head && !v1.has_embedding && !v1.has_head);
+  EXPECT_EQ(names(v0).front(), "wte.weight");
+  EXPECT_EQ(names(v0).back(), "norm_f.bias");
+  EXPECT_EQ(names(v1).front(), "layers.1.norm_1.weight");
+  EXPECT_EQ(v0.params.size() + v1.params.size(), gpt.params.size());
   EXPECT_THROW(llama.shard_pp(3, 1, {}, 0), Error);         // 4 layers over 3 stages
   EXPECT_THROW(llama.shard_pp(2, 1, {1, 2}, 0), Error);     // sums to 3
   EXPECT_THROW(llama.shard_pp(2, 1, {1, 1, 2}, 0), Error);  // 3 entries for 2 stages

@@ -30,7 +30,8 @@ inline std::string case_name(const testing::TestParamInfo<Case>& info) {
          std::to_string(info.param.m);
 }
 
-// Every schedule x p in `ps` x m in {p, 2p, 4p}; interleaved once per v in `interleaved_vs`.
+// Every schedule x p in `ps` x m in {p, 2p, 4p}; interleaved once per v in `interleaved_vs`, ZB-V
+// with its two chunks per rank.
 inline std::vector<Case> schedule_cases(std::initializer_list<int> ps,
                                         std::initializer_list<int> interleaved_vs) {
   std::vector<Case> cases;
@@ -40,6 +41,7 @@ inline std::vector<Case> schedule_cases(std::initializer_list<int> ps,
       cases.push_back({PipeSchedule::one_f_one_b, p, 1, m});
       for (int v : interleaved_vs) cases.push_back({PipeSchedule::interleaved, p, v, m});
       cases.push_back({PipeSchedule::zb_h1, p, 1, m});
+      cases.push_back({PipeSchedule::zb_v, p, 2, m});
     }
   }
   return cases;

@@ -4,6 +4,7 @@
 // docs/references.md (ZB-H1: the ZB paper's (p-1)/(3m)). Corrupted schedules must be rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -52,7 +53,7 @@ TEST_P(ScheduleProps, EveryBackwardFollowsItsForward) {
     }
     ASSERT_EQ(seen.size(), static_cast<size_t>(m * v)) << "rank " << r;
     for (const auto& [unit, kinds] : seen) {
-      const bool split = GetParam().kind == PipeSchedule::zb_h1;
+      const bool split = splits_backward(GetParam().kind);
       const std::vector<ActionKind> want =
           split ? std::vector<ActionKind>{ActionKind::forward, ActionKind::backward_input,
                                           ActionKind::backward_weight}
@@ -100,15 +101,23 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
   double bubble = (p - 1) / m;                                          // GPipe, 1F1B
   if (c.kind == PipeSchedule::interleaved) bubble = (p - 1) / (v * m);  // Megatron PTD-P
   if (c.kind == PipeSchedule::zb_h1) bubble = (p - 1) / (3 * m);        // ZB paper, F=Bi=Bw
-  EXPECT_NEAR(sim.bubble_fraction, bubble, 1e-9);
-  EXPECT_NEAR(sim.bubble_fraction, formula_bubble_fraction(c.kind, s.shape), 1e-9);
-  // Makespan: per rank work m*(F+B) = 3m time units, plus the bubble.
-  EXPECT_NEAR(sim.makespan, 3 * m * (1 + bubble), 1e-9);
+  // ZB-V: only the last rank's wait for its first input, p-1 chunk forwards of half a rank's F.
+  if (c.kind == PipeSchedule::zb_v) bubble = (p - 1) / (6 * m);
+  if (c.kind == PipeSchedule::zb_v && c.m < 2 * c.p - 2) {
+    // Too few micro-batches to fill the V: more idle, still less than ZB-H1's.
+    EXPECT_GT(sim.bubble_fraction, bubble + 1e-9);
+    EXPECT_LT(sim.bubble_fraction, (p - 1) / (3 * m));
+  } else {
+    EXPECT_NEAR(sim.bubble_fraction, bubble, 1e-9);
+    EXPECT_NEAR(sim.bubble_fraction, formula_bubble_fraction(c.kind, s.shape), 1e-9);
+    // Makespan: per rank work m*(F+B) = 3m time units, plus the bubble.
+    EXPECT_NEAR(sim.makespan, 3 * m * (1 + bubble), 1e-9);
+  }
   ASSERT_EQ(sim.peak_in_flight.size(), static_cast<size_t>(c.p));
   // First stage: 1F1B and ZB-H1 hold p micro-batches, GPipe m (docs/references.md).
   if (c.kind == PipeSchedule::gpipe) {
     EXPECT_EQ(sim.peak_in_flight[0], c.m);
-  } else if (c.kind != PipeSchedule::interleaved) {
+  } else if (c.kind != PipeSchedule::interleaved && c.kind != PipeSchedule::zb_v) {
     EXPECT_EQ(sim.peak_in_flight[0], c.p);
   }
   for (int r = 0; r < c.p; ++r) {
@@ -118,6 +127,9 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
     // (mb, chunk) units: warm-up (p-r-1)*2 + (v-1)*p, plus the one in the steady phase.
     if (c.kind == PipeSchedule::interleaved)
       want = std::min((c.p - r - 1) * 2 + (c.v - 1) * c.p + 1, c.m * c.v);
+    // (mb, chunk) units, each half a micro-batch of the rank: at most 2p (p micro-batches, as
+    // 1F1B's first stage); fewer while the V fills (m + 1 + r) or with few micro-batches.
+    if (c.kind == PipeSchedule::zb_v) want = std::min({2 * c.p, c.m + 1 + r, 2 * c.m});
     EXPECT_EQ(sim.peak_in_flight[r], want) << "rank " << r;
     EXPECT_EQ(sim.peak_in_flight[r], formula_peak_in_flight(c.kind, s.shape, r));
   }
@@ -138,7 +150,7 @@ TEST_P(ScheduleProps, SvgHasOneBoxPerComputeAction) {
   size_t boxes = 0;
   for (size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1))
     ++boxes;
-  const int per_unit = GetParam().kind == PipeSchedule::zb_h1 ? 3 : 2;
+  const int per_unit = splits_backward(GetParam().kind) ? 3 : 2;
   EXPECT_EQ(boxes, static_cast<size_t>(per_unit * GetParam().p * GetParam().m * GetParam().v));
   EXPECT_EQ(svg.rfind("</svg>\n"), svg.size() - 7);
 }
@@ -157,10 +169,49 @@ TEST(Schedule, ZbH1BubbleBelowOneFOneB) {
   }
 }
 
+// ZB-V against ZB-H1 at the same memory (p micro-batches of a rank's layers in flight): half
+// the bubble once m >= 2p-2, a sixth of 1F1B's.
+TEST(Schedule, ZbVHalvesZbH1Bubble) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m = 2 * p - 2; m <= 4 * p; ++m) {
+      if (m < 1) continue;
+      const Simulation v = simulate(make_schedule(PipeSchedule::zb_v, {p, 2, m}));
+      const double h1 = simulate(make_schedule(PipeSchedule::zb_h1, {p, 1, m})).bubble_fraction;
+      EXPECT_NEAR(v.bubble_fraction * 2, h1, 1e-9) << "p " << p << " m " << m;
+      EXPECT_EQ(*std::max_element(v.peak_in_flight.begin(), v.peak_in_flight.end()),
+                std::min(2 * p, 2 * m))
+          << "p " << p << " m " << m;
+    }
+  }
+}
+
+// The V on two ranks, as the executor receives it: rank 0 holds stages 0 and 3 (embeddings and
+// head), rank 1 stages 1 and 2, whose turn is a hand-off to itself (sa0.0>1, ra0.1<1).
+TEST(Schedule, ZbVWorkedExample) {
+  const Schedule s = make_schedule(PipeSchedule::zb_v, {2, 2, 4});
+  EXPECT_TRUE(s.shape.v_shape);
+  EXPECT_EQ(stage_of(s.shape, 0, 1), 3);
+  EXPECT_EQ(stage_of(s.shape, 1, 1), 2);
+  EXPECT_EQ(rank_of(s.shape, 2), 1);
+  EXPECT_EQ(format_actions(s.ranks[0], 2),
+            "F0.0 F1.0 F2.0 F0.1 Bi0.1 Bw0.1 F1.1 Bi1.1 Bw1.1 F3.0 Bi0.0 Bw0.0 F2.1 Bi2.1 Bw2.1 "
+            "Bi1.0 Bw1.0 F3.1 Bi3.1 Bw3.1 Bi2.0 Bw2.0 Bi3.0 Bw3.0");
+  EXPECT_EQ(format_actions(s.ranks[1], 2),
+            "F0.0 F0.1 F1.0 F1.1 Bi0.1 Bw0.1 F2.0 Bi0.0 Bw0.0 F2.1 Bi1.1 Bw1.1 F3.0 Bi1.0 Bw1.0 "
+            "F3.1 Bi2.1 Bw2.1 Bi2.0 Bi3.1 Bi3.0 Bw2.0 Bw3.1 Bw3.0");
+  const std::string p2p = format_actions(s.ranks[1], 2, true);
+  EXPECT_EQ(p2p.substr(0, 36), "ra0.0<0 F0.0 sa0.0>1 ra0.1<1 F0.1 sa");
+  EXPECT_NE(p2p.find("Bi0.1 sg0.1>1 Bw0.1"), std::string::npos) << p2p;
+  const P2pMessage turn = p2p_message(s.shape, 1, s.ranks[1][2]);
+  EXPECT_TRUE(turn.local);
+  EXPECT_EQ(p2p_channels(s.shape), 8);
+  EXPECT_THROW(make_schedule(PipeSchedule::zb_v, {2, 1, 4}), Error);
+}
+
 TEST(Schedule, SingleStageHasNoBubble) {
   for (PipeSchedule kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
-                            PipeSchedule::interleaved, PipeSchedule::zb_h1}) {
-    const int v = kind == PipeSchedule::interleaved ? 2 : 1;
+                            PipeSchedule::interleaved, PipeSchedule::zb_h1, PipeSchedule::zb_v}) {
+    const int v = kind == PipeSchedule::interleaved || kind == PipeSchedule::zb_v ? 2 : 1;
     const Simulation sim = simulate(make_schedule(kind, {1, v, 3}));
     EXPECT_EQ(sim.bubble_fraction, 0) << schedule_name(kind);
     EXPECT_EQ(sim.makespan, 9) << schedule_name(kind);
