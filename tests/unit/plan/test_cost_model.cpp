@@ -407,6 +407,29 @@ TEST(CostModel, ConcurrentPeakReplaysTheStep) {
   EXPECT_LT(c.stages[0].peak, c.stages[0].memory.total());
 }
 
+// ZB-V against ZB-H1 and 1F1B on pp 2 (GPT-2, tied embeddings): half ZB-H1's bubble; rank 0 holds
+// the embeddings and the head (one wte: no embedding all-reduce) and sends every micro-batch's
+// activation and gradient once, where under 1F1B it sends the activation only (fp32: 2x the
+// bytes, the paper's "2x communication"); rank 1's turn between its chunks moves nothing.
+TEST(CostModel, ZbVHalvesTheBubbleAndDoublesRankZerosSends) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  auto with = [&](const std::string& schedule, int v) {
+    return predict_step(
+        tiny({"parallel.pp=2", "train.micro_batch_size=1",
+              "parallel.pp_schedule=\"" + schedule + "\"", concat("parallel.virtual_stages=", v)}),
+        2, hw);
+  };
+  const StepCost v = with("zb-v", 2), h1 = with("zb-h1", 1), f1 = with("1f1b", 1);
+  EXPECT_DOUBLE_EQ(v.bubble * 2, h1.bubble);
+  const AxisBytes &pv = v.stages[0].bytes[static_cast<int>(Axis::pp)],
+                  &pf = f1.stages[0].bytes[static_cast<int>(Axis::pp)];
+  EXPECT_EQ(pv.all_reduce, 0);
+  EXPECT_GT(pf.all_reduce, 0);  // 1F1B: wte's gradient summed with the last stage's copy
+  EXPECT_DOUBLE_EQ(pv.send, 2 * pf.send);
+  EXPECT_DOUBLE_EQ(pv.recv, 2 * pf.recv);
+  EXPECT_DOUBLE_EQ(v.stages[1].bytes[static_cast<int>(Axis::pp)].send, pv.send);
+}
+
 // A search shares each rank model's figures between layouts (ActivationCache); a layout costed
 // after others that share its rank model gives what it gives alone, also where the schedule
 // changes what the model holds (under ep with ZB-H1 the received rows' gradients are a stash).
@@ -606,9 +629,11 @@ class CostModelSearch : public testing::Test {
 // every ranked layout parses from its own overrides.
 TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   const std::string path = model(4);
-  const std::vector<std::string> qw{"parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
+  const std::vector<std::string> qw{"parallel.zero_stage=3",
+                                    "parallel.zero_quantized_weights=true",
                                     "parallel.zero_quantized_gradients=true",
-                                    "parallel.zero_quant_block=64", "offload.params=nvme",
+                                    "parallel.zero_quant_block=64",
+                                    "offload.params=nvme",
                                     "offload.nvme_dir=/tmp"};
   const SearchResult r = search_layouts(path, qw, parse_config(path, qw), 4, hw_, 1000000);
   ASSERT_FALSE(r.ranked.empty());
