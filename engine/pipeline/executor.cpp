@@ -152,11 +152,9 @@ double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float d
   grad_out_.clear();
   grad_in_.clear();
 
-  // The loss lives on the last stage (rank p-1 holds stage p*v-1, rank 0 in a V): every pp rank
-  // reports it.
-  float mean = static_cast<float>(loss_sum / static_cast<double>(shape.micro_batches));
-  const int head_rank = rank_of(shape, shape.stages * shape.virtual_stages - 1);
-  if (pp_.size() > 1) pp_.broadcast(Tensor(&mean, {1}, DType::f32), head_rank).wait();
+  // The loss lives on the last stage: every pp rank reports it.
+  const float mean =
+      from_head_rank(static_cast<float>(loss_sum / static_cast<double>(shape.micro_batches)));
   total_s_ = std::chrono::duration<double>(clock::now() - t_run).count();
   return mean;
 }
@@ -185,8 +183,15 @@ double PipelineExecutor::forward_loss(const PipelineMicroBatch& mb) {
     if (s > 0 && rank_of(shape, s - 1) == rank_) model_.free_chunk(chunk_of(shape, s - 1), 0);
     if (s + 1 == stages || rank_of(shape, s + 1) != rank_) model_.free_chunk(chunk, 0);
   }
-  const int head_rank = rank_of(shape, stages - 1);
-  if (shape.stages > 1) pp_.broadcast(Tensor(&loss, {1}, DType::f32), head_rank).wait();
+  return from_head_rank(loss);
+}
+
+float PipelineExecutor::from_head_rank(float loss) {
+  const ScheduleShape& shape = schedule_.shape;
+  if (shape.stages > 1)
+    pp_.broadcast(Tensor(&loss, {1}, DType::f32),
+                  rank_of(shape, shape.stages * shape.virtual_stages - 1))
+        .wait();
   return loss;
 }
 

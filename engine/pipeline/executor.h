@@ -61,6 +61,9 @@ class PipelineExecutor {
 
  private:
   using Key = std::tuple<int, int>;  // (mb, chunk)
+  // The loss as the rank holding the last stage has it (rank p-1, rank 0 in a V), on every pp
+  // rank (a broadcast over pp).
+  float from_head_rank(float loss);
 
   Schedule schedule_;
   Transformer& model_;

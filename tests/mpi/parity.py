@@ -93,6 +93,8 @@ LAYOUTS = {
                           "parallel.virtual_stages=2"], L4 + ["model.tie_embeddings=true"]),
     "pp2-zb-v-dp2-zero2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-v",
                                "parallel.virtual_stages=2", "parallel.zero_stage=2"], L4),
+    "pp2-zb-v-tp2-sp": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+                            "parallel.tp=2", "parallel.sequence_parallel=true"], L4),
     "cp2-pp2-zb-v": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                          "parallel.virtual_stages=2"], L4),
     "pp2-dp2": (4, ["parallel.pp=2"], []),

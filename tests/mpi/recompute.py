@@ -17,8 +17,9 @@ Under tp without sequence parallelism, full recompute also runs with its saved i
 tp (train.distribute_saved_activations: "full-dist", and "full-first-dist" under pp, where a
 stage sends 1/tp of its output and the next gathers it): bitwise "none" as well, at tp2 (one
 stage: the embedding's output split, the last layer's set kept for its backward),
-pp2-interleaved-tp2 (every chunk's input received as a part) and pp2-zb-h1-tp2 (the weight half
-gathers and replays again). Their activation bytes are plan_memory.py's to check."""
+pp2-interleaved-tp2 (every chunk's input received as a part), pp2-zb-h1-tp2 (the weight half
+gathers and replays again) and pp2-zb-v-tp2 (the V's turn hands the part over within the rank).
+Their activation bytes are plan_memory.py's to check."""
 import os
 
 from harness import finish, parse_args, train
@@ -41,6 +42,8 @@ LAYOUTS = {
     # ZB-V: two chunks per rank (the weight half replays when the other chunk reused the buffer).
     "pp2-zb-v": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
                      "model.n_layers=4"]),
+    "pp2-zb-v-tp2": (4, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+                         "parallel.tp=2", "model.n_layers=4"]),
     "ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                          "parallel.virtual_stages=2"]),
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
