@@ -19,6 +19,7 @@
 #include "plan/search.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
+#include "train/rank_model.h"
 #include "train/trainer.h"
 
 namespace llmt::app {
@@ -484,8 +485,7 @@ Run add_plan_command(CLI::App& app) {
       // communicator's counters by tests/mpi/cp_volume.py).
       const int cp = mesh.size(Axis::cp), tp = mesh.size(Axis::tp);
       const int64_t T = cfg.model.seq_len, c = T / (2 * cp);
-      const int64_t heads = cfg.model.n_heads,
-                    kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : heads;
+      const int64_t heads = cfg.model.n_heads, kv = spec.n_kv_heads;
       const int u = ulysses_degree(par.cp_impl, cp, static_cast<int>(par.cp_ulysses));
       if (par.cp_impl == CpImpl::hybrid)
         std::printf("context parallel: all-to-all over %d consecutive cp ranks, ring over %d\n", u,
@@ -509,9 +509,15 @@ Run add_plan_command(CLI::App& app) {
       if (listed < n_groups) groups += concat(" ... (", n_groups, " groups)");
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t most = *std::max_element(layers.begin(), layers.end());
-      const CpBytes b = cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs,
-                                           T, heads / tp, kv / tp, cfg.model.d_model / heads,
-                                           compute_dtype(cfg.train.precision));
+      const int64_t payload = cp_kv_payload(cfg);
+      if (ring_payload(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), payload) > 0)
+        std::printf(
+            "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
+            "%lld) and expands the blocks it receives\n",
+            static_cast<long long>(payload), static_cast<long long>(2 * kv / tp * spec.head_dim));
+      const CpBytes b =
+          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, T, heads / tp,
+                             kv / tp, spec.head_dim, compute_dtype(cfg.train.precision), payload);
       const double per_step = static_cast<double>(most * m);
       std::printf(
           "  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "

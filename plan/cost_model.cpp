@@ -680,7 +680,8 @@ struct RankLayers {
   double mtp = 0;  // multi-token prediction modules (with the head): a layer, an embedding lookup
                    // and a head each, and two norms
   double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
-  double fp8_fpt = 0;  // of those, the GEMMs with FP8 inputs (train.fp8), replays included
+  double fp8_fpt = 0;        // of those, the GEMMs with FP8 inputs (train.fp8), replays included
+  double cp_expand_fpt = 0;  // the latent cp ring's kv_b GEMMs on other ranks' blocks
   bool moe = false;
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
@@ -768,7 +769,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   r.chunk_layers.resize(static_cast<size_t>(j.v));
   r.chunk_moe.assign(static_cast<size_t>(j.v), 0);
   r.chunk_moe_full.assign(static_cast<size_t>(j.v), 0);
-  int64_t layers = 0;
+  int64_t layers = 0, core_replays = 0;
   for (int c = 0; c < j.v; ++c) {
     const int st = stage_of(j.shape, pr, c);
     if (j.p > 1) {  // (the turn of a V is a hand-off within the rank)
@@ -794,6 +795,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.chunk_moe_full[static_cast<size_t>(c)] += is_moe && re && j.rc == Recompute::full;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
+      core_replays += re && j.rc == Recompute::selective;
       if (!j.layer_fp8_params.empty()) {
         const double w = j.layer_fp8_params[static_cast<size_t>(l)];
         r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0);
@@ -818,6 +820,20 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.fp8_fpt += j.mtp_fp8_fpt;
   }
   if (j.rc == Recompute::full) replayed_layers(j, pr, r);
+  // The latent cp ring (cp_kv_payload): every forward of a layer's core (the selective
+  // recompute's and full recompute's replays included) expands the cp-1 blocks it receives with
+  // kv_b, and its backward expands them again and contracts their gradients (input and weight):
+  // 2 Ckv H (Dn+Dv) FLOPs a token each, for the model's H heads (/tp with the rest).
+  if (ring_payload(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), cp_kv_payload(j.cfg)) >
+      0) {
+    const MlaConfig& a = j.mc.mla;
+    const double gemm = 2.0 * static_cast<double>(a.kv_lora_rank * j.mc.n_heads *
+                                                  (a.qk_nope_head_dim + a.v_head_dim));
+    if (j.rc == Recompute::selective && j.cfg.train.recompute_layers == 0)
+      core_replays += static_cast<int64_t>(r.mtp);
+    const double cores = r.L + r.mtp + static_cast<double>(core_replays) + r.full_replays;
+    r.cp_expand_fpt = (j.cp - 1.0) * gemm * (cores + 3.0 * (r.L + r.mtp));
+  }
   return r;
 }
 
@@ -895,10 +911,10 @@ AxisBytes tp_bytes(const Job& j, const RankLayers& r) {
 AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
   AxisBytes k;
   if (j.cp == 1) return k;
-  const CpBytes b =
-      cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs,
-                         j.mc.seq_len, j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp,
-                         j.spec.head_dim, compute_dtype(j.cfg.train.precision));
+  const CpBytes b = cp_bytes_per_layer(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses),
+                                       j.mbs, j.mc.seq_len, j.mc.n_heads / j.tp,
+                                       j.spec.n_kv_heads / j.tp, j.spec.head_dim,
+                                       compute_dtype(j.cfg.train.precision), cp_kv_payload(j.cfg));
   k.send = b.send * (r.L + r.mtp) * j.m;
   k.recv = b.recv * (r.L + r.mtp) * j.m;
   k.all_to_all = b.all_to_all * (r.L + r.mtp) * j.m;
@@ -1220,7 +1236,7 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   comm += static_cast<double>(
       cp_buffer_bytes(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), j.mbs, j.mc.seq_len,
                       j.mc.n_heads / j.tp, j.spec.n_kv_heads / j.tp, j.spec.head_dim,
-                      compute_dtype(j.cfg.train.precision)));
+                      compute_dtype(j.cfg.train.precision), cp_kv_payload(j.cfg)));
   s.memory.comm = comm;
   // The concurrent peak: the activations and ZeRO's buffers as the step's replay holds them
   // together, beside what is held all step.
@@ -1303,8 +1319,9 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   const RankLayers r = rank_layers(j, pr, rs);
   s.layers = static_cast<int64_t>(r.L);
   // FLOPs and compute time.
-  s.flops = j.per_rank_tokens * (r.fpt + r.recompute_fpt + r.h * j.head_fpt) / j.tp;
-  s.recompute_flops = j.per_rank_tokens * r.recompute_fpt / j.tp;
+  s.flops =
+      j.per_rank_tokens * (r.fpt + r.recompute_fpt + r.cp_expand_fpt + r.h * j.head_fpt) / j.tp;
+  s.recompute_flops = j.per_rank_tokens * (r.recompute_fpt + r.cp_expand_fpt) / j.tp;
   // train.fp8 is emulated (docs/model.md): those GEMMs multiply dequantised fp32 values, at the
   // profile's fp32 peak.
   const double fp8_flops = j.per_rank_tokens * r.fp8_fpt / j.tp;

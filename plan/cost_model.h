@@ -36,8 +36,10 @@ struct StageCost {
   int rank = 0, pp_rank = 0;
   int64_t layers = 0;
   bool embedding = false, head = false;
-  double flops = 0;                         // FLOPs this rank runs in a step, recompute included
-  double recompute_flops = 0;               // of which the recompute's
+  double flops = 0;  // FLOPs this rank runs in a step, recompute included
+  // Of which beyond the model's FLOPs: the recompute's, and the latent cp ring's expansions of
+  // other ranks' blocks (hardware FLOPs).
+  double recompute_flops = 0;
   std::array<AxisBytes, kNumAxes> bytes{};  // by Axis
   // Training state exactly (rank_state_bytes), activations and comm buffers estimated.
   MemoryEstimate memory;

@@ -72,6 +72,7 @@ struct LayoutShape {
   PipeSchedule schedule;
   CpImpl cp_impl;
   std::vector<int64_t> pp_layers;  // layers of each global stage; empty: the even split
+  bool cp_latent = true;           // latent attention's ring: the latent, or the K/V
 };
 
 std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
@@ -85,6 +86,7 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
       "parallel.cp_ulysses=0",
+      concat("parallel.cp_latent=", s.cp_latent ? "true" : "false"),
       concat("parallel.pp_layers=", toml_text(s.pp_layers))};
   // parallel.ep is added with the layout's own value
   return sets;
@@ -97,6 +99,8 @@ std::string layout_text(const Config& cfg, int world) {
   const MeshShape mesh = mesh_shape(p, world);
   std::string s = concat("tp ", p.tp, p.sequence_parallel && p.tp > 1 ? " sp" : "", ", cp ", p.cp);
   if (p.cp > 1) s += concat(" ", std::string(cp_impl_name(p.cp_impl)));
+  if (p.cp > 1 && p.cp_impl == CpImpl::ring && cfg.model.mla_attention())
+    s += p.cp_latent ? " of the latent" : " of K/V";
   s += concat(", pp ", p.pp);
   if (p.pp > 1) {
     s += concat(" ", schedule_name(p.pp_schedule));
@@ -150,9 +154,15 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           }
           std::vector<CpImpl> impls{CpImpl::ring};
           if (cp > 1) impls.push_back(CpImpl::ulysses);
+          // Latent attention's ring moves the latent (fewer bytes, more kv_b GEMMs and copies)
+          // or the K/V: both are tried.
+          const bool both = cp > 1 && base.model.mla_attention();
           for (auto [sched, v] : schedules)
             for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
-              for (CpImpl impl : impls) shapes.push_back({tp, cp, pp, v, sp, sched, impl, split});
+              for (CpImpl impl : impls)
+                for (bool latent : {true, false})
+                  if (latent || (both && impl == CpImpl::ring))
+                    shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent});
         }
       }
     }
@@ -292,6 +302,8 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
                          layout_text(c.cfg, world), "\n[parallel]\n");
   s += concat("tp = ", p.tp, "\ncp = ", p.cp, "\n");
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
+  if (p.cp > 1 && c.cfg.model.mla_attention())
+    s += concat("cp_latent = ", p.cp_latent ? "true" : "false", "\n");
   s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
               schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
               "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep,

@@ -240,6 +240,7 @@ const std::vector<Section>& sections() {
                     .add("cp", &P::cp)
                     .add("cp_impl", &P::cp_impl, kCpImplNames)
                     .add("cp_ulysses", &P::cp_ulysses)
+                    .add("cp_latent", &P::cp_latent)
                     .add("dp", &P::dp)
                     .add("ep", &P::ep)
                     .add("pp", &P::pp)

@@ -166,17 +166,24 @@ namespace {
 
 // The core's output and LSE of an attention block's saved set s = [qkv, att, lse, ...]: s[1],
 // s[2], or under selective recompute ([qkv, ...]) recomputed from qkv into the model's scratch
-// unless it holds them already (scratch.core_of).
+// unless it holds them already (scratch.core_of), by run(out, lse) (default: the core's
+// forward on qkv).
+template <typename Run>
 std::pair<Tensor, Tensor> attention_core(const BlockEnv& env, bool recompute,
-                                         std::span<const Tensor> s) {
+                                         std::span<const Tensor> s, Run&& run) {
   if (!recompute) return {s[1], s[2]};
   BlockScratch& sc = env.scratch;
   if (sc.core_of != s[0].data) {
-    env.attention.forward(sc.core_att, sc.core_lse, s[0]);
+    run(sc.core_att, sc.core_lse);
     env.round(sc.core_att);
     sc.core_of = s[0].data;
   }
   return {sc.core_att, sc.core_lse};
+}
+std::pair<Tensor, Tensor> attention_core(const BlockEnv& env, bool recompute,
+                                         std::span<const Tensor> s) {
+  return attention_core(env, recompute, s,
+                        [&](Tensor out, Tensor lse) { env.attention.forward(out, lse, s[0]); });
 }
 
 // The core's saved tensors: qkv (B,T,H+2KV,D) [, att (B,T,H,D), lse (B,H,T)].
@@ -282,6 +289,7 @@ LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
       D_(env.spec.cfg.mla.qk_head_dim()),
       Cq_(env.spec.cfg.mla.q_lora_rank),
       Ckv_(env.spec.cfg.mla.kv_lora_rank),
+      payload_(env.attention.payload_width() > 0),
       lat_(recompute_core ? 1 : 3),
       q_a_(env.param_opt(prefix + ".q_a.weight")),
       q_norm_(env.param_opt(prefix + ".q_a_norm.weight")),
@@ -297,6 +305,9 @@ LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
              "latent attention under tp needs sequence parallelism (each rank projects its rows)");
   LLMT_CHECK(Dv_ <= D_ && env.spec.head_dim == D_, "latent attention: v_head_dim ", Dv_,
              " above the core's head dim ", D_);
+  LLMT_CHECK(!payload_ || env.attention.payload_width() == Ckv_ + Dr_,
+             "latent attention: the cp ring's payload of ", env.attention.payload_width(),
+             " values a position is not kv_lora_rank + qk_rope_head_dim = ", Ckv_ + Dr_);
 }
 
 std::vector<TensorSpec> LatentAttention::saved() const {
@@ -331,6 +342,65 @@ Tensor LatentAttention::values_of(Tensor att, Tensor into) const {
   Tensor o = head_of(into, {N, H_ * Dv_});
   ops::copy_blocks(o, att.view({N, H_ * D_}), {H_, Dv_, 0, Dv_, 0, D_});
   return o;
+}
+
+std::pair<Tensor, Tensor> LatentAttention::core(std::span<const Tensor> s) const {
+  return attention_core(env_, recompute_core_, s,
+                        [&](Tensor out, Tensor lse) { run_core(out, lse, s); });
+}
+
+void LatentAttention::run_core(Tensor out, Tensor lse, std::span<const Tensor> s) const {
+  if (!payload_) return env_.attention.forward(out, lse, s[0]);
+  fill_payload(s);
+  env_.attention.forward(out, lse, s[0], *this);
+}
+
+Tensor LatentAttention::payload_latent(Tensor p) const {
+  const int64_t N = env_.tp.N;
+  return p.rows(0, N * Ckv_).view({N, Ckv_});
+}
+
+Tensor LatentAttention::payload_kpe(Tensor p) const {
+  const int64_t N = env_.tp.N;
+  return p.rows(N * Ckv_, N * (Ckv_ + Dr_)).view({N, Dr_});
+}
+
+void LatentAttention::fill_payload(std::span<const Tensor> s) const {
+  const Tensor p = env_.attention.payload();
+  ops::copy(payload_latent(p), s[kv_latent_at()]);
+  ops::copy_blocks(payload_kpe(p), s[0].view({env_.tp.N, 3 * H_ * D_}),
+                   {1, Dr_, 0, 0, H_ * D_ + Dn_, 0});
+}
+
+// As forward assembles a key and value head from kv_b's output and k_pe, rounded once: the
+// payload's k_pe is rotated and rounded already (RoPE leaves the other dims alone), and a 16-bit
+// kv rounds kv_b's output as it stores it, as forward's convert does.
+void LatentAttention::expand(Tensor kv, Tensor p) const {
+  const Tensor kvb = env_.scratch.mla.kv;  // (N,H*(Dn+Dv)) f32
+  kv_up_.forward(kvb, payload_latent(p), env_.w(kv_up_w_), Tensor());
+  const Tensor k2 = kv.view({env_.tp.N, 2 * H_ * D_});
+  if (Dv_ < D_) ops::fill_zero(kv);
+  ops::copy_blocks(k2, kvb, {H_, Dn_, 0, D_, 0, Dn_ + Dv_});
+  ops::copy_blocks(k2, payload_kpe(p), {H_, Dr_, Dn_, D_, 0, 0});
+  ops::copy_blocks(k2, kvb, {H_, Dv_, H_ * D_, D_, Dn_, Dn_ + Dv_});
+  if (kv.dtype == DType::f32) env_.round(kv);
+}
+
+// A block's dK/dV, rounded as backward_input rounds d_qkv: [d k_nope | d v] through kv_b into
+// the latent's gradient (and kv_b's weight gradient, from the block's latent), the keys' RoPE
+// dims summed over the heads into k_pe's (still rotated: backward_input un-rotates the sum).
+void LatentAttention::contract(Tensor d_p, Tensor dkv, Tensor p) const {
+  const BlockScratch::Mla& m = env_.scratch.mla;
+  const int64_t N = env_.tp.N;
+  env_.round(dkv);
+  const Tensor d2 = dkv.view({N, 2 * H_ * D_});
+  ops::copy_blocks(m.kv, d2, {H_, Dn_, 0, Dn_ + Dv_, 0, D_});
+  ops::copy_blocks(m.kv, d2, {H_, Dv_, Dn_, Dn_ + Dv_, H_ * D_, D_});
+  const Tensor d_lat = head_of(m.d_lat, {N, Ckv_});
+  kv_up_.partial_input_grad(d_lat, m.kv, env_.w(kv_up_w_));
+  kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), m.kv, payload_latent(p));
+  ops::add_inplace(payload_latent(d_p), d_lat);
+  ops::copy_blocks(payload_kpe(d_p), d2, {H_, Dr_, 0, 0, Dn_, D_}, /*add=*/true);
 }
 
 Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
@@ -390,9 +460,9 @@ Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
   else
     ops::convert(qkv, work);
   if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
-  const auto [att, lse] = attention_core(env_, recompute_core_, s);
+  const auto [att, lse] = core(s);
   if (!recompute_core_) {
-    env_.attention.forward(att, lse, qkv);
+    run_core(att, lse, s);
     env_.round(att);
   }
   Tensor y = proj_.forward(values_of(att, env_.scratch.d_qkv), env_.w(proj_w_), Tensor());
@@ -407,7 +477,7 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
   const int64_t N = env_.tp.N, R = env_.tp.R;
   const bool sp = env_.tp.sp();
   const DType ops_t = env_.tp.compute;
-  const auto [att, lse] = attention_core(env_, recompute_core_, s);
+  const auto [att, lse] = core(s);
   // The output's gradient (N,H*Dv), zero-padded to the core's heads in d_att.
   const Tensor d_o = Dv_ == D_ ? sc.d_att.view({N, H_ * Dv_}) : head_of(m.kv, {N, H_ * Dv_});
   st.keep(0, proj_.backward_input(d_o, dy, env_.w(proj_w_)));
@@ -416,25 +486,42 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
     ops::fill_zero(sc.d_att);
     ops::copy_blocks(sc.d_att.view({N, H_ * D_}), d_o, {H_, Dv_, 0, D_, 0, Dv_});
   }
-  env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
-  ops::rope_backward(sc.d_qkv, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_});
+  // The payload ring returns the payload's gradient (kv_b's weight gradient added on the way)
+  // and leaves dqkv's K/V heads zero.
+  Tensor d_payload;
+  if (payload_) {
+    fill_payload(s);
+    d_payload = env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse, *this);
+  } else {
+    env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
+  }
+  ops::rope_backward(sc.d_qkv, payload_ ? H_ : 2 * H_, 0, cfg.rope_theta, env_.positions(),
+                     {Dn_, Dr_});
   env_.round(sc.d_qkv);
   // Back to the projections: d q (N,H*D); d kv = [d k_nope | d v] (N,H*(Dn+Dv)); d k_pe (N,Dr)
-  // the sum over this rank's heads.
+  // the sum over this rank's heads (from the payload: un-rotated here, after the sum).
   const Tensor dqkv = sc.d_qkv.view({N, 3 * H_ * D_});
   const Tensor dq = head_of(sc.d_att, {N, H_ * D_});
   ops::copy_blocks(dq, dqkv, {1, H_ * D_, 0, 0, 0, 0});
-  ops::copy_blocks(m.kv, dqkv, {H_, Dn_, 0, Dn_ + Dv_, H_ * D_, D_});
-  ops::copy_blocks(m.kv, dqkv, {H_, Dv_, Dn_, Dn_ + Dv_, 2 * H_ * D_, D_});
-  ops::fill_zero(m.d_kpe);
-  ops::copy_blocks(m.d_kpe, dqkv, {H_, Dr_, 0, 0, H_ * D_ + Dn_, D_}, /*add=*/true);
+  if (payload_) {
+    ops::copy(m.d_kpe, payload_kpe(d_payload));
+    ops::rope_backward(m.d_kpe.view({env_.B, env_.T, 1, Dr_}), 1, 0, cfg.rope_theta,
+                       env_.positions());
+  } else {
+    ops::copy_blocks(m.kv, dqkv, {H_, Dn_, 0, Dn_ + Dv_, H_ * D_, D_});
+    ops::copy_blocks(m.kv, dqkv, {H_, Dv_, Dn_, Dn_ + Dv_, 2 * H_ * D_, D_});
+    ops::fill_zero(m.d_kpe);
+    ops::copy_blocks(m.d_kpe, dqkv, {H_, Dr_, 0, 0, H_ * D_ + Dn_, D_}, /*add=*/true);
+    st.keep(2, m.kv);
+  }
   st.keep(1, dq);
-  st.keep(2, m.kv);
   // The latents' gradients, summed over tp onto this rank's rows, through their norms.
   Tensor norms = st[st_norms()];
   ops::fill_zero(norms);
-  const Tensor d_cn = kv_up_.backward_input(head_of(m.d_lat, {N, Ckv_}), m.kv, env_.w(kv_up_w_),
-                                            head_of(m.d_rows, {R, Ckv_}));
+  const Tensor d_cn =
+      payload_ ? kv_up_.reduce_input_grad(payload_latent(d_payload), head_of(m.d_rows, {R, Ckv_}))
+               : kv_up_.backward_input(head_of(m.d_lat, {N, Ckv_}), m.kv, env_.w(kv_up_w_),
+                                       head_of(m.d_rows, {R, Ckv_}));
   const Tensor dc = head_of(m.kva, {R, Ckv_});
   ops::rmsnorm_backward(dc, norms.rows(Cq_, Cq_ + Ckv_), d_cn, s[lat_ + (Cq_ > 0 ? 3 : 0)],
                         env_.w(kv_norm_), s[lat_ + (Cq_ > 0 ? 4 : 1)]);
@@ -470,7 +557,7 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
 void LatentAttention::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
   const DType ops_t = env_.tp.compute;
-  const Tensor att = attention_core(env_, recompute_core_, s).first;
+  const Tensor att = core(s).first;
   proj_.backward_weight(env_.g(proj_w_), Tensor(), st[0], values_of(att, env_.scratch.d_qkv));
   const Tensor xr = x.view({R, C});
   if (Cq_ > 0) {
@@ -479,7 +566,8 @@ void LatentAttention::backward_weight(std::span<const Tensor> s, const Stash& st
   } else {
     q_up_.backward_weight(env_.g(q_up_w_), Tensor(), st[1], q_up_.input(x));
   }
-  kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), st[2], s[lat_ + (Cq_ > 0 ? 5 : 2)]);
+  // (The payload ring added kv_b's weight gradient block by block in backward_input.)
+  if (!payload_) kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), st[2], s[kv_latent_at()]);
   ops::linear_backward(Tensor(), env_.g(kv_a_), Tensor(), st[3], xr, Tensor(), ops_t);
   const Tensor norms = st[st_norms()];
   if (Cq_ > 0) ops::add_inplace(env_.g(q_norm_), norms.rows(0, Cq_));

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -265,7 +266,15 @@ class Attention final : public Branch {
 // q_b/kv_b, column-parallel by heads, read), and reduce-scatters their gradients back: the
 // gathers move the latents (Cq + Ckv + Dr per token) where multi-head attention's moves x (C).
 // Dims as Attention's; Cq/Ckv the query/kv latent ranks, Dn/Dr/Dv the head dims of [model.mla].
-class LatentAttention final : public Branch {
+//
+// Under a cp ring the ring moves each position's payload [normalised kv latent | rotated k_pe]
+// (Ckv + Dr values, not 2·H·D) and every rank expands the blocks it receives with kv_b
+// (KvExpansion): the backward contracts each block's dK/dV into the latent's gradient and adds
+// kv_b's weight gradient as the block passes, so that runs in the input half (zero-bubble
+// schedules, which defer it, keep the expanded K/V: cp_kv_payload). Under FP8 kv_b's inputs are
+// quantised block by block (their tiles never cross a block's rows; tensorwise: a scale per
+// block).
+class LatentAttention final : public Branch, private KvExpansion {
  public:
   LatentAttention(const BlockEnv& env, const std::string& prefix, bool recompute_core);
   // qkv (B,T,3H,D) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq), q_rstd (R), q_latent (N,Cq),]
@@ -282,11 +291,24 @@ class LatentAttention final : public Branch {
   // The core output's first Dv dims of each head (N,H*Dv): att itself when Dv = D, else copied
   // into `into`.
   Tensor values_of(Tensor att, Tensor into) const;
-  size_t st_norms() const { return Cq_ > 0 ? 5 : 4; }  // the norms' entry of the stash
+  // The core's output and lse of saved set s (attention_core), run through the payload ring when
+  // the core moves one.
+  std::pair<Tensor, Tensor> core(std::span<const Tensor> s) const;
+  void run_core(Tensor out, Tensor lse, std::span<const Tensor> s) const;
+  // The payload ring: this rank's payload (N*(Ckv+Dr), compute type) := [kv_latent | the rotated
+  // k_pe of qkv's first key head]; a block's K/V from its payload, and back.
+  void fill_payload(std::span<const Tensor> s) const;
+  void expand(Tensor kv, Tensor p) const override;
+  void contract(Tensor d_p, Tensor dkv, Tensor p) const override;
+  Tensor payload_latent(Tensor p) const;                            // (N,Ckv) view of a payload
+  Tensor payload_kpe(Tensor p) const;                               // (N,Dr)
+  size_t kv_latent_at() const { return lat_ + (Cq_ > 0 ? 5 : 2); }  // kv_latent in the saved set
+  size_t st_norms() const { return Cq_ > 0 ? 5 : 4; }               // the norms' entry of the stash
   const BlockEnv& env_;
   bool recompute_core_;
   int64_t H_, Dn_, Dr_, Dv_, D_, Cq_, Ckv_;
-  size_t lat_;  // the first latent tensor in the saved set
+  bool payload_;  // the core is a cp ring that moves the payload
+  size_t lat_;    // the first latent tensor in the saved set
   int64_t q_a_, q_norm_, q_up_w_, kv_a_, kv_norm_, kv_up_w_, proj_w_;
   ColumnParallelLinear q_up_, kv_up_;
   RowParallelLinear proj_;

@@ -3,9 +3,19 @@
 #include <numeric>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/ops.h"
 
 namespace llmt {
+
+void AttentionCore::forward(Tensor, Tensor, Tensor, const KvExpansion&) {
+  LLMT_CHECK(false, "this attention core moves no K/V payload");
+}
+
+Tensor AttentionCore::backward(Tensor, Tensor, Tensor, Tensor, Tensor, const KvExpansion&) {
+  LLMT_CHECK(false, "this attention core moves no K/V payload");
+  return {};
+}
 
 void LocalAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
   ops::attention_forward(out, lse, qkv, H_, KV_, compute_);

@@ -18,6 +18,23 @@ namespace llmt {
 
 class Communicator;
 
+// Keys and values that are a function of a narrower tensor of each position (multi-head latent
+// attention: the normalised kv latent and the rotated RoPE key, P = Ckv + Dr values a position,
+// where the K/V are 2·KV·D): a core that moves K/V between ranks (the cp ring) moves this payload
+// instead, and each rank expands what it receives. The block that owns the map implements it.
+class KvExpansion {
+ public:
+  virtual ~KvExpansion() = default;
+  // kv (B,T,2KV,D) in the compute type := the K/V of the B*T positions whose payload is p
+  // (B*T*P, compute type).
+  virtual void expand(Tensor kv, Tensor p) const = 0;
+  // d_p (B*T*P) f32 += the payload's gradient, given the K/V's gradient dkv (B,T,2KV,D) f32 of
+  // the positions whose payload is p; the map's weight gradients += their part (now: a rank holds
+  // another rank's payload only during the ring, so this runs in the backward's input half, and
+  // the schedule must run the weight half with it: no zero-bubble split).
+  virtual void contract(Tensor d_p, Tensor dkv, Tensor p) const = 0;
+};
+
 class AttentionCore {
  public:
   virtual ~AttentionCore() = default;
@@ -29,6 +46,16 @@ class AttentionCore {
   // Communicators the core split off its group (context parallelism's hybrid groups), whose
   // traffic the metrics report beside the mesh axes'.
   virtual std::vector<Communicator*> own_communicators() const { return {}; }
+  // > 0: this core moves K/V as a KvExpansion payload of this many values a position. The caller
+  // then writes its positions' payload (B*T*P, compute type) into payload() and calls the two
+  // below instead of forward/backward; qkv's K/V are still this rank's own (its local block).
+  virtual int64_t payload_width() const { return 0; }
+  virtual Tensor payload() const { return {}; }
+  virtual void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x);
+  // dqkv's query heads assigned, its K/V heads zero; returns the payload's gradient (B*T*P) f32,
+  // a view of the core's buffers valid until its next call. Runs x.contract (weight gradients).
+  virtual Tensor backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                          const KvExpansion& x);
 };
 
 // The whole sequence on this rank. compute: the type qkv's values are representable in (ops.h

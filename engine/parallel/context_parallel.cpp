@@ -34,6 +34,10 @@ int ulysses_degree(CpImpl impl, int cp, int cp_ulysses) {
   return 1;
 }
 
+int64_t ring_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload) {
+  return cp > 1 && ulysses_degree(impl, cp, cp_ulysses) == 1 ? payload : 0;
+}
+
 std::vector<int32_t> SequenceShard::positions() const {
   std::vector<int32_t> out(static_cast<size_t>(local));
   for (const Run& r : runs)
@@ -64,11 +68,13 @@ using Piece = std::pair<Shape, DType>;
 // The pieces of ContextParallelAttention's buffer, in the order its constructor carves them:
 // positions; with an all-to-all (u > 1) the send/recv staging of this rank's qkv (B, Tl, W, D)
 // and the head-sharded qkv, its gradient, output, output gradient (B, u Tl, H/u (+2 KV/u), D)
-// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators, a block's partial
-// output and LSE, and (16-bit) the output merged in fp32. q/k/v and the output are in the
-// compute type `t`, their gradients, partial results and the staging (which moves both) fp32.
+// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators (with a payload of P
+// values a position: two payloads and their gradients' accumulators, then one block's K/V and
+// its f32 dK/dV after the rest), a block's partial output and LSE, and (16-bit) the output merged
+// in fp32. q/k/v and the output are in the compute type `t`, their gradients, partial results
+// and the staging (which moves both) fp32.
 std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H, int64_t KV,
-                                 int64_t D, DType t) {
+                                 int64_t D, DType t, int64_t P) {
   const int64_t Tg = u * Tl, Hg = H / u, KVg = KV / u, W = H + 2 * KV;
   std::vector<Piece> out{{Shape({Tl}), DType::i32}, {Shape({r, Tg}), DType::i32}};
   if (u > 1) {
@@ -80,11 +86,16 @@ std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H,
     out.push_back({Shape({B, Hg, Tg}), DType::f32});
   }
   if (r > 1) {
-    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), t});
-    for (int i = 0; i < 2; ++i) out.push_back({Shape({B, Tg, 2 * KVg, D}), DType::f32});
+    const Shape block = P > 0 ? Shape({B * Tg * P}) : Shape({B, Tg, 2 * KVg, D});
+    for (int i = 0; i < 2; ++i) out.push_back({block, t});
+    for (int i = 0; i < 2; ++i) out.push_back({block, DType::f32});
     out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
     out.push_back({Shape({B, Hg, Tg}), DType::f32});
     if (t != DType::f32) out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
+    if (P > 0) {
+      out.push_back({Shape({B, Tg, 2 * KVg, D}), t});
+      out.push_back({Shape({B, Tg, 2 * KVg, D}), DType::f32});
+    }
   }
   return out;
 }
@@ -96,17 +107,18 @@ size_t piece_bytes(const Piece& p) {
 }  // namespace
 
 size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType compute) {
+                       int64_t KV, int64_t D, DType compute, int64_t payload) {
   if (cp <= 1) return 0;
   const int u = ulysses_degree(impl, cp, cp_ulysses);
+  const int64_t P = ring_payload(impl, cp, cp_ulysses, payload);
   size_t total = 0;
-  for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D, compute))
+  for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D, compute, P))
     total += piece_bytes(p);
   return total;
 }
 
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D, DType compute) {
+                           int64_t KV, int64_t D, DType compute, int64_t payload) {
   CpBytes b;
   if (cp <= 1) return b;
   const int u = ulysses_degree(impl, cp, ulysses), r = cp / u;
@@ -118,8 +130,10 @@ CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t 
     b.all_to_all = (u - 1.0) / u * ((2.0 * v + 1.0) * Q + (v + 1.0) * O);
   }
   if (r > 1) {
-    // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E.
-    const double E = 4.0 * Bd * Tl * 2.0 * static_cast<double>(KV * D);
+    // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E;
+    // or their payload (pure ring).
+    const int64_t P = ring_payload(impl, cp, ulysses, payload);
+    const double E = 4.0 * Bd * Tl * static_cast<double>(P > 0 ? P : 2 * KV * D);
     b.send = b.recv = ((2.0 + (u > 1 ? 1.0 : 0.0)) * (r - 1.0) * v + r) * E;
   }
   return b;
@@ -168,6 +182,7 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   Tg_ = u_ * Tl_;
   Hg_ = H / u_;
   KVg_ = KV / u_;
+  P_ = ring_payload(cp_.impl, p, cp_.ulysses, cp_.payload);
   // One buffer, carved in 64-byte aligned pieces (buffer_pieces' order).
   std::vector<Tensor*> targets{&local_pos_, &ring_pos_};
   if (u_ > 1)
@@ -177,8 +192,10 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
     for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &part_out_, &part_lse_})
       targets.push_back(t);
     if (compute != DType::f32) targets.push_back(&merged_);
+    if (P_ > 0)
+      for (Tensor* t : {&kvx_, &dkvx_}) targets.push_back(t);
   }
-  const std::vector<Piece> pieces = buffer_pieces(u_, r_, B, Tl_, H, KV, D, compute);
+  const std::vector<Piece> pieces = buffer_pieces(u_, r_, B, Tl_, H, KV, D, compute, P_);
   LLMT_CHECK(pieces.size() == targets.size(), "context parallel buffer: ", pieces.size(),
              " pieces for ", targets.size(), " tensors");
   size_t total = 0;
@@ -315,6 +332,66 @@ void ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tensor 
     acc.device_wait();
   }
   ops::copy_heads(dqkv, Hg_, dkv_[p % 2], 0, 2 * KVg_);
+}
+
+// ---- ring with a K/V payload
+// ---------------------------------------------------------------------- As attend/attend_backward
+// (pure ring: Tg = Tl, Hg = H), with the payload where the K/V travel: step 0 attends this rank's
+// own K/V in qkv; a received block is expanded (x.expand) into kvx_ first. Backward: each block's
+// dK/dV (dkvx_) contracts into the payload accumulator it travels with (x.contract, which also adds
+// the expansion's weight gradient for that block).
+
+void ContextParallelAttention::forward(Tensor out_to, Tensor lse, Tensor qkv,
+                                       const KvExpansion& x) {
+  LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
+  const Tensor out = out_to.dtype == DType::f32 ? out_to : merged_;
+  Communicator& comm = *ring_;
+  const int p = r_, j = ring_rank_;
+  const int next = (j + 1) % p, prev = (j + p - 1) % p;
+  for (int i = 0; i < p; ++i) {
+    const Tensor cur = kv_[i % 2];
+    const int src = (j - i + p) % p;
+    Handle moving;
+    if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
+    if (i == 0) {
+      ops::attention_block_forward(out, lse, qkv, qkv, Hg_, pos_of(j), pos_of(j), Hg_, KVg_);
+    } else {
+      x.expand(kvx_, cur);
+      ops::attention_block_forward(part_out_, part_lse_, qkv, kvx_, 0, pos_of(j), pos_of(src), Hg_,
+                                   KVg_);
+      ops::attention_merge(out, lse, part_out_, part_lse_);
+    }
+    moving.device_wait();
+  }
+  if (out.data != out_to.data) ops::convert(out_to, out);
+}
+
+Tensor ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                                          Tensor lse, const KvExpansion& x) {
+  LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
+  ops::fill_zero(dqkv);
+  Communicator& comm = *ring_;
+  const int p = r_, j = ring_rank_;
+  const int next = (j + 1) % p, prev = (j + p - 1) % p;
+  ops::fill_zero(dkv_[0]);
+  for (int i = 0; i < p; ++i) {
+    const Tensor cur = kv_[i % 2], dcur = dkv_[i % 2];
+    const int src = (j - i + p) % p;
+    Handle moving;
+    if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
+    if (i == 0)
+      ops::copy_heads(kvx_, 0, qkv, Hg_, 2 * KVg_);
+    else
+      x.expand(kvx_, cur);
+    ops::fill_zero(dkvx_);
+    ops::attention_block_backward(dqkv, dkvx_, dout, qkv, kvx_, 0, out, lse, pos_of(j), pos_of(src),
+                                  Hg_, KVg_);
+    x.contract(dcur, dkvx_, cur);
+    Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
+    moving.device_wait();
+    acc.device_wait();
+  }
+  return dkv_[p % 2];
 }
 
 // ---- Ulysses ------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@
 //   ring     K/V of the kv heads travel around the ring (send to r+1, receive from r-1), each
 //            step's block overlapped with the next block's transfer; the blocks' outputs merge
 //            by their log-sum-exp. Backward sends K/V around again with the dK/dV accumulators.
+//            Where the K/V expand from a narrower payload (multi-head latent attention's latent:
+//            KvExpansion), the payload travels instead and each rank expands the blocks it
+//            receives, and the accumulators are the payload's gradient.
 //   ulysses  an all-to-all turns the sequence-sharded q/k/v into head-sharded ones (every
 //            position of H/cp query and KV/cp kv heads), attention runs on whole sequences, and
 //            an all-to-all turns the output back. Needs the head counts divisible by cp.
@@ -66,23 +69,31 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 //   ring part:    send = recv = (2(r-1) e'/e + r) E: K/V twice around, the dK/dV accumulators
 //                 one hop more, and (r-1) e'/e E more under hybrid, whose backward replays the
 //                 ring forward for the head-sharded output and lse
+// A pure ring with a K/V payload of P values a position (`payload`, ring_payload) moves the
+// payload instead: E = e B Tl P.
 struct CpBytes {
   double send = 0, recv = 0, all_to_all = 0;
 };
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D, DType compute = DType::f32);
+                           int64_t KV, int64_t D, DType compute = DType::f32, int64_t payload = 0);
 // Bytes of the one buffer (MemCategory::comm) a rank's ContextParallelAttention allocates, for
 // micro-batch B, global sequence T and this tp rank's H query and KV kv heads of width D.
 size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType compute = DType::f32);
+                       int64_t KV, int64_t D, DType compute = DType::f32, int64_t payload = 0);
 // The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
 int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
+// The payload width the ring moves: `payload` under a pure ring (cp > 1, no all-to-all), else 0
+// (Ulysses exchanges heads, which a payload shared by every head does not have: K/V move).
+int64_t ring_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload);
 
 // The cp group of one model (none: no context parallelism).
 struct ContextParallel {
   Communicator* comm = nullptr;
   CpImpl impl = CpImpl::ring;
   int ulysses = 0;  // hybrid: the all-to-all group size u (1 < u < cp, dividing cp)
+  // > 0: the model's K/V expand from a payload of this many values a position (KvExpansion),
+  // which a pure ring moves instead of the K/V (ring_payload).
+  int64_t payload = 0;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };
@@ -103,6 +114,13 @@ class ContextParallelAttention final : public AttentionCore {
   void forward(Tensor out, Tensor lse, Tensor qkv) override;
   // dqkv (B,Tl,W,D) assigned; out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
+  // The ring with a K/V payload (cp.payload under a pure ring): this rank's payload in
+  // payload() (B*Tl*P), the ring's first block; the blocks it receives expanded by x.
+  int64_t payload_width() const override { return P_; }
+  Tensor payload() const override { return P_ > 0 ? kv_[0] : Tensor(); }
+  void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) override;
+  Tensor backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                  const KvExpansion& x) override;
   // Hybrid: "cp-a2a" and "cp-ring", split off the cp group.
   std::vector<Communicator*> own_communicators() const override;
   // Bytes of the buffers this holds (docs/parallelism.md derives them).
@@ -129,12 +147,16 @@ class ContextParallelAttention final : public AttentionCore {
   int ring_rank_ = 0;      // this rank's in the ring (cp rank / u); groups' shapes from u and r,
                            // which a model built for counting knows without its split groups
   int64_t Tg_, Hg_, KVg_;  // what the ring attends: u*Tl positions of H/u and KV/u heads
+  int64_t P_ = 0;          // the K/V payload's width a position (0: K/V travel)
   DType compute_;
   SequenceShard shard_;
   Buffer buf_;
-  Tensor local_pos_;            // (Tl) i32: this rank's positions
-  Tensor ring_pos_;             // (r, Tg) i32: each ring rank's positions after the all-to-all
-  Tensor kv_[2], dkv_[2];       // ring: (B,Tg,2KVg,D) in flight (K/V in the compute type)
+  Tensor local_pos_;  // (Tl) i32: this rank's positions
+  Tensor ring_pos_;   // (r, Tg) i32: each ring rank's positions after the all-to-all
+  // ring: (B,Tg,2KVg,D) in flight (K/V in the compute type) and the dK/dV accumulators (f32);
+  // with a payload, (B*Tl*P) payloads in the compute type and their gradients' accumulators (f32)
+  Tensor kv_[2], dkv_[2];
+  Tensor kvx_, dkvx_;           // ring with a payload: (B,Tl,2KV,D) one block's K/V, f32 dK/dV
   Tensor part_out_, part_lse_;  // ring: (B,Tg,Hg,D), (B,Hg,Tg) one block's result
   Tensor merged_;               // ring, 16-bit: (B,Tg,Hg,D) the output merged in fp32
   Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D fp32 each, any type)

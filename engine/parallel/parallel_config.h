@@ -18,7 +18,10 @@ struct ParallelConfig {
   int64_t cp = 1;                 // context parallel degree (engine/parallel/context_parallel.h)
   CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring, ulysses, hybrid
   int64_t cp_ulysses = 0;         // hybrid: all-to-all over this many ranks, ring over cp/it
-  int64_t dp = -1;                // data parallel degree; -1 = world / (tp * cp * pp)
+  // Latent attention under a pure ring: the ring moves each position's kv latent and RoPE key
+  // and every rank expands the blocks it receives (true), or the expanded K/V (false).
+  bool cp_latent = true;
+  int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
   // Expert parallel degree: a mixture of experts' experts split over groups of ep consecutive dp
   // ranks (docs/parallelism.md, "Expert parallelism"); divides dp.
   int64_t ep = 1;

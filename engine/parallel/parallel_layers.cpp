@@ -103,6 +103,11 @@ void ColumnParallelLinear::forward(Tensor y, Tensor x_full, Tensor w, Tensor b) 
 
 Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor w,
                                             Tensor into) const {
+  partial_input_grad(dx_partial, dy, w);
+  return reduce_input_grad(dx_partial, into);
+}
+
+void ColumnParallelLinear::partial_input_grad(Tensor dx_partial, Tensor dy, Tensor w) const {
   if (fp8_ && t_.fp8.on()) {
     ops::linear_backward(dx_partial, Tensor(), Tensor(),
                          fp8_input(t_, dy, Fp8Tiles::rows, true, t_.parallel(), t_.fp8_b), Tensor(),
@@ -110,6 +115,9 @@ Tensor ColumnParallelLinear::backward_input(Tensor dx_partial, Tensor dy, Tensor
   } else {
     ops::linear_backward(dx_partial, Tensor(), Tensor(), dy, Tensor(), w, t_.compute);
   }
+}
+
+Tensor ColumnParallelLinear::reduce_input_grad(Tensor dx_partial, Tensor into) const {
   // The partial sums are reduced in fp32 and the sum rounded once, as one rank rounds the whole
   // GEMM's output (rounding each rank's partial first drifts several times further from the
   // single-rank run: tests/mpi/precision_tp.py).

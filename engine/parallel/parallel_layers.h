@@ -105,6 +105,11 @@ class ColumnParallelLinear {
   // or reduce-scattered into `into` (R,IC), default t.shard, under SP), then rounded to the
   // compute type once. Returns the view holding dx.
   Tensor backward_input(Tensor dx_partial, Tensor dy, Tensor w, Tensor into = {}) const;
+  // backward_input's two halves, for a caller that sums several partial input gradients before
+  // one reduction (the latent cp ring, block by block): dx_partial (N,IC) = dy @ w on this rank;
+  // and its sum over tp, rounded once.
+  void partial_input_grad(Tensor dx_partial, Tensor dy, Tensor w) const;
+  Tensor reduce_input_grad(Tensor dx_partial, Tensor into = {}) const;
   // dw (OC,IC) += dy^T x_full; db (OC) += sum of dy's rows (optional).
   void backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x_full) const;
 

@@ -24,6 +24,12 @@ over p (within 1%: 64-byte alignment of each tensor), and the cp buffers (`comm`
   r > 1       4E + O + 4 B H Tl  (two K/V and two dK/dV buffers, one block's output and lse)
 each rounded up to 64 bytes, exactly.
 
+Multi-head latent attention (configs/mla-tiny.toml): heads of D = qk_nope + qk_rope dims (values
+zero-padded to D), KV = H; a pure ring moves each position's kv latent and rotated RoPE key
+instead of its K/V, P = kv_lora_rank + qk_rope_head_dim values: E = 4 B Tl P, and its buffers are
+two payloads and two payload-gradient accumulators (v E and E) plus one block's K/V and its f32
+dK/dV (v K and K, K = 4 B Tl 2KV D). Ulysses and hybrid move the K/V as for any model.
+
 `llmtrain plan` prints the same send/recv/all-to-all bytes per step (its C++ formula,
 cp_bytes_per_layer): they must equal the counters exactly.
 
@@ -56,7 +62,14 @@ def analytic(cfg, p, u, params, v):
     H, KV = int(cfg["n_heads"]), int(cfg["n_kv_heads"]) or int(cfg["n_heads"])
     B, gbs = int(cfg["micro_batch_size"]), int(cfg["global_batch_size"])
     D, Tl, micro, r = C // H, T // p, gbs // B, p // u
+    mla = cfg.get("attention") == '"mla"'
+    if mla:
+        D, KV = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]), H
     E, Q, O = 4 * B * Tl * 2 * KV * D, 4 * B * Tl * (H + 2 * KV) * D, 4 * B * Tl * H * D
+    K = E  # one block's K/V
+    payload = mla and u == 1
+    if payload:
+        E = 4 * B * Tl * (int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]))
     comm = {"all_reduce": 2 * (p - 1) / p * 4 * params}
     buffers = up64(4 * Tl) + up64(4 * p * Tl)
     if u > 1:
@@ -66,7 +79,7 @@ def analytic(cfg, p, u, params, v):
     if r > 1:
         comm["send"] = comm["recv"] = micro * L * ((2 + (u > 1)) * (r - 1) * v + r) * E
         buffers += (2 * up64(E) + 2 * up64(int(v * E)) + up64(O) + up64(4 * B * H * Tl) +
-                    (up64(O) if v < 1 else 0))
+                    (up64(O) if v < 1 else 0) + (up64(K) + up64(int(v * K)) if payload else 0))
     return comm, buffers
 
 

@@ -114,6 +114,8 @@ LAYOUTS = {
     # each rank's heads over 4, so the Llama config's 2 kv heads become 4 (also in its reference).
     "cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"], []),
     "cp4-ring": (4, ["parallel.cp=4", "parallel.cp_impl=ring"], []),
+    # Latent attention's ring moving the expanded K/V instead of the latent.
+    "cp4-ring-kv": (4, ["parallel.cp=4", "parallel.cp_latent=false"], []),
     "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
     "cp4-ulysses": (4, ["parallel.cp=4", "parallel.cp_impl=ulysses"], ["model.n_kv_heads=4"]),
     # Hybrid: all-to-all over pairs of cp ranks, ring over the two pairs.

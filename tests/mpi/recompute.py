@@ -49,6 +49,9 @@ LAYOUTS = {
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     # Context parallelism under MoE: the replay sums the chunks' expert counts over cp again.
+    # Latent attention's cp ring moves the kv latent: a replay or the core's recompute runs the
+    # ring (and its expansions) again.
+    "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"]),
 }

@@ -430,6 +430,34 @@ TEST(CostModel, ZbVHalvesTheBubbleAndDoublesRankZerosSends) {
   EXPECT_DOUBLE_EQ(v.stages[1].bytes[static_cast<int>(Axis::pp)].send, pv.send);
 }
 
+// Latent attention's cp ring (pp 2, cp 2, fp32) moves each position's kv latent and RoPE key
+// (P = 16 + 4 values) where ZB-H1, which defers the weight half the payload's contraction needs,
+// moves the K/V (2 H D = 2 x 4 x 12): the bytes scale by P / 2HD; in exchange each layer runs
+// the kv_b GEMM on the other rank's block four more times (forward; backward: expand, input and
+// weight gradients), 2 Ckv H (Dn+Dv) FLOPs a token each.
+TEST(CostModel, LatentCpRingMovesTheLatentAndExpandsTheBlocks) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  auto with = [&](const std::string& schedule) {
+    return predict_step(
+        tiny({"model.arch=\"llama\"", "model.attention=\"mla\"", "model.mla.q_lora_rank=24",
+              "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=8",
+              "model.mla.qk_rope_head_dim=4", "model.mla.v_head_dim=6", "parallel.cp=2",
+              "parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\"",
+              "train.micro_batch_size=1"}),
+        4, hw);
+  };
+  const StepCost latent = with("1f1b"), kv = with("zb-h1");
+  const AxisBytes &l = latent.stages[0].bytes[static_cast<int>(Axis::cp)],
+                  &k = kv.stages[0].bytes[static_cast<int>(Axis::cp)];
+  EXPECT_GT(l.send, 0);
+  EXPECT_DOUBLE_EQ(l.send / k.send, 20.0 / 96.0);
+  EXPECT_DOUBLE_EQ(l.recv, l.send);
+  // 2 layers a stage, 8 sequences of 16 positions a rank a step.
+  const double expand = 2.0 * 16 * 4 * (8 + 6), extra = 4 * expand * 2 * 8 * 16;
+  EXPECT_DOUBLE_EQ(latent.stages[0].flops - kv.stages[0].flops, extra);
+  EXPECT_DOUBLE_EQ(latent.stages[0].recompute_flops, extra);
+}
+
 // A search shares each rank model's figures between layouts (ActivationCache); a layout costed
 // after others that share its rank model gives what it gives alone, also where the schedule
 // changes what the model holds (under ep with ZB-H1 the received rows' gradients are a stash).

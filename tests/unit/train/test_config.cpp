@@ -180,6 +180,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.cp", parallel.cp),
       LLMT_KEY("parallel.cp_impl", parallel.cp_impl),
       LLMT_KEY("parallel.cp_ulysses", parallel.cp_ulysses),
+      LLMT_KEY("parallel.cp_latent", parallel.cp_latent),
       LLMT_KEY("parallel.dp", parallel.dp),
       LLMT_KEY("parallel.ep", parallel.ep),
       LLMT_KEY("parallel.pp", parallel.pp),
@@ -517,11 +518,14 @@ kv_lora_rank = 32
 qk_nope_head_dim = 16
 qk_rope_head_dim = 8
 v_head_dim = 12
+[parallel]
+cp_latent = false
 )",
                                        "mla.toml");
   expect_same(round_trip(c), c);
   const Config d = parse_config_string("", "d.toml");
   EXPECT_NE(c.model.attention, d.model.attention);
+  EXPECT_NE(c.parallel.cp_latent, d.parallel.cp_latent);
   EXPECT_EQ(c.model.mla.qk_head_dim(), 24);
   for (const auto& [mine, def] : {std::pair{c.model.mla.q_lora_rank, d.model.mla.q_lora_rank},
                                   {c.model.mla.kv_lora_rank, d.model.mla.kv_lora_rank},
@@ -673,7 +677,8 @@ world = 4096
   // the round trip above exercises every key; but data.source, whose other value needs dataset
   // files, train.distribute_saved_activations, whose other value needs full recompute without
   // the sequence parallelism set here (DistributeSavedActivationsRoundTrips), and latent
-  // attention's keys, which need rope, no biases and no kv groups (LatentAttentionRoundTrips).
+  // attention's keys (parallel.cp_latent among them), which need rope, no biases and no kv groups
+  // (LatentAttentionRoundTrips).
   const std::vector<std::string> keys = config_keys();
   const auto values = [&keys](const std::string& toml) {  // key -> its line, in key order
     std::vector<std::string> out;
@@ -692,7 +697,8 @@ world = 4096
   ASSERT_EQ(gpt2.size(), keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
     if (keys[k] == "data.source" || keys[k] == "train.distribute_saved_activations" ||
-        keys[k] == "model.attention" || keys[k].starts_with("model.mla."))
+        keys[k] == "model.attention" || keys[k].starts_with("model.mla.") ||
+        keys[k] == "parallel.cp_latent")
       continue;
     EXPECT_NE(set[k], keys[k] == "model.arch" ? gpt2[k] : llama[k]) << "left at default";
   }
