@@ -273,9 +273,21 @@ void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Te
 // keys) is computed, the K/V move one rank on (to j+1, from j-1). Step 0 is the local block,
 // written to out/lse directly; later ones merge in. With the zigzag split, a rank src < j gives
 // both local chunks src's first chunk, src > j gives the second local chunk both of src's: half
-// a block each, the same on every rank.
+// a block each, the same on every rank. With a K/V payload (x; a pure ring: Tg = Tl, Hg = H) the
+// payload travels where the K/V do: this rank's is in kv_[0] already, and each block's K/V are
+// this rank's own (step 0) or expanded from the payload received (x->expand) into kvx_.
 
-void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv) {
+// The K/V of step i's block: `cur` itself, or with a payload kvx_ filled from qkv or cur.
+Tensor ContextParallelAttention::block_kv(int i, Tensor cur, Tensor qkv, const KvExpansion* x) {
+  if (x == nullptr) return cur;
+  if (i == 0)
+    ops::copy_heads(kvx_, 0, qkv, Hg_, 2 * KVg_);
+  else
+    x->expand(kvx_, cur);
+  return kvx_;
+}
+
+void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv, const KvExpansion* x) {
   if (r_ == 1) {
     const Tensor all = pos_of(0);
     ops::attention_block_forward(out_to, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_);
@@ -286,16 +298,17 @@ void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv) {
   Communicator& comm = *ring_;
   const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
+  if (x == nullptr) ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2];
     const int src = (j - i + p) % p;
     Handle moving;
     if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
+    const Tensor kv = block_kv(i, cur, qkv, x);
     if (i == 0) {
-      ops::attention_block_forward(out, lse, qkv, cur, 0, pos_of(j), pos_of(src), Hg_, KVg_);
+      ops::attention_block_forward(out, lse, qkv, kv, 0, pos_of(j), pos_of(src), Hg_, KVg_);
     } else {
-      ops::attention_block_forward(part_out_, part_lse_, qkv, cur, 0, pos_of(j), pos_of(src), Hg_,
+      ops::attention_block_forward(part_out_, part_lse_, qkv, kv, 0, pos_of(j), pos_of(src), Hg_,
                                    KVg_);
       ops::attention_merge(out, lse, part_out_, part_lse_);
     }
@@ -306,92 +319,52 @@ void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv) {
 
 // Backward: K/V go around again, and with them the dK/dV accumulator of their owner: step i adds
 // this rank's queries' part to src's accumulator and passes it on; after r steps each accumulator
-// has visited every rank and arrives home complete (one more hop than the K/V).
-void ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                                               Tensor lse) {
+// has visited every rank and arrives home complete (one more hop than the K/V). With a payload the
+// accumulator is the payload's gradient: each block's dK/dV (dkvx_) contracts into it
+// (x->contract, which adds the expansion's weight gradient too); dqkv's K/V heads stay zero and
+// the payload's gradient is returned.
+Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                                                 Tensor lse, const KvExpansion* x) {
   ops::fill_zero(dqkv);  // the gradient accumulates block by block
   if (r_ == 1) {
     const Tensor all = pos_of(0);
     ops::attention_block_backward(dqkv, dqkv, dout, qkv, qkv, Hg_, out, lse, all, all, Hg_, KVg_);
-    return;
+    return {};
   }
   Communicator& comm = *ring_;
   const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
+  if (x == nullptr) ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
   ops::fill_zero(dkv_[0]);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2], dcur = dkv_[i % 2];
     const int src = (j - i + p) % p;
     Handle moving;
     if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
-    ops::attention_block_backward(dqkv, dcur, dout, qkv, cur, 0, out, lse, pos_of(j), pos_of(src),
+    const Tensor kv = block_kv(i, cur, qkv, x);
+    const Tensor dkv = x ? dkvx_ : dcur;
+    if (x) ops::fill_zero(dkvx_);
+    ops::attention_block_backward(dqkv, dkv, dout, qkv, kv, 0, out, lse, pos_of(j), pos_of(src),
                                   Hg_, KVg_);
+    if (x) x->contract(dcur, dkvx_, cur);
     Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
     moving.device_wait();
     acc.device_wait();
   }
+  if (x) return dkv_[p % 2];
   ops::copy_heads(dqkv, Hg_, dkv_[p % 2], 0, 2 * KVg_);
+  return {};
 }
 
-// ---- ring with a K/V payload
-// ---------------------------------------------------------------------- As attend/attend_backward
-// (pure ring: Tg = Tl, Hg = H), with the payload where the K/V travel: step 0 attends this rank's
-// own K/V in qkv; a received block is expanded (x.expand) into kvx_ first. Backward: each block's
-// dK/dV (dkvx_) contracts into the payload accumulator it travels with (x.contract, which also adds
-// the expansion's weight gradient for that block).
-
-void ContextParallelAttention::forward(Tensor out_to, Tensor lse, Tensor qkv,
-                                       const KvExpansion& x) {
+void ContextParallelAttention::forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) {
   LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
-  const Tensor out = out_to.dtype == DType::f32 ? out_to : merged_;
-  Communicator& comm = *ring_;
-  const int p = r_, j = ring_rank_;
-  const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  for (int i = 0; i < p; ++i) {
-    const Tensor cur = kv_[i % 2];
-    const int src = (j - i + p) % p;
-    Handle moving;
-    if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
-    if (i == 0) {
-      ops::attention_block_forward(out, lse, qkv, qkv, Hg_, pos_of(j), pos_of(j), Hg_, KVg_);
-    } else {
-      x.expand(kvx_, cur);
-      ops::attention_block_forward(part_out_, part_lse_, qkv, kvx_, 0, pos_of(j), pos_of(src), Hg_,
-                                   KVg_);
-      ops::attention_merge(out, lse, part_out_, part_lse_);
-    }
-    moving.device_wait();
-  }
-  if (out.data != out_to.data) ops::convert(out_to, out);
+  attend(out, lse, qkv, &x);
 }
 
 Tensor ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
                                           Tensor lse, const KvExpansion& x) {
   LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
-  ops::fill_zero(dqkv);
-  Communicator& comm = *ring_;
-  const int p = r_, j = ring_rank_;
-  const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  ops::fill_zero(dkv_[0]);
-  for (int i = 0; i < p; ++i) {
-    const Tensor cur = kv_[i % 2], dcur = dkv_[i % 2];
-    const int src = (j - i + p) % p;
-    Handle moving;
-    if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
-    if (i == 0)
-      ops::copy_heads(kvx_, 0, qkv, Hg_, 2 * KVg_);
-    else
-      x.expand(kvx_, cur);
-    ops::fill_zero(dkvx_);
-    ops::attention_block_backward(dqkv, dkvx_, dout, qkv, kvx_, 0, out, lse, pos_of(j), pos_of(src),
-                                  Hg_, KVg_);
-    x.contract(dcur, dkvx_, cur);
-    Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
-    moving.device_wait();
-    acc.device_wait();
-  }
-  return dkv_[p % 2];
+  return attend_backward(dqkv, dout, qkv, out, lse, &x);
 }
 
 // ---- Ulysses ------------------------------------------------------------------------------------

@@ -130,9 +130,12 @@ class ContextParallelAttention final : public AttentionCore {
   // Row j of the ring's positions table: ring rank j's (Tg) positions.
   Tensor pos_of(int ring_rank) const;
   // Attention of qkv (B,Tg,Wg,D) over the ring group (alone when it has one rank): out
-  // (B,Tg,Hg,D), lse (B,Hg,Tg); the backward assigns dqkv.
-  void attend(Tensor out, Tensor lse, Tensor qkv);
-  void attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
+  // (B,Tg,Hg,D), lse (B,Hg,Tg); the backward assigns dqkv. With x the ring moves the K/V payload
+  // (P_ > 0) and the backward returns its gradient.
+  void attend(Tensor out, Tensor lse, Tensor qkv, const KvExpansion* x = nullptr);
+  Tensor attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                         const KvExpansion* x = nullptr);
+  Tensor block_kv(int i, Tensor cur, Tensor qkv, const KvExpansion* x);
   // Ulysses: a sequence-sharded qkv (B,Tl,W,D) or output (B,Tl,H,D) -> its head-sharded share of
   // the u ranks' positions, (B,Tg,W/u,D) or (B,Tg,H/u,D), through one all-to-all; and back.
   void seq_to_heads(Tensor heads, Tensor seq);
