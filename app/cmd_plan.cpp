@@ -515,6 +515,11 @@ Run add_plan_command(CLI::App& app) {
             "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
             "%lld) and expands the blocks it receives\n",
             static_cast<long long>(payload), static_cast<long long>(2 * kv / tp * spec.head_dim));
+      else if (cfg.model.mla_attention() && par.cp_impl == CpImpl::ring)
+        std::printf("  the ring moves latent attention's K/V (%s)\n",
+                    par.cp_latent ? "the schedule defers the weight gradients the latent ring "
+                                    "adds as the blocks pass"
+                                  : "parallel.cp_latent = false");
       const CpBytes b =
           cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, T, heads / tp,
                              kv / tp, spec.head_dim, compute_dtype(cfg.train.precision), payload);

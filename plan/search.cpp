@@ -155,14 +155,16 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           std::vector<CpImpl> impls{CpImpl::ring};
           if (cp > 1) impls.push_back(CpImpl::ulysses);
           // Latent attention's ring moves the latent (fewer bytes, more kv_b GEMMs and copies)
-          // or the K/V: both are tried.
-          const bool both = cp > 1 && base.model.mla_attention();
-          for (auto [sched, v] : schedules)
+          // or the K/V: both are tried where the schedule lets it move the latent.
+          for (auto [sched, v] : schedules) {
+            const bool both =
+                cp > 1 && base.model.mla_attention() && !(pp > 1 && splits_backward(sched));
             for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
               for (CpImpl impl : impls)
                 for (bool latent : {true, false})
                   if (latent || (both && impl == CpImpl::ring))
                     shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent});
+          }
         }
       }
     }
