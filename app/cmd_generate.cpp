@@ -141,6 +141,7 @@ Run add_generate_command(CLI::App& app) {
         "parallel.dp=1", "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
         "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.sequence_parallel=false",
         "train.micro_batch_size=1", "train.global_batch_size=1", "train.recompute=\"none\"",
+        "train.recompute_layers=0", "train.recompute_modules=[\"core_attn\"]",
         "train.distribute_saved_activations=false",
         // one token at a time: no expert capacity drops it
         "model.moe.capacity_factor=0"};

@@ -135,4 +135,38 @@ Problem read_choice(const toml::node& n, const std::array<std::string_view, N>& 
   return detail::concat("expected one of ", one_of(names), ", found ", describe(n));
 }
 
+// An array of distinct strings, each one of `names` (N <= 32): bit i of `bits` set for names[i].
+template <size_t N>
+Problem read_choices(const toml::node& n, const std::array<std::string_view, N>& names,
+                     uint32_t& bits) {
+  static_assert(N <= 32);
+  const toml::array* list = n.as_array();
+  if (!list) return detail::concat("expected an array of ", one_of(names), ", found ", describe(n));
+  uint32_t out = 0;
+  size_t entry = 0;
+  for (const toml::node& item : *list) {
+    ++entry;
+    size_t i = 0;
+    if (Problem p = read_choice(item, names, i)) return detail::concat("entry ", entry, ": ", *p);
+    if ((out >> i) & 1u)
+      return detail::concat("entry ", entry, ": ", toml_string(names[i]), " is listed twice");
+    out |= 1u << i;
+  }
+  bits = out;
+  return {};
+}
+
+// `bits` as the array read_choices reads: "[\"a\", \"c\"]".
+template <size_t N>
+std::string choices_text(const std::array<std::string_view, N>& names, uint32_t bits) {
+  std::string s = "[";
+  bool first = true;
+  for (size_t i = 0; i < N; ++i) {
+    if (!((bits >> i) & 1u)) continue;
+    s += detail::concat(first ? "" : ", ", toml_string(names[i]));
+    first = false;
+  }
+  return s + "]";
+}
+
 }  // namespace llmt

@@ -154,7 +154,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     key = concat(layers, rank_spec.tp_rank, "/", rank_spec.tp_size, " ep ", rank_spec.ep_rank, "/",
                  rank_spec.ep_size, " sp ", par.sequence_parallel, " cp ", mesh.size(Axis::cp),
                  static_cast<int>(par.cp_impl), par.cp_ulysses, " mbs ", cfg.train.micro_batch_size,
-                 " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers,
+                 " rc ", static_cast<int>(cfg.train.recompute), cfg.train.recompute_layers, "/",
+                 static_cast<int>(cfg.train.recompute_modules.bits), "/",
                  cfg.train.distribute_saved_activations, " ", static_cast<int>(cfg.train.precision),
                  " fp8 ", static_cast<int>(cfg.train.fp8), "/", cfg.train.fp8_block, " ",
                  static_cast<int>(grad_dtype(cfg.train)), " ", rank_spec.has_embedding,
@@ -564,13 +565,14 @@ struct Job {
   double f_tp = 0, f_dp = 0;
 
   // One layer's FLOPs per token: 6 x matmul weights + 6CT of attention, the forward a third;
-  // selective recompute repeats the attention core's forward (2CT), full recompute the layer's
-  // forward.
+  // selective recompute of the core repeats the attention core's forward (2CT; the norms and
+  // the activation it may rerun are no matmuls: other ops), full recompute the layer's forward.
   double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + attn_fpt; }
+  bool core_replays() const {
+    return rc == Recompute::selective && cfg.train.recompute_modules.core_attn();
+  }
   double recompute_fpt(int64_t l) const {
-    return rc == Recompute::full        ? layer_fpt(l) / 3
-           : rc == Recompute::selective ? attn_fpt / 3
-                                        : 0.0;
+    return rc == Recompute::full ? layer_fpt(l) / 3 : core_replays() ? attn_fpt / 3 : 0.0;
   }
 
  private:
@@ -637,9 +639,9 @@ void Job::derive() {
     const double layers = 6 * (w - D * eh) + D * j.attn_fpt;
     j.mtp_fpt = 6 * w + D * (j.attn_fpt + j.head_fpt);
     if (j.cfg.train.recompute_layers == 0)
-      j.mtp_recompute_fpt = j.rc == Recompute::full        ? layers / 3
-                            : j.rc == Recompute::selective ? D * j.attn_fpt / 3
-                                                           : 0.0;
+      j.mtp_recompute_fpt = j.rc == Recompute::full ? layers / 3
+                            : j.core_replays()      ? D * j.attn_fpt / 3
+                                                    : 0.0;
     if (j.cfg.train.fp8 != Fp8Scaling::none)
       j.mtp_fp8_fpt =
           6 * (fp8 - D * eh) +
@@ -795,7 +797,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.chunk_moe_full[static_cast<size_t>(c)] += is_moe && re && j.rc == Recompute::full;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
-      core_replays += re && j.rc == Recompute::selective;
+      core_replays += re && j.core_replays();
       if (!j.layer_fp8_params.empty()) {
         const double w = j.layer_fp8_params[static_cast<size_t>(l)];
         r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0);
@@ -829,7 +831,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     const MlaConfig& a = j.mc.mla;
     const double gemm = 2.0 * static_cast<double>(a.kv_lora_rank * j.mc.n_heads *
                                                   (a.qk_nope_head_dim + a.v_head_dim));
-    if (j.rc == Recompute::selective && j.cfg.train.recompute_layers == 0)
+    if (j.core_replays() && j.cfg.train.recompute_layers == 0)
       core_replays += static_cast<int64_t>(r.mtp);
     const double cores = r.L + r.mtp + static_cast<double>(core_replays) + r.full_replays;
     r.cp_expand_fpt = (j.cp - 1.0) * gemm * (cores + 3.0 * (r.L + r.mtp));

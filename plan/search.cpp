@@ -107,15 +107,19 @@ std::string layout_text(const Config& cfg, int world) {
     if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
     if (!p.pp_layers.empty()) s += concat(" layers ", split_text(p.pp_layers));
   }
-  s += concat(
-      ", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(), ", zero ",
-      p.zero_stage,
-      p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
-      p.zero_hierarchical_partition > 0 ? concat(" secondary over ", p.zero_hierarchical_partition)
-                                        : std::string(),
-      p.zero_quantized_weights ? " int8 weights" : "",
-      p.zero_quantized_gradients ? " int4 gradients" : "", ", recompute ",
-      kRecompute[static_cast<int>(cfg.train.recompute)], ", mbs ", cfg.train.micro_batch_size);
+  s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
+              ", zero ", p.zero_stage,
+              p.zero_shard_group > 0 ? concat(" sharded over ", p.zero_shard_group) : std::string(),
+              p.zero_hierarchical_partition > 0
+                  ? concat(" secondary over ", p.zero_hierarchical_partition)
+                  : std::string(),
+              p.zero_quantized_weights ? " int8 weights" : "",
+              p.zero_quantized_gradients ? " int4 gradients" : "", ", recompute ",
+              kRecompute[static_cast<int>(cfg.train.recompute)],
+              cfg.train.recompute_modules == RecomputeModules{}
+                  ? std::string()
+                  : concat(" ", recompute_modules_text(cfg.train.recompute_modules)),
+              ", mbs ", cfg.train.micro_batch_size);
   return s;
 }
 
@@ -216,11 +220,12 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             zero_groups.push_back({node_dp, 0});
             if (zero == 3) zero_groups.push_back({0, node_dp});
           }
-          // Recompute none, selective, full, and full with its inputs distributed over tp
-          // (tp > 1 without SP).
+          // Recompute none, selective (the attention core), full, full with its inputs
+          // distributed over tp (tp > 1 without SP), and selective of the norms and the
+          // activation (no matmul replayed).
           for (const auto& [shard_group, hpz] : zero_groups)
-            for (int rc = 0; rc < 4; ++rc) {
-              const bool distribute = rc == 3;
+            for (int rc = 0; rc < 5; ++rc) {
+              const bool distribute = rc == 3, cheap = rc == 4;
               if (distribute && (s.tp == 1 || s.sp)) continue;
               Candidate c{sets, shaped, {}};
               c.cfg.parallel.ep = ep;
@@ -237,7 +242,14 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               }
               c.cfg.parallel.zero_quant_block = zero == 3 ? qwz_block : 256;
               c.cfg.train.micro_batch_size = mbs;
-              c.cfg.train.recompute = distribute ? Recompute::full : static_cast<Recompute>(rc);
+              c.cfg.train.recompute = distribute ? Recompute::full
+                                      : cheap    ? Recompute::selective
+                                                 : static_cast<Recompute>(rc);
+              c.cfg.train.recompute_modules = RecomputeModules{};
+              if (cheap)
+                c.cfg.train.recompute_modules.bits =
+                    (1u << static_cast<int>(RecomputeModule::layernorm)) |
+                    (1u << static_cast<int>(RecomputeModule::act));
               c.cfg.train.recompute_layers = 0;
               c.cfg.train.distribute_saved_activations = distribute;
               try {
@@ -267,6 +279,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               c.sets.push_back(concat("train.recompute=\"",
                                       kRecompute[static_cast<int>(c.cfg.train.recompute)], "\""));
               c.sets.push_back("train.recompute_layers=0");
+              c.sets.push_back(concat("train.recompute_modules=",
+                                      recompute_modules_text(c.cfg.train.recompute_modules)));
               c.sets.push_back(
                   concat("train.distribute_saved_activations=", distribute ? "true" : "false"));
               out.ranked.push_back(std::move(c));
@@ -314,6 +328,9 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
               "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");
+  if (c.cfg.train.recompute == Recompute::selective)
+    s +=
+        concat("recompute_modules = ", recompute_modules_text(c.cfg.train.recompute_modules), "\n");
   if (c.cfg.train.distribute_saved_activations) s += "distribute_saved_activations = true\n";
   return s;
 }

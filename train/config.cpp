@@ -34,6 +34,7 @@ constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "const
 constexpr std::array<std::string_view, 2> kOptimizerTypeNames{"adamw", "muon"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
+constexpr std::array<std::string_view, 3> kRecomputeModuleNames{"core_attn", "layernorm", "act"};
 constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
 constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
 constexpr std::array<std::string_view, 3> kFp8Names{"none", "tensorwise", "blockwise"};
@@ -126,6 +127,23 @@ class SectionBuilder {
     return *this;
   }
 
+  // A set of names[i] (a member with a `bits` mask, bit i for names[i]), spelled as an array.
+  template <typename Set, size_t N>
+  SectionBuilder& add_set(std::string_view name, Set S::*m,
+                          const std::array<std::string_view, N>& names) {
+    auto sec = section_;
+    out_.keys.push_back(Key{
+        name, false,
+        [sec, m, &names](const toml::node& n, Config& c) {
+          uint32_t bits = 0;
+          Problem p = read_choices(n, names, bits);
+          if (!p) (sec(c).*m).bits = static_cast<decltype(Set::bits)>(bits);
+          return p;
+        },
+        [sec, m, &names](const Config& c) { return choices_text(names, (sec(mut(c)).*m).bits); }});
+    return *this;
+  }
+
   Section build() { return std::move(out_); }
 
  private:
@@ -208,6 +226,7 @@ const std::vector<Section>& sections() {
                     .add("eval_iters", &T::eval_iters)
                     .add("recompute", &T::recompute, kRecomputeNames)
                     .add("recompute_layers", &T::recompute_layers)
+                    .add_set("recompute_modules", &T::recompute_modules, kRecomputeModuleNames)
                     .add("distribute_saved_activations", &T::distribute_saved_activations)
                     .add("fp8", &T::fp8, kFp8Names)
                     .add("fp8_block", &T::fp8_block)
@@ -385,6 +404,20 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
                      "train.recompute to \"selective\" or \"full\", or recompute_layers to 0"));
   }
 
+  if (t.recompute == Recompute::selective) {
+    r.require(t.recompute_modules.bits != 0, {"train.recompute_modules", "train.recompute"},
+              "train.recompute_modules is empty, so train.recompute=\"selective\" would "
+              "recompute nothing: list some of \"core_attn\", \"layernorm\", \"act\", or set "
+              "train.recompute=\"none\"");
+  } else {
+    r.require(t.recompute_modules == RecomputeModules{},
+              {"train.recompute_modules", "train.recompute"},
+              concat("train.recompute_modules chooses what selective recompute reruns, but "
+                     "train.recompute=",
+                     toml_string(kRecomputeNames[static_cast<size_t>(t.recompute)]),
+                     "; set train.recompute=\"selective\", or remove recompute_modules"));
+  }
+
   if (t.distribute_saved_activations) {
     const ParallelConfig& p = c.parallel;
     r.require(t.recompute == Recompute::full,
@@ -527,6 +560,10 @@ MeshShape mesh_shape(const ParallelConfig& p, int world) {
   s.degree = {static_cast<int>(p.tp), static_cast<int>(p.cp), static_cast<int>(dp),
               static_cast<int>(p.pp)};
   return s;
+}
+
+std::string recompute_modules_text(RecomputeModules m) {
+  return choices_text(kRecomputeModuleNames, m.bits);
 }
 
 const std::vector<std::string>& ddp_overrides() {

@@ -47,6 +47,8 @@ struct TrainConfig {
   int64_t eval_iters = 10;                // global batches of the valid split per validation
   Recompute recompute = Recompute::none;  // activation recompute (docs/model.md)
   int64_t recompute_layers = 0;  // recompute the first N layers of each model chunk; 0 = all
+  // What selective recompute reruns: "core_attn" (default), "layernorm", "act" (docs/model.md).
+  RecomputeModules recompute_modules;
   // Full recompute under tp without sequence parallelism: each tp rank saves 1/tp of a recomputed
   // layer's input and pipeline stages send 1/tp of their output (Megatron's
   // distribute-saved-activations and PTD-P's scatter/gather); docs/model.md.
@@ -114,6 +116,8 @@ void validate_layout(const Config& c, int world);
 // option back at its default, offload.params too (each refuses zero_stage 0). For the commands that
 // run a stored config at a layout of their own (eval, generate) and for plan --search's candidates.
 const std::vector<std::string>& ddp_overrides();
+// train.recompute_modules as written in TOML: ["layernorm", "act"].
+std::string recompute_modules_text(RecomputeModules m);
 // The --set values that turn [offload] off whole (both targets, the folder and the chunk size at
 // their defaults): for the commands that run a stored config without an update (eval, generate).
 const std::vector<std::string>& no_offload_overrides();

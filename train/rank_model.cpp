@@ -14,7 +14,7 @@ std::unique_ptr<Transformer> make_rank_model(const Config& cfg, const ModelSpec&
       rank_spec, alloc, cfg.train.micro_batch_size, compute,
       model_storage(cfg.parallel.zero_stage, compute, grad_dtype(cfg.train)),
       TensorParallel{tp, cfg.parallel.sequence_parallel},
-      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers,
+      RecomputeOptions{cfg.train.recompute, cfg.train.recompute_layers, cfg.train.recompute_modules,
                        cfg.train.distribute_saved_activations},
       ContextParallel{cp, cfg.parallel.cp_impl, static_cast<int>(cfg.parallel.cp_ulysses),
                       cp_kv_payload(cfg)},

@@ -576,8 +576,9 @@ void LatentAttention::backward_weight(std::span<const Tensor> s, const Stash& st
 
 // ---- Mlp ----------------------------------------------------------------------------------------
 
-Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn)
+Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn, bool recompute_act)
     : env_(env),
+      recompute_act_(recompute_act),
       gelu_(env.spec.cfg.activation == Activation::gelu),
       F_((ffn > 0 ? ffn : env.spec.ffn_dim) / env.tp.tp.size()),
       F1_(gelu_ ? F_ : 2 * F_),
@@ -590,6 +591,7 @@ Mlp::Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn)
 
 std::vector<TensorSpec> Mlp::saved() const {
   const DType t = env_.tp.compute;
+  if (recompute_act_) return {{"u", {env_.B, env_.T, F1_}, false, t}};
   return {{"u", {env_.B, env_.T, F1_}, false, t}, {"g", {env_.B, env_.T, F_}, false, t}};
 }
 
@@ -598,16 +600,34 @@ std::vector<TensorSpec> Mlp::stash() const {
   return {{"d_fc2_out", {N, env_.spec.cfg.d_model}, true}, {"d_fc1_out", {N, F1_}, true}};
 }
 
-Tensor Mlp::forward(std::span<const Tensor> s, Tensor x) {
+void Mlp::activate(Tensor g, Tensor u) const {
   const int64_t N = env_.tp.N;
-  Tensor u = s[0], g = s[1];
-  fc1_.forward(u.view({N, F1_}), fc1_.input(x), env_.w(fc1_w_), env_.w(fc1_b_));
-  env_.round(u);
   if (gelu_)
     ops::gelu_forward(g, u);
   else
     ops::swiglu_forward(g.view({N, F_}), u.view({N, F1_}));
   env_.round(g);
+}
+
+Tensor Mlp::activation(std::span<const Tensor> s) const {
+  if (!recompute_act_) return s[1];
+  BlockScratch& sc = env_.scratch;
+  const Tensor g = head_of(sc.act_out, {env_.B, env_.T, F_});
+  if (sc.act_of != s[0].data) {
+    activate(g, s[0]);
+    sc.act_of = s[0].data;
+  }
+  return g;
+}
+
+Tensor Mlp::forward(std::span<const Tensor> s, Tensor x) {
+  const int64_t N = env_.tp.N;
+  Tensor u = s[0];
+  fc1_.forward(u.view({N, F1_}), fc1_.input(x), env_.w(fc1_w_), env_.w(fc1_b_));
+  env_.round(u);
+  const Tensor g = recompute_act_ ? head_of(env_.scratch.act_out, {env_.B, env_.T, F_}) : s[1];
+  activate(g, u);
+  if (recompute_act_) env_.scratch.act_of = u.data;
   Tensor y = fc2_.forward(g.view({N, F_}), env_.w(fc2_w_), env_.w(fc2_b_));
   env_.round(y);
   return y;
@@ -632,7 +652,7 @@ Tensor Mlp::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) {
 
 void Mlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) {
   const int64_t N = env_.tp.N;
-  fc2_.backward_weight(env_.g(fc2_w_), env_.g(fc2_b_), st[0], s[1].view({N, F_}));
+  fc2_.backward_weight(env_.g(fc2_w_), env_.g(fc2_b_), st[0], activation(s).view({N, F_}));
   fc1_.backward_weight(env_.g(fc1_w_), env_.g(fc1_b_), st[1], fc1_.input(x));
 }
 
@@ -648,7 +668,8 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T) {
   return r;
 }
 
-MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed)
+MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed,
+               bool recompute_act)
     : env_(env),
       cfg_(env.spec.cfg.moe),
       rows_(moe_rows(env.tp, env.T)),
@@ -667,7 +688,7 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bo
   LLMT_CHECK(env.tp.tp.size() == 1 || env.tp.sp(),
              "a mixture-of-experts layer under tp needs sequence parallelism");
   if (cfg_.shared_experts > 0) {
-    shared_.emplace(env, prefix + ".shared", env.spec.shared_ffn);
+    shared_.emplace(env, prefix + ".shared", env.spec.shared_ffn, recompute_act);
     st_shared_ = shared_->stash().size();
   }
 }
@@ -1138,16 +1159,16 @@ std::unique_ptr<Branch> make_attention(const BlockEnv& env, int64_t layer, bool 
   return std::make_unique<Attention>(env, prefix, recompute_core);
 }
 
-std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer, bool recomputed) {
+std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer, LayerRecompute rc) {
   const std::string prefix = "layers." + std::to_string(layer) + ".mlp";
   if (env.spec.cfg.moe.layer(layer))
-    return std::make_unique<MoeMlp>(env, prefix, layer, recomputed);
-  return std::make_unique<Mlp>(env, prefix);
+    return std::make_unique<MoeMlp>(env, prefix, layer, rc.mode == Recompute::full, rc.act());
+  return std::make_unique<Mlp>(env, prefix, 0, rc.act());
 }
 
 }  // namespace
 
-Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay,
+Layer::Layer(const BlockEnv& env, int64_t layer, LayerRecompute recompute, std::span<Tensor> replay,
              bool distributed)
     : env_(env),
       layer_(layer),
@@ -1156,9 +1177,11 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
       replay_(replay),
       norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
-      attn_block_(make_attention(env, layer, recompute == Recompute::selective)),
-      mlp_block_(make_mlp(env, layer, recompute == Recompute::full)) {
-  n1_ = 4;
+      attn_block_(make_attention(env, layer, recompute.core())),
+      mlp_block_(make_mlp(env, layer, recompute)) {
+  // [res_in, a, res_mid, m], or without the norms' outputs [res_in, res_mid].
+  mid_ = recompute_.norms() ? 1 : 2;
+  n1_ = 2 * mid_;
   attn_ = n1_ + norm_1_.saved().size();
   n2_ = attn_ + attn_block_->saved().size();
   mlp_ = n2_ + norm_2_.saved().size();
@@ -1169,9 +1192,13 @@ Layer::Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<
   st_attn_ = st_n2_ + norm_2_.stash().size();
   st_n1_ = st_attn_ + attn_block_->stash().size();
   st_end_ = st_n1_ + norm_1_.stash().size();
-  LLMT_CHECK(recompute_ != Recompute::full || replay_.size() == end_, "layer ", layer,
+  LLMT_CHECK(recompute_.mode != Recompute::full || replay_.size() == end_, "layer ", layer,
              ": the replay set has ", replay_.size(), " tensors, full recompute needs ", end_);
-  LLMT_CHECK(!distributed_ || (recompute_ == Recompute::full && env_.tp.parallel() &&
+  LLMT_CHECK(!recompute_.norms() || env_.scratch.norm_out.defined(), "layer ", layer,
+             ": recomputing the norms needs the model's norm scratch");
+  LLMT_CHECK(!recompute_.act() || env_.scratch.act_out.defined(), "layer ", layer,
+             ": recomputing the activation needs the model's activation scratch");
+  LLMT_CHECK(!distributed_ || (recompute_.mode == Recompute::full && env_.tp.parallel() &&
                                !env_.tp.sp() && env_.scratch.whole[0].defined()),
              "layer ", layer, ": distributed saved inputs need full recompute under tp without ",
              "sequence parallelism, and the model's whole-input scratch");
@@ -1184,6 +1211,7 @@ std::vector<TensorSpec> Layer::full_saved() const {
                               {"a", {R, C}, false, t},
                               {"res_mid", {R, C}, false, t},
                               {"m", {R, C}, false, t}};
+  if (recompute_.norms()) out = {out[0], out[2]};
   for (const auto& part :
        {norm_1_.saved(), attn_block_->saved(), norm_2_.saved(), mlp_block_->saved()})
     out.insert(out.end(), part.begin(), part.end());
@@ -1193,7 +1221,7 @@ std::vector<TensorSpec> Layer::full_saved() const {
 std::vector<TensorSpec> Layer::saved() const {
   const int64_t R = env_.tp.R, C = env_.spec.cfg.d_model;
   if (distributed_) return {{"res_in", {R * C / env_.tp.tp.size()}, false, env_.tp.compute}};
-  if (recompute_ == Recompute::full) return {{"res_in", {R, C}, false, env_.tp.compute}};
+  if (recompute_.mode == Recompute::full) return {{"res_in", {R, C}, false, env_.tp.compute}};
   return full_saved();
 }
 
@@ -1251,12 +1279,32 @@ Tensor Layer::branch_grad(int site, const StepContext& ctx) {
   return sc.d_tmp;
 }
 
+Tensor Layer::normed(std::span<const Tensor> f, int site) const {
+  if (!recompute_.norms()) return f[site == 0 ? 1 : 3];
+  BlockScratch& sc = env_.scratch;
+  const Tensor in = f[site == 0 ? 0 : mid_];
+  if (sc.norm_of != in.data) {
+    // The same op on the same input: the statistics it writes are the saved ones again.
+    if (site == 0)
+      norm_1_.forward(f.subspan(n1_, attn_ - n1_), sc.norm_out, in);
+    else
+      norm_2_.forward(f.subspan(n2_, mlp_ - n2_), sc.norm_out, in);
+    sc.norm_of = in.data;
+  }
+  return sc.norm_out;
+}
+
 void Layer::run_forward(std::span<const Tensor> f, Tensor out, const StepContext& ctx) {
-  const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
+  BlockScratch& sc = env_.scratch;
+  const bool kept = !recompute_.norms();
+  const Tensor res_in = f[0], res_mid = f[mid_];
+  const Tensor a = kept ? f[1] : sc.norm_out, m = kept ? f[3] : sc.norm_out;
   norm_1_.forward(f.subspan(n1_, attn_ - n1_), a, res_in);
+  if (!kept) sc.norm_of = res_in.data;
   Tensor y = attn_block_->forward(f.subspan(attn_, n2_ - attn_), a);
   residual(res_mid, res_in, y, 0, ctx);
   norm_2_.forward(f.subspan(n2_, mlp_ - n2_), m, res_mid);
+  if (!kept) sc.norm_of = res_mid.data;
   y = mlp_block_->forward(f.subspan(mlp_, end_ - mlp_), m);
   residual(out, res_mid, y, 1, ctx);
 }
@@ -1268,7 +1316,7 @@ void Layer::forward(std::span<const Tensor> s, Tensor in, Tensor out, const Step
              distributed_ ? "the whole of its saved part" : "its saved res_in");
   // The layer's per-micro-batch state is keyed by its saved input (whole or this rank's part).
   env_.scratch.layer_input = s[0].data;
-  if (recompute_ != Recompute::full) {
+  if (recompute_.mode != Recompute::full) {
     run_forward(s, out, ctx);
     return;
   }
@@ -1281,7 +1329,7 @@ void Layer::forward(std::span<const Tensor> s, Tensor in, Tensor out, const Step
 
 std::span<const Tensor> Layer::full_set(std::span<const Tensor> s, const StepContext& ctx) {
   env_.scratch.layer_input = s[0].data;
-  if (recompute_ != Recompute::full) return s;
+  if (recompute_.mode != Recompute::full) return s;
   if (env_.scratch.replay_of != s[0].data) {
     replay_[0] = s[0];
     if (distributed_) {
@@ -1300,7 +1348,7 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
                            bool then_weight) {
   const BlockScratch& sc = env_.scratch;
   const std::span<const Tensor> f = full_set(s, ctx);
-  const Tensor res_in = f[0], a = f[1], res_mid = f[2], m = f[3];
+  const Tensor res_in = f[0], res_mid = f[mid_];
   Stash st_mlp = st.part(st_mlp_, st_n2_ - st_mlp_), st_n2 = st.part(st_n2_, st_attn_ - st_n2_);
   Stash st_attn = st.part(st_attn_, st_n1_ - st_attn_), st_n1 = st.part(st_n1_, st_end_ - st_n1_);
   const auto f_n1 = f.subspan(n1_, attn_ - n1_), f_attn = f.subspan(attn_, n2_ - attn_);
@@ -1308,14 +1356,14 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 
   // d_res: the gradient of the layer's output.
   Tensor dm = mlp_block_->backward_input(f_mlp, st_mlp, branch_grad(1, ctx));
-  if (then_weight) mlp_block_->backward_weight(f_mlp, st_mlp, m);
+  if (then_weight) mlp_block_->backward_weight(f_mlp, st_mlp, normed(f, 1));
   norm_2_.backward_input(f_n2, st_n2, sc.d_tmp, dm, res_mid);
   if (then_weight) norm_2_.backward_weight(st_n2);
   ops::add_inplace(sc.d_res, sc.d_tmp);
   env_.round(sc.d_res);
   // d_res: the gradient of res_mid.
   Tensor da = attn_block_->backward_input(f_attn, st_attn, branch_grad(0, ctx));
-  if (then_weight) attn_block_->backward_weight(f_attn, st_attn, a);
+  if (then_weight) attn_block_->backward_weight(f_attn, st_attn, normed(f, 0));
   norm_1_.backward_input(f_n1, st_n1, sc.d_tmp, da, res_in);
   if (then_weight) norm_1_.backward_weight(st_n1);
   ops::add_inplace(sc.d_res, sc.d_tmp);
@@ -1325,10 +1373,10 @@ void Layer::backward_input(std::span<const Tensor> s, Stash& st, const StepConte
 void Layer::backward_weight(std::span<const Tensor> s, const Stash& st, const StepContext& ctx) {
   const std::span<const Tensor> f = full_set(s, ctx);
   mlp_block_->backward_weight(f.subspan(mlp_, end_ - mlp_), st.part(st_mlp_, st_n2_ - st_mlp_),
-                              f[3]);
+                              normed(f, 1));
   norm_2_.backward_weight(st.part(st_n2_, st_attn_ - st_n2_));
   attn_block_->backward_weight(f.subspan(attn_, n2_ - attn_), st.part(st_attn_, st_n1_ - st_attn_),
-                               f[1]);
+                               normed(f, 0));
   norm_1_.backward_weight(st.part(st_n1_, st_end_ - st_n1_));
 }
 
@@ -1446,7 +1494,7 @@ std::string mtp_prefix(const BlockEnv& env, int64_t depth) {
 }
 }  // namespace
 
-MtpModule::MtpModule(const BlockEnv& env, int64_t depth, Recompute recompute,
+MtpModule::MtpModule(const BlockEnv& env, int64_t depth, LayerRecompute recompute,
                      std::span<Tensor> replay, Tensor ce_max, Tensor ce_sums)
     : env_(env),
       depth_(depth),

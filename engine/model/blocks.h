@@ -109,7 +109,10 @@ struct BlockScratch {
   Tensor d_u, d_g;            // (B,T,F1), (B,T,F)
   Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
   Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
-  Tensor stash;               // the non-view stash entries of a back-to-back backward
+  // Selective recompute of the norms and the activation (RecomputeModules): one norm's output
+  // (R,C) and one MLP's activation output (B,T,F), in the compute type.
+  Tensor norm_out, act_out;
+  Tensor stash;  // the non-view stash entries of a back-to-back backward
   // Distributed saved inputs (Layer::distributed): the residual stream in full, (R,C) in the
   // compute type; the forward passes it between two, a replay gathers its input into [0].
   std::array<Tensor, 2> whole;
@@ -137,6 +140,8 @@ struct BlockScratch {
   // backward_weight replays only when another micro-batch or layer has used it since.
   const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
   const void* replay_of = nullptr;  // the replay set: replayed from this res_in
+  const void* norm_of = nullptr;    // norm_out: the norm of this res_in or res_mid
+  const void* act_of = nullptr;     // act_out: the activation of this fc1 output u
   // The saved input (res_in) of the layer whose blocks run now: one per (layer, micro-batch),
   // what a block keys per-micro-batch state of its own by (MoeMlp under expert parallelism).
   const void* layer_input = nullptr;
@@ -316,17 +321,25 @@ class LatentAttention final : public Branch, private KvExpansion {
 
 // The MLP: column-parallel fc1, GELU or SwiGLU, row-parallel fc2. `ffn`: its hidden width F
 // (global; 0 = model.d_ff); the shared experts of an MoE layer are an Mlp of their total width.
+// With recompute_act (selective recompute's "act") the activation's output g is not saved: the
+// forward writes it into the model's scratch, and fc2's weight gradient recomputes it from the
+// saved u unless the scratch holds it still (scratch.act_of).
 class Mlp final : public Branch {
  public:
-  Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn = 0);
-  std::vector<TensorSpec> saved() const override;  // u (B,T,F1), g (B,T,F)
+  Mlp(const BlockEnv& env, const std::string& prefix, int64_t ffn = 0, bool recompute_act = false);
+  std::vector<TensorSpec> saved() const override;  // u (B,T,F1) [, g (B,T,F)]
   std::vector<TensorSpec> stash() const override;  // d fc2 out (N,C), d fc1 out (N,F1)
   Tensor forward(std::span<const Tensor> s, Tensor x) override;
   Tensor backward_input(std::span<const Tensor> s, Stash& st, Tensor dy) override;
   void backward_weight(std::span<const Tensor> s, const Stash& st, Tensor x) override;
 
  private:
+  // g = act(u) (B,T,F) into `g`, rounded to the compute type.
+  void activate(Tensor g, Tensor u) const;
+  // The activation output of the saved set s: s[1], or recomputed into scratch.act_out.
+  Tensor activation(std::span<const Tensor> s) const;
   const BlockEnv& env_;
+  bool recompute_act_;
   bool gelu_;
   int64_t F_, F1_;  // this tp rank's hidden width and fc1 rows
   int64_t fc1_w_, fc1_b_, fc2_w_, fc2_b_;
@@ -382,8 +395,10 @@ int64_t ep_count_bytes(const ModelSpec& spec);
 class MoeMlp final : public Branch {
  public:
   // recomputed: the layer recomputes fully (train.recompute = "full"): under ep its forward keeps
-  // no received rows, its backward dispatches them again.
-  MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed = false);
+  // no received rows, its backward dispatches them again. recompute_act: the shared experts'
+  // activation is recomputed (Mlp's; the routed experts keep theirs).
+  MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed = false,
+         bool recompute_act = false);
   // logits (N,E), idx (N,k) i32, weights (N,k), counts (S,E) i32, offsets (E+1) i32, assign (M)
   // i32, slot (N,k) i32, xp (M,C), h (M,Fe1), g (M,Fe), eo (M,C) [, the shared Mlp's]
   std::vector<TensorSpec> saved() const override;
@@ -459,21 +474,25 @@ class MoeMlp final : public Branch {
 // One pre-norm transformer layer: res_mid = res_in + dropout(attn(norm_1(res_in))), out =
 // res_mid + dropout(mlp(norm_2(res_mid))); the dropout mask keyed by (layer, site, step, global
 // element index), so a replay draws the same mask. Its saved tensors are [res_in, a, res_mid, m]
-// (a, m: the norms' outputs) then each block's; under full recompute only res_in, the rest
+// (a, m: the norms' outputs) then each block's; under selective recompute of the norms
+// ([res_in, res_mid], then the blocks') a and m are written into the model's scratch
+// (scratch.norm_out) and recomputed from res_in, res_mid and the saved statistics for the
+// weight gradients that read them; under full recompute only res_in, the rest
 // replayed into `replay` (one layer's full set, the model's scratch) in backward. `distributed`
 // (full recompute under tp without SP, train.distribute_saved_activations): res_in, the same on
 // every tp rank, is saved as this rank's 1/tp of its elements (tp::split_1d) and gathered over tp
 // before the replay, into scratch.whole[0] (Megatron's distribute-saved-activations).
 class Layer {
  public:
-  Layer(const BlockEnv& env, int64_t layer, Recompute recompute, std::span<Tensor> replay,
+  Layer(const BlockEnv& env, int64_t layer, LayerRecompute recompute, std::span<Tensor> replay,
         bool distributed = false);
   int64_t index() const { return layer_; }
-  Recompute recompute() const { return recompute_; }
+  Recompute recompute() const { return recompute_.mode; }
   bool distributed() const { return distributed_; }
   std::vector<TensorSpec> saved() const;
   std::vector<TensorSpec> stash() const;
-  // The full saved set of this layer's shapes (what full recompute replays into).
+  // The saved set of this layer's forward (what full recompute replays into; a fully recomputed
+  // layer's replay keeps every tensor).
   std::vector<TensorSpec> full_saved() const;
   // out (R,C) = layer(in (R,C)); in is s[0] (res_in), or for a distributed layer the whole
   // input, of which s[0] holds this rank's part (the caller's split).
@@ -492,15 +511,19 @@ class Layer {
   // does not hold this s yet.
   std::span<const Tensor> full_set(std::span<const Tensor> s, const StepContext& ctx);
   void residual(Tensor out, Tensor res, Tensor branch, int site, const StepContext& ctx);
+  // The output of norm_1 (site 0, of res_in) or norm_2 (site 1, of res_mid) in the full set f:
+  // saved, or (selective recompute of the norms) recomputed into scratch.norm_out unless it
+  // holds it still.
+  Tensor normed(std::span<const Tensor> f, int site) const;
   Tensor branch_grad(int site, const StepContext& ctx);  // dropout backward of scratch.d_res
   float dropout(const StepContext& ctx) const;
   uint64_t dropout_stream(int site, int64_t step) const;
-  // Offsets of the blocks' parts in the full saved set and stash.
-  size_t n1_, attn_, n2_, mlp_, end_;
+  // Offsets of res_mid and the blocks' parts in the full saved set, and of the stash's.
+  size_t mid_, n1_, attn_, n2_, mlp_, end_;
   size_t st_attn_, st_n2_, st_mlp_, st_n1_, st_end_;
   const BlockEnv& env_;
   int64_t layer_;
-  Recompute recompute_;
+  LayerRecompute recompute_;
   bool distributed_;
   std::span<Tensor> replay_;
   Norm norm_1_, norm_2_;
@@ -573,7 +596,7 @@ class Head {
 // stashes [d e (R,C), enorm's, hnorm's, d h' (R,C), the layer's, the head's].
 class MtpModule {
  public:
-  MtpModule(const BlockEnv& env, int64_t depth, Recompute recompute, std::span<Tensor> replay,
+  MtpModule(const BlockEnv& env, int64_t depth, LayerRecompute recompute, std::span<Tensor> replay,
             Tensor ce_max, Tensor ce_sums);
   int64_t depth() const { return depth_; }
   const Layer& layer() const { return layer_; }

@@ -15,10 +15,33 @@ enum class NormKind : uint8_t { layernorm, rmsnorm };
 enum class Activation : uint8_t { gelu, swiglu };
 enum class PositionKind : uint8_t { learned, rope };
 // Activation recompute of a layer ([train] recompute; docs/model.md, "Activation memory"): none
-// keeps everything its backward reads; selective drops the attention core's output and
-// log-sum-exp and reruns the core from the saved qkv in backward; full keeps only the layer's
-// input and reruns its forward in backward.
+// keeps everything its backward reads; selective drops what its modules rerun in backward (by
+// default the attention core's output and log-sum-exp, rerun from the saved qkv); full keeps
+// only the layer's input and reruns its forward in backward.
 enum class Recompute : uint8_t { none, selective, full };
+// What selective recompute reruns in backward ([train] recompute_modules, Megatron-Core's
+// --recompute-modules): core_attn the attention core (output and log-sum-exp); layernorm the
+// layer's two norms (their outputs, the inputs of qkv and fc1, not saved; the norms' statistics
+// are); act the MLP's activation (GELU or SwiGLU; its output, fc2's input, not saved), of the
+// dense MLPs and the shared experts. Each reruns the same op on the same saved inputs, so no mode
+// changes a bit of the result.
+enum class RecomputeModule : uint8_t { core_attn, layernorm, act };
+struct RecomputeModules {
+  uint8_t bits = 1u << static_cast<int>(RecomputeModule::core_attn);
+  bool has(RecomputeModule m) const { return (bits >> static_cast<int>(m)) & 1u; }
+  bool core_attn() const { return has(RecomputeModule::core_attn); }
+  bool layernorm() const { return has(RecomputeModule::layernorm); }
+  bool act() const { return has(RecomputeModule::act); }
+  bool operator==(const RecomputeModules&) const = default;
+};
+// One layer's recompute: its mode and, under selective, the modules it reruns (none otherwise).
+struct LayerRecompute {
+  Recompute mode = Recompute::none;
+  RecomputeModules modules;
+  bool core() const { return mode == Recompute::selective && modules.core_attn(); }
+  bool norms() const { return mode == Recompute::selective && modules.layernorm(); }
+  bool act() const { return mode == Recompute::selective && modules.act(); }
+};
 // [model.moe] router: softmax over the experts' logits, or an independent sigmoid per expert.
 enum class MoeRouter : uint8_t { softmax, sigmoid };
 // Load balancing: the aux loss (Switch), DeepSeek-V3's aux-loss-free bias (a per-expert bias

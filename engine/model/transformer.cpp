@@ -112,18 +112,22 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   chunk_first_.push_back(0);
   for (const auto& [b, e] : spec_.chunks) chunk_first_.push_back(chunk_first_.back() + (e - b));
   // Each layer's recompute mode: the first recompute.layers of its chunk (0: all).
-  std::vector<Recompute> modes;
+  const LayerRecompute chosen{recompute.mode, recompute.modules};
+  std::vector<LayerRecompute> modes;
   for (int c = 0; c < num_chunks(); ++c)
     for (int64_t j = 0; j < chunk_layers(c); ++j)
-      modes.push_back(recompute.layers == 0 || j < recompute.layers ? recompute.mode
-                                                                    : Recompute::none);
+      modes.push_back(recompute.layers == 0 || j < recompute.layers ? chosen : LayerRecompute{});
   // The multi-token prediction modules' layers (with the head; none when decoding) recompute
   // as train.recompute says when it covers every layer (recompute.layers 0), else nothing.
   const bool with_mtp = spec_.has_head && decode_len == 0 && cfg.mtp_depth > 0;
   const std::vector<int64_t> mtp_layers = with_mtp ? spec_.mtp_layers() : std::vector<int64_t>{};
-  const Recompute mtp_mode = recompute.layers == 0 ? recompute.mode : Recompute::none;
-  const bool any_core = std::count(modes.begin(), modes.end(), Recompute::selective) > 0 ||
-                        (with_mtp && mtp_mode == Recompute::selective);
+  const LayerRecompute mtp_mode = recompute.layers == 0 ? chosen : LayerRecompute{};
+  // What the recompute scratch holds: the attention core, a norm's output, an activation's.
+  const bool any_selective =
+      std::any_of(modes.begin(), modes.end(),
+                  [](const LayerRecompute& m) { return m.mode == Recompute::selective; }) ||
+      (with_mtp && mtp_mode.mode == Recompute::selective);
+  const RecomputeModules& modules = recompute.modules;
   distribute_ = recompute.distribute;
   LLMT_CHECK(!distribute_ || (recompute.mode == Recompute::full && p > 1 && !tp_.sp() &&
                               decode_len == 0 && (R * C) % p == 0),
@@ -143,15 +147,15 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   std::array<std::vector<TensorSpec>, 2> layer_full;
   std::array<std::vector<TensorSpec>, 2> layer_stash;
   std::array<bool, 2> full_of{false, false};
-  std::vector<std::pair<int64_t, Recompute>> all_layers;  // (global layer, mode)
+  std::vector<std::pair<int64_t, LayerRecompute>> all_layers;  // (global layer, mode)
   for (size_t j = 0; j < layers_.size(); ++j) all_layers.emplace_back(layers_[j], modes[j]);
   for (const int64_t l : mtp_layers) all_layers.emplace_back(l, mtp_mode);
   for (const auto& [l, mode] : all_layers) {
     const int kind = cfg.moe.layer(l) ? 1 : 0;
     has_moe = has_moe || kind == 1;
-    full_of[kind] = full_of[kind] || mode == Recompute::full;
+    full_of[kind] = full_of[kind] || mode.mode == Recompute::full;
     if (!layer_full[kind].empty()) continue;
-    const Layer probe(env_, l, Recompute::none, {});
+    const Layer probe(env_, l, LayerRecompute{}, {});
     layer_full[kind] = probe.full_saved();
     layer_stash[kind] = probe.stash();
   }
@@ -172,7 +176,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
   // Each multi-token prediction module's stash (the same whatever its layer recomputes).
   std::vector<std::vector<TensorSpec>> mtp_stash;
   for (int64_t k = 1; k <= static_cast<int64_t>(mtp_layers.size()); ++k)
-    mtp_stash.push_back(MtpModule(env_, k, Recompute::none, {}, Tensor(), Tensor()).stash());
+    mtp_stash.push_back(MtpModule(env_, k, LayerRecompute{}, {}, Tensor(), Tensor()).stash());
   size_t stash_bytes = std::max({spec_bytes(made(layer_stash[0])), spec_bytes(made(layer_stash[1])),
                                  spec_bytes(made(head_stash))});
   for (const auto& m : mtp_stash) stash_bytes = std::max(stash_bytes, spec_bytes(made(m)));
@@ -256,10 +260,13 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     }
     sc.stash = lay.take({static_cast<int64_t>(stash_bytes / 4)});
     const size_t before = lay.bytes();
-    if (any_core) {
+    if (any_selective && modules.core_attn()) {
       sc.core_att = lay.take({B_, T_, H, D});
       sc.core_lse = lay.take({B_, H, T_});
     }
+    if (any_selective && modules.layernorm()) sc.norm_out = lay.take({R, C}, compute_);
+    if (any_selective && modules.act())
+      sc.act_out = lay.take({B_, T_, std::max(spec_.ffn_dim, spec_.shared_ffn) / p}, compute_);
     for (int kind = 0; kind < 2; ++kind) {
       if (!full_of[kind]) continue;
       // One layer's full saved set but its input: a replay reads the layer's own saved input.
@@ -296,15 +303,15 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     std::vector<Tensor>& replay = replay_sets_[cfg.moe.layer(layers_[j]) ? 1 : 0];
     layer_blocks_.push_back(std::make_unique<Layer>(
         env_, layers_[j], modes[j],
-        modes[j] == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(),
-        distribute_ && modes[j] == Recompute::full));
+        modes[j].mode == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(),
+        distribute_ && modes[j].mode == Recompute::full));
   }
   if (spec_.has_head) head_.emplace(env_, ce_max, ce_sums, /*f32_logits=*/decode_len > 0);
   for (const int64_t l : mtp_layers) {
     std::vector<Tensor>& replay = replay_sets_[cfg.moe.layer(l) ? 1 : 0];
     mtp_.push_back(std::make_unique<MtpModule>(
         env_, l - L + 1, mtp_mode,
-        mtp_mode == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(), ce_max,
+        mtp_mode.mode == Recompute::full ? std::span<Tensor>(replay) : std::span<Tensor>(), ce_max,
         ce_sums));
   }
 

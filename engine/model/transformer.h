@@ -62,6 +62,7 @@ struct ModelStorage {
 struct RecomputeOptions {
   Recompute mode = Recompute::none;
   int64_t layers = 0;
+  RecomputeModules modules;  // train.recompute_modules: what selective recompute reruns
   // train.distribute_saved_activations (full recompute, tp > 1 without SP): a fully recomputed
   // layer saves 1/tp of its input (Layer's `distributed`), and a pipeline chunk without the head
   // keeps and sends 1/tp of its output, which the next stage receives as its first layer's part.

@@ -47,10 +47,7 @@ UNPUBLISHED = {
 }
 # Published layouts that do not fit their hardware in llmtrain yet (plan without flags prints
 # DOES NOT FIT; the config's header says why, in a sentence with "does not fit").
-DOES_NOT_FIT = {
-    "llama3-405b.toml": "1F1B keeps 16 micro-batches in flight on the first stage",
-    "llama3-405b-128k.toml": "1F1B keeps 16 micro-batches in flight on the first stage",
-}
+DOES_NOT_FIT = {}
 # Mixture-of-experts configs: the active parameters per token, in billions (plan's "N active").
 PUBLISHED_ACTIVE = {
     "mixtral-8x7b.toml": ("12.9", "Jiang et al. 2024, Section 1 (13B active; 12.9B on the model card)"),

@@ -71,6 +71,12 @@ LAYOUTS = {  # name: (ranks, sets)
                         "train.recompute=\"full\""]),
     "tp2-full": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"full\""]),
     "tp2-selective": (2, ["parallel.tp=2", "parallel.dp=1", "train.recompute=\"selective\""]),
+    # Selective recompute of the norms and the activation: their outputs in the model's scratch,
+    # not saved per layer and micro-batch.
+    "tp2-sp-norm-act-bf16": (2, ["parallel.tp=2", "parallel.dp=1",
+                                 "parallel.sequence_parallel=true", "train.precision=bf16",
+                                 "train.recompute=\"selective\"",
+                                 "train.recompute_modules=[\"layernorm\", \"act\"]"]),
     # Full recompute's saved inputs split over tp (train.distribute_saved_activations): 1/tp of
     # each layer's input and of each stage's sent output, the gathers before each replay and
     # after each receive; under ZB-H1 the weight half replays (and gathers) again.
@@ -122,6 +128,8 @@ LAYOUTS = {  # name: (ranks, sets)
     # Recompute on one rank (the MoE config runs these; tp layouts are the dense configs').
     "full": (1, ["train.recompute=\"full\""]),
     "selective": (1, ["train.recompute=\"selective\""]),
+    "norm-act": (1, ["train.recompute=\"selective\"",
+                     "train.recompute_modules=[\"core_attn\", \"layernorm\", \"act\"]"]),
     "pp2-full-first": (2, ["parallel.pp=2", "parallel.dp=1", "train.recompute=\"full\"",
                            "train.recompute_layers=1"]),
     # Capacity under cp (MoE config): the chunks' counts that rank the assignments.
@@ -225,25 +233,25 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
                "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4",
-               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v"]
+               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v", "norm-act"]
 # --layouts mla: latent attention (configs/mla-tiny.toml) under tp + sp (its latents gathered),
 # pp, cp, ZeRO, recompute and 16 bits.
 MLA_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
                "tp2-sp-dp2-zero3", "pp2", "pp2-zb-h1-dp2-zero2", "cp2-ring", "cp2-ulysses-dp2-zero1",
-               "cp2-tp2-sp-zero1", "full", "selective"]
+               "cp2-tp2-sp-zero1", "full", "selective", "tp2-sp-norm-act-bf16"]
 # --layouts mtp: multi-token prediction (configs/mtp-tiny.toml: two modules with the head) under
 # tp + sp, cp, ZeRO, recompute and 16 bits, and under pp (rank 0 the first stage: the last
 # stage's copy of wte summed with it).
 MTP_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
                "tp2-sp-dp2-zero3", "cp2-ring", "cp2-ulysses-dp2-zero1", "cp2-tp2-sp-zero1", "full",
-               "selective", "pp2-dp2-zero3", "pp2-zb-v"]
+               "selective", "pp2-dp2-zero3", "pp2-zb-v", "norm-act"]
 # --layouts muon / muon-moe (with --set optimizer.type=muon): Muon's momentum and buffers, its
 # row all-gathers under ZeRO and its tp all-gathers (Shard(0) and Shard(1) matrices).
 MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp2-dp2-zero3",
                 "pp2-dp2-zero2"]
 MUON_MOE_LAYOUTS = ["zero3-dp3", "ep2-zero3-dp4", "tp2-sp-dp2-zero3", "ep2-tp2-sp-zero3"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
-                 if n not in ("full", "selective", "pp2-full-first")
+                 if n not in ("full", "selective", "norm-act", "pp2-full-first")
                  and not n.startswith(("ep", "capacity"))]
 PEAK_BOUND = 0.01
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]

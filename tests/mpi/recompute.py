@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """Activation recompute never changes a bit: at one layout, train config C for its train.steps
-with train.recompute = "none", "selective" and "full" (and "full" on the first layer only,
-train.recompute_layers = 1), in fp32 and bf16, with dropout 0.1 and a validation pass every 5
-steps, and require every step's loss, grad_norm and val_loss and the final parameters
-(--dump-final) to be bitwise those of "none". Also checks that recompute lowers the peak
-activation bytes (selective < none, full < selective); the exact bytes per layer are
+with train.recompute = "none", "selective" (the attention core), "selective" of the norms and the
+activation (train.recompute_modules = ["layernorm", "act"]: their outputs recomputed for the
+weight gradients, also in a zero-bubble schedule's deferred weight half) and "full" (and "full"
+on the first layer only, train.recompute_layers = 1), in fp32 and bf16, with dropout 0.1 and a
+validation pass every 5 steps, and require every step's loss, grad_norm and val_loss and the
+final parameters (--dump-final) to be bitwise those of "none". Also checks that recompute lowers
+the peak activation bytes (selective < none, full < selective, norms and activation < none); the
+exact bytes per layer are
 tests/unit/model/test_recompute.cpp's. (Recomputing one layer of two saves nothing: the replay
 buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 
@@ -55,7 +58,9 @@ LAYOUTS = {
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"]),
 }
-MODES = [("none", []), ("selective", []), ("full", []), ("full-first", ["train.recompute_layers=1"])]
+MODES = [("none", []), ("selective", []),
+         ("selective-norm-act", ['train.recompute_modules=["layernorm", "act"]']), ("full", []),
+         ("full-first", ["train.recompute_layers=1"])]
 DIST = ["train.distribute_saved_activations=true"]
 COMMON = ["train.threads=1", "log.progress=false", "model.dropout=0.1", "train.eval_interval=5",
           "train.eval_iters=2"]
@@ -80,7 +85,7 @@ def main():
         runs = {}
         for mode, extra in modes:
             out = os.path.join(args.workdir, args.layout, precision, mode)
-            recompute = "full" if mode.startswith("full") else mode
+            recompute = mode.split("-")[0]
             runs[mode] = train_run(args, out, ranks, sets + extra + [
                 f"train.precision={precision}", f"train.recompute={recompute}"])
         ref_steps, ref_params = runs["none"]
@@ -101,6 +106,9 @@ def main():
               ", ".join(f"{m} {peaks[m]}" for m in peaks))
         if not peaks["full"] < peaks["selective"] < peaks["none"]:
             failures.append(f"{precision}: peak activations not none > selective > full: {peaks}")
+        if not peaks["selective-norm-act"] < peaks["none"]:
+            failures.append(f"{precision}: norms and activation recomputed, peak activations not "
+                            f"below none: {peaks}")
     finish(failures)
 
 

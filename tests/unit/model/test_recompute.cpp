@@ -1,7 +1,7 @@
-// Activation recompute: the gradients of none / selective / full are bitwise equal (with
-// dropout), and the activation bytes the allocator counts per layer are exactly the formulas of
-// docs/model.md ("Activation memory"), for GPT and Llama at two shapes each, in fp32 and with
-// 16-bit storage.
+// Activation recompute: the gradients of none / selective (each module: the attention core, the
+// norms, the activation, and all three) / full are bitwise equal (with dropout), and the
+// activation bytes the allocator counts per layer are exactly the formulas of docs/model.md
+// ("Activation memory"), for GPT and Llama at two shapes each, in fp32 and with 16-bit storage.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -38,32 +38,54 @@ ModelConfig config(const Case& k, int64_t layers) {
 // tensors (the layer's input, res_mid and the norms' outputs; e bytes), the norms' statistics
 // (mean and rstd for layernorm, rstd for rmsnorm; fp32), qkv and the attention output (e), its
 // log-sum-exp (abs, fp32), the MLP's fc1 output and activation output (e).
-// selective: without the attention output and lse. full: the layer's input only.
-int64_t formula_bytes(const Case& k, Recompute r, int64_t e = 4) {
+// selective: without what its modules rerun: the attention output and lse (core_attn), the
+// norms' outputs (layernorm), the activation's output (act). full: the layer's input only.
+struct Mode {
+  Recompute r = Recompute::none;
+  RecomputeModules m = {};
+};
+RecomputeModules modules(std::initializer_list<RecomputeModule> list) {
+  RecomputeModules m{0};
+  for (RecomputeModule x : list) m.bits |= static_cast<uint8_t>(1u << static_cast<int>(x));
+  return m;
+}
+using enum RecomputeModule;
+const Mode kModes[] = {{Recompute::none},
+                       {Recompute::selective},
+                       {Recompute::full},
+                       {Recompute::selective, modules({layernorm})},
+                       {Recompute::selective, modules({act})},
+                       {Recompute::selective, modules({core_attn, layernorm, act})}};
+
+int64_t formula_bytes(const Case& k, Mode mode, int64_t e = 4) {
   const int64_t sb = k.B * k.T, h = k.C, D = k.C / k.H;
   const bool gpt = k.arch == Arch::gpt2;
   const int64_t F1 = gpt ? k.F : 2 * k.F;
   const int64_t stats = gpt ? 4 * sb : 2 * sb;
   const int64_t qkv = sb * (k.H + 2 * k.KV) * D, lse = k.B * k.H * k.T;
-  const int64_t kept = 4 * stats + e * (4 * sb * h + qkv + sb * F1 + sb * k.F);
-  switch (r) {
+  const int64_t none =
+      4 * stats + e * (4 * sb * h + qkv + sb * F1 + sb * k.F) + e * sb * h + 4 * lse;
+  switch (mode.r) {
     case Recompute::none:
-      return kept + e * sb * h + 4 * lse;
+      return none;
     case Recompute::selective:
-      return kept;
+      return none - (mode.m.core_attn() ? e * sb * h + 4 * lse : 0) -
+             (mode.m.layernorm() ? 2 * e * sb * h : 0) - (mode.m.act() ? e * sb * k.F : 0);
     case Recompute::full:
       return e * sb * h;
   }
   return 0;
 }
 
-// The model-wide recompute scratch: the attention core, fp32 (selective); one layer's full set
-// without its input (the replayed layer's own saved input is read) plus the replayed output,
-// fp32 (full).
-int64_t formula_scratch(const Case& k, Recompute r, int64_t e = 4) {
+// The model-wide recompute scratch: selective's attention core, fp32, a norm's output and an
+// activation's, e bytes; one layer's full set without its input (the replayed layer's own saved
+// input is read) plus the replayed output, fp32 (full).
+int64_t formula_scratch(const Case& k, Mode mode, int64_t e = 4) {
   const int64_t sb = k.B * k.T;
-  if (r == Recompute::selective) return 4 * (sb * k.C + k.B * k.H * k.T);
-  if (r == Recompute::full) return formula_bytes(k, Recompute::none, e) + (4 - e) * sb * k.C;
+  if (mode.r == Recompute::selective)
+    return (mode.m.core_attn() ? 4 * (sb * k.C + k.B * k.H * k.T) : 0) +
+           (mode.m.layernorm() ? e * sb * k.C : 0) + (mode.m.act() ? e * sb * k.F : 0);
+  if (mode.r == Recompute::full) return formula_bytes(k, {}, e) + (4 - e) * sb * k.C;
   return 0;
 }
 
@@ -87,23 +109,24 @@ TEST(Recompute, ActivationBytesPerLayerAreTheFormulas) {
     const int64_t e = static_cast<int64_t>(dtype_size(t));
     for (const Case& k : kCases) {
       const int64_t base = activation_bytes(k, 2, {}, t);
-      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-        const int64_t two = activation_bytes(k, 2, {r, 0}, t),
-                      four = activation_bytes(k, 4, {r, 0}, t);
-        EXPECT_EQ((four - two) / 2, formula_bytes(k, r, e))
+      for (const Mode& mode : kModes) {
+        const RecomputeOptions r{mode.r, 0, mode.m, false};
+        const int64_t two = activation_bytes(k, 2, r, t), four = activation_bytes(k, 4, r, t);
+        EXPECT_EQ((four - two) / 2, formula_bytes(k, mode, e))
             << (k.arch == Arch::gpt2 ? "gpt" : "llama") << " C=" << k.C << " mode "
-            << static_cast<int>(r) << " " << dtype_name(t);
-        // Two layers at mode r against two at none: the layers' difference plus the scratch.
-        EXPECT_EQ(two - base, 2 * (formula_bytes(k, r, e) - formula_bytes(k, Recompute::none, e)) +
-                                  formula_scratch(k, r, e))
-            << "C=" << k.C << " mode " << static_cast<int>(r) << " " << dtype_name(t);
+            << static_cast<int>(mode.r) << "/" << int{mode.m.bits} << " " << dtype_name(t);
+        // Two layers at the mode against two at none: the layers' difference plus the scratch.
+        EXPECT_EQ(two - base, 2 * (formula_bytes(k, mode, e) - formula_bytes(k, {}, e)) +
+                                  formula_scratch(k, mode, e))
+            << "C=" << k.C << " mode " << static_cast<int>(mode.r) << "/" << int{mode.m.bits} << " "
+            << dtype_name(t);
       }
       // recompute_layers = 1 of 4: one layer at full, three at none, plus the replay scratch.
-      const int64_t partial = activation_bytes(k, 4, {Recompute::full, 1}, t);
+      const Mode full{Recompute::full};
+      const int64_t partial = activation_bytes(k, 4, {Recompute::full, 1, {}, false}, t);
       const int64_t none4 = activation_bytes(k, 4, {}, t);
-      EXPECT_EQ(partial - none4, formula_bytes(k, Recompute::full, e) -
-                                     formula_bytes(k, Recompute::none, e) +
-                                     formula_scratch(k, Recompute::full, e))
+      EXPECT_EQ(partial - none4,
+                formula_bytes(k, full, e) - formula_bytes(k, {}, e) + formula_scratch(k, full, e))
           << dtype_name(t);
     }
   }
@@ -135,13 +158,17 @@ TEST(Recompute, GradientsAreBitwiseThoseOfNone) {
   for (const Case& k : {kCases[0], kCases[2]})
     for (DType t : {DType::f32, DType::bf16}) {
       const std::vector<float> none = gradients(k, {}, t);
-      for (RecomputeOptions r :
-           {RecomputeOptions{Recompute::selective, 0}, RecomputeOptions{Recompute::full, 0},
-            RecomputeOptions{Recompute::full, 2}}) {
+      std::vector<RecomputeOptions> options;
+      for (const Mode& mode : kModes)
+        if (mode.r != Recompute::none) options.push_back({mode.r, 0, mode.m, false});
+      options.push_back({Recompute::full, 2, {}, false});
+      options.push_back({Recompute::selective, 2, modules({layernorm, act}), false});
+      for (const RecomputeOptions& r : options) {
         const std::vector<float> g = gradients(k, r, t);
         ASSERT_EQ(g.size(), none.size());
         EXPECT_EQ(std::memcmp(g.data(), none.data(), g.size() * 4), 0)
-            << dtype_name(t) << " mode " << static_cast<int>(r.mode) << " layers " << r.layers;
+            << dtype_name(t) << " mode " << static_cast<int>(r.mode) << "/" << int{r.modules.bits}
+            << " layers " << r.layers;
       }
     }
 }

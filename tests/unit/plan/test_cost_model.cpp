@@ -202,6 +202,39 @@ TEST(CostModel, RecomputeAddsFlopsNotModelFlops) {
   EXPECT_NEAR(full.hfu / full.mfu, full.hardware_flops / full.model_flops, 1e-12);
 }
 
+// Selective recompute of the norms and the activation replays no matmul (hardware FLOPs are the
+// model's) but their ops: per micro-batch GELU's forward runs once per layer in the forward and
+// once more in backward for fc2's weight gradient, but for the last layer, whose output the
+// scratch still holds; LayerNorm's forward likewise for the two norms of each layer (the
+// scratch then holds the last layer's norm_2), plus the final norm. The attention core's
+// recompute is a matmul replay.
+TEST(CostModel, RecomputingNormsAndActivationReplaysTheirOpsNotMatmuls) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const double L = 4, N = 2 * 32, C = 64, F = 4 * 64;
+  const auto cost = [&](const std::vector<std::string>& sets) {
+    std::vector<std::string> all{"train.micro_batch_size=2"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    return predict_step(tiny(all), 1, hw);
+  };
+  const auto per_mb = [](const StepCost& c, const char* op) {
+    return c.stages[0].other_ops_by_op.at(op) / c.micro_batches;
+  };
+  const StepCost none = cost({});
+  const StepCost cheap =
+      cost({"train.recompute=\"selective\"", "train.recompute_modules=[\"layernorm\", \"act\"]"});
+  const StepCost core = cost({"train.recompute=\"selective\""});
+  EXPECT_EQ(cheap.hardware_flops, cheap.model_flops);
+  EXPECT_GT(core.hardware_flops, core.model_flops);
+  EXPECT_LT(cheap.stages[0].memory.activations, none.stages[0].memory.activations);
+  EXPECT_DOUBLE_EQ(per_mb(none, "gelu_forward"), L * N * F * (4 + 4));
+  EXPECT_DOUBLE_EQ(per_mb(cheap, "gelu_forward"), (2 * L - 1) * N * F * (4 + 4));
+  // LayerNorm's forward: reads (N, C) and its weight and bias (C), writes (N, C) and its mean
+  // and rstd (N).
+  const double norm = N * C * (4 + 4) + 2 * C * 4 + 2 * N * 4;
+  EXPECT_DOUBLE_EQ(per_mb(none, "layernorm_forward"), (2 * L + 1) * norm);
+  EXPECT_DOUBLE_EQ(per_mb(cheap, "layernorm_forward"), (2 * L + 1 + 2 * L - 1) * norm);
+}
+
 TEST(CostModel, BandwidthFollowsTheNode) {
   // tp 4 fits the 4-device node; tp 2 x dp 4 puts the dp group across nodes.
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
@@ -685,6 +718,41 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   }
   EXPECT_GT(stage3, 0);
   EXPECT_LT(stage3, static_cast<int>(r.ranked.size()));
+}
+
+// The search tries selective recompute of the attention core and of the norms and the activation
+// (besides none and full), and each candidate re-parses to its own modules from the user's
+// overrides plus its own, also where the user's config lists modules a candidate without
+// selective recompute would refuse; --write's fragment and the layout text name them.
+TEST_F(CostModelSearch, TriesRecomputeOfTheNormsAndTheActivation) {
+  const std::string path = model(4);
+  const std::vector<std::string> user{"train.recompute=\"selective\"",
+                                      "train.recompute_modules=[\"act\"]"};
+  const SearchResult r = search_layouts(path, user, parse_config(path, user), 2, hw_, 1000000);
+  std::set<std::pair<Recompute, int>> seen;
+  for (const Candidate& c : r.ranked) {
+    const TrainConfig& t = c.cfg.train;
+    seen.insert({t.recompute, t.recompute_modules.bits});
+    std::vector<std::string> sets = user;
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    EXPECT_EQ(parse_config(path, sets).train.recompute_modules, t.recompute_modules)
+        << layout_text(c.cfg, 2);
+    const bool cheap = t.recompute == Recompute::selective && !t.recompute_modules.core_attn();
+    EXPECT_EQ(layout_text(c.cfg, 2).find("recompute selective [\"layernorm\", \"act\"]") !=
+                  std::string::npos,
+              cheap)
+        << layout_text(c.cfg, 2);
+    EXPECT_EQ(layout_fragment(c, 2, hw_).find("recompute_modules = ") != std::string::npos,
+              t.recompute == Recompute::selective);
+  }
+  const int core = 1 << static_cast<int>(RecomputeModule::core_attn);
+  const int cheap = (1 << static_cast<int>(RecomputeModule::layernorm)) |
+                    (1 << static_cast<int>(RecomputeModule::act));
+  for (const auto& want :
+       {std::pair{Recompute::none, core}, std::pair{Recompute::selective, core},
+        std::pair{Recompute::selective, cheap}, std::pair{Recompute::full, core}})
+    EXPECT_EQ(seen.count(want), 1u) << static_cast<int>(want.first) << "/" << want.second;
+  EXPECT_EQ(seen.size(), 4u);  // not the user's ["act"]: the search chooses the modules
 }
 
 TEST_F(CostModelSearch, TriesUnevenPipelineSplits) {

@@ -154,6 +154,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("train.eval_iters", train.eval_iters),
       LLMT_KEY("train.recompute", train.recompute),
       LLMT_KEY("train.recompute_layers", train.recompute_layers),
+      LLMT_KEY("train.recompute_modules", train.recompute_modules),
       LLMT_KEY("train.distribute_saved_activations", train.distribute_saved_activations),
       LLMT_KEY("train.fp8", train.fp8),
       LLMT_KEY("train.fp8_block", train.fp8_block),
@@ -589,6 +590,7 @@ eval_interval = 25
 eval_iters = 4
 recompute = "selective"
 recompute_layers = 1
+recompute_modules = ["layernorm", "core_attn", "act"]
 fp8 = "blockwise"
 fp8_block = 64
 on_nonfinite = "skip"
@@ -1242,6 +1244,34 @@ TEST(ConfigErrors, Recompute) {
   expect_contains(error_of("[model]\nn_layers = 4\n[train]\nrecompute_layers = 2\n"),
                   {"train.recompute_layers=2 chooses layers to recompute, but "
                    "train.recompute=\"none\""});
+}
+
+// [train] recompute_modules: a set of names, only with selective recompute.
+TEST(ConfigErrors, RecomputeModules) {
+  const Config d = parse_config_string("[train]\nrecompute = \"selective\"\n", "t.toml");
+  EXPECT_TRUE(d.train.recompute_modules.core_attn());
+  EXPECT_FALSE(d.train.recompute_modules.layernorm() || d.train.recompute_modules.act());
+  const Config c = parse_config_string(
+      "[train]\nrecompute = \"selective\"\nrecompute_modules = [\"act\", \"layernorm\"]\n",
+      "t.toml");
+  EXPECT_FALSE(c.train.recompute_modules.core_attn());
+  EXPECT_TRUE(c.train.recompute_modules.layernorm() && c.train.recompute_modules.act());
+  EXPECT_EQ(recompute_modules_text(c.train.recompute_modules), "[\"layernorm\", \"act\"]");
+  expect_contains(error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"mlp\"]\n"),
+                  {"train.recompute_modules",
+                   "entry 1: expected one of \"core_attn\", "
+                   "\"layernorm\", \"act\", found a string (\"mlp\")"});
+  expect_contains(
+      error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"act\", \"act\"]\n"),
+      {"entry 2: \"act\" is listed twice"});
+  expect_contains(error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = \"act\"\n"),
+                  {"expected an array of \"core_attn\", \"layernorm\", \"act\""});
+  expect_contains(error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = []\n"),
+                  {"train.recompute_modules is empty, so train.recompute=\"selective\" would "
+                   "recompute nothing"});
+  expect_contains(error_of("[train]\nrecompute = \"full\"\nrecompute_modules = [\"act\"]\n"),
+                  {"train.recompute_modules chooses what selective recompute reruns, but "
+                   "train.recompute=\"full\""});
 }
 
 // Tensor parallelism splits heads, kv heads, d_ff and the vocabulary over tp, and sequence
