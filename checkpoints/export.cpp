@@ -1,6 +1,7 @@
 #include "checkpoints/export.h"
 
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -116,6 +117,11 @@ std::vector<std::string> unrepresentable(const ModelConfig& c) {
       p.push_back("model.activation=\"gelu\": Llama's MLP is gated: down(silu(gate(x)) * up(x))");
     if (c.position != PositionKind::rope)
       p.push_back("model.position=\"learned\": Llama has RoPE and no position table");
+    if (!c.mla_attention() && c.rope_scaling.rope_type == RopeType::yarn &&
+        c.rope_scaling.mscale_all_dim != 0.0f)
+      p.push_back(
+          "model.rope_scaling.mscale_all_dim: transformers' LlamaAttention does not scale the "
+          "scores by YaRN's m(factor, mscale_all_dim)^2 (DeepseekV3's latent attention does)");
   }
   return p;
 }
@@ -314,6 +320,10 @@ void deepseek_v3_tensors(const ModelSpec& spec, Builder& m) {
 // "10000.0").
 std::string json_number(float v) {
   char buf[32];
+  if (v == std::floor(v) && std::fabs(v) < 1e15f) {  // a whole number as such: "10000.0"
+    std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(v));
+    return buf;
+  }
   for (int p = 1; p <= 9; ++p) {
     std::snprintf(buf, sizeof buf, "%.*g", p, static_cast<double>(v));
     if (std::strtof(buf, nullptr) == v) break;
@@ -325,6 +335,35 @@ std::string json_number(float v) {
 
 const char* json_bool(bool b) {
   return b ? "true" : "false";
+}
+
+// [model.rope_scaling] as config.json's rope_scaling: null, or the keys Hugging Face reads for its
+// rope_type (kernels/rope_math.h).
+std::string rope_scaling_json(const RopeScaling& s) {
+  if (s.rope_type == RopeType::none) return "null";
+  std::string out;
+  auto key = [&out](const char* k, const std::string& v) {
+    out += detail::concat(out.empty() ? "{" : ", ", "\"", k, "\": ", v);
+  };
+  const char* type = s.rope_type == RopeType::linear   ? "linear"
+                     : s.rope_type == RopeType::llama3 ? "llama3"
+                                                       : "yarn";
+  key("rope_type", detail::concat("\"", type, "\""));
+  key("factor", json_number(s.factor));
+  if (s.rope_type == RopeType::llama3) {
+    key("low_freq_factor", json_number(s.low_freq_factor));
+    key("high_freq_factor", json_number(s.high_freq_factor));
+  }
+  if (s.rope_type != RopeType::linear)
+    key("original_max_position_embeddings", std::to_string(s.original_max_position_embeddings));
+  if (s.rope_type == RopeType::yarn) {
+    key("beta_fast", json_number(s.beta_fast));
+    key("beta_slow", json_number(s.beta_slow));
+    key("mscale", json_number(s.mscale));
+    key("mscale_all_dim", json_number(s.mscale_all_dim));
+    if (s.attention_factor > 0.0f) key("attention_factor", json_number(s.attention_factor));
+  }
+  return out + "}";
 }
 
 // A file written whole or reported with its path; closed on scope exit.
@@ -454,7 +493,7 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("max_position_embeddings", num(c.seq_len));
     field("rms_norm_eps", json_number(c.norm_eps));
     field("rope_theta", json_number(c.rope_theta));
-    field("rope_scaling", "null");
+    field("rope_scaling", rope_scaling_json(c.rope_scaling));
     field("rope_interleave", "false");
     field("attention_bias", "false");
     field("attention_dropout", "0.0");
@@ -480,7 +519,7 @@ std::string hf_config_json(const ModelConfig& cfg, const HfTokenizer& tokenizer)
     field("max_position_embeddings", num(c.seq_len));
     field("rms_norm_eps", json_number(c.norm_eps));
     field("rope_theta", json_number(c.rope_theta));
-    field("rope_scaling", "null");
+    field("rope_scaling", rope_scaling_json(c.rope_scaling));
     if (!mixtral) {
       field("attention_bias", json_bool(c.bias));
       field("mlp_bias", json_bool(c.bias));

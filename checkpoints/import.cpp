@@ -92,6 +92,65 @@ class ConfigReader {
   const std::string& what_;
 };
 
+std::string json_text(const Json& v);
+
+// config.json's rope_scaling (absent or null: none; "rope_type", or the older "type") into
+// c.rope_scaling: "default", "linear", "llama3" and "yarn" (kernels/rope_math.h), each key as
+// Hugging Face names it; other types, unknown keys and YaRN without truncation are problems.
+// `deepseek`: the class applies YaRN's mscale_all_dim to the scores (DeepseekV3Attention);
+// LlamaAttention does not, so a Llama's mscale_all_dim is a problem.
+void read_rope_scaling(ConfigReader& r, ModelConfig& c, bool deepseek) {
+  const Json* v = r.get("rope_scaling");
+  if (!v || v->is_null()) return;
+  if (v->kind != Json::Kind::object) {
+    r.problems.push_back("rope_scaling " + json_text(*v) + ": not an object");
+    return;
+  }
+  const std::string what = "rope_scaling";
+  ConfigReader s(*v, what);
+  const std::string type = s.text("rope_type", s.text("type", "default"));
+  RopeScaling& out = c.rope_scaling;
+  std::set<std::string> known{"rope_type", "type", "factor"};
+  if (type == "default") {
+    known = {"rope_type", "type"};
+  } else if (type == "linear") {
+    out.rope_type = RopeType::linear;
+  } else if (type == "llama3") {
+    out.rope_type = RopeType::llama3;
+    out.low_freq_factor = s.real("low_freq_factor", -1.0f);
+    out.high_freq_factor = s.real("high_freq_factor", -1.0f);
+    out.original_max_position_embeddings = s.integer("original_max_position_embeddings");
+    known.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (type == "yarn") {
+    out.rope_type = RopeType::yarn;
+    out.original_max_position_embeddings = s.integer("original_max_position_embeddings");
+    out.beta_fast = s.real("beta_fast", 32.0f);
+    out.beta_slow = s.real("beta_slow", 1.0f);
+    out.mscale = s.real("mscale", 1.0f);
+    out.mscale_all_dim = s.real("mscale_all_dim", 0.0f);
+    out.attention_factor = s.real("attention_factor", 0.0f);
+    if (!s.flag("truncate", true))
+      s.problems.push_back("truncate false: llmtrain's YaRN rounds the ramp's ends to whole pairs");
+    if (out.mscale_all_dim != 0.0f && !deepseek)
+      s.problems.push_back(
+          "mscale_all_dim: transformers' LlamaAttention does not scale the scores by it, "
+          "llmtrain would");
+    known.insert({"original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                  "mscale_all_dim", "attention_factor", "truncate"});
+  } else {
+    s.problems.push_back("rope_type \"" + type +
+                         "\": llmtrain scales RoPE as \"linear\", \"llama3\" or \"yarn\"");
+  }
+  if (out.rope_type != RopeType::none) out.factor = s.real("factor", -1.0f);
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"})
+    if (known.count(key) && !s.present(key)) s.problems.push_back(std::string(key) + ": missing");
+  for (const auto& [key, value] : v->members)
+    if (!known.count(key) && !value.is_null())
+      s.problems.push_back(key + " " + json_text(value) + ": not read by rope_type \"" + type +
+                           "\"");
+  for (const std::string& p : s.problems) r.problems.push_back("rope_scaling." + p);
+}
+
 std::string json_text(const Json& v) {
   switch (v.kind) {
     case Json::Kind::null:
@@ -290,9 +349,7 @@ ModelConfig hf_model_config(const std::string& config_json, const std::string& w
     if (r.text("hidden_act", "silu") != "silu")
       r.problems.push_back("hidden_act \"" + r.text("hidden_act", "") +
                            "\": llmtrain's gated MLP is SwiGLU (silu)");
-    if (r.present("rope_scaling"))
-      r.problems.push_back("rope_scaling " + json_text(*r.get("rope_scaling")) +
-                           ": llmtrain's RoPE has no scaling");
+    read_rope_scaling(r, c, false);
     if (type == "llama") {
       c.d_ff = ffn;
       const bool attn_bias = r.flag("attention_bias", false), mlp_bias = r.flag("mlp_bias", false);
@@ -373,9 +430,7 @@ ModelConfig hf_model_config(const std::string& config_json, const std::string& w
                            "\": llmtrain's gated MLP is SwiGLU (silu)");
     if (r.flag("attention_bias", false))
       r.problems.push_back("attention_bias true: llmtrain's latent attention has no biases");
-    if (r.present("rope_scaling"))
-      r.problems.push_back("rope_scaling " + json_text(*r.get("rope_scaling")) +
-                           ": llmtrain's RoPE has no scaling (YaRN is not built)");
+    read_rope_scaling(r, c, true);
     // transformers' default, and DeepSeek's released weights: the rope dims interleaved in the
     // q_b and kv_a rows, which llmtrain's rotate-half RoPE would read in another order.
     if (r.flag("rope_interleave", true))

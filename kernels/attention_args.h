@@ -13,6 +13,8 @@ namespace llmt {
 
 struct AttnOperands {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
+  float scale =
+      0;  // the softmax's scale on q.k (kernels/ops.h: 1/sqrt(D) unless a caller gives one)
   int64_t q_bs = 0, q_ld = 0, kv_bs = 0, kv_ld = 0;
   int64_t B = 0, Tq = 0, Tk = 0, H = 0, KV = 0, D = 0;
   const int32_t *q_pos = nullptr, *k_pos = nullptr;
@@ -64,9 +66,11 @@ inline AttnOperands block_operands(const float* q_src, int64_t Wq, const float* 
   return a;
 }
 // Its gradient: dq_src and dkv_src in the layouts of q_src and kv_src, added to.
-inline AttnGradViews block_grads(float* dq_src, float* dkv_src, int64_t kv0, const AttnOperands& a) {
-  return {dq_src,  dkv_src + kv0 * a.D, dkv_src + (kv0 + a.KV) * a.D, a.q_bs, a.q_ld,
-          a.kv_bs, a.kv_ld,             true};
+inline AttnGradViews block_grads(float* dq_src, float* dkv_src, int64_t kv0,
+                                 const AttnOperands& a) {
+  return {
+      dq_src, dkv_src + kv0 * a.D, dkv_src + (kv0 + a.KV) * a.D, a.q_bs, a.q_ld, a.kv_bs, a.kv_ld,
+      true};
 }
 
 }  // namespace llmt

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <exception>
 #include <initializer_list>
 #include <span>
@@ -303,6 +304,13 @@ Rows rows_of(const Op& op, const char* arg, const Tensor& t) {
   return {op.rows(arg, t, C), C};
 }
 
+// The scores' scale of an attention call: `scale`, or 1/sqrt(D) when 0 (the default).
+float softmax_scale(const Op& op, float scale, int64_t D) {
+  LLMT_OP_REQUIRE(op, scale >= 0.0f && std::isfinite(scale), "scale=", scale,
+                  " (0 for 1/sqrt(D), or a positive scale)");
+  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(D));
+}
+
 // Shape checks shared by attention forward and backward: qkv (B,T,H+2KV,D), out (B,T,H,D),
 // lse (B,H,T); operands a floating-point type.
 void check_attention(const Op& op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -526,7 +534,7 @@ namespace {
 // x (B,T,HT,D), 0 <= n_rot <= HT, the rotated dims an even run inside D (count 0: all D, even);
 // returns the dims and the rotated run.
 std::array<int64_t, 6> check_rope(const Op& op, const Tensor& x, int64_t n_rot, int64_t pos_offset,
-                                  float theta, RopeDims dims) {
+                                  float theta, RopeDims dims, const RopeScaling& s) {
   op.ndim("x", x, 4);
   const int64_t D = x.size(3), R = dims.count == 0 ? D : dims.count;
   LLMT_OP_REQUIRE(op, R % 2 == 0 && R > 0 && dims.first >= 0 && dims.first + R <= D,
@@ -535,49 +543,59 @@ std::array<int64_t, 6> check_rope(const Op& op, const Tensor& x, int64_t n_rot, 
   LLMT_OP_REQUIRE(op, 0 <= n_rot && n_rot <= x.size(2), "n_rot_heads=", n_rot, " is outside [0, ",
                   x.size(2), "] for x ", describe(x));
   LLMT_OP_REQUIRE(op, pos_offset >= 0 && theta > 0.0f, "pos_offset=", pos_offset, " theta=", theta);
+  const bool by_context = s.rope_type == RopeType::llama3 || s.rope_type == RopeType::yarn;
+  LLMT_OP_REQUIRE(op,
+                  s.factor >= 1.0f && (!by_context || s.original_max_position_embeddings > 0) &&
+                      (s.rope_type != RopeType::llama3 || s.high_freq_factor > s.low_freq_factor),
+                  "rope scaling ", static_cast<int>(s.rope_type), ": factor ", s.factor,
+                  ", original context ", s.original_max_position_embeddings, ", low/high ",
+                  s.low_freq_factor, "/", s.high_freq_factor);
   return {x.size(0), x.size(1), x.size(2), D, dims.first, R};
 }
 
 }  // namespace
 
 void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta, Tensor positions,
-                  RopeDims dims) {
+                  RopeDims dims, const RopeScaling& scaling) {
   Op op("rope_forward", {x, positions});
-  const auto [B, T, HT, D, r0, R] = check_rope(op, x, n_rot_heads, pos_offset, theta, dims);
+  const auto [B, T, HT, D, r0, R] =
+      check_rope(op, x, n_rot_heads, pos_offset, theta, dims, scaling);
   LLMT_KERNEL(op, rope_forward)
   (op.inout("x", x), B, T, HT, D, n_rot_heads, r0, R, pos_offset,
-   op.positions_opt("positions", positions, T), theta);
+   op.positions_opt("positions", positions, T), theta, scaling);
 }
 
 void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                   Tensor positions, RopeDims dims) {
+                   Tensor positions, RopeDims dims, const RopeScaling& scaling) {
   Op op("rope_backward", {dx, positions});
-  const auto [B, T, HT, D, r0, R] = check_rope(op, dx, n_rot_heads, pos_offset, theta, dims);
+  const auto [B, T, HT, D, r0, R] =
+      check_rope(op, dx, n_rot_heads, pos_offset, theta, dims, scaling);
   LLMT_KERNEL(op, rope_backward)
   (op.inout("dx", dx), B, T, HT, D, n_rot_heads, r0, R, pos_offset,
-   op.positions_opt("positions", positions, T), theta);
+   op.positions_opt("positions", positions, T), theta, scaling);
 }
 
 // ---- attention --------------------------------------------------------------------------------
 
 void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head,
-                       DType operands) {
+                       DType operands, float scale) {
   Op op("attention_forward", {out, lse, qkv});
   check_attention(op, out, lse, qkv, n_head, n_kv_head, operands);
   LLMT_KERNEL(op, attention_forward)
   (op.out("out", out), op.f32("lse", lse), op.in("qkv", qkv), qkv.size(0), qkv.size(1), n_head,
-   n_kv_head, qkv.size(3), operands);
+   n_kv_head, qkv.size(3), operands, softmax_scale(op, scale, qkv.size(3)));
 }
 
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                        int64_t n_head, int64_t n_kv_head, DType operands) {
+                        int64_t n_head, int64_t n_kv_head, DType operands, float scale) {
   Op op("attention_backward", {dqkv, dout, qkv, out, lse});
   check_attention(op, out, lse, qkv, n_head, n_kv_head, operands);
   op.same_shape("dqkv", dqkv, "qkv", qkv);
   op.same_shape("dout", dout, "out", out);
   LLMT_KERNEL(op, attention_backward)
   (op.out("dqkv", dqkv), op.in("dout", dout), op.in("qkv", qkv), op.in("out", out),
-   op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3), operands);
+   op.f32("lse", lse), qkv.size(0), qkv.size(1), n_head, n_kv_head, qkv.size(3), operands,
+   softmax_scale(op, scale, qkv.size(3)));
 }
 
 // ---- attention blocks (context parallelism) -----------------------------------------------------
@@ -611,19 +629,20 @@ BlockDims check_block(const Op& op, const Tensor& out, const Tensor& lse, const 
 }  // namespace
 
 void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src, int64_t kv0,
-                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head) {
+                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head,
+                             float scale) {
   Op op("attention_block_forward", {out, lse, q_src, kv_src, q_pos, k_pos});
   const BlockDims d =
       check_block(op, out, lse, q_src, kv_src, kv0, q_pos, k_pos, n_head, n_kv_head);
   LLMT_KERNEL(op, attention_block_forward)
   (op.out("out", out), op.f32("lse", lse), op.in("q_src", q_src), d.Wq, op.in("kv_src", kv_src),
    d.Wk, kv0, op.positions_opt("q_pos", q_pos, d.Tq), op.positions_opt("k_pos", k_pos, d.Tk), d.B,
-   d.Tq, d.Tk, n_head, n_kv_head, d.D);
+   d.Tq, d.Tk, n_head, n_kv_head, d.D, softmax_scale(op, scale, d.D));
 }
 
 void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor q_src,
                               Tensor kv_src, int64_t kv0, Tensor out, Tensor lse, Tensor q_pos,
-                              Tensor k_pos, int64_t n_head, int64_t n_kv_head) {
+                              Tensor k_pos, int64_t n_head, int64_t n_kv_head, float scale) {
   Op op("attention_block_backward", {dq_src, dkv_src, dout, q_src, kv_src, out, lse, q_pos, k_pos});
   const BlockDims d =
       check_block(op, out, lse, q_src, kv_src, kv0, q_pos, k_pos, n_head, n_kv_head);
@@ -634,7 +653,8 @@ void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor
   (op.inout("dq_src", dq_src), op.inout("dkv_src", dkv_src), op.in("dout", dout),
    op.in("q_src", q_src), d.Wq, op.in("kv_src", kv_src), d.Wk, kv0, op.in("out", out),
    op.f32("lse", lse), op.positions_opt("q_pos", q_pos, d.Tq),
-   op.positions_opt("k_pos", k_pos, d.Tk), d.B, d.Tq, d.Tk, n_head, n_kv_head, d.D);
+   op.positions_opt("k_pos", k_pos, d.Tk), d.B, d.Tq, d.Tk, n_head, n_kv_head, d.D,
+   softmax_scale(op, scale, d.D));
 }
 
 void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse) {

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "kernels/rope_math.h"
 
 namespace llmt::ops {
 
@@ -80,18 +81,21 @@ struct RopeDims {
 };
 // In place on x (B,T,HT,D): rotates heads [0, n_rot_heads) at positions pos_offset + t, with the
 // "rotate half" pairing (i, i + R/2) and frequencies theta^(-2i/R) over the R = dims.count
-// rotated dims (D by default; R even). With `positions` (T) i32, row t is at positions[t]
-// instead (context parallelism's global positions).
+// rotated dims (D by default; R even), scaled as `scaling` says (kernels/rope_math.h: linear,
+// Llama 3.1's, YaRN's, whose attention factor also multiplies cos and sin). With `positions` (T)
+// i32, row t is at positions[t] instead (context parallelism's global positions).
 void rope_forward(Tensor x, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                  Tensor positions = {}, RopeDims dims = {});
-// In place on dx (B,T,HT,D): the transpose (inverse rotation) of rope_forward.
+                  Tensor positions = {}, RopeDims dims = {}, const RopeScaling& scaling = {});
+// In place on dx (B,T,HT,D): the transpose of rope_forward (the inverse rotation, times the same
+// attention factor).
 void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float theta,
-                   Tensor positions = {}, RopeDims dims = {});
+                   Tensor positions = {}, RopeDims dims = {}, const RopeScaling& scaling = {});
 
 // ---- attention --------------------------------------------------------------------------------
 // Causal self-attention with grouped-query heads, computed in tiles with an online softmax:
 // memory O(T) per head, never a (T,T) matrix. qkv (B,T,H+2KV,D) holds q heads, then k, then v;
-// query head h uses kv head h / (H/KV). Scale 1/sqrt(D).
+// query head h uses kv head h / (H/KV). Scores q.k times `scale` (0: 1/sqrt(D)); pass the same
+// scale to the backward.
 // out (B,T,H,D); lse (B,H,T) log-sum-exp of each row's scaled scores (natural log), saved for
 // backward.
 // operands (f32, bf16 or f16): the inputs' values are representable in this type (the model's
@@ -99,10 +103,11 @@ void rope_backward(Tensor dx, int64_t n_rot_heads, int64_t pos_offset, float the
 // it; CUDA runs cuDNN's fused attention for bf16/f16 where cuDNN supports the shape (docs/gpu.md).
 // Pass the same operands to the backward as to the forward.
 void attention_forward(Tensor out, Tensor lse, Tensor qkv, int64_t n_head, int64_t n_kv_head,
-                       DType operands = DType::f32);
+                       DType operands = DType::f32, float scale = 0.0f);
 // dqkv (B,T,H+2KV,D) assigned; dout (B,T,H,D); recomputes scores tile by tile from qkv and lse.
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                        int64_t n_head, int64_t n_kv_head, DType operands = DType::f32);
+                        int64_t n_head, int64_t n_kv_head, DType operands = DType::f32,
+                        float scale = 0.0f);
 
 // ---- attention blocks (context parallelism) -----------------------------------------------------
 // One block of a sequence's attention, for a rank that holds some of its positions: queries are
@@ -111,15 +116,17 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
 // (B,Tk,2KV,D) K/V buffer received from another rank with kv0 = 0). q_pos (Tq), k_pos (Tk) i32: the
 // global positions of the rows; key j is visible to query i when k_pos[j] <= q_pos[i] (causal by
 // global position). out (B,Tq,H,D) and lse (B,H,Tq) are assigned; a query that sees no key of the
-// block gets out 0 and lse -inf. fp32 operands (the CUDA flash kernel, not cuDNN).
+// block gets out 0 and lse -inf. fp32 operands (the CUDA flash kernel, not cuDNN). Scores scaled
+// as attention_forward's.
 void attention_block_forward(Tensor out, Tensor lse, Tensor q_src, Tensor kv_src, int64_t kv0,
-                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head);
+                             Tensor q_pos, Tensor k_pos, int64_t n_head, int64_t n_kv_head,
+                             float scale = 0.0f);
 // The block's backward against the final output `out` and `lse` (merged over every block) and
 // their gradient dout (B,Tq,H,D): dq_src (q_src's shape) += the queries' gradient in heads [0,H),
 // dkv_src (kv_src's shape) += the keys' and values' in heads [kv0, kv0+2KV).
 void attention_block_backward(Tensor dq_src, Tensor dkv_src, Tensor dout, Tensor q_src,
                               Tensor kv_src, int64_t kv0, Tensor out, Tensor lse, Tensor q_pos,
-                              Tensor k_pos, int64_t n_head, int64_t n_kv_head);
+                              Tensor k_pos, int64_t n_head, int64_t n_kv_head, float scale = 0.0f);
 // Merges a block's result into the running one by their log-sum-exp: out (B,T,H,D), lse (B,H,T)
 // become the softmax over both key sets (part_out, part_lse: the block's). -inf lse adds nothing.
 void attention_merge(Tensor out, Tensor lse, Tensor part_out, Tensor part_lse);

@@ -46,6 +46,7 @@ constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybri
 constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
 constexpr std::array<std::string_view, 3> kMoeBalanceNames{"aux_loss", "bias", "none"};
 constexpr std::array<std::string_view, 2> kAttentionNames{"mha", "mla"};
+constexpr std::array<std::string_view, 4> kRopeTypeNames{"none", "linear", "llama3", "yarn"};
 
 // ---- the key table ----
 
@@ -186,6 +187,19 @@ const std::vector<Section>& sections() {
                     .add("mtp_depth", &M::mtp_depth)
                     .add("mtp_loss_weight", &M::mtp_loss_weight)
                     .build());
+    s.push_back(
+        SectionBuilder<RopeScaling>("model.rope_scaling", &Config::model, &M::rope_scaling)
+            .add("rope_type", &RopeScaling::rope_type, kRopeTypeNames)
+            .add("factor", &RopeScaling::factor)
+            .add("original_max_position_embeddings", &RopeScaling::original_max_position_embeddings)
+            .add("low_freq_factor", &RopeScaling::low_freq_factor)
+            .add("high_freq_factor", &RopeScaling::high_freq_factor)
+            .add("beta_fast", &RopeScaling::beta_fast)
+            .add("beta_slow", &RopeScaling::beta_slow)
+            .add("mscale", &RopeScaling::mscale)
+            .add("mscale_all_dim", &RopeScaling::mscale_all_dim)
+            .add("attention_factor", &RopeScaling::attention_factor)
+            .build());
     s.push_back(SectionBuilder<MlaConfig>("model.mla", &Config::model, &M::mla)
                     .add("q_lora_rank", &MlaConfig::q_lora_rank)
                     .add("kv_lora_rank", &MlaConfig::kv_lora_rank)

@@ -264,9 +264,20 @@ std::set<std::string> unused_model_keys(const ModelConfig& m) {
 }  // namespace
 
 std::string finetune_model_differences(const std::string& other_toml, const Config& cfg) {
+  // (rope_scaling: a context extension starts from a checkpoint trained without it.)
   std::set<std::string> ignored = {"model.dropout",
                                    "model.init_std",
                                    "model.seq_len",
+                                   "model.rope_scaling.rope_type",
+                                   "model.rope_scaling.factor",
+                                   "model.rope_scaling.original_max_position_embeddings",
+                                   "model.rope_scaling.low_freq_factor",
+                                   "model.rope_scaling.high_freq_factor",
+                                   "model.rope_scaling.beta_fast",
+                                   "model.rope_scaling.beta_slow",
+                                   "model.rope_scaling.mscale",
+                                   "model.rope_scaling.mscale_all_dim",
+                                   "model.rope_scaling.attention_factor",
                                    "model.moe.aux_loss_coef",
                                    "model.moe.z_loss_coef",
                                    "model.moe.capacity_factor",

@@ -236,7 +236,7 @@ Tensor Attention::forward(std::span<const Tensor> s, Tensor x) {
   const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
   qkv_.forward(work.view({N, d.Q}), qkv_.input(x), env_.w(qkv_w_), env_.w(qkv_b_));
   if (cfg.position == PositionKind::rope)
-    ops::rope_forward(work, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
+    ops::rope_forward(work, d.H + d.KV, 0, cfg.rope_theta, env_.positions(), {}, cfg.rope_scaling);
   if (work.data == qkv.data)
     env_.round(qkv);
   else
@@ -262,7 +262,8 @@ Tensor Attention::backward_input(std::span<const Tensor> s, Stash& st, Tensor dy
   env_.round(sc.d_att);
   env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
   if (cfg.position == PositionKind::rope)
-    ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions());
+    ops::rope_backward(sc.d_qkv, d.H + d.KV, 0, cfg.rope_theta, env_.positions(), {},
+                       cfg.rope_scaling);
   env_.round(sc.d_qkv);
   Tensor dqkv = st.keep(1, sc.d_qkv.view({N, d.Q}));
   return qkv_.backward_input(sc.d_c, dqkv, env_.w(qkv_w_));
@@ -454,7 +455,8 @@ Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
   ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
   ops::copy_blocks(w2, m.k_pe, {H_, Dr_, H_ * D_ + Dn_, D_, 0, 0});
   ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
-  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_});
+  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_},
+                    cfg.rope_scaling);
   if (work.data == qkv.data)
     env_.round(qkv);
   else
@@ -496,7 +498,7 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
     env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
   }
   ops::rope_backward(sc.d_qkv, payload_ ? H_ : 2 * H_, 0, cfg.rope_theta, env_.positions(),
-                     {Dn_, Dr_});
+                     {Dn_, Dr_}, cfg.rope_scaling);
   env_.round(sc.d_qkv);
   // Back to the projections: d q (N,H*D); d kv = [d k_nope | d v] (N,H*(Dn+Dv)); d k_pe (N,Dr)
   // the sum over this rank's heads (from the payload: un-rotated here, after the sum).
@@ -506,7 +508,7 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
   if (payload_) {
     ops::copy(m.d_kpe, payload_kpe(d_payload));
     ops::rope_backward(m.d_kpe.view({env_.B, env_.T, 1, Dr_}), 1, 0, cfg.rope_theta,
-                       env_.positions());
+                       env_.positions(), {}, cfg.rope_scaling);
   } else {
     ops::copy_blocks(m.kv, dqkv, {H_, Dn_, 0, Dn_ + Dv_, H_ * D_, D_});
     ops::copy_blocks(m.kv, dqkv, {H_, Dv_, Dn_, Dn_ + Dv_, 2 * H_ * D_, D_});

@@ -46,8 +46,53 @@ void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) 
                    " must be <= 1.0: weights drawn that wide overflow the first forward (GPT-2 "
                    "uses 0.02)"));
   check_moe_config(m, r);
+  check_rope_scaling(m, r);
   check_mla_config(m, r);
   check_mtp_config(m, raw, r);
+}
+
+void check_rope_scaling(const ModelConfig& m, Rules& r) {
+  const RopeScaling& s = m.rope_scaling;
+  const std::string type = s.rope_type == RopeType::linear   ? "linear"
+                           : s.rope_type == RopeType::llama3 ? "llama3"
+                                                             : "yarn";
+  if (s.rope_type == RopeType::none) {
+    r.require(s == RopeScaling{}, {"model.rope_scaling.rope_type"},
+              "[model.rope_scaling] sets a key, but its rope_type is \"none\" (or unset), which "
+              "reads none: set model.rope_scaling.rope_type to \"linear\", \"llama3\" or "
+              "\"yarn\", or remove the other keys");
+    return;
+  }
+  r.require(m.position == PositionKind::rope, {"model.rope_scaling.rope_type", "model.position"},
+            concat("model.rope_scaling.rope_type=\"", type,
+                   "\" scales RoPE's frequencies, but model.position=\"learned\" has no RoPE"));
+  r.require(s.factor >= 1.0f, {"model.rope_scaling.factor"},
+            concat("model.rope_scaling.factor=", toml_text(s.factor),
+                   " must be >= 1 (the new context over the original)"));
+  if (s.rope_type == RopeType::linear) return;
+  r.require(s.original_max_position_embeddings >= 1,
+            {"model.rope_scaling.original_max_position_embeddings", "model.rope_scaling.rope_type"},
+            concat("model.rope_scaling.rope_type=\"", type,
+                   "\" needs the pre-training context, "
+                   "model.rope_scaling.original_max_position_embeddings (",
+                   s.original_max_position_embeddings, ")"));
+  if (s.rope_type == RopeType::llama3) {
+    r.require(s.low_freq_factor > 0.0f && s.high_freq_factor > s.low_freq_factor,
+              {"model.rope_scaling.low_freq_factor", "model.rope_scaling.high_freq_factor"},
+              concat("model.rope_scaling.low_freq_factor=", toml_text(s.low_freq_factor),
+                     " and high_freq_factor=", toml_text(s.high_freq_factor),
+                     " must satisfy 0 < low < high (Llama 3.1: 1 and 4)"));
+    return;
+  }
+  r.require(s.beta_slow > 0.0f && s.beta_fast > s.beta_slow,
+            {"model.rope_scaling.beta_fast", "model.rope_scaling.beta_slow"},
+            concat("model.rope_scaling.beta_fast=", toml_text(s.beta_fast),
+                   " and beta_slow=", toml_text(s.beta_slow),
+                   " must satisfy 0 < beta_slow < beta_fast (YaRN: 32 and 1)"));
+  r.at_least("model.rope_scaling.mscale", s.mscale, 0.0f);
+  r.at_least("model.rope_scaling.mscale_all_dim", s.mscale_all_dim, 0.0f);
+  r.at_least("model.rope_scaling.attention_factor", s.attention_factor, 0.0f,
+             " (0 = derived from factor and the mscales)");
 }
 
 void check_mtp_config(const ModelConfig& m, const ModelConfig& raw, Rules& r) {

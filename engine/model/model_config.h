@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "engine/parallel/parallel_config.h"
+#include "kernels/rope_math.h"
 
 namespace llmt {
 
@@ -120,6 +121,10 @@ struct ModelConfig {
   bool tie_embeddings = true;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // [model.rope_scaling]: RoPE's frequencies for a context beyond the pre-training one (linear,
+  // Llama 3.1's, YaRN; kernels/rope_math.h, docs/model.md "RoPE scaling"), keys as Hugging
+  // Face's rope_scaling names them.
+  RopeScaling rope_scaling;
   float dropout = 0.0f;
   float init_std = 0.02f;
   AttentionKind attention = AttentionKind::mha;
@@ -162,6 +167,8 @@ constexpr ModelConfig model_preset(Arch arch) {
 // [model]'s own rules on the resolved section (raw: as written, before presets and defaults):
 // sizes, head divisibility, rope's even head dim, ranges.
 void check_model_config(const ModelConfig& m, const ModelConfig& raw, Rules& r);
+// [model.rope_scaling]'s rules (called by check_model_config).
+void check_rope_scaling(const ModelConfig& m, Rules& r);
 // [model.moe]'s rules (called by check_model_config).
 void check_moe_config(const ModelConfig& m, Rules& r);
 // model.attention's and [model.mla]'s rules (called by check_model_config).

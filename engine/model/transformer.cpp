@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "core/rng.h"
 #include "kernels/ops.h"
@@ -39,6 +40,12 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     decoder_ = static_cast<KvCacheAttention*>(attention_.get());
   }
   if (cp.size() > 1) env_.cp = cp.comm;
+  // YaRN with mscale_all_dim (DeepSeek-V2/V3) scales the scores by m^2 / sqrt(D); otherwise the
+  // core keeps its 1/sqrt(D).
+  const double softmax_factor = kernel_math::rope_softmax_factor(spec_.cfg.rope_scaling);
+  if (softmax_factor != 1.0)
+    attention_->set_scale(
+        static_cast<float>(softmax_factor / std::sqrt(static_cast<double>(spec_.head_dim))));
   LLMT_CHECK(ep == nullptr || ep->size() == spec_.ep_size, "the expert group has ", ep->size(),
              " ranks, the spec is sharded for ep=", spec_.ep_size);
   LLMT_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,

@@ -18,11 +18,11 @@ Tensor AttentionCore::backward(Tensor, Tensor, Tensor, Tensor, Tensor, const KvE
 }
 
 void LocalAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
-  ops::attention_forward(out, lse, qkv, H_, KV_, compute_);
+  ops::attention_forward(out, lse, qkv, H_, KV_, compute_, scale_);
 }
 
 void LocalAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) {
-  ops::attention_backward(dqkv, dout, qkv, out, lse, H_, KV_, compute_);
+  ops::attention_backward(dqkv, dout, qkv, out, lse, H_, KV_, compute_, scale_);
 }
 
 KvCacheAttention::KvCacheAttention(Allocator& alloc, int64_t layers, int64_t max_len, int64_t H,
@@ -57,7 +57,7 @@ void KvCacheAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
                   qkv.view({1, 1, H_ + 2 * KV_, D_}), H_, 2 * KV_);
   ops::attention_block_forward(out, lse, qkv.view({1, 1, H_ + 2 * KV_, D_}),
                                cache.rows(0, n).view({1, n, 2 * KV_, D_}), 0, positions(),
-                               pos_.rows(0, n), H_, KV_);
+                               pos_.rows(0, n), H_, KV_, scale_);
 }
 
 void KvCacheAttention::backward(Tensor, Tensor, Tensor, Tensor, Tensor) {

@@ -56,6 +56,13 @@ class AttentionCore {
   // a view of the core's buffers valid until its next call. Runs x.contract (weight gradients).
   virtual Tensor backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                           const KvExpansion& x);
+  // The scores' scale: 0 (the default) for 1/sqrt(D), or what the model sets once (YaRN's
+  // softmax factor, kernels/rope_math.h).
+  void set_scale(float scale) { scale_ = scale; }
+  float scale() const { return scale_; }
+
+ protected:
+  float scale_ = 0.0f;
 };
 
 // The whole sequence on this rank. compute: the type qkv's values are representable in (ops.h

@@ -290,7 +290,7 @@ Tensor ContextParallelAttention::block_kv(int i, Tensor cur, Tensor qkv, const K
 void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv, const KvExpansion* x) {
   if (r_ == 1) {
     const Tensor all = pos_of(0);
-    ops::attention_block_forward(out_to, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_);
+    ops::attention_block_forward(out_to, lse, qkv, qkv, Hg_, all, all, Hg_, KVg_, scale_);
     return;
   }
   // The blocks merge in fp32; a 16-bit output is stored once, merged.
@@ -306,10 +306,10 @@ void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv, con
     if (i + 1 < p) moving = comm.send_recv(cur, next, kv_[(i + 1) % 2], prev, kTagKv);
     const Tensor kv = block_kv(i, cur, qkv, x);
     if (i == 0) {
-      ops::attention_block_forward(out, lse, qkv, kv, 0, pos_of(j), pos_of(src), Hg_, KVg_);
+      ops::attention_block_forward(out, lse, qkv, kv, 0, pos_of(j), pos_of(src), Hg_, KVg_, scale_);
     } else {
       ops::attention_block_forward(part_out_, part_lse_, qkv, kv, 0, pos_of(j), pos_of(src), Hg_,
-                                   KVg_);
+                                   KVg_, scale_);
       ops::attention_merge(out, lse, part_out_, part_lse_);
     }
     moving.device_wait();
@@ -328,7 +328,8 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
   ops::fill_zero(dqkv);  // the gradient accumulates block by block
   if (r_ == 1) {
     const Tensor all = pos_of(0);
-    ops::attention_block_backward(dqkv, dqkv, dout, qkv, qkv, Hg_, out, lse, all, all, Hg_, KVg_);
+    ops::attention_block_backward(dqkv, dqkv, dout, qkv, qkv, Hg_, out, lse, all, all, Hg_, KVg_,
+                                  scale_);
     return {};
   }
   Communicator& comm = *ring_;
@@ -345,7 +346,7 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
     const Tensor dkv = x ? dkvx_ : dcur;
     if (x) ops::fill_zero(dkvx_);
     ops::attention_block_backward(dqkv, dkv, dout, qkv, kv, 0, out, lse, pos_of(j), pos_of(src),
-                                  Hg_, KVg_);
+                                  Hg_, KVg_, scale_);
     if (x) x->contract(dcur, dkvx_, cur);
     Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
     moving.device_wait();

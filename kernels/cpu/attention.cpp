@@ -152,7 +152,7 @@ void flash_forward(const AttnArgs& a) {
   const int64_t B = a.B, Tq = a.Tq, Tk = a.Tk, H = a.H, D = a.D;
   const int64_t Dp = round_up(D, kVec), group = H / a.KV;
   const int64_t q_tiles = (Tq + kTile - 1) / kTile, k_tiles = (Tk + kTile - 1) / kTile;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = a.scale;
   const std::vector<int32_t> q_iota = a.q_pos ? std::vector<int32_t>() : iota_positions(Tq);
   const std::vector<int32_t> k_iota = a.k_pos ? std::vector<int32_t>() : iota_positions(Tk);
   const int32_t* qp = a.q_pos ? a.q_pos : q_iota.data();
@@ -267,7 +267,7 @@ void flash_backward(const AttnArgs& a, const AttnGradViews& gr) {
   const int64_t Dp = round_up(D, kVec), ldo = H * D, group = H / a.KV;
   const int64_t q_tiles = (Tq + kTile - 1) / kTile, k_tiles = (Tk + kTile - 1) / kTile;
   const int64_t Tqp = q_tiles * kTile;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = a.scale;
   const std::vector<int32_t> q_iota = a.q_pos ? std::vector<int32_t>() : iota_positions(Tq);
   const std::vector<int32_t> k_iota = a.k_pos ? std::vector<int32_t>() : iota_positions(Tk);
   const int32_t* qp = a.q_pos ? a.q_pos : q_iota.data();
@@ -379,8 +379,9 @@ void flash_backward(const AttnArgs& a, const AttnGradViews& gr) {
 // ---- the fused-qkv entry points of kernels/ops.h ------------------------------------------------
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType /*operands: fp32 regardless*/) {
+                       int64_t KV, int64_t D, DType /*operands: fp32 regardless*/, float scale) {
   AttnArgs a{qkv_operands(qkv, B, T, H, KV, D)};
+  a.scale = scale;
   a.out = out;
   a.lse = lse;
   flash_forward(a);
@@ -388,8 +389,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DType /*operands: fp32 regardless*/) {
+                        DType /*operands: fp32 regardless*/, float scale) {
   AttnArgs a{qkv_operands(qkv, B, T, H, KV, D)};
+  a.scale = scale;
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
@@ -401,8 +403,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_block_forward(float* out, float* lse, const float* q_src, int64_t Wq,
                              const float* kv_src, int64_t Wk, int64_t kv0, const int32_t* q_pos,
                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                             int64_t KV, int64_t D) {
+                             int64_t KV, int64_t D, float scale) {
   AttnArgs a{block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D)};
+  a.scale = scale;
   a.out = out;
   a.lse = lse;
   flash_forward(a);
@@ -412,8 +415,9 @@ void attention_block_backward(float* dq_src, float* dkv_src, const float* dout, 
                               int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
                               const float* out, const float* lse, const int32_t* q_pos,
                               const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                              int64_t KV, int64_t D) {
+                              int64_t KV, int64_t D, float scale) {
   AttnArgs a{block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D)};
+  a.scale = scale;
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;

@@ -23,9 +23,9 @@ void flash_forward(const AttnArgs& a);
 void flash_backward(const AttnArgs& a, const AttnGradViews& g);
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType operands);
+                       int64_t KV, int64_t D, DType operands, float scale);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DType operands);
+                        DType operands, float scale);
 
 }  // namespace llmt::cpu

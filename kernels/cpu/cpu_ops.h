@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/rope_math.h"
 
 namespace llmt::cpu {
 

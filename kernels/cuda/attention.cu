@@ -30,9 +30,9 @@ constexpr int kRows = 64;  // query (or key) rows per block, one per thread
 template <int kD>
 constexpr int kTile = 4096 / kD;
 
-// One call: the operands (kernels/attention_args.h), the scale, the outputs or gradients.
+// One call: the operands (kernels/attention_args.h, the scale among them), the outputs or
+// gradients.
 struct Args : AttnOperands, AttnGradViews {
-  float scale = 0;
   float *out = nullptr, *lse = nullptr;                             // forward: (B,Tq,H,D), (B,H,Tq)
   const float *dout = nullptr, *out_c = nullptr, *lse_c = nullptr;  // backward: the final output's
   const float* delta = nullptr;                                     // backward: (B,H,Tq)
@@ -41,11 +41,11 @@ struct Args : AttnOperands, AttnGradViews {
   }
 };
 
-Args make_args(const AttnOperands& in, const AttnGradViews& grads = {}) {
+Args make_args(const AttnOperands& in, float scale, const AttnGradViews& grads = {}) {
   Args a;
   static_cast<AttnOperands&>(a) = in;
   static_cast<AttnGradViews&>(a) = grads;
-  a.scale = 1.0f / sqrtf(static_cast<float>(in.D));
+  a.scale = scale;
   return a;
 }
 
@@ -308,11 +308,11 @@ std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t 
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType operands) {
+                       int64_t KV, int64_t D, DType operands, float scale) {
   if (B * T == 0) return;
 #ifdef LLMTRAIN_HAVE_CUDNN
   if (attention_path(B, T, H, KV, D, operands) == "cudnn") {
-    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands};
+    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands, scale};
     const int64_t n_qkv = B * T * (H + 2 * KV) * D, n_o = B * T * H * D;
     const size_t es = dtype_size(operands);
     Pieces at;
@@ -331,7 +331,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
     return;
   }
 #endif
-  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D));
+  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D), scale);
   a.out = out;
   a.lse = lse;
   run_forward(a);
@@ -339,11 +339,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DType operands) {
+                        DType operands, float scale) {
   if (B * T == 0) return;
 #ifdef LLMTRAIN_HAVE_CUDNN
   if (attention_path(B, T, H, KV, D, operands) == "cudnn") {  // as the forward decided
-    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands};
+    const cudnn_sdpa::Shape s{B, T, H, KV, D, operands, scale};
     const int64_t n_qkv = B * T * (H + 2 * KV) * D, n_o = B * T * H * D;
     const size_t es = dtype_size(operands);
     Pieces at;
@@ -367,7 +367,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     return;
   }
 #endif
-  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D), qkv_grads(dqkv, T, H, KV, D));
+  Args a = make_args(qkv_operands(qkv, B, T, H, KV, D), scale, qkv_grads(dqkv, T, H, KV, D));
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;
@@ -379,9 +379,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_block_forward(float* out, float* lse, const float* q_src, int64_t Wq,
                              const float* kv_src, int64_t Wk, int64_t kv0, const int32_t* q_pos,
                              const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                             int64_t KV, int64_t D) {
+                             int64_t KV, int64_t D, float scale) {
   if (B * Tq == 0) return;
-  Args a = make_args(block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D));
+  Args a = make_args(block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D),
+                     scale);
   a.out = out;
   a.lse = lse;
   run_forward(a);
@@ -391,11 +392,11 @@ void attention_block_backward(float* dq_src, float* dkv_src, const float* dout, 
                               int64_t Wq, const float* kv_src, int64_t Wk, int64_t kv0,
                               const float* out, const float* lse, const int32_t* q_pos,
                               const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                              int64_t KV, int64_t D) {
+                              int64_t KV, int64_t D, float scale) {
   if (B * Tq == 0) return;
   const AttnOperands in =
       block_operands(q_src, Wq, kv_src, Wk, kv0, q_pos, k_pos, B, Tq, Tk, H, KV, D);
-  Args a = make_args(in, block_grads(dq_src, dkv_src, kv0, in));
+  Args a = make_args(in, scale, block_grads(dq_src, dkv_src, kv0, in));
   a.dout = dout;
   a.out_c = out;
   a.lse_c = lse;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -81,7 +82,7 @@ fe::graph::Tensor_attributes& as_lse(fe::graph::Tensor_attributes& t, const Shap
 }
 
 float scale_of(const Shape& s) {
-  return 1.0f / std::sqrt(static_cast<float>(s.D));
+  return s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.D));
 }
 
 Graph forward_graph(const Shape& s) {
@@ -149,8 +150,14 @@ struct Entry {
 // The graphs of a shape, built on first use. Built together, so that forward and backward agree
 // on the path: a shape runs on cuDNN only when both directions do.
 const Entry& entry(const Shape& s) {
-  static std::map<std::array<int64_t, 6>, Entry> cache;
-  const std::array<int64_t, 6> key{s.B, s.T, s.H, s.KV, s.D, static_cast<int64_t>(s.operands)};
+  static std::map<std::array<int64_t, 7>, Entry> cache;
+  const std::array<int64_t, 7> key{s.B,
+                                   s.T,
+                                   s.H,
+                                   s.KV,
+                                   s.D,
+                                   static_cast<int64_t>(s.operands),
+                                   std::bit_cast<int32_t>(scale_of(s))};
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   Entry e;

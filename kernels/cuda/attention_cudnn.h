@@ -18,7 +18,8 @@ namespace llmt::cuda::cudnn_sdpa {
 
 struct Shape {
   int64_t B, T, H, KV, D;
-  DType operands;  // bf16 or f16
+  DType operands;      // bf16 or f16
+  float scale = 0.0f;  // the scores' scale; 0: 1/sqrt(D)
 };
 
 // Empty when cuDNN runs this shape, forward and backward (both graphs built and cached on the
@@ -29,8 +30,8 @@ std::string unsupported(const Shape& s);
 // Device workspace the larger of the two graphs needs, in bytes (a supported shape).
 size_t workspace_bytes(const Shape& s);
 
-// Causal attention, scale 1/sqrt(D): o (B,T,H,D) assigned; lse (B,H,T) f32 = max + ln(sum exp) of
-// each row's scaled scores (cuDNN's Stats: the flash and CPU kernels' lse).
+// Causal attention, scores scaled by s.scale: o (B,T,H,D) assigned; lse (B,H,T) f32 = max + ln(sum
+// exp) of each row's scaled scores (cuDNN's Stats: the flash and CPU kernels' lse).
 void forward(void* o, float* lse, const void* qkv, void* workspace, const Shape& s);
 
 // dqkv (B,T,H+2KV,D) assigned (every element); do, o (B,T,H,D); lse (B,H,T) f32 from forward.

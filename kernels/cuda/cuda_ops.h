@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "kernels/rope_math.h"
 
 namespace llmt::cuda {
 
@@ -24,10 +25,10 @@ namespace llmt::cuda {
 // or f16 and a shape cuDNN supports, cuDNN's fused attention (attention_cudnn.h); otherwise the
 // flash kernel, D <= 256. Forward and backward decide by the same predicate (attention_path).
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int64_t D, DType operands);
+                       int64_t KV, int64_t D, DType operands, float scale);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DType operands);
+                        DType operands, float scale);
 // Which implementation attention_forward/backward use for this call: "cudnn", or "flash: " and
 // the reason (operands f32, a build without cuDNN, or what cuDNN said about the shape). Builds
 // and caches cuDNN's graphs for the shape, so it needs a GPU when operands are 16-bit.

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """`llmtrain checkpoint import` (Hugging Face safetensors -> checkpoint), checked against export:
 
-  roundtrip  GPT-2, Llama, Mixtral (the MoE config without shared experts or dense layers) and
-             DeepseekV3 (latent attention, a dense layer, shared and group-routed experts, a
-             multi-token prediction module):
+  roundtrip  GPT-2, Llama (with Llama 3.1's RoPE scaling), Mixtral (the MoE config without shared
+             experts or dense layers) and DeepseekV3 (latent attention, a dense layer, shared and
+             group-routed experts, a multi-token prediction module, DeepSeek-V3's YaRN):
+             config.json's rope_scaling as Hugging Face writes it, and back in the import's config;
              train 2 steps, export, import: every tensor bitwise the checkpoint's; one
              fine-tuning step from the import and from the original checkpoint give bitwise the
              same losses; imported at tp 2 + sp (--world 2 --set parallel.tp=2 ...) it verifies and
@@ -12,8 +13,8 @@
              imported and exported again, each tensor is its BF16 rounding (nearest even), exactly
   gpt2model  the GPT-2 export under GPT2Model's names (no "transformer." prefix) with the causal
              mask buffers (h.N.attn.bias) beside them: imported bitwise, the buffers ignored
-  errors     rope_scaling, DeepseekV3 weights with interleaved rope dims, a missing tensor and a
-             tensor of another shape are refused naming them"""
+  errors     a rope_scaling type llmtrain lacks ("dynamic"), DeepseekV3 weights with interleaved rope
+             dims, a missing tensor and a tensor of another shape are refused naming them"""
 import json
 import os
 import shutil
@@ -35,6 +36,19 @@ DEEPSEEK_V3 = ["model.moe.num_experts=8", "model.moe.top_k=2", "model.moe.d_ff_e
                "model.moe.n_group=4", "model.moe.topk_group=2",
                "model.moe.routed_scaling_factor=2.5", "model.moe.first_dense_layers=1",
                "model.mtp_depth=1"]
+# RoPE scaling as Llama 3.1 and DeepSeek-V3 ship it (on tiny contexts), and what config.json says.
+LLAMA3_ROPE = ["model.rope_scaling.rope_type=llama3", "model.rope_scaling.factor=8.0",
+               "model.rope_scaling.original_max_position_embeddings=16",
+               "model.rope_scaling.low_freq_factor=1.0", "model.rope_scaling.high_freq_factor=4.0"]
+YARN_ROPE = ["model.rope_scaling.rope_type=yarn", "model.rope_scaling.factor=40.0",
+             "model.rope_scaling.original_max_position_embeddings=16",
+             "model.rope_scaling.mscale=1.0", "model.rope_scaling.mscale_all_dim=1.0"]
+ROPE_JSON = {
+    "llama": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 16},
+    "mla": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+}
 
 
 def read_st(path):
@@ -107,13 +121,26 @@ def main():
 
     for model, file in CONFIGS.items():
         config = os.path.join(cfgdir, file)
-        sets = {"moe": MIXTRAL, "mla": DEEPSEEK_V3}.get(model, [])
+        sets = {"moe": MIXTRAL, "mla": DEEPSEEK_V3 + YARN_ROPE, "llama": LLAMA3_ROPE}.get(model, [])
         ck = os.path.join(w, model + "_ck")
         train(model, config, sets + ["train.steps=2", f"checkpoint.dir={ck}"])
         hf, imp, imp2 = (os.path.join(w, model + s) for s in ("_hf", "_imp", "_imp_tp2"))
         run([args.llmtrain, "checkpoint", "export", ck, hf])
         out = run([args.llmtrain, "checkpoint", "import", hf, imp])
         print(out.strip().splitlines()[-1][:160])
+        with open(os.path.join(hf, "config.json")) as f:
+            rope = json.load(f).get("rope_scaling")
+        with h5py.File(os.path.join(imp, "index.h5"), "r") as f:
+            stored = f.attrs["config"]
+            stored = stored.decode() if isinstance(stored, bytes) else stored
+        if rope != ROPE_JSON.get(model):
+            failures.append(f"{model}: config.json's rope_scaling {rope}, expected {ROPE_JSON.get(model)}")
+        for s in sets:
+            key, value = s.split("=", 1)
+            text = value if value.replace(".", "").isdigit() else json.dumps(value)
+            if key.startswith("model.rope_scaling.") and \
+                    f"\n{key.rsplit('.', 1)[1]} = {text}\n" not in stored:
+                failures.append(f"{model}: the import's config lacks {s}")
         orig = model_tensors(os.path.join(ck, "step_00000002"))
         got = model_tensors(imp)
         differ = [n for n in orig if n not in got or orig[n].tobytes() != got[n].tobytes()]
@@ -185,7 +212,7 @@ def main():
     shutil.copytree(os.path.join(w, "llama_hf"), bad_cfg)
     with open(os.path.join(bad_cfg, "config.json")) as f:
         c = json.load(f)
-    c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    c["rope_scaling"] = {"rope_type": "dynamic", "factor": 8.0}
     with open(os.path.join(bad_cfg, "config.json"), "w") as f:
         json.dump(c, f)
     missing = os.path.join(w, "missing")
@@ -208,7 +235,7 @@ def main():
     with open(os.path.join(shape, "config.json"), "w") as f:
         json.dump(c, f)
     shutil.copy(os.path.join(w, "llama_hf", "model.safetensors"), shape)
-    for name, d, code, want in [("rope_scaling", bad_cfg, 2, "rope_scaling"),
+    for name, d, code, want in [("rope_scaling", bad_cfg, 2, 'rope_scaling.rope_type "dynamic"'),
                                 ("rope_interleave", interleaved, 2, "rope_interleave true"),
                                 ("missing", missing, 1, "model.norm.weight: missing"),
                                 ("shape", shape, 1, "mlp.gate_proj.weight: shape")]:

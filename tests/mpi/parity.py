@@ -12,7 +12,8 @@ selective recompute, hsdpN-... (hybrid sharding: ZeRO within groups of N dp rank
 (ZeRO-3 with int8 weight all-gathers in blocks of 16, against one rank quantising alike),
 hpzN-... (ZeRO-3 with a secondary copy of the weights within groups of N dp ranks), qg1-...
 (ZeRO-3 with int4 gradient all-to-alls in blocks of 1, against the plain single rank); for latent
-attention q-... (a full-rank query) and moe-... (with experts); for multi-token prediction
+attention q-... (a full-rank query), moe-... (with experts) and yarn-... (YaRN with DeepSeek's
+factor on the scores); rope-... (RoPE scaling, Llama 3.1's or YaRN's); for multi-token prediction
 moe-bias-... (experts balanced by the bias) and tied-... (tied embeddings). Prints one line: layout, max
 relative differences."""
 import os
@@ -38,6 +39,11 @@ QW16 = ["parallel.zero_stage=3", "parallel.zero_quantized_weights=true",
 # Latent attention (configs/mla-tiny.toml) with a full-rank query, and in an MoE model with ep.
 MLA_Q = ["model.mla.q_lora_rank=0"]
 MLA_MOE = ["model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=64"]
+# RoPE scaling over an original context of 8 (the tiny configs' seq_len is 32).
+ROPE_LLAMA3 = ["model.rope_scaling.rope_type=llama3", "model.rope_scaling.factor=4.0",
+               "model.rope_scaling.original_max_position_embeddings=8"]
+ROPE_YARN = ["model.rope_scaling.rope_type=yarn", "model.rope_scaling.factor=4.0",
+             "model.rope_scaling.original_max_position_embeddings=8"]
 LAYOUTS = {
     "dp2": (2, [], []),
     "q-tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], MLA_Q),
@@ -130,6 +136,15 @@ LAYOUTS = {
                                 "parallel.virtual_stages=2"], L4),
     "cp2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     "cp2-ring-recompute": (2, ["parallel.cp=2", "train.recompute=selective"], []),
+    # RoPE scaling ([model.rope_scaling], RoPE models): the scaled frequencies at context
+    # parallelism's global positions and over tp; YaRN's factor on cos and sin, and (latent
+    # attention, DeepSeek's mscale_all_dim) on the scores.
+    "rope-llama3-cp2-ring": (2, ["parallel.cp=2", "parallel.cp_impl=ring"], ROPE_LLAMA3),
+    "rope-yarn-cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], ROPE_YARN),
+    "rope-llama3-tp2-sp-pp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                   "parallel.pp=2"], ROPE_LLAMA3),
+    "yarn-cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+                        ROPE_YARN + ["model.rope_scaling.mscale_all_dim=1.0"]),
     # Mixture of experts (configs/moe-tiny.toml): capacity dropping at dp 2 and 4 (its rule reads
     # one sequence, so the layout does not change which tokens drop).
     "capacity-dp2": (2, [], ["model.moe.capacity_factor=1.0"]),
@@ -326,7 +341,9 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     ranks, sets, base = LAYOUTS[args.layout]
     base = base + args.sets
-    single = "single" + ("-" + "-".join(b.split(".")[-1] for b in base) if base else "")
+    # (Named by each override's last key part and its whole value: "factor=4.0".)
+    single = "single" + ("-" + "-".join(b.split("=")[0].split(".")[-1] + "=" + b.split("=", 1)[1]
+                                        for b in base) if base else "")
     ref_steps, ref_params = train_run(args, os.path.join(args.workdir, single), 1, base)
     steps, params = train_run(args, os.path.join(args.workdir, args.layout), ranks, sets + base)
 

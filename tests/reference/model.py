@@ -59,6 +59,9 @@ class ModelCfg:
     mla: "MlaCfg | None" = None  # model.attention = "mla" with [model.mla]; None = multi-head
     mtp_depth: int = 0  # multi-token prediction modules (DeepSeek-V3 §2.2)
     mtp_loss_weight: float = f32(0.3)  # lambda
+    # [model.rope_scaling] as Hugging Face's rope_scaling dict ("rope_type": "linear" | "llama3" |
+    # "yarn", "factor", ...); None = RoPE's own frequencies.
+    rope_scaling: dict | None = None
 
     def resolved(self) -> "ModelCfg":
         """Fills the preset defaults of docs/model.md's switch table."""
@@ -170,12 +173,74 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
-def rope_tables(T: int, D: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of p * f_i, f_i = theta^(-2i/D), shapes (T, D/2); angles computed in float64."""
+def yarn_m(s: float, k: float) -> float:
+    """YaRN's attention temperature factor m(s, k) = 0.1 k ln s + 1 (Peng et al. 2023, §3.4, with
+    DeepSeek's k)."""
+    return 1.0 if s <= 1 else 0.1 * k * math.log(s) + 1.0
+
+
+def rope_freqs(D: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
+    """The D/2 frequencies f_i = theta^(-2i/D), scaled for a longer context, and the factor on
+    cos and sin. linear: position interpolation (f / s). llama3: Meta's Llama 3.1 apply_scaling,
+    by wavelength against the original context L (keep above L/high_freq_factor... divide by s
+    below L/low_freq_factor, interpolate between). yarn: "NTK-by-parts" as YaRN's released code
+    (and DeepSeek-V3's) computes it: the pair index where a pair turns b times over L,
+    i(b) = D ln(L / (2 pi b)) / (2 ln theta), gives the ramp's ends floor(i(beta_fast)) and
+    ceil(i(beta_slow)); pairs below keep f, above take f / s, linear between; cos and sin times
+    m(s, mscale) / m(s, mscale_all_dim) (or m(s, 1) without them, or attention_factor)."""
     i = torch.arange(D // 2, dtype=torch.float64)
     f = theta ** (-2.0 * i / D)
+    if not scaling:
+        return f, 1.0
+    kind, s = scaling["rope_type"], scaling["factor"]
+    if kind == "linear":
+        return f / s, 1.0
+    L = scaling["original_max_position_embeddings"]
+    if kind == "llama3":
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / f
+        out = []
+        for fi, w in zip(f.tolist(), wavelen.tolist()):
+            if w < L / high:
+                out.append(fi)
+            elif w > L / low:
+                out.append(fi / s)
+            else:
+                smooth = (L / w - low) / (high - low)
+                out.append((1 - smooth) * fi / s + smooth * fi)
+        return torch.tensor(out, dtype=torch.float64), 1.0
+    assert kind == "yarn", kind
+
+    def pair_of(turns):
+        return D * math.log(L / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo = max(math.floor(pair_of(scaling.get("beta_fast", 32.0))), 0)
+    hi = min(math.ceil(pair_of(scaling.get("beta_slow", 1.0))), D - 1)
+    if hi == lo:
+        hi += 0.001
+    ramp = ((i - lo) / (hi - lo)).clamp(0, 1)  # 1: interpolated
+    mag = scaling.get("attention_factor", 0.0)
+    if not mag:
+        ms, msa = scaling.get("mscale", 1.0), scaling.get("mscale_all_dim", 0.0)
+        mag = yarn_m(s, ms) / yarn_m(s, msa) if ms and msa else yarn_m(s, 1.0)
+    return f / s * ramp + f * (1 - ramp), mag
+
+
+def softmax_factor(scaling: dict | None) -> float:
+    """DeepSeek-V2/V3 under YaRN with mscale_all_dim: the scores' 1/sqrt(D) times
+    m(s, mscale_all_dim)^2."""
+    if not scaling or scaling["rope_type"] != "yarn" or not scaling.get("mscale_all_dim", 0.0):
+        return 1.0
+    return yarn_m(scaling["factor"], scaling["mscale_all_dim"]) ** 2
+
+
+def rope_tables(T: int, D: int, theta: float, dtype, scaling: dict | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of p * f_i (rope_freqs), times the scaling's factor, shapes (T, D/2); angles in
+    float64."""
+    f, mag = rope_freqs(D, theta, scaling)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * f[None, :]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    return (mag * ang.cos()).to(dtype), (mag * ang.sin()).to(dtype)
 
 
 def apply_rope(x, cos, sin):
@@ -186,15 +251,16 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-def causal_attention(q, k, v):
-    """q (B,T,H,D), k/v (B,T,KV,D) -> (B,T,H*D). Query head h uses kv head h // (H/KV)."""
+def causal_attention(q, k, v, factor: float = 1.0):
+    """q (B,T,H,D), k/v (B,T,KV,D) -> (B,T,H*D). Query head h uses kv head h // (H/KV); scores
+    scaled by factor / sqrt(D)."""
     B, T, H, D = q.shape
     KV = k.shape[2]
     group = H // KV
     q = q.transpose(1, 2)  # (B,H,T,D)
     k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # head h -> kv head h // group
     v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B,H,T,T)
+    att = (q @ k.transpose(-2, -1)) * (factor / math.sqrt(D))  # (B,H,T,T)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
     y = att @ v  # (B,H,T,D)
@@ -217,7 +283,7 @@ class Attention(nn.Module):
         q, k, v = q.view(B, T, H, D), k.view(B, T, KV, D), v.view(B, T, KV, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.proj(causal_attention(q, k, v))
+        return self.proj(causal_attention(q, k, v, softmax_factor(self.cfg.rope_scaling)))
 
 
 class LatentAttention(nn.Module):
@@ -229,7 +295,7 @@ class LatentAttention(nn.Module):
     def __init__(self, cfg: ModelCfg):
         super().__init__()
         a = cfg.mla
-        self.a, self.H = a, cfg.n_heads
+        self.a, self.H, self.cfg = a, cfg.n_heads, cfg
         C, H = cfg.d_model, cfg.n_heads
         dq = a.qk_nope_head_dim + a.qk_rope_head_dim
         if a.q_lora_rank > 0:
@@ -258,7 +324,7 @@ class LatentAttention(nn.Module):
             k_pe = apply_rope(k_pe, *rope)
         # scores (B,H,T,T): the nope parts' dot products plus the rope parts' with the shared key
         s = torch.einsum("bthd,bshd->bhts", q_nope, k_nope) + torch.einsum("bthd,bsd->bhts", q_pe, k_pe[:, :, 0])
-        s = s / math.sqrt(dn + dr)
+        s = s * (softmax_factor(self.cfg.rope_scaling) / math.sqrt(dn + dr))
         future = torch.ones(T, T, dtype=torch.bool).triu(1)
         p = s.masked_fill(future, float("-inf")).softmax(dim=-1)
         o = torch.einsum("bhts,bshd->bthd", p, v)
@@ -443,7 +509,7 @@ class Transformer(nn.Module):
         if self.cfg.position == "learned":
             return None
         D = self.cfg.mla.qk_rope_head_dim if self.cfg.mla is not None else self.cfg.head_dim
-        return rope_tables(T, D, self.cfg.rope_theta, dtype)
+        return rope_tables(T, D, self.cfg.rope_theta, dtype, self.cfg.rope_scaling)
 
     def hidden(self, tokens):
         """tokens (B,T) int64 -> the last layer's output h (B,T,C), before the final norm."""

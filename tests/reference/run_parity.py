@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model import AdamW, MlaCfg, ModelCfg, MoeCfg, OptCfg, Transformer, f32, grad_norm_and_clip, lr_at  # noqa: E402
+from model import (AdamW, MlaCfg, ModelCfg, MoeCfg, OptCfg, Transformer, f32, grad_norm_and_clip,  # noqa: E402
+                   lr_at, rope_freqs)
 
 PRESETS = {
     # arch-only presets: the switches (norm, activation, position, bias, tying, d_ff) are left to
@@ -65,6 +66,18 @@ PRESETS = {
                 mla=dict(q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)),
     "mla-q": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, seq_len=32,
                   mla=dict(q_lora_rank=0, kv_lora_rank=16, qk_nope_head_dim=6, qk_rope_head_dim=6, v_head_dim=12)),
+    # RoPE scaling ([model.rope_scaling]): Llama 3.1's bands over an original context of 32 (with
+    # head dim 16 one pair kept, one interpolated, six divided by the factor), and YaRN on latent
+    # attention as DeepSeek-V3 runs it (the scores times m(s, mscale_all_dim)^2), with mscale !=
+    # mscale_all_dim so that cos and sin are scaled too.
+    "llama-rope-llama3": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                              seq_len=32, rope_scaling=dict(rope_type="llama3", factor=4.0,
+                                                            original_max_position_embeddings=32,
+                                                            low_freq_factor=1.0, high_freq_factor=4.0)),
+    "mla-yarn": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, seq_len=32,
+                     mla=dict(q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=6),
+                     rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8,
+                                       beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=1.0)),
     # DeepSeek-V3's multi-token prediction: two sequential modules (untied Llama; weight 0.3), and
     # one on a tied GPT-2 (learned positions: the module's embedding has none).
     "mtp": dict(arch="llama", vocab_size=101, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seq_len=32,
@@ -243,6 +256,7 @@ def main() -> int:
     model_kv = dict(PRESETS[args.preset])
     moe_kv = model_kv.pop("moe", None)
     mla_kv = model_kv.pop("mla", None)
+    rope_kv = model_kv.pop("rope_scaling", None)
     model_toml = {k: v for k, v in model_kv.items() if not (k == "n_kv_heads" and v == 0)}
     model_toml["dropout"] = 0.0
     if mla_kv:
@@ -251,6 +265,7 @@ def main() -> int:
         "model": model_toml,
         **({"model.moe": moe_kv} if moe_kv else {}),
         **({"model.mla": mla_kv} if mla_kv else {}),
+        **({"model.rope_scaling": rope_kv} if rope_kv else {}),
         "train": dict(steps=args.steps, global_batch_size=GLOBAL_BATCH, micro_batch_size=micro_batch,
                       precision="fp32", seed=SEED, run_dir=str(run_dir), device="cpu", threads=args.threads),
         "optimizer": dict(lr=OPT["lr"], min_lr=OPT["min_lr"], warmup_steps=OPT["warmup_steps"], decay=OPT["decay"],
@@ -280,7 +295,9 @@ def main() -> int:
     if moe_kv:
         moe = MoeCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in moe_kv.items()})
     mcfg = ModelCfg(**{k: f32(v) if isinstance(v, float) else v for k, v in model_kv.items()}, moe=moe,
-                    mla=MlaCfg(**mla_kv) if mla_kv else None)
+                    mla=MlaCfg(**mla_kv) if mla_kv else None,
+                    rope_scaling={k: f32(v) if isinstance(v, float) else v for k, v in rope_kv.items()}
+                    if rope_kv else None)
     o = OPT
     opt = OptCfg(lr=f32(o["lr"]), min_lr=f32(o["min_lr"]), warmup_steps=o["warmup_steps"], decay=o["decay"],
                  decay_steps=args.steps, beta1=f32(o["beta1"]), beta2=f32(o["beta2"]), eps=f32(o["eps"]),
@@ -384,6 +401,18 @@ def main() -> int:
             checks.append(("passing the hidden states on before the final norms",
                            lambda: setattr(model, "mtp_prenorm", True),
                            lambda: setattr(model, "mtp_prenorm", False)))
+        if mcfg.rope_scaling is not None:
+            # The scaled frequencies must matter, and (YaRN with mscale_all_dim) the scores'
+            # factor on its own: the same cos and sin given as attention_factor, without it.
+            scaling = model.cfg.rope_scaling
+            checks.append(("without RoPE scaling", lambda: setattr(model.cfg, "rope_scaling", None),
+                           lambda: setattr(model.cfg, "rope_scaling", scaling)))
+            if scaling.get("mscale_all_dim"):
+                mag = rope_freqs(2, model.cfg.rope_theta, scaling)[1]
+                alone = {**scaling, "mscale_all_dim": 0.0, "attention_factor": mag}
+                checks.append(("without YaRN's factor on the scores",
+                               lambda: setattr(model.cfg, "rope_scaling", alone),
+                               lambda: setattr(model.cfg, "rope_scaling", scaling)))
         for what, change in variants:
             checks.append((what, lambda change=change: [
                 setattr(b.mlp, "m", MoeCfg(**{**vars(moe), **change}))

@@ -220,7 +220,18 @@ TEST(Transformer, KvCacheDecodingEqualsTheWholeSequenceForward) {
   mla.attention = AttentionKind::mla;
   mla.n_kv_heads = mla.n_heads;
   mla.mla = {6, 8, 4, 4, 6};  // q latent 6, kv latent 8, nope 4 + rope 4, values 6 (padded to 8)
-  for (const ModelConfig& c : {tiny(Arch::gpt2), tiny(Arch::llama), moe, mla}) {
+  // RoPE scaling: Llama 3.1's on the Llama, and DeepSeek's YaRN (the scores' factor in the KV
+  // cache's attention too) on the latent attention.
+  ModelConfig llama3 = tiny(Arch::llama), yarn = mla;
+  llama3.rope_scaling.rope_type = RopeType::llama3;
+  llama3.rope_scaling.factor = 4.0f;
+  llama3.rope_scaling.original_max_position_embeddings = 8;
+  yarn.rope_scaling.rope_type = RopeType::yarn;
+  yarn.rope_scaling.factor = 4.0f;
+  yarn.rope_scaling.original_max_position_embeddings = 4;
+  yarn.rope_scaling.mscale = 0.707f;
+  yarn.rope_scaling.mscale_all_dim = 1.0f;
+  for (const ModelConfig& c : {tiny(Arch::gpt2), tiny(Arch::llama), moe, mla, llama3, yarn}) {
     const int64_t T = c.seq_len, V = c.vocab_size;
     Fixture f(1, T, V, 11);
     const ModelSpec spec = ModelSpec::from_config(c);
@@ -241,8 +252,8 @@ TEST(Transformer, KvCacheDecodingEqualsTheWholeSequenceForward) {
       const Tensor step = decoder.decode(token, pos);  // (1, V)
       for (int64_t v = 0; v < V; ++v)
         ASSERT_NEAR(step.f32()[v], expected[static_cast<size_t>(pos * V + v)], 2e-5)
-            << "n_experts " << c.moe.num_experts << " mla " << c.mla_attention() << " position "
-            << pos << " token " << v;
+            << "n_experts " << c.moe.num_experts << " mla " << c.mla_attention() << " rope scaling "
+            << static_cast<int>(c.rope_scaling.rope_type) << " position " << pos << " token " << v;
     }
     // Greedy: each position's argmax, fed back; the forward over the produced sequence agrees.
     std::vector<int32_t> seq{f.tokens.i32()[0]};

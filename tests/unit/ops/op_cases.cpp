@@ -269,6 +269,28 @@ void add_rope(std::vector<OpCase>& cases) {
                      ops::rope_backward(v[0], 4, 3, 10000.0f, {}, {10, 6});
                    }),
                    kTight});
+  // Scaled frequencies (kernels/rope_math.h): Llama 3.1's bands, YaRN's ramp with the attention
+  // factor on cos and sin (at large positions, past the original context of 32).
+  RopeScaling llama3, yarn;
+  llama3.rope_type = RopeType::llama3;
+  llama3.factor = 8.0f;
+  llama3.original_max_position_embeddings = 32;
+  yarn.rope_type = RopeType::yarn;
+  yarn.factor = 16.0f;
+  yarn.original_max_position_embeddings = 32;
+  cases.push_back(
+      {"rope_forward",
+       "rope_forward_llama3",
+       {uniform({2, 9, 5, 16}, 1)},
+       op([llama3](const Views& v) { ops::rope_forward(v[0], 3, 500, 500000.0f, {}, {}, llama3); }),
+       kTight});
+  cases.push_back({"rope_backward",
+                   "rope_backward_yarn",
+                   {uniform({2, 9, 5, 16}, 1), pos},
+                   op([yarn](const Views& v) {
+                     ops::rope_backward(v[0], 4, 0, 10000.0f, v[1], {10, 6}, yarn);
+                   }),
+                   kTight});
 }
 
 // Unit roundoff of a 16-bit operands type: bf16 keeps 8 significant bits, f16 11.
@@ -291,11 +313,14 @@ double unit_roundoff(DType t) {
 struct AttnBounds {
   Tol forward, backward;
 };
+// (scale_of: the scores' scale, 0 for 1/sqrt(D).)
 AttnBounds cudnn_attention_bounds(const HostTensor& qkv, const HostTensor& dout,
-                                  const HostTensor& out, int64_t H, int64_t KV, DType operands) {
+                                  const HostTensor& out, int64_t H, int64_t KV, DType operands,
+                                  double scale_of = 0.0) {
   const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
   const int64_t ld = (H + 2 * KV) * D;
-  const double u = unit_roundoff(operands), scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double u = unit_roundoff(operands);
+  const double scale = scale_of > 0.0 ? scale_of : 1.0 / std::sqrt(static_cast<double>(D));
   const float* x = qkv.f32();
   auto max_abs = [](const float* p, int64_t n) {
     double m = 0.0;
@@ -388,6 +413,40 @@ void add_attention(std::vector<OpCase>& cases) {
                      {uniform({d.B, d.T, H + 2 * KV, d.D}, 4), dout, qkv, out, lse},
                      op([H, KV, ops16](const Views& v) {
                        ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV, ops16);
+                     }),
+                     tol.backward});
+  }
+  // The scores scaled other than by 1/sqrt(D) (YaRN's factor; DeepSeek-V3's 1.874), through the
+  // flash kernel (fp32) and cuDNN's attn_scale (bf16).
+  for (const DType ops16 : {DType::f32, DType::bf16}) {
+    const int64_t B = 2, T = 70, H = 4, KV = 2, D = 16;
+    const float scale = scaled_attention_scale(D);
+    HostTensor qkv = uniform({B, T, H + 2 * KV, D}, 6, -2.0f, 2.0f),
+               dout = uniform({B, T, H, D}, 7);
+    if (ops16 != DType::f32) {
+      ops::round_to(qkv.t(), ops16);
+      ops::round_to(dout.t(), ops16);
+    }
+    HostTensor out({B, T, H, D}), lse({B, H, T});
+    ops::attention_forward(out.t(), lse.t(), qkv.t(), H, KV, DType::f32, scale);
+    AttnBounds tol{Tol{2e-4, 2e-5}, Tol{2e-4, 1e-4}};
+    if (ops16 != DType::f32) {
+      ops::round_to(out.t(), ops16);
+      tol = cudnn_attention_bounds(qkv, dout, out, H, KV, ops16, scale);
+    }
+    const std::string suffix = ops16 == DType::f32 ? "_scaled" : "_scaled_ops_bf16";
+    cases.push_back({"attention_forward",
+                     "attention_forward" + suffix,
+                     {uniform({B, T, H, D}, 2), uniform({B, H, T}, 3), qkv},
+                     op([ops16, scale](const Views& v) {
+                       ops::attention_forward(v[0], v[1], v[2], H, KV, ops16, scale);
+                     }),
+                     tol.forward});
+    cases.push_back({"attention_backward",
+                     "attention_backward" + suffix,
+                     {uniform({B, T, H + 2 * KV, D}, 4), dout, qkv, out, lse},
+                     op([ops16, scale](const Views& v) {
+                       ops::attention_backward(v[0], v[1], v[2], v[3], v[4], H, KV, ops16, scale);
                      }),
                      tol.backward});
   }

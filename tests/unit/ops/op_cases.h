@@ -5,6 +5,8 @@
 // the same definition drives host memory and device copies alike.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +28,12 @@ struct OpCase {
 };
 
 std::vector<OpCase> op_cases();
+
+// The scores' scale of the attention cases named "..._scaled...": YaRN's factor on 1/sqrt(D)
+// (DeepSeek-V3's m(40, 1)^2 = 1.874).
+inline float scaled_attention_scale(int64_t D) {
+  return 1.8738f / std::sqrt(static_cast<float>(D));
+}
 
 // What a run leaves behind: every argument's contents, and the scalar results.
 struct OpResult {

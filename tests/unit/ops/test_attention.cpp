@@ -1,6 +1,7 @@
 // Causal grouped-query attention (flash-attention tiles, online softmax) against a double-precision
 // full-softmax reference: out, lse and the analytic dqkv, finite differences of dqkv, and dqkv
-// being assigned. Shapes cover one token, partial tiles (T=65, 130), MHA, GQA, MQA and padded D.
+// being assigned. Shapes cover one token, partial tiles (T=65, 130), MHA, GQA, MQA and padded D;
+// and a scale of the scores other than 1/sqrt(D) (YaRN's softmax factor).
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -24,9 +25,11 @@ struct AttnRef {
   std::vector<double> out, lse, dqkv;
 };
 
-AttnRef reference(const AttnCase& c, const HostTensor& qkv, const HostTensor& dout) {
+// scale_of: the scores' scale (0: 1/sqrt(D)).
+AttnRef reference(const AttnCase& c, const HostTensor& qkv, const HostTensor& dout,
+                  double scale_of = 0) {
   const int64_t B = c.B, T = c.T, H = c.H, KV = c.KV, D = c.D, ld = (H + 2 * KV) * D;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = scale_of > 0 ? scale_of : 1.0 / std::sqrt(static_cast<double>(D));
   AttnRef r{std::vector<double>(B * T * H * D), std::vector<double>(B * H * T),
             std::vector<double>(B * T * ld, 0.0)};
   std::vector<double> p(T), dp(T);
@@ -161,6 +164,34 @@ TEST_P(Attention, OperandsChangeNothingOnTheCpu) {
     EXPECT_TRUE(bits_equal(l, lse)) << dtype_name(t);
     EXPECT_TRUE(bits_equal(d, dqkv)) << dtype_name(t);
   }
+}
+
+// A scale of the scores other than 1/sqrt(D) (YaRN's m^2 / sqrt(D), DeepSeek-V3's m = 1.369):
+// forward and backward against the reference at that scale, finite differences, and 1/sqrt(D)
+// given explicitly is bitwise the default.
+TEST_P(Attention, ScaledScoresMatchReference) {
+  const auto& c = GetParam();
+  const float scale = 1.8738f / std::sqrt(static_cast<float>(c.D));
+  HostTensor dout = uniform({c.B, c.T, c.H, c.D}, 7);
+  const AttnRef ref = reference(c, qkv, dout, scale);
+  ops::attention_forward(out.t(), lse.t(), qkv.t(), c.H, c.KV, DType::f32, scale);
+  EXPECT_TRUE(all_close(out, ref.out, kOutTol));
+  EXPECT_TRUE(all_close(lse, ref.lse, kLseTol));
+  HostTensor dqkv(qkv.shape());
+  ops::attention_backward(dqkv.t(), dout.t(), qkv.t(), out.t(), lse.t(), c.H, c.KV, DType::f32,
+                          scale);
+  EXPECT_TRUE(all_close(dqkv, ref.dqkv, kGradTol));
+  auto loss = [&] {
+    ops::attention_forward(out.t(), lse.t(), qkv.t(), c.H, c.KV, DType::f32, scale);
+    return weighted_sum(out, dout);
+  };
+  EXPECT_TRUE(check_gradient(loss, qkv, dqkv));
+  HostTensor o(out.shape()), l(lse.shape());
+  forward();
+  ops::attention_forward(o.t(), l.t(), qkv.t(), c.H, c.KV, DType::f32,
+                         1.0f / std::sqrt(static_cast<float>(c.D)));
+  EXPECT_TRUE(bits_equal(o, out));
+  EXPECT_TRUE(bits_equal(l, lse));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,

@@ -77,7 +77,9 @@ TEST(OpCases, AttentionOperandsToleranceCoversRoundedProbabilities) {
     const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
     const int64_t H = c.args[0].shape()[2], KV = (qkv.shape()[2] - H) / 2, ld = (H + 2 * KV) * D;
     if (D % 8 != 0) continue;  // the fallback case: the flash kernel, fp32
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double scale = c.name.find("_scaled") != std::string::npos
+                             ? static_cast<double>(scaled_attention_scale(D))
+                             : 1.0 / std::sqrt(static_cast<double>(D));
     const OpResult want = run_case(c);
     OpResult model = want;
     HostTensor p({T});
@@ -109,7 +111,7 @@ TEST(OpCases, AttentionOperandsToleranceCoversRoundedProbabilities) {
     EXPECT_FALSE(results_close(model, want, Tol{2e-4, 2e-5})) << c.name;
     ++checked;
   }
-  EXPECT_EQ(checked, 2);
+  EXPECT_EQ(checked, 3);
 }
 
 // The same for the backward: P from the saved lse, delta = dO . O, dS = P (dO . v - delta); P
@@ -124,7 +126,9 @@ TEST(OpCases, AttentionOperandsToleranceCoversRoundedGradients) {
     const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[3];
     const int64_t H = out.shape()[2], KV = (qkv.shape()[2] - H) / 2, ld = (H + 2 * KV) * D;
     if (D % 8 != 0) continue;  // the fallback case
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double scale = c.name.find("_scaled") != std::string::npos
+                             ? static_cast<double>(scaled_attention_scale(D))
+                             : 1.0 / std::sqrt(static_cast<double>(D));
     const OpResult want = run_case(c);
     std::vector<double> grad(qkv.numel(), 0.0);
     HostTensor p({T}), ds({T});
@@ -162,7 +166,7 @@ TEST(OpCases, AttentionOperandsToleranceCoversRoundedGradients) {
     EXPECT_FALSE(results_close(model, want, Tol{2e-4, 1e-4})) << c.name;
     ++checked;
   }
-  EXPECT_EQ(checked, 2);
+  EXPECT_EQ(checked, 3);
 }
 
 TEST(OpCases, ResultsCloseFailsOnADifference) {
@@ -235,7 +239,8 @@ TEST(OpCases, SixteenBitStorageGivesTheBitsOfTheRoundedF32Op) {
       // A list of 16-bit tensors is reduced tensor by tensor (each widened alone, so the scratch
       // stays one tensor's): the same double sum in another order.
       const Tol tol = c.op == "sum_squares" ? Tol{1e-14, 0.0} : Tol{0.0, 0.0};
-      EXPECT_TRUE(results_close(got, run_case(emulation), tol)) << c.name << " in " << dtype_name(t);
+      EXPECT_TRUE(results_close(got, run_case(emulation), tol))
+          << c.name << " in " << dtype_name(t);
       ++compared;
     }
     EXPECT_GT(compared, 80);

@@ -119,6 +119,17 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("model.attention", model.attention),
       LLMT_KEY("model.mtp_depth", model.mtp_depth),
       LLMT_KEY("model.mtp_loss_weight", model.mtp_loss_weight),
+      LLMT_KEY("model.rope_scaling.rope_type", model.rope_scaling.rope_type),
+      LLMT_KEY("model.rope_scaling.factor", model.rope_scaling.factor),
+      LLMT_KEY("model.rope_scaling.original_max_position_embeddings",
+               model.rope_scaling.original_max_position_embeddings),
+      LLMT_KEY("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor),
+      LLMT_KEY("model.rope_scaling.high_freq_factor", model.rope_scaling.high_freq_factor),
+      LLMT_KEY("model.rope_scaling.beta_fast", model.rope_scaling.beta_fast),
+      LLMT_KEY("model.rope_scaling.beta_slow", model.rope_scaling.beta_slow),
+      LLMT_KEY("model.rope_scaling.mscale", model.rope_scaling.mscale),
+      LLMT_KEY("model.rope_scaling.mscale_all_dim", model.rope_scaling.mscale_all_dim),
+      LLMT_KEY("model.rope_scaling.attention_factor", model.rope_scaling.attention_factor),
       LLMT_KEY("model.mla.q_lora_rank", model.mla.q_lora_rank),
       LLMT_KEY("model.mla.kv_lora_rank", model.mla.kv_lora_rank),
       LLMT_KEY("model.mla.qk_nope_head_dim", model.mla.qk_nope_head_dim),
@@ -678,9 +689,10 @@ world = 4096
   // Every key is set away from its default (the llama preset's, for the keys the preset sets), so
   // the round trip above exercises every key; but data.source, whose other value needs dataset
   // files, train.distribute_saved_activations, whose other value needs full recompute without
-  // the sequence parallelism set here (DistributeSavedActivationsRoundTrips), and latent
+  // the sequence parallelism set here (DistributeSavedActivationsRoundTrips), latent
   // attention's keys (parallel.cp_latent among them), which need rope, no biases and no kv groups
-  // (LatentAttentionRoundTrips).
+  // (LatentAttentionRoundTrips), and [model.rope_scaling], which needs rope
+  // (RopeScalingRoundTrips).
   const std::vector<std::string> keys = config_keys();
   const auto values = [&keys](const std::string& toml) {  // key -> its line, in key order
     std::vector<std::string> out;
@@ -700,7 +712,7 @@ world = 4096
   for (size_t k = 0; k < keys.size(); ++k) {
     if (keys[k] == "data.source" || keys[k] == "train.distribute_saved_activations" ||
         keys[k] == "model.attention" || keys[k].starts_with("model.mla.") ||
-        keys[k] == "parallel.cp_latent")
+        keys[k].starts_with("model.rope_scaling.") || keys[k] == "parallel.cp_latent")
       continue;
     EXPECT_NE(set[k], keys[k] == "model.arch" ? gpt2[k] : llama[k]) << "left at default";
   }
@@ -710,6 +722,60 @@ world = 4096
         "\nsources = [{path = \"corpus/b\", weight = 0.3}, {path = \"/abs/c\", weight = 2.0}]\n"}) {
     expect_contains(text, {line});
   }
+}
+
+// [model.rope_scaling]: every key away from its default round-trips (YaRN's keys; llama3's two
+// of its own in a second config), and what cannot be honoured is refused naming the keys.
+TEST(ConfigToToml, RopeScalingRoundTrips) {
+  const Config yarn = parse_config_string(R"(
+[model]
+arch = "llama"
+[model.rope_scaling]
+rope_type = "yarn"
+factor = 40.0
+original_max_position_embeddings = 4096
+beta_fast = 16.0
+beta_slow = 2.0
+mscale = 0.707
+mscale_all_dim = 0.5
+attention_factor = 1.25
+)",
+                                          "y.toml");
+  expect_same(round_trip(yarn), yarn);
+  const Config llama3 = parse_config_string(
+      "[model]\narch = \"llama\"\n[model.rope_scaling]\nrope_type = \"llama3\"\nfactor = 8.0\n"
+      "original_max_position_embeddings = 8192\nlow_freq_factor = 2.0\nhigh_freq_factor = 5.0\n",
+      "l.toml");
+  expect_same(round_trip(llama3), llama3);
+  const RopeScaling d;
+  const RopeScaling& y = yarn.model.rope_scaling;
+  const RopeScaling& l = llama3.model.rope_scaling;
+  EXPECT_TRUE(y.rope_type != d.rope_type && y.factor != d.factor &&
+              y.original_max_position_embeddings != d.original_max_position_embeddings &&
+              y.beta_fast != d.beta_fast && y.beta_slow != d.beta_slow && y.mscale != d.mscale &&
+              y.mscale_all_dim != d.mscale_all_dim && y.attention_factor != d.attention_factor);
+  EXPECT_TRUE(l.low_freq_factor != d.low_freq_factor && l.high_freq_factor != d.high_freq_factor);
+  expect_contains(error_of("[model.rope_scaling]\nrope_type = \"yarn\"\nfactor = 4.0\n"
+                           "original_max_position_embeddings = 64\n"),
+                  {"model.rope_scaling.rope_type=\"yarn\" scales RoPE's frequencies, but "
+                   "model.position=\"learned\" has no RoPE"});
+  expect_contains(error_of("[model]\narch = \"llama\"\n[model.rope_scaling]\nfactor = 8.0\n"),
+                  {"[model.rope_scaling] sets a key, but its rope_type is \"none\""});
+  expect_contains(error_of("[model]\narch = \"llama\"\n[model.rope_scaling]\n"
+                           "rope_type = \"llama3\"\nfactor = 0.5\n"),
+                  {"model.rope_scaling.factor=0.5 must be >= 1",
+                   "model.rope_scaling.rope_type=\"llama3\" needs the pre-training context"});
+  expect_contains(error_of("[model]\narch = \"llama\"\n[model.rope_scaling]\n"
+                           "rope_type = \"llama3\"\nfactor = 8.0\n"
+                           "original_max_position_embeddings = 8192\nhigh_freq_factor = 1.0\n"),
+                  {"must satisfy 0 < low < high"});
+  expect_contains(error_of("[model]\narch = \"llama\"\n[model.rope_scaling]\n"
+                           "rope_type = \"yarn\"\nfactor = 8.0\n"
+                           "original_max_position_embeddings = 4096\nbeta_fast = 1.0\n"),
+                  {"must satisfy 0 < beta_slow < beta_fast"});
+  expect_contains(
+      error_of("[model]\narch = \"llama\"\n[model.rope_scaling]\nrope_type = \"ntk\"\n"),
+      {"expected one of \"none\", \"linear\", \"llama3\", \"yarn\""});
 }
 
 TEST(ConfigToToml, DistributeSavedActivationsRoundTrips) {
