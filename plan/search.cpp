@@ -246,10 +246,11 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
                                       : cheap    ? Recompute::selective
                                                  : static_cast<Recompute>(rc);
               c.cfg.train.recompute_modules = RecomputeModules{};
-              if (cheap)
-                c.cfg.train.recompute_modules.bits =
+              if (cheap)  // ("act" where the model has an MLP it reruns)
+                c.cfg.train.recompute_modules.bits = static_cast<uint8_t>(
                     (1u << static_cast<int>(RecomputeModule::layernorm)) |
-                    (1u << static_cast<int>(RecomputeModule::act));
+                    (c.cfg.model.has_unrouted_mlp() ? 1u << static_cast<int>(RecomputeModule::act)
+                                                    : 0u));
               c.cfg.train.recompute_layers = 0;
               c.cfg.train.distribute_saved_activations = distribute;
               try {

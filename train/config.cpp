@@ -423,6 +423,12 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
               "train.recompute_modules is empty, so train.recompute=\"selective\" would "
               "recompute nothing: list some of \"core_attn\", \"layernorm\", \"act\", or set "
               "train.recompute=\"none\"");
+    // "act" reruns the dense MLPs' and the shared experts' activation, not the routed experts'.
+    if (t.recompute_modules.act())
+      r.require(m.has_unrouted_mlp(), {"train.recompute_modules", "model.moe.num_experts"},
+                "train.recompute_modules lists \"act\", which reruns the activation of the dense "
+                "MLPs and the shared experts, but every MLP of this model is a mixture of routed "
+                "experts without shared experts (their activation is kept): remove \"act\"");
   } else {
     r.require(t.recompute_modules == RecomputeModules{},
               {"train.recompute_modules", "train.recompute"},

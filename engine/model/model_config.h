@@ -138,6 +138,14 @@ struct ModelConfig {
   float mtp_loss_weight = 0.3f;
 
   bool mla_attention() const { return attention == AttentionKind::mla; }
+  // Whether a layer (the multi-token prediction modules' included) has a dense MLP or shared
+  // experts: an MLP whose activation train.recompute_modules' "act" reruns.
+  bool has_unrouted_mlp() const {
+    if (moe.shared_experts > 0) return true;
+    for (int64_t l = 0; l < n_layers + mtp_depth; ++l)
+      if (!moe.layer(l)) return true;
+    return false;
+  }
   // Whether the last pipeline stage holds a copy of wte: the tied head's, or the multi-token
   // prediction modules' embedding.
   bool embedding_on_last_stage() const { return tie_embeddings || mtp_depth > 0; }

@@ -755,6 +755,25 @@ TEST_F(CostModelSearch, TriesRecomputeOfTheNormsAndTheActivation) {
   EXPECT_EQ(seen.size(), 4u);  // not the user's ["act"]: the search chooses the modules
 }
 
+// On a model whose every MLP is routed experts (no dense layer, no shared experts) "act" has
+// nothing to rerun (a run refuses it): the search's variant recomputes the norms alone, and its
+// candidates re-parse.
+TEST_F(CostModelSearch, RecomputesTheNormsAloneWhereEveryMlpIsRouted) {
+  const std::string path = model(4);
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=64"};
+  const SearchResult r = search_layouts(path, moe, parse_config(path, moe), 2, hw_, 1000000);
+  const int norms = 1 << static_cast<int>(RecomputeModule::layernorm);
+  int seen = 0;
+  for (const Candidate& c : r.ranked) {
+    EXPECT_FALSE(c.cfg.train.recompute == Recompute::selective &&
+                 c.cfg.train.recompute_modules.act())
+        << layout_text(c.cfg, 2);
+    seen += c.cfg.train.recompute == Recompute::selective &&
+            c.cfg.train.recompute_modules.bits == norms;
+  }
+  EXPECT_GT(seen, 0);
+}
+
 TEST_F(CostModelSearch, TriesUnevenPipelineSplits) {
   using Split = std::tuple<int64_t, int64_t, std::vector<int64_t>>;
   const auto s70 = splits(search(model(70), 12));

@@ -1335,6 +1335,18 @@ TEST(ConfigErrors, RecomputeModules) {
   expect_contains(error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = []\n"),
                   {"train.recompute_modules is empty, so train.recompute=\"selective\" would "
                    "recompute nothing"});
+  expect_contains(error_of("[model.moe]\nnum_experts = 4\n[train]\nrecompute = \"selective\"\n"
+                           "recompute_modules = [\"act\"]\n"),
+                  {"train.recompute_modules lists \"act\"",
+                   "every MLP of this model is a mixture of routed "
+                   "experts without shared experts"});
+  // With a dense first layer, or shared experts, "act" has an MLP to rerun.
+  for (const char* moe : {"first_dense_layers = 1\n", "shared_experts = 1\n"})
+    EXPECT_TRUE(parse_config_string(std::string("[model.moe]\nnum_experts = 4\n") + moe +
+                                        "[train]\nrecompute = \"selective\"\n"
+                                        "recompute_modules = [\"act\"]\n",
+                                    "t.toml")
+                    .train.recompute_modules.act());
   expect_contains(error_of("[train]\nrecompute = \"full\"\nrecompute_modules = [\"act\"]\n"),
                   {"train.recompute_modules chooses what selective recompute reruns, but "
                    "train.recompute=\"full\""});
