@@ -50,6 +50,7 @@ Run add_eval_command(CLI::App& app) {
                                      "parallel.pp_schedule=1f1b",
                                      "parallel.ep=1",
                                      "parallel.virtual_stages=1",
+                                     "parallel.pp_max_deferred=-1",
                                      "parallel.pp_layers=[]",
                                      "parallel.sequence_parallel=false",
                                      "train.distribute_saved_activations=false"};

@@ -139,10 +139,10 @@ Run add_generate_command(CLI::App& app) {
     std::vector<std::string> sets = {
         "parallel.tp=" + std::to_string(world_size), "parallel.cp=1", "parallel.cp_impl=ring",
         "parallel.dp=1", "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
-        "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.sequence_parallel=false",
-        "train.micro_batch_size=1", "train.global_batch_size=1", "train.recompute=\"none\"",
-        "train.recompute_layers=0", "train.recompute_modules=[\"core_attn\"]",
-        "train.distribute_saved_activations=false",
+        "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.pp_max_deferred=-1",
+        "parallel.sequence_parallel=false", "train.micro_batch_size=1", "train.global_batch_size=1",
+        "train.recompute=\"none\"", "train.recompute_layers=0",
+        "train.recompute_modules=[\"core_attn\"]", "train.distribute_saved_activations=false",
         // one token at a time: no expert capacity drops it
         "model.moe.capacity_factor=0"};
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());

@@ -46,6 +46,8 @@ std::string formula_text(PipeSchedule kind) {
       return "(p-1)/(3m)";
     case PipeSchedule::zb_v:
       return "(p-1)/(6m), m >= 2p-2";
+    case PipeSchedule::dualpipe_v:
+      return "(p-1)/(6m), m >= 2p-1 (its F&B pairs run one after the other)";
   }
   return "";
 }
@@ -539,7 +541,8 @@ Run add_plan_command(CLI::App& app) {
 
     Schedule sched;
     try {
-      sched = make_schedule(par.pp_schedule, ScheduleShape{p, v, m});
+      sched = make_schedule(par.pp_schedule,
+                            ScheduleShape{p, v, m, false, static_cast<int>(par.pp_max_deferred)});
     } catch (const Error& e) {
       throw ConfigError(concat("parallel.pp_schedule=\"", schedule_name(par.pp_schedule),
                                "\", parallel.pp=", p, ", parallel.virtual_stages=", v, ": ",
@@ -557,7 +560,10 @@ Run add_plan_command(CLI::App& app) {
         "bubble fraction (idle/busy, costs F=%g B=%g Bi=%g Bw=%g): simulated %.4f, formula %s = "
         "%.4f\n",
         costs.forward, costs.backward, costs.backward_input, costs.backward_weight,
-        sim.bubble_fraction, formula_text(par.pp_schedule).c_str(),
+        sim.bubble_fraction,
+        (formula_text(par.pp_schedule) +
+         (par.pp_max_deferred >= 0 ? " without parallel.pp_max_deferred" : ""))
+            .c_str(),
         formula_bubble_fraction(par.pp_schedule, sched.shape));
     std::string peaks, formula;
     for (int r = 0; r < p; ++r) {
@@ -568,6 +574,21 @@ Run add_plan_command(CLI::App& app) {
                 v > 1 ? "(micro-batch, chunk) activations" : "micro-batches", peaks.c_str(),
                 formula.c_str());
     std::printf("makespan: %.2f time units for %d micro-batches\n", sim.makespan, m);
+    if (par.pp_schedule == PipeSchedule::dualpipe_v) {
+      // DualPipe's table times each pair as one block F&B (overlapped: less than F + B).
+      ActionCosts block = costs;
+      block.forward_backward = costs.forward + costs.backward;
+      const Simulation paired = simulate(sched, block);
+      const double idle = *std::max_element(paired.idle.begin(), paired.idle.end());
+      // One chunk's F, B and W: half the rank's.
+      const double fb = block.forward_backward / 2, b = costs.backward / 2,
+                   w = costs.backward_weight / 2;
+      std::printf(
+          "F&B pairs (forward of one micro-batch, backward of another; the executor runs the two "
+          "one after the other, as above): timed as one block of F&B = F + B = %g, the most a rank "
+          "idles is %.2f, DualPipe's (p-1)(F&B+B-3W) = %.2f\n",
+          fb, idle, (p - 1) * (fb + b - 3 * w));
+    }
     if (!args->svg.empty()) {
       std::ofstream out(args->svg);
       out << schedule_svg(sched, sim);

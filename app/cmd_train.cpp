@@ -102,8 +102,8 @@ Run add_train_command(CLI::App& app) {
       world->barrier();
       return 2;
     }
-    // ZB-V on GPUs: before CUDA starts (select_device below), since a kernel's first launch
-    // under lazy loading may synchronize and deadlock the V's transfers (docs/gpu.md).
+    // A V (ZB-V, DualPipeV) on GPUs: before CUDA starts (select_device below), since a kernel's
+    // first launch under lazy loading may synchronize and deadlock the V's transfers (docs/gpu.md).
     if (cfg.parallel.pp > 1 && v_shaped(cfg.parallel.pp_schedule)) request_eager_module_loading();
     // Memory before allocation: the ranks of a node must fit in what the node has left (host
     // memory; a GPU run's state lives on the GPUs, checked against each GPU's free memory below).

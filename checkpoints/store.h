@@ -42,8 +42,8 @@ struct RunState {
   MeshShape mesh;                  // degrees tp, cp, dp, pp
   int64_t virtual_stages = 1;      // pipeline chunks per pp rank
   std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty = even split
-  // The V-shaped stage order of pp_schedule "zb-v" (absent from the index when false, and from
-  // checkpoints written before it)
+  // The V-shaped stage order of pp_schedule "zb-v" or "dualpipev" (absent from the index when
+  // false, and from checkpoints written before it)
   bool pp_v_shape = false;
   int64_t zero_stage = 0;
   bool sequence_parallel = false;

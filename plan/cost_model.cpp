@@ -38,10 +38,12 @@ struct Dims {
 
 // The peak of one rank's saved activations and zero-bubble stashes over its schedule's actions:
 // a micro-batch's saved set lives from its forward to its (weight) backward, its stash from
-// backward_input to backward_weight. `per_mb`, `stash_mb`: one micro-batch's, per chunk.
+// backward_input to backward_weight; a whole backward adds `whole_mb` for its moment (empty: none).
+// `per_mb`, `stash_mb`, `whole_mb`: one micro-batch's, per chunk.
 double schedule_activation_peak(const std::vector<Action>& actions,
                                 const std::vector<double>& per_mb,
-                                const std::vector<double>& stash_mb) {
+                                const std::vector<double>& stash_mb,
+                                const std::vector<double>& whole_mb) {
   double live = 0, peak = 0;
   for (const Action& a : actions) {
     const double saved = per_mb[static_cast<size_t>(a.chunk)],
@@ -54,6 +56,7 @@ double schedule_activation_peak(const std::vector<Action>& actions,
         live += stash;
         break;
       case ActionKind::backward:
+        if (!whole_mb.empty()) peak = std::max(peak, live + whole_mb[static_cast<size_t>(a.chunk)]);
         live -= saved;
         break;
       case ActionKind::backward_weight:
@@ -148,7 +151,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
   std::string key;
   if (cache) {
     // What the rank's model depends on beyond the model config: its part of the model and the
-    // shapes of its micro-batch and groups (and whether ep's gradients are a zero-bubble stash).
+    // shapes of its micro-batch and groups (and whether ep's gradients are a zero-bubble stash,
+    // or under DualPipeV that and a whole backward's moment).
     std::string layers;
     for (const auto& [b, e] : rank_spec.chunks) layers += concat(b, "-", e, ",");
     key = concat(layers, rank_spec.tp_rank, "/", rank_spec.tp_size, " ep ", rank_spec.ep_rank, "/",
@@ -160,7 +164,8 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                  " fp8 ", static_cast<int>(cfg.train.fp8), "/", cfg.train.fp8_block, " ",
                  static_cast<int>(grad_dtype(cfg.train)), " ", rank_spec.has_embedding,
                  rank_spec.has_head, count_ops, " zb ",
-                 mesh.size(Axis::pp) > 1 && splits_backward(par.pp_schedule));
+                 mesh.size(Axis::pp) > 1 && splits_backward(par.pp_schedule),
+                 mesh.size(Axis::pp) > 1 && par.pp_schedule == PipeSchedule::dualpipe_v);
     if (const auto it = cache->by_layout.find(key); it != cache->by_layout.end()) return it->second;
   }
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp), ep = rank_spec.ep_size;
@@ -202,11 +207,17 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     // The gradients the weight half reads: one layer's for a moment under back-to-back
     // backwards, every MoE layer's from input half to weight half under a zero-bubble schedule.
     // A fully recomputed layer's rows likewise (from its replay or input half).
+    // (DualPipeV runs both kinds of backward.)
     const double grads = static_cast<double>(spec_bytes(ep_grad_specs(rank_spec, routed)));
     if (mesh.size(Axis::pp) > 1 && splits_backward(cfg.parallel.pp_schedule)) {
-      for (size_t c = 0; c < out.chunk_stash.size(); ++c)
+      const bool whole_too = cfg.parallel.pp_schedule == PipeSchedule::dualpipe_v;
+      for (size_t c = 0; c < out.chunk_stash.size(); ++c) {
         out.chunk_stash[c] += static_cast<double>(chunk_moe[c]) * grads +
                               static_cast<double>(chunk_moe_full[c]) * out.ep_rows;
+        if (whole_too)
+          out.chunk_whole.push_back((chunk_moe[c] > 0 ? grads : 0.0) +
+                                    (chunk_moe_full[c] > 0 ? out.ep_rows : 0.0));
+      }
     } else {
       out.ep_transient += grads;
       if (moe_full > 0) out.ep_full_rows = out.ep_rows;
@@ -464,9 +475,14 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
       if (a.kind == ActionKind::forward) forward(a.chunk);
       const double stash = act.chunk_stash[static_cast<size_t>(a.chunk)];
       if (a.kind == ActionKind::backward_input) z.hold(stash);
+      const double whole = a.kind == ActionKind::backward && !act.chunk_whole.empty()
+                               ? act.chunk_whole[static_cast<size_t>(a.chunk)]
+                               : 0.0;
       if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
         z.on_start_micro_batch(last_mb[static_cast<size_t>(a.chunk)] == a.mb);
+        z.hold(whole);
         backward(a.chunk);
+        z.hold(-whole);
         if (a.kind == ActionKind::backward_weight) z.hold(-stash);
       }
     }
@@ -510,7 +526,8 @@ struct Job {
         distribute(c.train.distribute_saved_activations),
         grad_bytes(static_cast<double>(dtype_size(grad_dtype(c.train)))),
         rc(c.train.recompute),
-        shape{p, v, m, p > 1 && v_shaped(c.parallel.pp_schedule)},
+        shape{p, v, m, p > 1 && v_shaped(c.parallel.pp_schedule),
+              static_cast<int>(c.parallel.pp_max_deferred)},
         layout(model_layout(par, mesh)) {
     derive();
   }
@@ -1222,7 +1239,7 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
   double held = s.in_flight * act.per_mb;
   if (j.p > 1 && splits_backward(j.par.pp_schedule))
     held = schedule_activation_peak(j.schedule.ranks[static_cast<size_t>(pr)], act.chunk_mb,
-                                    act.chunk_stash);
+                                    act.chunk_stash, act.chunk_whole);
   s.memory.activations = held + act.scratch;
   // The ops besides the matmuls and attention, every micro-batch.
   s.other_ops_bytes = j.m * act.other_bytes_mb;
@@ -1358,7 +1375,10 @@ StepCost predict_step(const Config& cfg, int world, const HardwareProfile& hw,
   out.micro_batches = j.m;
   out.peak = j.peak;
   out.model_flops = j.spec.flops_per_token() * j.tokens;
-  out.bubble = j.p > 1 ? formula_bubble_fraction(j.par.pp_schedule, j.shape) : 0.0;
+  // (DualPipeV with capped deferrals has no closed formula: its simulated bubble.)
+  out.bubble = j.p == 1                    ? 0.0
+               : j.shape.max_deferred >= 0 ? simulate(j.schedule).bubble_fraction
+                                           : formula_bubble_fraction(j.par.pp_schedule, j.shape);
   for (int pr = 0; pr < j.p; ++pr) out.stages.push_back(stage_cost(j, pr, cache));
 
   // The pipeline runs at its slowest stage's pace, idle for the bubble.

@@ -108,6 +108,10 @@ struct RankActivations {
   // zero-bubble schedule the rows' gradients), included in scratch; with fully recomputed MoE
   // layers (back to back) also their rows, dispatched again in backward (ep_full_rows).
   double ep_transient = 0, ep_full_rows = 0;
+  // Per chunk, in a schedule that splits some backwards and runs the others whole (DualPipeV):
+  // what a whole backward adds for a moment under ep (one MoE layer's row gradients, and a fully
+  // recomputed layer's rows), not in scratch; the split ones stash theirs (chunk_stash).
+  std::vector<double> chunk_whole;
   // The bytes the rank's ops move in one micro-batch's forward and backward of all its chunks
   // (recompute included), counted by running them on the meta device (ops::Recording): the
   // matmuls' and attention's, and every other op's (norms, activations, rotary, residual adds,

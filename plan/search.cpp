@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 #include <utility>
 
 #include "config/toml_text.h"
@@ -73,6 +74,7 @@ struct LayoutShape {
   CpImpl cp_impl;
   std::vector<int64_t> pp_layers;  // layers of each global stage; empty: the even split
   bool cp_latent = true;           // latent attention's ring: the latent, or the K/V
+  int max_deferred = -1;           // DualPipeV's parallel.pp_max_deferred
 };
 
 std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
@@ -87,7 +89,8 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
       "parallel.cp_ulysses=0",
       concat("parallel.cp_latent=", s.cp_latent ? "true" : "false"),
-      concat("parallel.pp_layers=", toml_text(s.pp_layers))};
+      concat("parallel.pp_layers=", toml_text(s.pp_layers)),
+      concat("parallel.pp_max_deferred=", s.max_deferred)};
   // parallel.ep is added with the layout's own value
   return sets;
 }
@@ -105,6 +108,7 @@ std::string layout_text(const Config& cfg, int world) {
   if (p.pp > 1) {
     s += concat(" ", schedule_name(p.pp_schedule));
     if (p.virtual_stages > 1) s += concat(" v", p.virtual_stages);
+    if (p.pp_max_deferred >= 0) s += concat(" deferring at most ", p.pp_max_deferred);
     if (!p.pp_layers.empty()) s += concat(" layers ", split_text(p.pp_layers));
   }
   s += concat(", dp ", mesh.size(Axis::dp), p.ep > 1 ? concat(" ep ", p.ep) : std::string(),
@@ -149,25 +153,37 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
         if (pp > L) continue;
         for (bool sp : {false, true}) {
           if (sp && tp == 1) continue;
-          std::vector<std::pair<PipeSchedule, int>> schedules{{PipeSchedule::one_f_one_b, 1}};
+          // (schedule, chunks per rank, DualPipeV's pp_max_deferred)
+          std::vector<std::tuple<PipeSchedule, int, int>> schedules{
+              {PipeSchedule::one_f_one_b, 1, -1}};
           if (pp > 1) {
-            schedules.push_back({PipeSchedule::zb_h1, 1});
-            if (pp * 2 <= L) schedules.push_back({PipeSchedule::zb_v, 2});
+            schedules.push_back({PipeSchedule::zb_h1, 1, -1});
+            if (pp * 2 <= L) {
+              schedules.push_back({PipeSchedule::zb_v, 2, -1});
+              // DualPipeV with routed experts, as DualPipe splits its backwards and deferring one
+              // weight half at a time (each deferred one keeps its MoE layers' row gradients); m
+              // >= 2pp-1: the rules. (A dense model's is ZB-V's bubble with one more unit in
+              // flight: never better in this model, and 1.4x the search's time.)
+              if (base.model.moe.enabled()) {
+                schedules.push_back({PipeSchedule::dualpipe_v, 2, -1});
+                schedules.push_back({PipeSchedule::dualpipe_v, 2, 1});
+              }
+            }
             for (int v : {2, 4})
-              if (pp * v <= L) schedules.push_back({PipeSchedule::interleaved, v});
+              if (pp * v <= L) schedules.push_back({PipeSchedule::interleaved, v, -1});
           }
           std::vector<CpImpl> impls{CpImpl::ring};
           if (cp > 1) impls.push_back(CpImpl::ulysses);
           // Latent attention's ring moves the latent (fewer bytes, more kv_b GEMMs and copies)
           // or the K/V: both are tried where the schedule lets it move the latent.
-          for (auto [sched, v] : schedules) {
+          for (auto [sched, v, deferred] : schedules) {
             const bool both =
                 cp > 1 && base.model.mla_attention() && !(pp > 1 && splits_backward(sched));
             for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
               for (CpImpl impl : impls)
                 for (bool latent : {true, false})
                   if (latent || (both && impl == CpImpl::ring))
-                    shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent});
+                    shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent, deferred});
           }
         }
       }
@@ -321,12 +337,14 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
   if (p.cp > 1 && c.cfg.model.mla_attention())
     s += concat("cp_latent = ", p.cp_latent ? "true" : "false", "\n");
-  s += concat("pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
-              schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
-              "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep,
-              "\nzero_stage = ", p.zero_stage, "\nzero_shard_group = ", p.zero_shard_group,
-              "\nzero_hierarchical_partition = ", p.zero_hierarchical_partition,
-              "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
+  s += concat(
+      "pp = ", p.pp, "\ndp = ", mesh_shape(p, world).size(Axis::dp), "\npp_schedule = \"",
+      schedule_name(p.pp_schedule), "\"\nvirtual_stages = ", p.virtual_stages,
+      p.pp_max_deferred >= 0 ? concat("\npp_max_deferred = ", p.pp_max_deferred) : std::string(),
+      "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
+      "\nzero_shard_group = ", p.zero_shard_group,
+      "\nzero_hierarchical_partition = ", p.zero_hierarchical_partition,
+      "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");
   if (c.cfg.train.recompute == Recompute::selective)

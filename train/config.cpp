@@ -40,8 +40,8 @@ constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
 constexpr std::array<std::string_view, 3> kFp8Names{"none", "tensorwise", "blockwise"};
 constexpr std::array<std::string_view, 2> kSourceNames{"synthetic", "indexed"};
 constexpr std::array<std::string_view, 3> kDeviceNames{"auto", "cpu", "cuda"};
-constexpr std::array<std::string_view, 5> kScheduleNames{"gpipe", "1f1b", "interleaved", "zb-h1",
-                                                         "zb-v"};
+constexpr std::array<std::string_view, 6> kScheduleNames{"gpipe", "1f1b", "interleaved",
+                                                         "zb-h1", "zb-v", "dualpipev"};
 constexpr std::array<std::string_view, 3> kCpImplNames{"ring", "ulysses", "hybrid"};
 constexpr std::array<std::string_view, 2> kMoeRouterNames{"softmax", "sigmoid"};
 constexpr std::array<std::string_view, 3> kMoeBalanceNames{"aux_loss", "bias", "none"};
@@ -280,6 +280,7 @@ const std::vector<Section>& sections() {
                     .add("pp_schedule", &P::pp_schedule, kScheduleNames)
                     .add("virtual_stages", &P::virtual_stages)
                     .add("pp_layers", &P::pp_layers)
+                    .add("pp_max_deferred", &P::pp_max_deferred)
                     .add("zero_stage", &P::zero_stage)
                     .add("zero_shard_group", &P::zero_shard_group)
                     .add("zero_quantized_weights", &P::zero_quantized_weights)
@@ -664,6 +665,13 @@ void validate_layout(const Config& c, int world) {
                               "step, train.global_batch_size(", gbs, ")/(dp(", dp,
                               ")*train.micro_batch_size(", mbs, "))=", gbs / (dp * mbs),
                               ", to be divisible by parallel.pp=", p.pp));
+    else if (dp >= 1 && p.pp > 1 && p.pp_schedule == PipeSchedule::dualpipe_v &&
+             gbs / (dp * mbs) < 2 * p.pp - 1)
+      errors.push_back(
+          concat("parallel.pp_schedule=\"dualpipev\" needs at least 2*pp-1=", 2 * p.pp - 1,
+                 " micro-batches per step, train.global_batch_size(", gbs, ")/(dp(", dp,
+                 ")*train.micro_batch_size(", mbs, "))=", gbs / (dp * mbs),
+                 ": raise the batch, lower the micro-batch size, or use \"zb-v\""));
   }
   if (!errors.empty()) throw ConfigError(join_lines(errors));
 }

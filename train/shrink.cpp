@@ -16,7 +16,9 @@ Shrunk shrink_overrides(const Config& c) {
   const int64_t v = interleaved || v_shaped(p.pp_schedule) ? 2 : 1;
   // dp: 2 when the setup has data parallelism and the world stays within 8 ranks.
   const int64_t rest = tp * cp * pp, dp = p.dp != 1 && rest * 2 <= 8 ? 2 : 1;
-  const int64_t mbs = 1, micro = interleaved ? 2 * pp : 2;  // micro-batches per dp rank
+  // Micro-batches per dp rank: interleaved needs a multiple of pp, DualPipeV at least 2pp-1.
+  const bool dualpipe = p.pp_schedule == PipeSchedule::dualpipe_v;
+  const int64_t mbs = 1, micro = interleaved || dualpipe ? 2 * pp : 2;
   // Expert parallelism: over the shrunk dp x cp group when the setup has it (2 of its ranks when
   // the experts do not divide over all of them).
   const int64_t g = dp * cp, E = c.model.moe.num_experts;

@@ -496,8 +496,9 @@ void Trainer::State::build_model() {
   if (s.pp == 1) return;
   const int micro_batches = static_cast<int>(grad_accum_steps(cfg) / s.dp);
   s.pipeline = std::make_unique<PipelineStage>(
-      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, micro_batches}), *s.model,
-      s.mesh.comm(Axis::pp), s.alloc, cfg.model.embedding_on_last_stage());
+      make_schedule(cfg.parallel.pp_schedule, {s.pp, virtual_stages, micro_batches, false,
+                                               static_cast<int>(cfg.parallel.pp_max_deferred)}),
+      *s.model, s.mesh.comm(Axis::pp), s.alloc, cfg.model.embedding_on_last_stage());
 }
 
 // Loads the checkpoint to resume from into what build_model made (resharding when the layout

@@ -23,8 +23,8 @@ struct ModelLayout {
   // ZeRO's shard group in dp ranks (parallel.zero_shard_group; 0: all of dp): holds nothing of
   // the model, but decides which ranks write a checkpoint's rows (checkpoints/layout.h).
   int64_t zero_shard_group = 0;
-  // The V-shaped stage order of parallel.pp_schedule = "zb-v" (schedule.h: chunk 1 of pp rank r
-  // is stage 2*pp-1-r), else Megatron's looped order.
+  // The V-shaped stage order of parallel.pp_schedule = "zb-v" or "dualpipev" (schedule.h: chunk 1
+  // of pp rank r is stage 2*pp-1-r), else Megatron's looped order.
   bool v_shape = false;
 };
 

@@ -33,22 +33,35 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
             concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
   if (p.pp > 1) {
     // What the pipeline executor (engine/pipeline/executor.h) does not run yet.
-    r.require(!splits_backward(p.pp_schedule) || p.zero_stage <= 2,
+    // (DualPipeV deferring nothing splits no backward.)
+    const bool whole = p.pp_schedule == PipeSchedule::dualpipe_v && p.pp_max_deferred == 0;
+    r.require(!splits_backward(p.pp_schedule) || whole || p.zero_stage <= 2,
               {"parallel.pp_schedule", "parallel.zero_stage"},
               concat("parallel.pp_schedule=\"", schedule_name(p.pp_schedule),
                      "\" with parallel.zero_stage=", p.zero_stage,
                      ": ZeRO-3 gathers a layer's weights only around its hooks, which the split "
-                     "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\""));
+                     "backward runs with the weight part; use zero_stage <= 2 or \"1f1b\"",
+                     p.pp_schedule == PipeSchedule::dualpipe_v
+                         ? " (or parallel.pp_max_deferred = 0: no backward split)"
+                         : ""));
   }
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
+  r.at_least<int64_t>("parallel.pp_max_deferred", p.pp_max_deferred, -1);
+  r.require(p.pp_max_deferred == -1 || p.pp_schedule == PipeSchedule::dualpipe_v,
+            {"parallel.pp_max_deferred", "parallel.pp_schedule"},
+            concat("parallel.pp_max_deferred=", p.pp_max_deferred,
+                   " bounds the weight halves DualPipeV defers: it needs "
+                   "parallel.pp_schedule=\"dualpipev\", found \"",
+                   schedule_name(p.pp_schedule), "\""));
   if (p.virtual_stages >= 1) {
     const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;
     const bool v = v_shaped(p.pp_schedule);
-    r.require(interleaved || v || p.virtual_stages == 1,
-              {"parallel.virtual_stages", "parallel.pp_schedule"},
-              concat("parallel.virtual_stages=", p.virtual_stages,
-                     " needs parallel.pp_schedule=\"interleaved\" (or 2 with \"zb-v\"); the other "
-                     "schedules run one model chunk per rank"));
+    r.require(
+        interleaved || v || p.virtual_stages == 1,
+        {"parallel.virtual_stages", "parallel.pp_schedule"},
+        concat("parallel.virtual_stages=", p.virtual_stages,
+               " needs parallel.pp_schedule=\"interleaved\" (or 2 with \"zb-v\" or \"dualpipev\"); "
+               "the other schedules run one model chunk per rank"));
     r.require(!interleaved || p.virtual_stages >= 2,
               {"parallel.virtual_stages", "parallel.pp_schedule"},
               concat("parallel.pp_schedule=\"interleaved\" needs parallel.virtual_stages >= 2, "

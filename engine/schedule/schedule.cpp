@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -180,6 +181,84 @@ ComputeOrder zb_v(const ScheduleShape& s) {
   return out;
 }
 
+// DualPipeV (DeepSeek's DualPipe cut in half: the V of ZB-V, Sea AI Lab's "cut-in-half"; the
+// order of deepseek-ai/DualPipe's dualpipev.py): the same stages as ZB-V, but the steady phase
+// pairs the forward of one micro-batch with the full backward of another (F0 B1 F1 B0 per round,
+// each pair one "F&B" the paper overlaps: one micro-batch's communication behind the other's
+// compute), and only the warm-up's chunk-1 backwards, the last rank's (r+1)-th of the drain on,
+// and chunk 0's drain split off their weight gradients, which run in the order their input halves
+// ran (a queue, as the paper's WeightGradStore). Rank r: 2(p-r-1) forwards of chunk 0; r+1
+// pairs F0 F1; p-r-1 rounds Bi1 Bw F1; m-2p+r+1 rounds F0 B1 F1 B0; p-r-1 rounds B1 F1 B0; r+1
+// rounds B1 B0 (split from the middle one on); p-r-1 rounds Bw Bi0; r+1 Bw. Needs m >= 2p-1
+// (rank 0's steady rounds are m-2p+1). At most 2p+1 (mb, chunk) units are alive on a rank.
+// With max_deferred = K a backward splits only while fewer than K weight halves wait (the others
+// run whole), which bounds the stashes a rank holds at K at the price of some bubble (K + 1 from
+// the step's last chunk-0 backward on: see B below).
+ComputeOrder dualpipe_v(const ScheduleShape& s) {
+  const int p = s.stages, m = s.micro_batches;
+  ComputeOrder out(p);
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action>& o = out[r];
+    int f[2] = {0, 0}, b[2] = {0, 0};
+    std::deque<Action> weights;  // the split backwards' weight halves, oldest first
+    auto F = [&](int c, bool paired = false) {
+      o.push_back(compute(ActionKind::forward, f[c]++, c));
+      o.back().paired = paired;
+    };
+    const size_t cap = s.max_deferred < 0 ? std::numeric_limits<size_t>::max()
+                                          : static_cast<size_t>(s.max_deferred);
+    auto W = [&] {  // (none waits where the cap kept the backward whole)
+      if (weights.empty()) return;
+      o.push_back(weights.front());
+      weights.pop_front();
+    };
+    auto B = [&](int c, bool split) {
+      // DDP and ZeRO reduce a chunk's gradients once its step's last weight part has run, the
+      // later stages' (chunk 1's) first: the last backward of chunk 0 splits while weight halves
+      // wait (its own joins the queue behind them), over the cap if need be.
+      const bool last0 = c == 0 && b[0] == m - 1 && !weights.empty();
+      split = (split && weights.size() < cap) || last0;
+      o.push_back(compute(split ? ActionKind::backward_input : ActionKind::backward, b[c]++, c));
+      if (split) weights.push_back(compute(ActionKind::backward_weight, o.back().mb, c));
+    };
+    for (int k = 0; k < 2 * (p - r - 1); ++k) F(0);
+    for (int k = 0; k < r + 1; ++k) {
+      F(0);
+      F(1);
+    }
+    for (int k = 0; k < p - r - 1; ++k) {
+      B(1, true);
+      W();
+      F(1);
+    }
+    // (The last rank's first round is two actions, not a pair, as DualPipe's: a shorter bubble.)
+    for (int k = 0; k < m - 2 * p + r + 1; ++k) {
+      F(0, k > 0 || r < p - 1);
+      B(1, false);
+      F(1, true);
+      B(0, false);
+    }
+    for (int k = 0; k < p - r - 1; ++k) {
+      B(1, false);
+      F(1, true);
+      B(0, false);
+    }
+    // From the middle round of the drain on the backwards split (an odd rank's from that round's
+    // chunk 1, an even rank's from its chunk 0), so the weight halves fill the ranks' tails.
+    const int mid = (r + 1) / 2;
+    for (int k = 0; k < r + 1; ++k) {
+      B(1, k > mid || (k == mid && r % 2 == 1));
+      B(0, k >= mid);
+    }
+    for (int k = 0; k < p - r - 1; ++k) {
+      W();
+      B(0, true);
+    }
+    while (!weights.empty()) W();
+  }
+  return out;
+}
+
 // Adds the p2p actions around rank r's compute actions: recv_act before a forward that is not on
 // stage 0, send_act after it unless on the last stage; recv_grad before a backward (B or Bi) that
 // is not on the last stage, send_grad after it unless on stage 0.
@@ -234,6 +313,8 @@ const char* schedule_name(PipeSchedule kind) {
       return "zb-h1";
     case PipeSchedule::zb_v:
       return "zb-v";
+    case PipeSchedule::dualpipe_v:
+      return "dualpipev";
   }
   return "?";
 }
@@ -313,16 +394,25 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& requested) {
   if (p < 1 || v < 1 || m < 1)
     throw Error(concat("pipeline schedule ", schedule_name(kind), ": stages=", p,
                        ", virtual_stages=", v, ", micro_batches=", m, " must all be >= 1"));
-  if (kind == PipeSchedule::zb_v && v != 2)
-    throw Error(concat("pipeline schedule zb-v runs two model chunks per rank (a V): ",
-                       "virtual_stages=", v, " must be 2"));
-  if (kind != PipeSchedule::interleaved && kind != PipeSchedule::zb_v && v != 1)
+  if (shape.v_shape && v != 2)
+    throw Error(concat("pipeline schedule ", schedule_name(kind),
+                       " runs two model chunks per rank (a V): ", "virtual_stages=", v,
+                       " must be 2"));
+  if (kind != PipeSchedule::interleaved && !shape.v_shape && v != 1)
     throw Error(concat("pipeline schedule ", schedule_name(kind),
                        " runs one model chunk per rank: ", "virtual_stages=", v,
                        " needs the interleaved schedule"));
   if (kind == PipeSchedule::interleaved && m % p != 0)
     throw Error(concat("pipeline schedule interleaved needs micro_batches divisible by stages: ",
                        "micro_batches=", m, ", stages=", p, " (use a multiple of ", p, ")"));
+  if (shape.max_deferred < -1 || (shape.max_deferred != -1 && kind != PipeSchedule::dualpipe_v))
+    throw Error(concat("pipeline schedule ", schedule_name(kind), ": max_deferred=",
+                       shape.max_deferred, " (the weight halves DualPipeV may defer) must be -1",
+                       kind == PipeSchedule::dualpipe_v ? " or more" : " for this schedule"));
+  if (kind == PipeSchedule::dualpipe_v && m < 2 * p - 1)
+    throw Error(concat(
+        "pipeline schedule dualpipev needs micro_batches >= 2*stages - 1: ", "micro_batches=", m,
+        ", stages=", p, " (use at least ", 2 * p - 1, ", or zb-v)"));
   ComputeOrder order;
   switch (kind) {
     case PipeSchedule::gpipe:
@@ -339,6 +429,9 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& requested) {
       break;
     case PipeSchedule::zb_v:
       order = zb_v(shape);
+      break;
+    case PipeSchedule::dualpipe_v:
+      order = dualpipe_v(shape);
       break;
   }
   Schedule s{kind, shape, {}};
@@ -359,6 +452,8 @@ double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s) {
       return (p - 1) / (3 * m);
     case PipeSchedule::zb_v:
       return (p - 1) / (6 * m);
+    case PipeSchedule::dualpipe_v:  // its pairs run as two actions: as ZB-V
+      return (p - 1) / (6 * m);
   }
   return 0;
 }
@@ -376,6 +471,8 @@ int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank) 
       return std::min(p, m);
     case PipeSchedule::zb_v:
       return std::min({2 * p, m + 1 + rank, 2 * m});
+    case PipeSchedule::dualpipe_v:
+      return std::min(2 * p + 1, 2 * m);
   }
   return 0;
 }
@@ -405,6 +502,7 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
   std::vector<size_t> pc(p, 0);
   std::vector<double> clock(p, 0), busy(p, 0);
   std::vector<int> alive(p, 0);
+  std::vector<bool> in_pair(p, false);  // between the two halves of a timed F&B pair
 
   Simulation sim;
   sim.ranks.resize(p);
@@ -467,6 +565,23 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
         case ActionKind::forward:
           if (u.fwd) fail(r, i, "forward runs twice");
           if (stage > 0 && !u.act_in) fail(r, i, "runs before the recv_act of its input");
+          if (a.paired && costs.forward_backward > 0) {
+            // One F&B block: it also waits for the paired backward's output gradient.
+            size_t j = i + 1;
+            while (j < s.ranks[r].size() && !is_compute(s.ranks[r][j].kind)) ++j;
+            if (j == s.ranks[r].size() || s.ranks[r][j].kind != ActionKind::backward)
+              fail(r, i, "is paired, but the rank's next compute action is not a full backward");
+            const Action& pb = s.ranks[r][j];
+            if (stage_of(s.shape, r, pb.chunk) < last) {
+              std::deque<Message>& q =
+                  links[{rank_of(s.shape, stage_of(s.shape, r, pb.chunk) + 1), r, 1}];
+              if (q.empty()) return ran;  // blocks
+              if (q.front().mb != pb.mb || q.front().chunk != pb.chunk)
+                fail(r, i, "the paired backward's gradient is not the next one on its link");
+              clock[r] = std::max(clock[r], q.front().arrival);
+            }
+            in_pair[r] = true;
+          }
           u.fwd = true;
           sim.peak_in_flight[r] = std::max(sim.peak_in_flight[r], ++alive[r]);
           break;
@@ -486,7 +601,12 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
           break;
       }
       if (is_compute(a.kind)) {
-        const double d = cost_of(costs, a.kind) * scale;
+        double d = cost_of(costs, a.kind) * scale;
+        if (in_pair[r]) {  // a share of the pair's time, in the ratio of F to B
+          d = costs.forward_backward * scale * cost_of(costs, a.kind) /
+              (costs.forward + costs.backward);
+          if (a.kind == ActionKind::backward) in_pair[r] = false;
+        }
         sim.ranks[r].push_back({a, clock[r], clock[r] + d});
         clock[r] += d;
         busy[r] += d;
@@ -531,7 +651,10 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
   }
   sim.makespan = *std::max_element(clock.begin(), clock.end());
   double sum = 0;
-  for (int r = 0; r < p; ++r) sum += busy[r] > 0 ? (sim.makespan - busy[r]) / busy[r] : 0;
+  for (int r = 0; r < p; ++r) {
+    sum += busy[r] > 0 ? (sim.makespan - busy[r]) / busy[r] : 0;
+    sim.idle.push_back(sim.makespan - busy[r]);
+  }
   sim.bubble_fraction = sum / p;
   return sim;
 }
@@ -594,8 +717,18 @@ std::string schedule_svg(const Schedule& s, const Simulation& sim) {
                   "width=\"%.1f\" height=\"%.0f\" fill=\"#f4f4f4\"/>\n",
                   y + row / 2 + 4, r, left, y, sim.makespan * unit, row - pad);
     out += buf;
-    for (const TimedAction& t : sim.ranks[r]) {
+    const std::vector<TimedAction>& timed = sim.ranks[r];
+    std::string borders;  // a DualPipeV F&B pair: one black border around its two boxes
+    for (size_t i = 0; i < timed.size(); ++i) {
+      const TimedAction& t = timed[i];
       const double x = left + t.start * unit, w = (t.end - t.start) * unit;
+      if (t.action.paired && i + 1 < timed.size()) {
+        std::snprintf(buf, sizeof buf,
+                      "<rect x=\"%.2f\" y=\"%.0f\" width=\"%.2f\" height=\"%.0f\" fill=\"none\" "
+                      "stroke=\"black\" stroke-width=\"1.5\"/>\n",
+                      x, y, (timed[i + 1].end - t.start) * unit, row - pad);
+        borders += buf;
+      }
       const double opacity = 1.0 - 0.45 * t.action.chunk / std::max(1, v - 1);
       const bool dark = t.action.kind == ActionKind::forward && opacity > 0.7;
       std::snprintf(buf, sizeof buf,
@@ -608,6 +741,7 @@ std::string schedule_svg(const Schedule& s, const Simulation& sim) {
                     dark ? "white" : "black", t.action.mb);
       out += buf;
     }
+    out += borders;
   }
   // Legend: one swatch per compute kind the schedule uses.
   std::set<ActionKind> used;

@@ -19,16 +19,21 @@ namespace llmt {
 // Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
 // interleaved 1F1B over virtual stages (Megatron PTD-P), ZB-H1 (zero bubble: backward split into
 // input- and weight-gradient parts), ZB-V (zero bubble over two chunks per rank in a V, split
-// backward). [parallel] pp_schedule names one (parallel_config.h).
-enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
+// backward), DualPipeV (DeepSeek-V3's DualPipe cut in half: the V of ZB-V, the steady phase pairing
+// one micro-batch's forward with another's full backward). [parallel] pp_schedule names one
+// (parallel_config.h).
+enum class PipeSchedule : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_v, dualpipe_v };
 
-// Whether the schedule splits each backward into backward_input and backward_weight (ZB-H1, ZB-V).
+// Whether the schedule splits backwards into backward_input and backward_weight (ZB-H1, ZB-V; some
+// of DualPipeV's, the others run whole).
 inline bool splits_backward(PipeSchedule kind) {
-  return kind == PipeSchedule::zb_h1 || kind == PipeSchedule::zb_v;
+  return kind == PipeSchedule::zb_h1 || kind == PipeSchedule::zb_v ||
+         kind == PipeSchedule::dualpipe_v;
 }
-// Whether its stages go down the ranks and back up (ZB-V: chunk 1 of rank r is stage 2p-1-r).
+// Whether its stages go down the ranks and back up (ZB-V, DualPipeV: chunk 1 of rank r is stage
+// 2p-1-r).
 inline bool v_shaped(PipeSchedule kind) {
-  return kind == PipeSchedule::zb_v;
+  return kind == PipeSchedule::zb_v || kind == PipeSchedule::dualpipe_v;
 }
 
 enum class ActionKind : uint8_t {
@@ -48,6 +53,11 @@ struct Action {
   int mb = 0;     // micro-batch, 0..m-1
   int chunk = 0;  // model chunk on this rank, 0..v-1
   int peer = -1;  // send/recv only: the pp rank on the other side
+  // DualPipeV: this forward and the rank's next compute action, a full backward of another
+  // micro-batch, are one "F&B" pair, which DualPipe overlaps (one's communication behind the
+  // other's compute). The executor runs the two one after the other; simulate() runs them as one
+  // block when ActionCosts::forward_backward is set.
+  bool paired = false;
   bool operator==(const Action&) const = default;
 };
 
@@ -57,6 +67,9 @@ struct ScheduleShape {
   int micro_batches = 1;   // m
   // The V-shaped stage order (v_shaped(kind)): make_schedule sets it from the schedule's kind.
   bool v_shape = false;
+  // DualPipeV: a backward is split into Bi and Bw only while fewer than this many weight halves
+  // wait on the rank (parallel.pp_max_deferred); -1 = DualPipe's splits, 0 = none.
+  int max_deferred = -1;
 };
 
 // ranks[r]: rank r's actions in the order it runs them. Throws Error, naming the numbers, for a
@@ -106,14 +119,19 @@ struct P2pMessage {
 P2pMessage p2p_message(const ScheduleShape& s, int rank, const Action& a);
 bool is_p2p(ActionKind kind);
 
-const char* schedule_name(PipeSchedule kind);  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"
-const char* action_name(ActionKind kind);      // "F", "B", "Bi", "Bw", "send_act", ...
+// "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"
+const char* schedule_name(PipeSchedule kind);
+const char* action_name(ActionKind kind);  // "F", "B", "Bi", "Bw", "send_act", ...
 
 // Relative costs of the compute actions for simulation (the executor measures real ones). They are
 // the costs of a rank's whole model part: with v chunks per rank, one chunk's action costs 1/v.
 struct ActionCosts {
   double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
   double p2p = 0;  // latency of one send -> recv
+  // The time of a DualPipeV pair (Action::paired), F&B in the DualPipe paper: 0 = forward +
+  // backward, run as two actions (the forward does not wait for the backward's gradient: how the
+  // executor runs them). > 0: the pair starts when both inputs are there and takes this long.
+  double forward_backward = 0;
 };
 
 // A timed run of a schedule: every compute action with its start and end, per rank.
@@ -126,6 +144,7 @@ struct Simulation {
   double makespan = 0;
   // idle time / busy time, averaged over ranks: (p-1)/m for GPipe and 1F1B with B = 2F.
   double bubble_fraction = 0;
+  std::vector<double> idle;  // per rank: makespan - its busy time
   // Per rank: the most micro-batches whose activations are alive at once (after F, before the
   // backward that frees them: B, or Bw for ZB). With v > 1 it counts (mb, chunk) pairs, each 1/v
   // of a micro-batch's activations on the rank.
@@ -152,11 +171,12 @@ inline int chunk_of(const ScheduleShape& s, int stage) {
 // The published formulas (docs/references.md) that simulate() is tested against, for the
 // default ActionCosts: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(v*m), ZB-H1 (p-1)/(3m), ZB-V
 // (p-1)/(6m) when m >= 2p-2 (the last rank's first input waits p-1 chunk forwards, half a rank's
-// forward each; nothing else idles. Fewer micro-batches leave more).
+// forward each; nothing else idles. Fewer micro-batches leave more), DualPipeV the same with its
+// pairs run as two actions (DualPipe's (p-1)(F&B + B - 3W) of idle time when timed as blocks).
 double formula_bubble_fraction(PipeSchedule kind, const ScheduleShape& s);
 // Peak in-flight micro-batches (for interleaved and ZB-V: (micro-batch, chunk) pairs) of `rank`:
 // GPipe m, 1F1B p - rank, interleaved (p-rank-1)*2 + (v-1)*p + 1, ZB-H1 p, each at most m (m*v);
-// ZB-V min(2p, m + 1 + rank, 2m).
+// ZB-V min(2p, m + 1 + rank, 2m), DualPipeV min(2p + 1, 2m).
 int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank);
 
 // One rank's actions as compact text: "F0 F1 B0 ..." with a ".chunk" suffix when v > 1, the p2p

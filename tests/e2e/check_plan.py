@@ -95,6 +95,25 @@ def main():
     check("simulated 0.1875, formula (p-1)/(v*m) = 0.1875" in out, "interleaved bubble 3/16")
     check(len(svg_boxes(svg)) == 2 * 4 * 8 * 2, "interleaved SVG: 128 boxes")
 
+    svg = args.workdir / "dualpipev.svg"
+    out = plan(args, *base, "model.n_layers=8", "parallel.pp_schedule=dualpipev",
+               "parallel.virtual_stages=2", svg=svg)
+    check(line_with(out, "rank 0: stage 0") ==
+          "rank 0: stage 0 layers 0-0 + embeddings; stage 7 layers 7-7 + head and loss",
+          "dualpipev: rank 0 holds both ends of the V")
+    check("simulated 0.0625, formula (p-1)/(6m)" in out, "dualpipev bubble 3/48 (as ZB-V)")
+    check("per rank: 9 9 9 9 (formula 9 9 9 9)" in out, "dualpipev peak 2p+1 chunk units")
+    check("the most a rank idles is 3.00, DualPipe's (p-1)(F&B+B-3W) = 3.00" in out,
+          "dualpipev: pairs timed as blocks idle as DualPipe's table says")
+    # Pairs: 2 a steady round (m-2p+r+1 of them) and 1 a round after (p-r-1), 2m-3p+r+1 on rank
+    # r, but the last rank's first round: 5 + 6 + 7 + 8 - 1.
+    borders = svg.read_text().count('stroke="black"')
+    check(borders == 25, f"dualpipev SVG: a border around each F&B pair (got {borders})")
+    out = plan(args, *base, "model.n_layers=8", "parallel.pp_schedule=dualpipev",
+               "parallel.virtual_stages=2", "parallel.pp_max_deferred=1")
+    check("simulated 0.1042" in out and "without parallel.pp_max_deferred = 0.0625" in out,
+          "dualpipev deferring one weight half: its simulated bubble, the formula marked uncapped")
+
     # A 1.5B-parameter model (6 GB in fp32) is planned without allocating it.
     plan(args, "parallel.pp=8", "model.n_layers=48", "model.d_model=1600", "model.n_heads=25",
          "model.vocab_size=50304", "train.micro_batch_size=1")

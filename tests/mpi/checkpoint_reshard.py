@@ -61,7 +61,8 @@ def reshard(args, src, dst, layout, base):
     cmd = [args.llmtrain, "checkpoint", "reshard", src, dst, "--world", str(ranks)]
     for s in ["parallel.tp=1", "parallel.cp=1", "parallel.cp_impl=ring", "parallel.dp=-1",
               "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
-              "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.zero_stage=0",
+              "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.pp_max_deferred=-1",
+              "parallel.zero_stage=0",
               "parallel.zero_shard_group=0", "parallel.zero_quantized_weights=false",
               "parallel.zero_quantized_gradients=false",
               "parallel.zero_quant_block=256", "parallel.zero_hierarchical_partition=0",

@@ -13,6 +13,7 @@ from harness import finish, parse_args, run, train
 
 SINGLE = ["parallel.tp=1", "parallel.cp=1", "parallel.cp_impl=ring", "parallel.cp_ulysses=0",
           "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.virtual_stages=1",
+          "parallel.pp_max_deferred=-1",
           "parallel.dp=-1", "parallel.zero_stage=0", "parallel.zero_shard_group=0",
           "parallel.zero_quantized_weights=false", "parallel.zero_quantized_gradients=false",
           "parallel.zero_quant_block=256",

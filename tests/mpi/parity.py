@@ -103,6 +103,27 @@ LAYOUTS = {
                             "parallel.tp=2", "parallel.sequence_parallel=true"], L4),
     "cp2-pp2-zb-v": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                          "parallel.virtual_stages=2"], L4),
+    # DualPipeV: ZB-V's stages, the steady phase's forward and full backward in pairs, some
+    # backwards split (at least 2*pp-1 micro-batches: 4 at pp2, 8 at pp4).
+    "pp2-dualpipev": (2, ["parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                          "parallel.virtual_stages=2"], L4),
+    "pp4-dualpipev-uneven": (4, ["parallel.pp=4", "parallel.pp_schedule=dualpipev",
+                                 "parallel.virtual_stages=2",
+                                 "parallel.pp_layers=[1, 0, 1, 1, 1, 1, 0, 1]"],
+                             ["model.n_layers=6", "train.micro_batch_size=1"]),
+    # At most one weight half deferred a rank (parallel.pp_max_deferred): the drain's backwards
+    # run whole once one waits.
+    "pp4-dualpipev-deferred1": (4, ["parallel.pp=4", "parallel.pp_schedule=dualpipev",
+                                    "parallel.virtual_stages=2", "parallel.pp_max_deferred=1"],
+                                ["model.n_layers=8", "train.micro_batch_size=1"]),
+    # Deferring nothing, DualPipeV splits no backward: ZeRO-3 gathers around whole backwards.
+    "pp2-dualpipev-dp2-zero3-whole": (4, ["parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                                          "parallel.virtual_stages=2", "parallel.zero_stage=3",
+                                          "parallel.pp_max_deferred=0"],
+                                      L4 + ["train.micro_batch_size=1"]),
+    "pp2-dualpipev-dp2-zero1": (4, ["parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                                    "parallel.virtual_stages=2", "parallel.zero_stage=1"],
+                                L4 + ["train.micro_batch_size=1"]),
     "pp2-dp2": (4, ["parallel.pp=2"], []),
     "pp2-tp2-sp-zero3": (8, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                              "parallel.zero_stage=3"], []),
@@ -165,6 +186,12 @@ LAYOUTS = {
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"], []),
     "ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                          "parallel.virtual_stages=2"], []),
+    "ep2-pp2-dualpipev": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                              "parallel.virtual_stages=2"], ["train.micro_batch_size=1"]),
+    "ep2-pp2-dualpipev-deferred1": (4, ["parallel.ep=2", "parallel.pp=2",
+                                        "parallel.pp_schedule=dualpipev",
+                                        "parallel.virtual_stages=2", "parallel.pp_max_deferred=1"],
+                                    ["train.micro_batch_size=1"]),
     "ep2-full-recompute": (2, ["parallel.ep=2", "train.recompute=full"], []),
     # Full recompute under zero-bubble: the weight half replays the layer after other micro-batches
     # used the replay set; the experts' rows stay keyed by the micro-batch.

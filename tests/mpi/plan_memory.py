@@ -125,6 +125,13 @@ LAYOUTS = {  # name: (ranks, sets)
     "ep2-pp2-zb-v": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2", "model.n_layers=4",
                          "parallel.pp_schedule=\"zb-v\"", "parallel.virtual_stages=2",
                          "parallel.pp_layers=[1, 1, 0, 2]"]),
+    # DualPipeV: the V of ZB-V; only some backwards split (their stashes to the weight half), the
+    # others whole; at least 2*pp-1 micro-batches.
+    "pp2-dualpipev": (2, ["parallel.pp=2", "parallel.dp=1", "model.n_layers=4",
+                          "parallel.pp_schedule=\"dualpipev\"", "parallel.virtual_stages=2"]),
+    "ep2-pp2-dualpipev": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2", "model.n_layers=4",
+                              "parallel.pp_schedule=\"dualpipev\"", "parallel.virtual_stages=2",
+                              "parallel.pp_layers=[1, 1, 0, 2]", "train.micro_batch_size=1"]),
     # Recompute on one rank (the MoE config runs these; tp layouts are the dense configs').
     "full": (1, ["train.recompute=\"full\""]),
     "selective": (1, ["train.recompute=\"selective\""]),
@@ -233,7 +240,7 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
                "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4",
-               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v", "norm-act"]
+               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v", "ep2-pp2-dualpipev", "norm-act"]
 # --layouts mla: latent attention (configs/mla-tiny.toml) under tp + sp (its latents gathered),
 # pp, cp, ZeRO, recompute and 16 bits.
 MLA_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
@@ -335,7 +342,7 @@ def main():
             # Under pp plan's comm adds the executor's bound to ZeRO's peak: a sent gradient's
             # buffer may be freed before the next one is allocated, and in a V (rank 0 receives
             # one gradient and sends two) none of the three need be live when ZeRO's peak.
-            held = 3 if any("zb-v" in s for s in sets) else 1
+            held = 3 if any("zb-v" in s or "dualpipev" in s for s in sets) else 1
             if (k == "comm" and pipelined
                     and est - held * boundary_bytes(args.config, sets) <= got <= est):
                 continue

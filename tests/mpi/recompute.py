@@ -14,7 +14,8 @@ buffer is one layer's worth, so recompute_layers pays off from 2 layers on.)
 Layouts: single (one rank), tp2 and tp2-sp (a replay repeats the forward's collectives),
 dp2-zero3 (a replay after ZeRO-3's gather), pp2-1f1b, pp2-interleaved (2 chunks per rank,
 4 layers), pp4-zb-h1 (4 layers; the weight half replays when the buffer was reused),
-pp2-zb-h1-tp2-sp, pp2-zb-v and, for mixture-of-experts configs, ep2-pp2-zb-h1 and ep2-pp2-zb-v.
+pp2-zb-h1-tp2-sp, pp2-zb-v, pp2-dualpipev and, for mixture-of-experts configs, ep2-pp2-zb-h1,
+ep2-pp2-zb-v and ep2-pp2-dualpipev.
 
 Under tp without sequence parallelism, full recompute also runs with its saved inputs split over
 tp (train.distribute_saved_activations: "full-dist", and "full-first-dist" under pp, where a
@@ -49,6 +50,12 @@ LAYOUTS = {
                          "parallel.tp=2", "model.n_layers=4"]),
     "ep2-pp2-zb-v": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                          "parallel.virtual_stages=2"]),
+    # DualPipeV: whole and split backwards of one chunk alternate (a replay for the whole one, the
+    # weight half's when the buffer was reused); it needs 2*pp-1 micro-batches (ep2: 4 of 1).
+    "pp2-dualpipev": (2, ["parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                          "parallel.virtual_stages=2", "model.n_layers=4"]),
+    "ep2-pp2-dualpipev": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=dualpipev",
+                              "parallel.virtual_stages=2", "train.micro_batch_size=1"]),
     # Expert parallelism (MoE configs): a replay returns the experts' outputs of its micro-batch.
     "ep2-pp2-zb-h1": (4, ["parallel.ep=2", "parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     # Context parallelism under MoE: the replay sums the chunks' expert counts over cp again.

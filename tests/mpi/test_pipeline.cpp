@@ -115,6 +115,12 @@ TEST(PipelineExecutor, ZeroBubbleV) {
   check(Arch::llama, PipeSchedule::zb_v, 2, 8);
 }
 
+// DualPipeV's V with its F&B pairs: whole and split backwards of one chunk in one step.
+TEST(PipelineExecutor, DualPipeV) {
+  check(Arch::gpt2, PipeSchedule::dualpipe_v, 2, 8);
+  check(Arch::llama, PipeSchedule::dualpipe_v, 2, 8);
+}
+
 TEST(PipelineExecutor, Interleaved) {
   check(Arch::gpt2, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());
   check(Arch::llama, PipeSchedule::interleaved, 2, 2 * mpi_test_world().size());

@@ -151,6 +151,38 @@ TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
             "parallel.pp=4");
 }
 
+TEST(Layout, DualPipeVNeedsTwicePpMinusOneMicroBatches) {
+  // 8 / (dp 1 * 2) = 4 micro-batches: enough for pp 2 (3), not for pp 4 (7) or for pp 2 x dp 2.
+  const std::vector<std::string> dpv{"parallel.pp_schedule=dualpipev", "parallel.virtual_stages=2",
+                                     "model.n_layers=8"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), dpv.begin(), dpv.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.pp=2"}), 2), "");
+  EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 4),
+            "parallel.pp_schedule=\"dualpipev\" needs at least 2*pp-1=7 micro-batches per step, "
+            "train.global_batch_size(8)/(dp(1)*train.micro_batch_size(2))=4: raise the batch, "
+            "lower the micro-batch size, or use \"zb-v\"");
+  EXPECT_NE(layout_error(with({"parallel.pp=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.pp=4", "train.micro_batch_size=1"}), 4), "");
+  // ZeRO-3 only where no backward splits (pp_max_deferred = 0); the cap needs DualPipeV.
+  const std::vector<std::string> z3{"parallel.pp=2", "parallel.zero_stage=3",
+                                    "train.micro_batch_size=1"};
+  EXPECT_NE(layout_error(with(z3), 4).find("(or parallel.pp_max_deferred = 0: no backward split)"),
+            std::string::npos)
+      << layout_error(with(z3), 4);
+  std::vector<std::string> whole = z3;
+  whole.push_back("parallel.pp_max_deferred=0");
+  EXPECT_EQ(layout_error(with(whole), 4), "");
+  EXPECT_NE(layout_error({"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+                          "model.n_layers=8", "parallel.pp_max_deferred=1"},
+                         2)
+                .find("parallel.pp_max_deferred=1 bounds the weight halves DualPipeV defers: it "
+                      "needs parallel.pp_schedule=\"dualpipev\", found \"zb-v\""),
+            std::string::npos);
+}
+
 TEST(Layout, ExpertParallelDividesTheDpCpGroup) {
   // ep groups are ep consecutive ranks of the dp x cp group: dp 2 x cp 2 takes ep 4.
   const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=16"};

@@ -463,6 +463,29 @@ TEST(CostModel, ZbVHalvesTheBubbleAndDoublesRankZerosSends) {
   EXPECT_DOUBLE_EQ(v.stages[1].bytes[static_cast<int>(Axis::pp)].send, pv.send);
 }
 
+// DualPipeV as llmtrain runs it (each F&B pair's forward, then its backward): ZB-V's bubble and
+// stages (rank 0 holds both ends, so no embedding all-reduce), one more chunk unit in flight (2p+1)
+// on each rank; fewer than 2pp-1 micro-batches are refused as the config rules refuse them.
+TEST(CostModel, DualPipeVHasZbVsBubbleAndOneUnitMore) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  auto with = [&](const std::string& schedule, const std::string& mbs) {
+    return predict_step(
+        tiny({"parallel.pp=2", "train.micro_batch_size=" + mbs,
+              "parallel.pp_schedule=\"" + schedule + "\"", "parallel.virtual_stages=2"}),
+        2, hw);
+  };
+  const StepCost d = with("dualpipev", "1"), v = with("zb-v", "1");
+  EXPECT_GE(d.micro_batches, 3);
+  EXPECT_DOUBLE_EQ(d.bubble, v.bubble);
+  EXPECT_EQ(d.stages[0].bytes[static_cast<int>(Axis::pp)].all_reduce, 0);
+  for (size_t r = 0; r < d.stages.size(); ++r) {
+    EXPECT_EQ(d.stages[r].in_flight, 5) << r;
+    EXPECT_GE(d.stages[r].memory.activations, v.stages[r].memory.activations) << r;
+  }
+  const int64_t gbs = tiny({}).train.global_batch_size;
+  EXPECT_THROW(with("dualpipev", std::to_string(gbs / 2)), ConfigError);  // 2 micro-batches
+}
+
 // Latent attention's cp ring (pp 2, cp 2, fp32) moves each position's kv latent and RoPE key
 // (P = 16 + 4 values) where ZB-H1, which defers the weight half the payload's contraction needs,
 // moves the K/V (2 H D = 2 x 4 x 12): the bytes scale by P / 2HD; in exchange each layer runs
@@ -506,16 +529,22 @@ TEST(CostModel, CachedFiguresAreTheLayoutsOwn) {
   auto with = [&](const std::string& schedule) {
     std::vector<std::string> sets = moe;
     sets.push_back("parallel.pp_schedule=\"" + schedule + "\"");
+    const bool v = schedule == "zb-v" || schedule == "dualpipev";
+    sets.push_back(concat("parallel.virtual_stages=", v ? 2 : 1));
     return tiny(sets);
   };
-  ActivationCache cache;
-  predict_step(with("1f1b"), 4, hw, &cache);
-  const StepCost cached = predict_step(with("zb-h1"), 4, hw, &cache);
-  const StepCost alone = predict_step(with("zb-h1"), 4, hw);
-  for (size_t i = 0; i < alone.stages.size(); ++i) {
-    EXPECT_DOUBLE_EQ(cached.stages[i].peak, alone.stages[i].peak) << i;
-    EXPECT_DOUBLE_EQ(cached.stages[i].memory.activations, alone.stages[i].memory.activations) << i;
-    EXPECT_DOUBLE_EQ(cached.stages[i].step_s, alone.stages[i].step_s) << i;
+  // (Under DualPipeV the whole backwards hold the gradients for a moment, the split ones stash.)
+  for (const auto& [first, second] : {std::pair{"1f1b", "zb-h1"}, std::pair{"zb-v", "dualpipev"}}) {
+    ActivationCache cache;
+    predict_step(with(first), 4, hw, &cache);
+    const StepCost cached = predict_step(with(second), 4, hw, &cache);
+    const StepCost alone = predict_step(with(second), 4, hw);
+    for (size_t i = 0; i < alone.stages.size(); ++i) {
+      EXPECT_DOUBLE_EQ(cached.stages[i].peak, alone.stages[i].peak) << second << " " << i;
+      EXPECT_DOUBLE_EQ(cached.stages[i].memory.activations, alone.stages[i].memory.activations)
+          << second << " " << i;
+      EXPECT_DOUBLE_EQ(cached.stages[i].step_s, alone.stages[i].step_s) << second << " " << i;
+    }
   }
 }
 
@@ -772,6 +801,35 @@ TEST_F(CostModelSearch, RecomputesTheNormsAloneWhereEveryMlpIsRouted) {
             c.cfg.train.recompute_modules.bits == norms;
   }
   EXPECT_GT(seen, 0);
+}
+
+// With routed experts the search tries DualPipeV as DualPipe splits its backwards and deferring
+// at most one weight half (parallel.pp_max_deferred), each candidate re-parsing from its
+// overrides and --write writing the cap; a dense model's search leaves DualPipeV out.
+TEST_F(CostModelSearch, TriesDualPipeVWithRoutedExperts) {
+  const std::string path = model(4);
+  const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=64"};
+  const SearchResult r = search_layouts(path, moe, parse_config(path, moe), 2, hw_, 1000000);
+  std::set<int64_t> caps;
+  for (const Candidate& c : r.ranked) {
+    const ParallelConfig& p = c.cfg.parallel;
+    if (p.pp_schedule != PipeSchedule::dualpipe_v) {
+      EXPECT_EQ(p.pp_max_deferred, -1) << layout_text(c.cfg, 2);
+      continue;
+    }
+    caps.insert(p.pp_max_deferred);
+    std::vector<std::string> sets = moe;
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    EXPECT_EQ(parse_config(path, sets).parallel.pp_max_deferred, p.pp_max_deferred);
+    EXPECT_EQ(layout_fragment(c, 2, hw_).find("pp_max_deferred = 1") != std::string::npos,
+              p.pp_max_deferred == 1);
+    EXPECT_EQ(layout_text(c.cfg, 2).find("dualpipev v2 deferring at most 1") != std::string::npos,
+              p.pp_max_deferred == 1)
+        << layout_text(c.cfg, 2);
+  }
+  EXPECT_EQ(caps, (std::set<int64_t>{-1, 1}));
+  for (const Candidate& c : search(path, 2).ranked)
+    EXPECT_NE(c.cfg.parallel.pp_schedule, PipeSchedule::dualpipe_v) << layout_text(c.cfg, 2);
 }
 
 TEST_F(CostModelSearch, TriesUnevenPipelineSplits) {

@@ -31,7 +31,7 @@ inline std::string case_name(const testing::TestParamInfo<Case>& info) {
 }
 
 // Every schedule x p in `ps` x m in {p, 2p, 4p}; interleaved once per v in `interleaved_vs`, ZB-V
-// with its two chunks per rank.
+// and DualPipeV with their two chunks per rank (DualPipeV where m >= 2p-1: p = 1 and m >= 2p).
 inline std::vector<Case> schedule_cases(std::initializer_list<int> ps,
                                         std::initializer_list<int> interleaved_vs) {
   std::vector<Case> cases;
@@ -42,6 +42,7 @@ inline std::vector<Case> schedule_cases(std::initializer_list<int> ps,
       for (int v : interleaved_vs) cases.push_back({PipeSchedule::interleaved, p, v, m});
       cases.push_back({PipeSchedule::zb_h1, p, 1, m});
       cases.push_back({PipeSchedule::zb_v, p, 2, m});
+      if (m >= 2 * p - 1) cases.push_back({PipeSchedule::dualpipe_v, p, 2, m});
     }
   }
   return cases;

@@ -238,7 +238,7 @@ TEST(P2pMatchingLimits, DeviceSyncingFreesDeadlockInterleavedAndV) {
     const Schedule s = make_schedule(c.kind, ScheduleShape{c.p, c.v, c.m});
     NcclModel model(s, /*syncing_frees=*/true);
     const bool deadlocked = !model.run().empty();
-    const bool looped = c.kind == PipeSchedule::interleaved || c.kind == PipeSchedule::zb_v;
+    const bool looped = c.kind == PipeSchedule::interleaved || v_shaped(c.kind);
     EXPECT_EQ(deadlocked, looped && c.m >= 2 * c.p) << testing::PrintToString(c);
     EXPECT_EQ(model.mismatches(), 0);
   }
@@ -248,16 +248,19 @@ TEST(P2pMatchingLimits, DeviceSyncingFreesDeadlockInterleavedAndV) {
 // the context (CUDA C++ Programming Guide, "Lazy Loading"), so the first forward, backward,
 // backward_input and backward_weight of a rank may wait for every call it posted. Unlike a free
 // in every backward, these syncs happen once per kind, early, and every case finishes but ZB-V
-// with m >= 2p: rank 0's first Bi (the head's) waits for its activation send of a later
-// micro-batch, which rank 1 receives only after its own first Bi, which needs rank 0's gradient.
-// So `llmtrain train` asks for eager loading under ZB-V (request_eager_module_loading).
+// with m >= 2p and DualPipeV from p = 3: rank 0's first Bi (the head's) waits for its activation
+// send of a later micro-batch, which rank 1 receives only after its own first Bi, which needs rank
+// 0's gradient. So `llmtrain train` asks for eager loading under a V
+// (request_eager_module_loading).
 TEST(P2pMatchingLimits, FirstLaunchSyncsFinishButInAFullV) {
   for (const Case& c : all_cases()) {
     const Schedule s = make_schedule(c.kind, ScheduleShape{c.p, c.v, c.m});
     NcclModel model(s, /*syncing_frees=*/false, /*syncing_first_launch=*/true);
     const bool deadlocked = !model.run().empty();
-    EXPECT_EQ(deadlocked, c.kind == PipeSchedule::zb_v && c.m >= 2 * c.p)
-        << testing::PrintToString(c);
+    const bool stuck = c.kind == PipeSchedule::zb_v         ? c.m >= 2 * c.p
+                       : c.kind == PipeSchedule::dualpipe_v ? c.p >= 3
+                                                            : false;
+    EXPECT_EQ(deadlocked, stuck) << testing::PrintToString(c);
     EXPECT_EQ(model.mismatches(), 0);
   }
 }

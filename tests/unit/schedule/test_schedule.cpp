@@ -17,6 +17,7 @@
 namespace llmt {
 namespace {
 
+using detail::concat;
 using testing_cases::Case;
 using testing_cases::case_name;
 
@@ -52,14 +53,32 @@ TEST_P(ScheduleProps, EveryBackwardFollowsItsForward) {
         seen[{a.mb, a.chunk}].push_back(a.kind);
     }
     ASSERT_EQ(seen.size(), static_cast<size_t>(m * v)) << "rank " << r;
+    const std::vector<ActionKind> whole{ActionKind::forward, ActionKind::backward},
+        split{ActionKind::forward, ActionKind::backward_input, ActionKind::backward_weight};
     for (const auto& [unit, kinds] : seen) {
-      const bool split = splits_backward(GetParam().kind);
-      const std::vector<ActionKind> want =
-          split ? std::vector<ActionKind>{ActionKind::forward, ActionKind::backward_input,
-                                          ActionKind::backward_weight}
-                : std::vector<ActionKind>{ActionKind::forward, ActionKind::backward};
-      EXPECT_EQ(kinds, want) << "rank " << r << " mb " << unit.first << " chunk " << unit.second;
+      // DualPipeV splits some backwards and runs the others whole.
+      if (GetParam().kind == PipeSchedule::dualpipe_v && kinds == whole) continue;
+      EXPECT_EQ(kinds, splits_backward(GetParam().kind) ? split : whole)
+          << "rank " << r << " mb " << unit.first << " chunk " << unit.second;
     }
+  }
+}
+
+// DDP and ZeRO reduce a chunk's gradients from the step's last action that adds to them (B or Bw)
+// on, expecting the later stages' to be final first (their buckets come first): on every rank the
+// chunks' last weight-gradient actions run in descending order of their stages.
+TEST_P(ScheduleProps, LastWeightGradientsRunLaterStagesFirst) {
+  const Schedule s = make();
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    std::map<int, size_t> last;  // stage -> index of its last B or Bw
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+        last[stage_of(s.shape, static_cast<int>(r), a.chunk)] = i;
+    }
+    for (auto it = last.begin(); std::next(it) != last.end(); ++it)
+      EXPECT_GT(it->second, std::next(it)->second)
+          << "rank " << r << ": stage " << it->first << " before stage " << std::next(it)->first;
   }
 }
 
@@ -102,7 +121,9 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
   if (c.kind == PipeSchedule::interleaved) bubble = (p - 1) / (v * m);  // Megatron PTD-P
   if (c.kind == PipeSchedule::zb_h1) bubble = (p - 1) / (3 * m);        // ZB paper, F=Bi=Bw
   // ZB-V: only the last rank's wait for its first input, p-1 chunk forwards of half a rank's F.
-  if (c.kind == PipeSchedule::zb_v) bubble = (p - 1) / (6 * m);
+  // DualPipeV likewise when its F&B pairs run as two actions (the executor's way; the paper's
+  // formula for overlapped pairs: DualPipeVIdlesAsThePaperSays).
+  if (v_shaped(c.kind)) bubble = (p - 1) / (6 * m);
   if (c.kind == PipeSchedule::zb_v && c.m < 2 * c.p - 2) {
     // Too few micro-batches to fill the V: more idle, still less than ZB-H1's.
     EXPECT_GT(sim.bubble_fraction, bubble + 1e-9);
@@ -117,7 +138,7 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
   // First stage: 1F1B and ZB-H1 hold p micro-batches, GPipe m (docs/references.md).
   if (c.kind == PipeSchedule::gpipe) {
     EXPECT_EQ(sim.peak_in_flight[0], c.m);
-  } else if (c.kind != PipeSchedule::interleaved && c.kind != PipeSchedule::zb_v) {
+  } else if (c.kind != PipeSchedule::interleaved && !v_shaped(c.kind)) {
     EXPECT_EQ(sim.peak_in_flight[0], c.p);
   }
   for (int r = 0; r < c.p; ++r) {
@@ -130,6 +151,8 @@ TEST_P(ScheduleProps, SimulationMatchesFormulas) {
     // (mb, chunk) units, each half a micro-batch of the rank: at most 2p (p micro-batches, as
     // 1F1B's first stage); fewer while the V fills (m + 1 + r) or with few micro-batches.
     if (c.kind == PipeSchedule::zb_v) want = std::min({2 * c.p, c.m + 1 + r, 2 * c.m});
+    // One unit more on every rank: its steady round's forward runs before the paired backward.
+    if (c.kind == PipeSchedule::dualpipe_v) want = std::min(2 * c.p + 1, 2 * c.m);
     EXPECT_EQ(sim.peak_in_flight[r], want) << "rank " << r;
     EXPECT_EQ(sim.peak_in_flight[r], formula_peak_in_flight(c.kind, s.shape, r));
   }
@@ -150,8 +173,14 @@ TEST_P(ScheduleProps, SvgHasOneBoxPerComputeAction) {
   size_t boxes = 0;
   for (size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1))
     ++boxes;
+  size_t computes = 0;
+  for (const std::vector<Action>& rank : s.ranks)
+    for (const Action& a : rank) computes += is_p2p(a.kind) ? 0 : 1;
+  EXPECT_EQ(boxes, computes);
   const int per_unit = splits_backward(GetParam().kind) ? 3 : 2;
-  EXPECT_EQ(boxes, static_cast<size_t>(per_unit * GetParam().p * GetParam().m * GetParam().v));
+  if (GetParam().kind != PipeSchedule::dualpipe_v) {
+    EXPECT_EQ(boxes, static_cast<size_t>(per_unit * GetParam().p * GetParam().m * GetParam().v));
+  }
   EXPECT_EQ(svg.rfind("</svg>\n"), svg.size() - 7);
 }
 
@@ -208,10 +237,120 @@ TEST(Schedule, ZbVWorkedExample) {
   EXPECT_THROW(make_schedule(PipeSchedule::zb_v, {2, 1, 4}), Error);
 }
 
+// DualPipeV (DeepSeek's DualPipe README, "Pipeline Bubbles and Memory Usage"): a rank idles
+// (PP/2-1)(F&B + B - 3W) for PP = 2p stages, with F, B, W one chunk's forward, full backward and
+// weight half and F&B the time of an overlapped pair, and holds PP+1 = 2p+1 chunk units of
+// activations. Checked with the pairs timed as one block, overlapped or not, on the rank that
+// idles most, from the fewest micro-batches it runs (2p-1) up; run as two actions (the executor)
+// the pairs idle as ZB-V does, (p-1) F.
+TEST(Schedule, DualPipeVIdlesAsThePaperSays) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m = 2 * p - 1; m <= 4 * p; ++m) {
+      const Schedule s = make_schedule(PipeSchedule::dualpipe_v, {p, 2, m});
+      for (double pair : {3.0, 2.4, 2.0, 0.0}) {  // a rank's F + B = 3: no overlap, some, most
+        ActionCosts costs;
+        costs.forward_backward = pair;
+        const Simulation sim = simulate(s, costs);
+        const double idle = *std::max_element(sim.idle.begin(), sim.idle.end());
+        for (size_t r = 0; r < sim.ranks.size(); ++r) {  // (idle: what no action covers)
+          double busy = 0;
+          for (const TimedAction& t : sim.ranks[r]) busy += t.end - t.start;
+          EXPECT_NEAR(sim.idle[r], sim.makespan - busy, 1e-9);
+        }
+        const double F = costs.forward / 2, B = costs.backward / 2, W = costs.backward_weight / 2;
+        const double want = pair > 0 ? (p - 1) * (pair / 2 + B - 3 * W) : (p - 1) * F;
+        EXPECT_NEAR(idle, want, 1e-9) << "p " << p << " m " << m << " F&B " << pair;
+        EXPECT_EQ(*std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end()),
+                  2 * p + 1)
+            << "p " << p << " m " << m;
+      }
+    }
+  }
+}
+
+// parallel.pp_max_deferred = K: a backward splits only while fewer than K weight halves wait, so
+// no rank holds more than K stashes before its step's last backward of chunk 0 (K + 1 after; 0:
+// no Bi before it); the bubble grows
+// as K shrinks, from ZB-V's (p-1)/(6m) (no cap) to at most ZB-H1's (p-1)/(3m) at K = 1, and
+// below 1F1B's (p-1)/m at K = 0. Other schedules and K < -1 are refused.
+TEST(Schedule, DualPipeVDefersAtMostItsCap) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {2 * p - 1, 2 * p, 4 * p}) {
+      double looser = simulate(make_schedule(PipeSchedule::dualpipe_v, {p, 2, m})).bubble_fraction;
+      for (int cap : {4, 2, 1, 0}) {
+        const Schedule s = make_schedule(PipeSchedule::dualpipe_v, {p, 2, m, false, cap});
+        for (size_t r = 0; r < s.ranks.size(); ++r) {
+          // (as LastWeightGradientsRunLaterStagesFirst: chunk 1's last before chunk 0's)
+          size_t last[2] = {0, 0};
+          for (size_t i = 0; i < s.ranks[r].size(); ++i)
+            if (s.ranks[r][i].kind == ActionKind::backward ||
+                s.ranks[r][i].kind == ActionKind::backward_weight)
+              last[s.ranks[r][i].chunk] = i;
+          EXPECT_GT(last[0], last[1]) << "p " << p << " m " << m << " cap " << cap << " rank " << r;
+          // (The step's last backward of chunk 0 splits where halves wait, so that chunk 1's
+          // gradients are final first: K + 1 from there on.)
+          int waiting = 0, most = 0, split = 0;
+          bool ending = false;
+          for (const Action& a : s.ranks[r]) {
+            ending = ending || (a.chunk == 0 && a.mb == m - 1 && a.kind != ActionKind::forward);
+            waiting += a.kind == ActionKind::backward_input    ? 1
+                       : a.kind == ActionKind::backward_weight ? -1
+                                                               : 0;
+            split += a.kind == ActionKind::backward_input && !ending;
+            if (!ending) most = std::max(most, waiting);
+            EXPECT_LE(waiting, cap + 1);
+          }
+          EXPECT_LE(most, cap) << "p " << p << " m " << m << " cap " << cap << " rank " << r;
+          EXPECT_TRUE(cap > 0 || split == 0) << "rank " << r;
+        }
+        const Simulation sim = simulate(s);
+        EXPECT_GE(sim.bubble_fraction, looser - 1e-12) << "p " << p << " m " << m << " cap " << cap;
+        // From one deferred half on at most ZB-H1's bubble; whole backwards below 1F1B's.
+        EXPECT_LE(sim.bubble_fraction, cap > 0 ? (p - 1.0) / (3 * m) + 1e-12 : (p - 1.0) / m)
+            << "p " << p << " m " << m << " cap " << cap;
+        EXPECT_LE(*std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end()),
+                  2 * p + 1);
+        looser = sim.bubble_fraction;
+      }
+    }
+  }
+  EXPECT_THROW(make_schedule(PipeSchedule::zb_v, {2, 2, 4, false, 1}), Error);
+  EXPECT_THROW(make_schedule(PipeSchedule::dualpipe_v, {2, 2, 4, false, -2}), Error);
+}
+
+// DualPipeV on two ranks, m = 4: rank r runs 2(p-r-1) forwards of chunk 0, r+1 pairs F0 F1,
+// p-r-1 rounds Bi1 Bw F1, then the F&B rounds F0 B1 F1 B0 (the pairs `paired`), B1 F1 B0, the
+// drain B1 B0 split from its middle round, Bw Bi0, and the weight halves left, oldest first.
+TEST(Schedule, DualPipeVWorkedExample) {
+  const Schedule s = make_schedule(PipeSchedule::dualpipe_v, {2, 2, 4});
+  EXPECT_TRUE(s.shape.v_shape);
+  EXPECT_EQ(format_actions(s.ranks[0], 2),
+            "F0.0 F1.0 F2.0 F0.1 Bi0.1 Bw0.1 F1.1 F3.0 B1.1 F2.1 B0.0 B2.1 F3.1 B1.0 B3.1 Bi2.0 "
+            "Bw2.0 Bi3.0 Bw3.0");
+  EXPECT_EQ(format_actions(s.ranks[1], 2),
+            "F0.0 F0.1 F1.0 F1.1 F2.0 B0.1 F2.1 B0.0 F3.0 B1.1 F3.1 B1.0 B2.1 B2.0 Bi3.1 Bi3.0 "
+            "Bw3.1 Bw3.0");
+  int pairs = 0;
+  for (const Action& a : s.ranks[1]) pairs += a.paired;
+  EXPECT_EQ(pairs, 3);  // the last rank's first round is two actions
+  for (int m : {1, 2}) {
+    try {
+      make_schedule(PipeSchedule::dualpipe_v, {2, 2, m});
+      FAIL() << "no error at m " << m;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(concat("micro_batches=", m, ", stages=2")),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(make_schedule(PipeSchedule::dualpipe_v, {2, 1, 4}), Error);
+}
+
 TEST(Schedule, SingleStageHasNoBubble) {
-  for (PipeSchedule kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
-                            PipeSchedule::interleaved, PipeSchedule::zb_h1, PipeSchedule::zb_v}) {
-    const int v = kind == PipeSchedule::interleaved || kind == PipeSchedule::zb_v ? 2 : 1;
+  for (PipeSchedule kind :
+       {PipeSchedule::gpipe, PipeSchedule::one_f_one_b, PipeSchedule::interleaved,
+        PipeSchedule::zb_h1, PipeSchedule::zb_v, PipeSchedule::dualpipe_v}) {
+    const int v = kind == PipeSchedule::interleaved || v_shaped(kind) ? 2 : 1;
     const Simulation sim = simulate(make_schedule(kind, {1, v, 3}));
     EXPECT_EQ(sim.bubble_fraction, 0) << schedule_name(kind);
     EXPECT_EQ(sim.makespan, 9) << schedule_name(kind);

@@ -199,6 +199,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.pp_schedule", parallel.pp_schedule),
       LLMT_KEY("parallel.virtual_stages", parallel.virtual_stages),
       LLMT_KEY("parallel.pp_layers", parallel.pp_layers),
+      LLMT_KEY("parallel.pp_max_deferred", parallel.pp_max_deferred),
       LLMT_KEY("parallel.zero_stage", parallel.zero_stage),
       LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
       LLMT_KEY("parallel.zero_quantized_weights", parallel.zero_quantized_weights),
@@ -633,9 +634,10 @@ cp_ulysses = 2
 dp = 2
 ep = 2
 pp = 2
-pp_schedule = "interleaved"
+pp_schedule = "dualpipev"
 virtual_stages = 2
 pp_layers = [1, 1, 1, 1]
+pp_max_deferred = 0
 zero_stage = 3
 zero_shard_group = 1
 zero_quantized_weights = true
