@@ -47,11 +47,11 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
   }
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
   r.at_least<int64_t>("parallel.pp_max_deferred", p.pp_max_deferred, -1);
-  r.require(p.pp_max_deferred == -1 || p.pp_schedule == PipeSchedule::dualpipe_v,
+  r.require(p.pp_max_deferred == -1 || splits_backward(p.pp_schedule),
             {"parallel.pp_max_deferred", "parallel.pp_schedule"},
             concat("parallel.pp_max_deferred=", p.pp_max_deferred,
-                   " bounds the weight halves DualPipeV defers: it needs "
-                   "parallel.pp_schedule=\"dualpipev\", found \"",
+                   " bounds the weight halves a zero-bubble schedule defers: it needs "
+                   "parallel.pp_schedule=\"zb-h1\", \"zb-v\" or \"dualpipev\", found \"",
                    schedule_name(p.pp_schedule), "\""));
   if (p.virtual_stages >= 1) {
     const bool interleaved = p.pp_schedule == PipeSchedule::interleaved;

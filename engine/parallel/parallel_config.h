@@ -31,9 +31,10 @@ struct ParallelConfig {
   // Transformer layers per pipeline stage (pp * virtual_stages entries, summing to n_layers);
   // empty = split evenly. The first stage also holds the embeddings, the last the head and loss.
   std::vector<int64_t> pp_layers;
-  // DualPipeV: the most weight-gradient halves a pp rank defers at once (a backward is split
-  // into Bi and Bw only while fewer wait; each deferred one keeps its stash, under ep its MoE
-  // layers' row gradients); -1 = as DualPipe splits them, 0 = every backward whole.
+  // The zero-bubble schedules (zb-h1, zb-v, dualpipev): the most weight-gradient halves a pp rank
+  // defers at once (each deferred one keeps its stash, under ep its MoE layers' row gradients);
+  // past it ZB-H1 and ZB-V run the oldest right away, DualPipeV runs backwards whole. -1 = as
+  // the schedule defers them; 0 = none (DualPipeV: every backward whole).
   int64_t pp_max_deferred = -1;
   int64_t zero_stage = 0;  // 0 DDP, 1 optimizer state, 2 + gradients, 3 + parameters
   // Hybrid sharding (HSDP, MiCS): ZeRO shards over groups of this many consecutive dp ranks (and

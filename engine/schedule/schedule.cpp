@@ -107,9 +107,11 @@ ComputeOrder zb_h1(const ScheduleShape& s) {
   for (int r = 0; r < p; ++r) {
     const int warmup = std::min(p - r - 1, m);
     int f = 0, b = 0, w = 0;
+    // (max_deferred = K: at most min(r, K) weight halves wait.)
+    const int keep = s.max_deferred < 0 ? r : std::min(r, s.max_deferred);
     auto backward = [&] {
       out[r].push_back(compute(ActionKind::backward_input, b++));
-      if (b - w > r) out[r].push_back(compute(ActionKind::backward_weight, w++));
+      if (b - w > keep) out[r].push_back(compute(ActionKind::backward_weight, w++));
     };
     while (f < warmup) out[r].push_back(compute(ActionKind::forward, f++));
     while (f < m) {
@@ -137,17 +139,31 @@ ComputeOrder zb_v(const ScheduleShape& s) {
   for (int r = 0; r < p; ++r) {
     std::vector<Action>& o = out[r];
     int f[2] = {0, 0}, b[2] = {0, 0}, w[2] = {0, 0};
+    std::deque<int> waiting;  // the chunks of the weight halves not run yet, oldest first
     // Each step runs when its unit exists: a forward of chunk 1 only after chunk 0's of that
     // micro-batch, a backward only after its forward.
     auto F = [&](int c) {
       if (f[c] < m && (c == 0 || f[1] < f[0])) o.push_back(compute(ActionKind::forward, f[c]++, c));
     };
-    auto Bi = [&](int c) {
-      if (b[c] < f[c] && (c == 1 || b[0] < b[1]))
-        o.push_back(compute(ActionKind::backward_input, b[c]++, c));
-    };
+    // (Chunk 0's last weight half runs after every one of chunk 1: DDP and ZeRO reduce a chunk's
+    // gradients from its last one on, the later stages' first; see dualpipe_v.)
     auto Bw = [&](int c) {
-      if (w[c] < b[c]) o.push_back(compute(ActionKind::backward_weight, w[c]++, c));
+      if (w[c] >= b[c] || (c == 0 && w[0] == m - 1 && w[1] < m)) return false;
+      o.push_back(compute(ActionKind::backward_weight, w[c]++, c));
+      waiting.erase(std::find(waiting.begin(), waiting.end(), c));
+      return true;
+    };
+    // max_deferred = K: past K waiting, the oldest runs right away, but after the step's last
+    // input half of chunk 0 (chunk 1's gradients must be final first: see dualpipe_v).
+    const size_t cap = s.max_deferred < 0 ? std::numeric_limits<size_t>::max()
+                                          : static_cast<size_t>(s.max_deferred);
+    auto Bi = [&](int c) {
+      if (b[c] >= f[c] || (c == 0 && b[0] >= b[1])) return;
+      o.push_back(compute(ActionKind::backward_input, b[c]++, c));
+      waiting.push_back(c);
+      if (c == 0 && b[0] == m) return;
+      while (waiting.size() > cap && Bw(waiting.front())) {
+      }
     };
     for (int k = 0; k < 2 * (p - r) - 1; ++k) F(0);
     for (int k = 0; k < r; ++k) {
@@ -405,10 +421,11 @@ Schedule make_schedule(PipeSchedule kind, const ScheduleShape& requested) {
   if (kind == PipeSchedule::interleaved && m % p != 0)
     throw Error(concat("pipeline schedule interleaved needs micro_batches divisible by stages: ",
                        "micro_batches=", m, ", stages=", p, " (use a multiple of ", p, ")"));
-  if (shape.max_deferred < -1 || (shape.max_deferred != -1 && kind != PipeSchedule::dualpipe_v))
-    throw Error(concat("pipeline schedule ", schedule_name(kind), ": max_deferred=",
-                       shape.max_deferred, " (the weight halves DualPipeV may defer) must be -1",
-                       kind == PipeSchedule::dualpipe_v ? " or more" : " for this schedule"));
+  if (shape.max_deferred < -1 || (shape.max_deferred != -1 && !splits_backward(kind)))
+    throw Error(
+        concat("pipeline schedule ", schedule_name(kind), ": max_deferred=", shape.max_deferred,
+               " (the weight halves a zero-bubble schedule may defer) ",
+               splits_backward(kind) ? "must be -1 or more" : "must be -1 for this schedule"));
   if (kind == PipeSchedule::dualpipe_v && m < 2 * p - 1)
     throw Error(concat(
         "pipeline schedule dualpipev needs micro_batches >= 2*stages - 1: ", "micro_batches=", m,

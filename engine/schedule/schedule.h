@@ -67,8 +67,9 @@ struct ScheduleShape {
   int micro_batches = 1;   // m
   // The V-shaped stage order (v_shaped(kind)): make_schedule sets it from the schedule's kind.
   bool v_shape = false;
-  // DualPipeV: a backward is split into Bi and Bw only while fewer than this many weight halves
-  // wait on the rank (parallel.pp_max_deferred); -1 = DualPipe's splits, 0 = none.
+  // The zero-bubble schedules: at most this many weight halves wait on a rank
+  // (parallel.pp_max_deferred; ZB-H1 and ZB-V then run the oldest at once, DualPipeV splits no
+  // more backwards); -1 = the schedule's own, 0 = none.
   int max_deferred = -1;
 };
 

@@ -175,12 +175,18 @@ TEST(Layout, DualPipeVNeedsTwicePpMinusOneMicroBatches) {
   std::vector<std::string> whole = z3;
   whole.push_back("parallel.pp_max_deferred=0");
   EXPECT_EQ(layout_error(with(whole), 4), "");
-  EXPECT_NE(layout_error({"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+  EXPECT_EQ(layout_error({"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
                           "model.n_layers=8", "parallel.pp_max_deferred=1"},
-                         2)
-                .find("parallel.pp_max_deferred=1 bounds the weight halves DualPipeV defers: it "
-                      "needs parallel.pp_schedule=\"dualpipev\", found \"zb-v\""),
-            std::string::npos);
+                         2),
+            "");
+  EXPECT_NE(
+      layout_error({"parallel.pp=2", "parallel.pp_schedule=interleaved",
+                    "parallel.virtual_stages=2", "model.n_layers=8", "parallel.pp_max_deferred=1"},
+                   2)
+          .find("parallel.pp_max_deferred=1 bounds the weight halves a zero-bubble schedule "
+                "defers: it needs parallel.pp_schedule=\"zb-h1\", \"zb-v\" or "
+                "\"dualpipev\", found \"interleaved\""),
+      std::string::npos);
 }
 
 TEST(Layout, ExpertParallelDividesTheDpCpGroup) {

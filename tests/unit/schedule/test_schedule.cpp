@@ -268,53 +268,64 @@ TEST(Schedule, DualPipeVIdlesAsThePaperSays) {
   }
 }
 
-// parallel.pp_max_deferred = K: a backward splits only while fewer than K weight halves wait, so
-// no rank holds more than K stashes before its step's last backward of chunk 0 (K + 1 after; 0:
-// no Bi before it); the bubble grows
-// as K shrinks, from ZB-V's (p-1)/(6m) (no cap) to at most ZB-H1's (p-1)/(3m) at K = 1, and
-// below 1F1B's (p-1)/m at K = 0. Other schedules and K < -1 are refused.
-TEST(Schedule, DualPipeVDefersAtMostItsCap) {
-  for (int p : {2, 4, 8}) {
-    for (int m : {2 * p - 1, 2 * p, 4 * p}) {
-      double looser = simulate(make_schedule(PipeSchedule::dualpipe_v, {p, 2, m})).bubble_fraction;
-      for (int cap : {4, 2, 1, 0}) {
-        const Schedule s = make_schedule(PipeSchedule::dualpipe_v, {p, 2, m, false, cap});
-        for (size_t r = 0; r < s.ranks.size(); ++r) {
-          // (as LastWeightGradientsRunLaterStagesFirst: chunk 1's last before chunk 0's)
-          size_t last[2] = {0, 0};
-          for (size_t i = 0; i < s.ranks[r].size(); ++i)
-            if (s.ranks[r][i].kind == ActionKind::backward ||
-                s.ranks[r][i].kind == ActionKind::backward_weight)
-              last[s.ranks[r][i].chunk] = i;
-          EXPECT_GT(last[0], last[1]) << "p " << p << " m " << m << " cap " << cap << " rank " << r;
-          // (The step's last backward of chunk 0 splits where halves wait, so that chunk 1's
-          // gradients are final first: K + 1 from there on.)
-          int waiting = 0, most = 0, split = 0;
-          bool ending = false;
-          for (const Action& a : s.ranks[r]) {
-            ending = ending || (a.chunk == 0 && a.mb == m - 1 && a.kind != ActionKind::forward);
-            waiting += a.kind == ActionKind::backward_input    ? 1
-                       : a.kind == ActionKind::backward_weight ? -1
-                                                               : 0;
-            split += a.kind == ActionKind::backward_input && !ending;
-            if (!ending) most = std::max(most, waiting);
-            EXPECT_LE(waiting, cap + 1);
+// parallel.pp_max_deferred = K on the zero-bubble schedules: no rank holds more than K weight
+// halves waiting between its backward steps before its step's last backward of chunk 0 (K + 1
+// after, so that chunk 1's gradients are final first; ZB-H1 and ZB-V run the oldest right after
+// the input half that makes K + 1, DualPipeV splits no more backwards: at K = 0 none at all). The
+// bubble grows as K shrinks, staying below 1F1B's (p-1)/m, and DualPipeV's from K = 1 on at most
+// ZB-H1's (p-1)/(3m). Other schedules refuse K.
+TEST(Schedule, ZeroBubbleDefersAtMostItsCap) {
+  for (PipeSchedule kind : {PipeSchedule::zb_h1, PipeSchedule::zb_v, PipeSchedule::dualpipe_v}) {
+    const int v = v_shaped(kind) ? 2 : 1;
+    for (int p : {2, 4, 8}) {
+      for (int m : {2 * p - 1, 2 * p, 4 * p}) {
+        const std::string at = concat(schedule_name(kind), " p ", p, " m ", m);
+        double looser = simulate(make_schedule(kind, {p, v, m})).bubble_fraction;
+        const Simulation uncapped = simulate(make_schedule(kind, {p, v, m}));
+        for (int cap : {4, 2, 1, 0}) {
+          const Schedule s = make_schedule(kind, {p, v, m, false, cap});
+          for (size_t r = 0; r < s.ranks.size(); ++r) {
+            // (as LastWeightGradientsRunLaterStagesFirst: chunk 1's last before chunk 0's)
+            size_t last[2] = {0, 0};
+            for (size_t i = 0; i < s.ranks[r].size(); ++i)
+              if (s.ranks[r][i].kind == ActionKind::backward ||
+                  s.ranks[r][i].kind == ActionKind::backward_weight)
+                last[s.ranks[r][i].chunk] = i;
+            EXPECT_TRUE(v == 1 || last[0] > last[1]) << at << " cap " << cap << " rank " << r;
+            int waiting = 0, most = 0, split = 0;
+            bool ending = false;
+            for (const Action& a : s.ranks[r]) {
+              ending = ending || (a.chunk == 0 && a.mb == m - 1 && a.kind != ActionKind::forward);
+              waiting += a.kind == ActionKind::backward_input    ? 1
+                         : a.kind == ActionKind::backward_weight ? -1
+                                                                 : 0;
+              split += a.kind == ActionKind::backward_input && !ending;
+              // (Counted between backward steps: ZB-H1 and ZB-V run the oldest weight half right
+              // after an input half that makes K + 1, as ZB-H1's rank r runs its (r+1)-th.)
+              if (!ending && a.kind != ActionKind::backward_input && !is_p2p(a.kind))
+                most = std::max(most, waiting);
+              EXPECT_LE(waiting, cap + 1) << at;
+            }
+            EXPECT_LE(most, cap) << at << " cap " << cap << " rank " << r;
+            if (kind == PipeSchedule::dualpipe_v) {
+              EXPECT_TRUE(cap > 0 || split == 0) << at << " rank " << r;
+            }
           }
-          EXPECT_LE(most, cap) << "p " << p << " m " << m << " cap " << cap << " rank " << r;
-          EXPECT_TRUE(cap > 0 || split == 0) << "rank " << r;
+          const Simulation sim = simulate(s);
+          EXPECT_GE(sim.bubble_fraction, looser - 1e-12) << at << " cap " << cap;
+          EXPECT_LT(sim.bubble_fraction, (p - 1.0) / m) << at << " cap " << cap;
+          if (kind == PipeSchedule::dualpipe_v && cap > 0) {
+            EXPECT_LE(sim.bubble_fraction, (p - 1.0) / (3 * m) + 1e-12) << at << " cap " << cap;
+          }
+          for (int r = 0; r < p; ++r)
+            EXPECT_LE(sim.peak_in_flight[r], uncapped.peak_in_flight[r]) << at << " cap " << cap;
+          looser = sim.bubble_fraction;
         }
-        const Simulation sim = simulate(s);
-        EXPECT_GE(sim.bubble_fraction, looser - 1e-12) << "p " << p << " m " << m << " cap " << cap;
-        // From one deferred half on at most ZB-H1's bubble; whole backwards below 1F1B's.
-        EXPECT_LE(sim.bubble_fraction, cap > 0 ? (p - 1.0) / (3 * m) + 1e-12 : (p - 1.0) / m)
-            << "p " << p << " m " << m << " cap " << cap;
-        EXPECT_LE(*std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end()),
-                  2 * p + 1);
-        looser = sim.bubble_fraction;
       }
     }
   }
-  EXPECT_THROW(make_schedule(PipeSchedule::zb_v, {2, 2, 4, false, 1}), Error);
+  EXPECT_THROW(make_schedule(PipeSchedule::one_f_one_b, {2, 1, 4, false, 1}), Error);
+  EXPECT_THROW(make_schedule(PipeSchedule::interleaved, {2, 2, 4, false, 1}), Error);
   EXPECT_THROW(make_schedule(PipeSchedule::dualpipe_v, {2, 2, 4, false, -2}), Error);
 }
 
