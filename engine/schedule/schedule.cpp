@@ -100,7 +100,8 @@ ComputeOrder interleaved(const ScheduleShape& s) {
 // Rank r keeps r weight-gradient parts pending: in the steady phase each Bi is followed by the Bw
 // of r micro-batches earlier, and the pending ones fill the cool-down. Rank r then holds at most
 // (p-r-1) + 1 + r = p micro-batches, 1F1B's peak (its first stage), and with F = Bi = Bw the
-// bubble shrinks from 1F1B's 3(p-1) time units to p-1.
+// bubble shrinks from 1F1B's 3(p-1) time units to p-1. With max_deferred = K rank r keeps
+// min(r, K) pending.
 ComputeOrder zb_h1(const ScheduleShape& s) {
   const int p = s.stages, m = s.micro_batches;
   ComputeOrder out(p);
@@ -133,6 +134,8 @@ ComputeOrder zb_h1(const ScheduleShape& s) {
 // turns each forward into its backward at once), then the steady round F Bi Bw on chunk 0 and on
 // chunk 1, and drains the input gradients left before the deferred weight gradients. At most 2p
 // (mb, chunk) units are alive on a rank: p micro-batches of its layers, 1F1B's first-stage peak.
+// With max_deferred = K the oldest weight half runs right after an input half that makes K + 1
+// wait (not after the step's last one of chunk 0, whose weight half runs after chunk 1's).
 ComputeOrder zb_v(const ScheduleShape& s) {
   const int p = s.stages, m = s.micro_batches;
   ComputeOrder out(p);
