@@ -46,14 +46,10 @@ Run add_eval_command(CLI::App& app) {
                                      "parallel.cp=1",
                                      "parallel.cp_impl=ring",
                                      "parallel.dp=-1",
-                                     "parallel.pp=1",
-                                     "parallel.pp_schedule=1f1b",
                                      "parallel.ep=1",
-                                     "parallel.virtual_stages=1",
-                                     "parallel.pp_max_deferred=-1",
-                                     "parallel.pp_layers=[]",
                                      "parallel.sequence_parallel=false",
                                      "train.distribute_saved_activations=false"};
+    sets.insert(sets.end(), no_pipeline_overrides().begin(), no_pipeline_overrides().end());
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
     // No update: the stored run's offload folder is not needed.
     sets.insert(sets.end(), no_offload_overrides().begin(), no_offload_overrides().end());

@@ -138,13 +138,13 @@ Run add_generate_command(CLI::App& app) {
     // The run's config at tp = the world (decoding one token: no sequence parallelism).
     std::vector<std::string> sets = {
         "parallel.tp=" + std::to_string(world_size), "parallel.cp=1", "parallel.cp_impl=ring",
-        "parallel.dp=1", "parallel.pp=1", "parallel.pp_schedule=1f1b", "parallel.ep=1",
-        "parallel.virtual_stages=1", "parallel.pp_layers=[]", "parallel.pp_max_deferred=-1",
-        "parallel.sequence_parallel=false", "train.micro_batch_size=1", "train.global_batch_size=1",
-        "train.recompute=\"none\"", "train.recompute_layers=0",
-        "train.recompute_modules=[\"core_attn\"]", "train.distribute_saved_activations=false",
+        "parallel.dp=1", "parallel.ep=1", "parallel.sequence_parallel=false",
+        "train.micro_batch_size=1", "train.global_batch_size=1", "train.recompute=\"none\"",
+        "train.recompute_layers=0", "train.recompute_modules=[\"core_attn\"]",
+        "train.distribute_saved_activations=false",
         // one token at a time: no expert capacity drops it
         "model.moe.capacity_factor=0"};
+    sets.insert(sets.end(), no_pipeline_overrides().begin(), no_pipeline_overrides().end());
     sets.insert(sets.end(), ddp_overrides().begin(), ddp_overrides().end());
     // No update: the stored run's offload folder is not needed.
     sets.insert(sets.end(), no_offload_overrides().begin(), no_offload_overrides().end());

@@ -598,6 +598,13 @@ const std::vector<std::string>& ddp_overrides() {
   return sets;
 }
 
+const std::vector<std::string>& no_pipeline_overrides() {
+  static const std::vector<std::string> sets{"parallel.pp=1", "parallel.pp_schedule=\"1f1b\"",
+                                             "parallel.virtual_stages=1", "parallel.pp_layers=[]",
+                                             "parallel.pp_max_deferred=-1"};
+  return sets;
+}
+
 const std::vector<std::string>& no_offload_overrides() {
   static const std::vector<std::string> sets{"offload.optimizer=\"none\"",
                                              "offload.params=\"none\"", "offload.nvme_dir=\"\"",

@@ -116,6 +116,9 @@ void validate_layout(const Config& c, int world);
 // option back at its default, offload.params too (each refuses zero_stage 0). For the commands that
 // run a stored config at a layout of their own (eval, generate) and for plan --search's candidates.
 const std::vector<std::string>& ddp_overrides();
+// The --set values that run a config on one pipeline stage: pp 1 and every pipeline option back at
+// its default (a schedule's own options refuse another schedule). For eval and generate.
+const std::vector<std::string>& no_pipeline_overrides();
 // train.recompute_modules as written in TOML: ["layernorm", "act"].
 std::string recompute_modules_text(RecomputeModules m);
 // The --set values that turn [offload] off whole (both targets, the folder and the chunk size at

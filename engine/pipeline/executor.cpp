@@ -25,6 +25,9 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Transformer& model, Commun
   for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)])
     if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
       last_backward_mb_[static_cast<size_t>(a.chunk)] = a.mb;
+  // (start_backward(last) below relies on it.)
+  const std::string order = gradient_order_error(schedule_, rank_);
+  LLMT_CHECK(order.empty(), "pipeline schedule ", schedule_name(schedule_.kind), ": ", order);
 }
 
 double PipelineExecutor::run(const std::vector<PipelineMicroBatch>& mbs, float dloss,

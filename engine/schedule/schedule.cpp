@@ -497,6 +497,21 @@ int formula_peak_in_flight(PipeSchedule kind, const ScheduleShape& s, int rank) 
   return 0;
 }
 
+std::string gradient_order_error(const Schedule& s, int rank) {
+  std::map<int, size_t> last;  // stage -> index of its last B or Bw
+  const std::vector<Action>& actions = s.ranks[static_cast<size_t>(rank)];
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].kind == ActionKind::backward || actions[i].kind == ActionKind::backward_weight)
+      last[stage_of(s.shape, rank, actions[i].chunk)] = i;
+  for (auto it = last.begin(); std::next(it) != last.end(); ++it)
+    if (it->second < std::next(it)->second)
+      return concat("rank ", rank, " runs its last weight-gradient action of stage ", it->first,
+                    " (#", it->second, ") before that of the later stage ", std::next(it)->first,
+                    " (#", std::next(it)->second,
+                    "): DDP and ZeRO would reduce the later stage's gradients unfinished");
+  return "";
+}
+
 Simulation simulate(const Schedule& s, const ActionCosts& costs) {
   const int p = s.shape.stages, v = s.shape.virtual_stages, m = s.shape.micro_batches;
   const int last = p * v - 1;
@@ -669,6 +684,9 @@ Simulation simulate(const Schedule& s, const ActionCosts& costs) {
                            " of (mb ", unit / v, ", chunk ", unit % v, ")"));
     }
   }
+  for (int r = 0; r < p; ++r)
+    if (const std::string e = gradient_order_error(s, r); !e.empty())
+      throw Error(concat("pipeline schedule ", schedule_name(s.kind), ": ", e));
   sim.makespan = *std::max_element(clock.begin(), clock.end());
   double sum = 0;
   for (int r = 0; r < p; ++r) {

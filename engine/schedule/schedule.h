@@ -152,8 +152,14 @@ struct Simulation {
   std::vector<int> peak_in_flight;
 };
 
+// DDP and ZeRO start reducing a chunk's gradients at its step's last weight-gradient action (B or
+// Bw) and expect the later stages' gradients final first: "" when on `rank` the chunks' last such
+// actions run in descending order of their stages, else what runs out of order.
+std::string gradient_order_error(const Schedule& s, int rank);
+
 // Runs the schedule with blocking recv semantics and unbounded send buffers; throws Error naming
-// the rank and action when it deadlocks or an action's dependency is missing.
+// the rank and action when it deadlocks or an action's dependency is missing, or when a rank's
+// gradients would be reduced out of order (gradient_order_error).
 Simulation simulate(const Schedule& s, const ActionCosts& costs = {});
 
 // Global stage of (rank, chunk), and the reverse. In a V the odd chunks run up the ranks.

@@ -509,6 +509,23 @@ TEST(ScheduleCorrupted, WrongPeerIsCaught) {
       << err;
 }
 
+// ZB-V's last weight halves swapped (chunk 0's before chunk 1's on rank 1): the later stage's
+// gradients would be reduced before their last micro-batch's part (the capped DualPipeV bug).
+TEST(ScheduleCorrupted, GradientsReducedOutOfOrderAreCaught) {
+  Schedule s = make_schedule(PipeSchedule::zb_v, {2, 2, 4});
+  auto& r1 = s.ranks[1];
+  size_t last[2] = {0, 0};
+  for (size_t i = 0; i < r1.size(); ++i)
+    if (r1[i].kind == ActionKind::backward_weight) last[r1[i].chunk] = i;
+  std::swap(r1[last[0]], r1[last[1]]);
+  EXPECT_EQ(gradient_order_error(s, 0), "");
+  const std::string err = simulate_error(s);
+  EXPECT_NE(err.find("rank 1 runs its last weight-gradient action of stage 1 (#"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("before that of the later stage 2"), std::string::npos) << err;
+}
+
 TEST(ScheduleCorrupted, MissingWeightGradientIsCaught) {
   Schedule s = make_schedule(PipeSchedule::zb_h1, {4, 1, 8});
   auto& r3 = s.ranks[3];
