@@ -139,10 +139,12 @@ void record_step(Transformer& model, Allocator& alloc, const Shape& bt, bool pip
 // forward to its backward, their gradients from its input backward to its weight backward, and
 // for a moment in its backward their input gradients; of the moe_full fully recomputed ones the
 // rows only from their backward's start (MoeMlp dispatches them again there) to their weight
-// backward.
+// backward; of the moe_act ones (selective recompute of the routed experts' activation) the rows
+// without their activation, which lives only while fc2's forward or weight gradient reads it.
 RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
                                  const MeshShape& mesh, const std::vector<int64_t>& chunk_moe,
-                                 const std::vector<int64_t>& chunk_moe_full, bool count_ops,
+                                 const std::vector<int64_t>& chunk_moe_full,
+                                 const std::vector<int64_t>& chunk_moe_act, bool count_ops,
                                  ActivationCache* cache) {
   const ParallelConfig& par = cfg.parallel;
   const int64_t moe_layers = std::accumulate(chunk_moe.begin(), chunk_moe.end(), int64_t{0});
@@ -191,11 +193,16 @@ RankActivations rank_activations(const Config& cfg, const ModelSpec& rank_spec,
     const int64_t N = cfg.train.micro_batch_size * cfg.model.seq_len / cp;
     const int64_t routed =
         (cfg.parallel.sequence_parallel && tp > 1 ? N / tp : N) * cfg.model.moe.top_k;
-    out.ep_rows = static_cast<double>(
-        spec_bytes(ep_rows_specs(rank_spec, routed, compute_dtype(cfg.train.precision))));
+    const DType compute = compute_dtype(cfg.train.precision);
+    out.ep_rows = static_cast<double>(spec_bytes(ep_rows_specs(rank_spec, routed, compute)));
+    // (Its activation's buffer, a moment's in the forward and the weight backward, is smaller
+    // than the input backward's buffers counted in ep_transient.)
+    out.ep_rows_no_act =
+        static_cast<double>(spec_bytes(ep_rows_specs(rank_spec, routed, compute, false)));
     for (size_t c = 0; c < out.chunk_mb.size(); ++c) {
-      out.chunk_ep_rows.push_back(static_cast<double>(chunk_moe[c] - chunk_moe_full[c]) *
-                                  out.ep_rows);
+      out.chunk_ep_rows.push_back(
+          static_cast<double>(chunk_moe[c] - chunk_moe_full[c] - chunk_moe_act[c]) * out.ep_rows +
+          static_cast<double>(chunk_moe_act[c]) * out.ep_rows_no_act);
       out.chunk_mb[c] += out.chunk_ep_rows.back();
     }
     // The backward's buffers, and under train.fp8 the quantised copies of the received rows
@@ -410,16 +417,22 @@ class ZeroReplay final : public ZeroSequence {
 void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_batches,
                  const std::vector<std::vector<int64_t>>& chunk_layers, bool embedding, bool head,
                  bool root_params, int64_t L, const MoeConfig& moe, const RankActivations& act,
-                 int64_t full_layers, int64_t mtp) {
+                 int64_t full_layers, int64_t act_layers, int64_t mtp) {
   const int v = static_cast<int>(chunk_layers.size());
   // The activations: a micro-batch's saved set from before its forward's hooks (chunk_input)
   // to after its (weight) backward's (free_chunk), a zero-bubble stash from backward_input;
   // under ep each MoE layer's received rows from its forward to its (weight) backward, a fully
   // recomputed one's (the first full_layers of a chunk) from its backward's start (back to back:
-  // act.ep_full_rows; zero-bubble: in the stash). The multi-token prediction modules' layers
-  // (L .. L + mtp - 1, with the head: block L + 1) recompute when every layer does.
+  // act.ep_full_rows; zero-bubble: in the stash), a selectively recomputed one's routed
+  // activation (the first act_layers, "moe_act") not among them. The multi-token prediction
+  // modules' layers (L .. L + mtp - 1, with the head: block L + 1) recompute when every layer
+  // does.
   const auto ep_rows = [&](int64_t l) { return act.ep_rows > 0 && moe.layer(l); };
-  const int64_t mtp_full = full_layers == std::numeric_limits<int64_t>::max() ? 1 : 0;
+  constexpr int64_t every = std::numeric_limits<int64_t>::max();
+  const bool mtp_full = full_layers == every, mtp_act = act_layers == every;
+  const auto kept = [&](bool recomputes_act) {
+    return recomputes_act ? act.ep_rows_no_act : act.ep_rows;
+  };
   const auto saved = [&](int c) {
     const size_t i = static_cast<size_t>(c);
     return act.chunk_mb[i] - (act.chunk_ep_rows.empty() ? 0.0 : act.chunk_ep_rows[i]);
@@ -430,27 +443,28 @@ void replay_step(ZeroReplay& z, const std::vector<Action>* actions, int micro_ba
     const std::vector<int64_t>& ls = chunk_layers[static_cast<size_t>(c)];
     for (size_t k = 0; k < ls.size(); ++k) {
       z.on_before_forward(static_cast<int>(ls[k]) + 1);
-      if (ep_rows(ls[k]) && static_cast<int64_t>(k) >= full_layers) z.hold(act.ep_rows);
+      const int64_t i = static_cast<int64_t>(k);
+      if (ep_rows(ls[k]) && i >= full_layers) z.hold(kept(i < act_layers));
     }
     if (c + 1 == v && head) {
       z.on_before_forward(static_cast<int>(L) + 1);
       for (int64_t l = L; l < L + mtp && !mtp_full; ++l)
-        if (ep_rows(l)) z.hold(act.ep_rows);
+        if (ep_rows(l)) z.hold(kept(mtp_act));
     }
   };
   const auto backward = [&](int c) {
     // (The rows go in the layer's weight backward, before its after-hook starts a reduction.)
-    const auto rows = [&](int64_t l, bool full) {
+    const auto rows = [&](int64_t l, bool full, bool recomputes_act) {
       if (!ep_rows(l)) return;
       const double at = act.ep_transient + (full ? act.ep_full_rows : 0.0);
       z.hold(at);
-      z.hold(-at - (full ? act.ep_full_rows : act.ep_rows));
+      z.hold(-at - (full ? act.ep_full_rows : kept(recomputes_act)));
     };
     const auto pair = [&](int64_t block, int64_t k) {
       z.on_before_backward(static_cast<int>(block));
-      if (block >= 1 && block <= L) rows(block - 1, k < full_layers);
+      if (block >= 1 && block <= L) rows(block - 1, k < full_layers, k < act_layers);
       if (block == L + 1)
-        for (int64_t l = L + mtp - 1; l >= L; --l) rows(l, mtp_full);
+        for (int64_t l = L + mtp - 1; l >= L; --l) rows(l, mtp_full, mtp_act);
       z.on_after_backward(static_cast<int>(block));
     };
     if (c + 1 == v && head) pair(L + 1, 0);
@@ -568,6 +582,9 @@ struct Job {
   // empty without FP8.
   std::vector<double> layer_fp8_params;
   double head_fpt = 0, attn_fpt = 0;
+  // Latent attention's up projections' forward FLOPs per token of a layer (q_b, kv_b), which
+  // selective recompute's "mla_up_proj" replays.
+  double mla_up_fpt = 0;
   // Multi-token prediction (model.mtp_depth), on the head's rank: the modules' FLOPs per token
   // (eh_proj, the layers, their heads), what recompute replays of their layers, and their GEMMs
   // with FP8 inputs.
@@ -588,8 +605,13 @@ struct Job {
   bool core_replays() const {
     return rc == Recompute::selective && cfg.train.recompute_modules.core_attn();
   }
+  bool up_replays() const {
+    return rc == Recompute::selective && cfg.train.recompute_modules.mla_up_proj();
+  }
   double recompute_fpt(int64_t l) const {
-    return rc == Recompute::full ? layer_fpt(l) / 3 : core_replays() ? attn_fpt / 3 : 0.0;
+    return rc == Recompute::full
+               ? layer_fpt(l) / 3
+               : (core_replays() ? attn_fpt / 3 : 0.0) + (up_replays() ? mla_up_fpt : 0.0);
   }
 
  private:
@@ -643,6 +665,10 @@ void Job::derive() {
   // The attention core, forward and backward (ModelSpec::attention_width: C, or latent
   // attention's H (Dqk + Dv) / 2).
   j.attn_fpt = 6 * spec.attention_width() * j.T;
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    if (spec.params[i].layer == 0 && (spec.params[i].name.ends_with(".attn.q_b.weight") ||
+                                      spec.params[i].name.ends_with(".attn.kv_b.weight")))
+      j.mla_up_fpt += 2 * spec.matmul_weights(i);
   if (mc.mtp_depth > 0) {
     // Each module: eh_proj (2C x C), its layer, its head; its layer recomputed when
     // train.recompute covers every layer (Transformer).
@@ -656,13 +682,16 @@ void Job::derive() {
     const double layers = 6 * (w - D * eh) + D * j.attn_fpt;
     j.mtp_fpt = 6 * w + D * (j.attn_fpt + j.head_fpt);
     if (j.cfg.train.recompute_layers == 0)
-      j.mtp_recompute_fpt = j.rc == Recompute::full ? layers / 3
-                            : j.core_replays()      ? D * j.attn_fpt / 3
-                                                    : 0.0;
+      j.mtp_recompute_fpt = j.rc == Recompute::full
+                                ? layers / 3
+                                : D * ((j.core_replays() ? j.attn_fpt / 3 : 0.0) +
+                                       (j.up_replays() ? j.mla_up_fpt : 0.0));
     if (j.cfg.train.fp8 != Fp8Scaling::none)
       j.mtp_fp8_fpt =
           6 * (fp8 - D * eh) +
-          (j.rc == Recompute::full && j.cfg.train.recompute_layers == 0 ? 2 * (fp8 - D * eh) : 0.0);
+          (j.rc == Recompute::full && j.cfg.train.recompute_layers == 0 ? 2 * (fp8 - D * eh)
+                                                                        : 0.0) +
+          (j.up_replays() && j.cfg.train.recompute_layers == 0 ? D * j.mla_up_fpt : 0.0);
   }
   if (j.p > 1) j.schedule = make_schedule(j.par.pp_schedule, j.shape);
   j.stage_layers = j.par.pp_layers.empty()
@@ -706,8 +735,9 @@ struct RankLayers {
   double moe_replays = 0;
   double moe_full = 0;  // MoE layers recomputed fully (their ep rows dispatched again)
   // Per chunk: its MoE layers (the head's chunk with the multi-token prediction modules'), and
-  // of them the fully recomputed ones (their sums are moe_layers and moe_full).
-  std::vector<int64_t> chunk_moe, chunk_moe_full;
+  // of them the fully recomputed ones (their sums are moe_layers and moe_full) and those whose
+  // routed experts' activation selective recompute reruns ("moe_act").
+  std::vector<int64_t> chunk_moe, chunk_moe_full, chunk_moe_act;
   // Layers replayed per micro-batch under full recompute (replayed_layers): each runs its
   // forward's tp collectives again (two all-reduces, or two all-gathers and two reduce-scatters
   // under SP); under distributed saved inputs each gathers its input, as does each forward of a
@@ -788,6 +818,8 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   r.chunk_layers.resize(static_cast<size_t>(j.v));
   r.chunk_moe.assign(static_cast<size_t>(j.v), 0);
   r.chunk_moe_full.assign(static_cast<size_t>(j.v), 0);
+  r.chunk_moe_act.assign(static_cast<size_t>(j.v), 0);
+  const bool moe_act = j.rc == Recompute::selective && j.cfg.train.recompute_modules.moe_act();
   int64_t layers = 0, core_replays = 0;
   for (int c = 0; c < j.v; ++c) {
     const int st = stage_of(j.shape, pr, c);
@@ -812,12 +844,14 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.moe_full += is_moe && re && j.rc == Recompute::full;
       r.chunk_moe[static_cast<size_t>(c)] += is_moe;
       r.chunk_moe_full[static_cast<size_t>(c)] += is_moe && re && j.rc == Recompute::full;
+      r.chunk_moe_act[static_cast<size_t>(c)] += is_moe && re && moe_act;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
       core_replays += re && j.core_replays();
       if (!j.layer_fp8_params.empty()) {
         const double w = j.layer_fp8_params[static_cast<size_t>(l)];
-        r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0);
+        r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0) +
+                     (re && j.up_replays() ? j.mla_up_fpt : 0.0);
       }
     }
   }
@@ -832,6 +866,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.moe_full += full;
     r.chunk_moe.back() += is_moe;  // (the head's chunk is the rank's last)
     r.chunk_moe_full.back() += full;
+    r.chunk_moe_act.back() += is_moe && moe_act && j.cfg.train.recompute_layers == 0;
   }
   if (r.mtp > 0) {
     r.fpt += j.mtp_fpt;
@@ -1145,9 +1180,13 @@ DpCost dp_cost(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
                               : j.cfg.train.recompute_layers == 0
                                   ? std::numeric_limits<int64_t>::max()
                                   : j.cfg.train.recompute_layers;
+  const int64_t act_layers =
+      j.rc != Recompute::selective || !j.cfg.train.recompute_modules.moe_act() ? 0
+      : j.cfg.train.recompute_layers == 0 ? std::numeric_limits<int64_t>::max()
+                                          : j.cfg.train.recompute_layers;
   replay_step(zero, j.p > 1 ? &j.schedule.ranks[static_cast<size_t>(pr)] : nullptr, j.m,
               r.chunk_layers, r.e > 0, r.h > 0, par.zero_stage >= 1 && zero_units[0].whole > 0,
-              j.mc.n_layers, j.mc.moe, act, full_layers, static_cast<int64_t>(r.mtp));
+              j.mc.n_layers, j.mc.moe, act, full_layers, act_layers, static_cast<int64_t>(r.mtp));
   out.zero_peak = zero.peak();
   out.zero_and_activations_peak = zero.peak_with_held();
   out.secondary_gather = zero.secondary_gather_bytes();
@@ -1350,8 +1389,8 @@ StageCost stage_cost(const Job& j, int pr, ActivationCache* cache) {
   t = tp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::cp)] = cp_bytes(j, r);
   s.bytes[static_cast<int>(Axis::pp)] = pp_bytes(j, r);
-  const RankActivations act =
-      rank_activations(j.cfg, rs, j.mesh, r.chunk_moe, r.chunk_moe_full, j.count_ops, cache);
+  const RankActivations act = rank_activations(j.cfg, rs, j.mesh, r.chunk_moe, r.chunk_moe_full,
+                                               r.chunk_moe_act, j.count_ops, cache);
   const DpCost dc = dp_cost(j, pr, rs, r, act);
   AxisBytes& g = s.bytes[static_cast<int>(Axis::dp)];
   g = dc.dp;

@@ -103,6 +103,7 @@ struct RankActivations {
   // layer's forward to its weight backward, and per chunk those of its MoE layers that keep
   // them (not fully recomputed; included in chunk_mb).
   double ep_rows = 0;
+  double ep_rows_no_act = 0;  // those of a layer recomputing its routed activation ("moe_act")
   std::vector<double> chunk_ep_rows;
   // Under ep: what one MoE layer's backward adds for a moment (ep_backward_specs, and without a
   // zero-bubble schedule the rows' gradients), included in scratch; with fully recomputed MoE

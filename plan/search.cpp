@@ -262,11 +262,14 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
                                       : cheap    ? Recompute::selective
                                                  : static_cast<Recompute>(rc);
               c.cfg.train.recompute_modules = RecomputeModules{};
-              if (cheap)  // ("act" where the model has an MLP it reruns)
+              if (cheap)  // ("act" where the model has an MLP it reruns, "moe_act" routed experts)
                 c.cfg.train.recompute_modules.bits = static_cast<uint8_t>(
                     (1u << static_cast<int>(RecomputeModule::layernorm)) |
                     (c.cfg.model.has_unrouted_mlp() ? 1u << static_cast<int>(RecomputeModule::act)
-                                                    : 0u));
+                                                    : 0u) |
+                    (c.cfg.model.moe.num_experts > 0
+                         ? 1u << static_cast<int>(RecomputeModule::moe_act)
+                         : 0u));
               c.cfg.train.recompute_layers = 0;
               c.cfg.train.distribute_saved_activations = distribute;
               try {

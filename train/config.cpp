@@ -34,7 +34,8 @@ constexpr std::array<std::string_view, 3> kDecayNames{"cosine", "linear", "const
 constexpr std::array<std::string_view, 2> kOptimizerTypeNames{"adamw", "muon"};
 constexpr std::array<std::string_view, 3> kPrecisionNames{"fp32", "bf16", "fp16"};
 constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "selective", "full"};
-constexpr std::array<std::string_view, 3> kRecomputeModuleNames{"core_attn", "layernorm", "act"};
+constexpr std::array<std::string_view, 5> kRecomputeModuleNames{"core_attn", "layernorm", "act",
+                                                                "moe_act", "mla_up_proj"};
 constexpr std::array<std::string_view, 2> kOnNonfiniteNames{"stop", "skip"};
 constexpr std::array<std::string_view, 2> kGradDTypeNames{"fp32", "compute"};
 constexpr std::array<std::string_view, 3> kFp8Names{"none", "tensorwise", "blockwise"};
@@ -422,14 +423,33 @@ void check_rules(const Config& c, const Config& raw, Rules& r) {
   if (t.recompute == Recompute::selective) {
     r.require(t.recompute_modules.bits != 0, {"train.recompute_modules", "train.recompute"},
               "train.recompute_modules is empty, so train.recompute=\"selective\" would "
-              "recompute nothing: list some of \"core_attn\", \"layernorm\", \"act\", or set "
-              "train.recompute=\"none\"");
+              "recompute nothing: list some of \"core_attn\", \"layernorm\", \"act\", "
+              "\"moe_act\", \"mla_up_proj\", or set train.recompute=\"none\"");
     // "act" reruns the dense MLPs' and the shared experts' activation, not the routed experts'.
     if (t.recompute_modules.act())
       r.require(m.has_unrouted_mlp(), {"train.recompute_modules", "model.moe.num_experts"},
                 "train.recompute_modules lists \"act\", which reruns the activation of the dense "
                 "MLPs and the shared experts, but every MLP of this model is a mixture of routed "
-                "experts without shared experts (their activation is kept): remove \"act\"");
+                "experts without shared experts: remove \"act\" (\"moe_act\" reruns the routed "
+                "experts')");
+    // "moe_act" reruns the routed experts'.
+    if (t.recompute_modules.moe_act())
+      r.require(m.moe.num_experts > 0, {"train.recompute_modules", "model.moe.num_experts"},
+                "train.recompute_modules lists \"moe_act\", which reruns the routed experts' "
+                "activation, but this model has no mixture-of-experts layer "
+                "(model.moe.num_experts=0): remove \"moe_act\", or list \"act\" for the dense "
+                "MLPs'");
+    // "mla_up_proj" reruns latent attention's up projections from the saved query latent.
+    if (t.recompute_modules.mla_up_proj()) {
+      r.require(m.mla_attention(), {"train.recompute_modules", "model.attention"},
+                "train.recompute_modules lists \"mla_up_proj\", which reruns latent attention's "
+                "up projections, but model.attention=\"mha\": remove \"mla_up_proj\"");
+      if (m.mla_attention())
+        r.require(m.mla.q_lora_rank > 0, {"train.recompute_modules", "model.mla.q_lora_rank"},
+                  "train.recompute_modules lists \"mla_up_proj\", which reruns the queries' up "
+                  "projection from the saved query latent, but model.mla.q_lora_rank=0 projects "
+                  "the queries from the layer's input: remove \"mla_up_proj\"");
+    }
   } else {
     r.require(t.recompute_modules == RecomputeModules{},
               {"train.recompute_modules", "train.recompute"},

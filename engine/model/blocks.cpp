@@ -166,23 +166,23 @@ namespace {
 
 // The core's output and LSE of an attention block's saved set s = [qkv, att, lse, ...]: s[1],
 // s[2], or under selective recompute ([qkv, ...]) recomputed from qkv into the model's scratch
-// unless it holds them already (scratch.core_of), by run(out, lse) (default: the core's
-// forward on qkv).
+// unless it holds them already for the saved set `key` (scratch.core_of), by run(out, lse)
+// (default: the core's forward on qkv).
 template <typename Run>
 std::pair<Tensor, Tensor> attention_core(const BlockEnv& env, bool recompute,
-                                         std::span<const Tensor> s, Run&& run) {
+                                         std::span<const Tensor> s, const void* key, Run&& run) {
   if (!recompute) return {s[1], s[2]};
   BlockScratch& sc = env.scratch;
-  if (sc.core_of != s[0].data) {
+  if (sc.core_of != key) {
     run(sc.core_att, sc.core_lse);
     env.round(sc.core_att);
-    sc.core_of = s[0].data;
+    sc.core_of = key;
   }
   return {sc.core_att, sc.core_lse};
 }
 std::pair<Tensor, Tensor> attention_core(const BlockEnv& env, bool recompute,
                                          std::span<const Tensor> s) {
-  return attention_core(env, recompute, s,
+  return attention_core(env, recompute, s, s[0].data,
                         [&](Tensor out, Tensor lse) { env.attention.forward(out, lse, s[0]); });
 }
 
@@ -280,9 +280,10 @@ void Attention::backward_weight(std::span<const Tensor> s, const Stash& st, Tens
 // ---- LatentAttention ----------------------------------------------------------------------------
 
 LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
-                                 bool recompute_core)
+                                 bool recompute_core, bool recompute_up)
     : env_(env),
       recompute_core_(recompute_core),
+      recompute_up_(recompute_up),
       H_(env.spec.cfg.n_heads / env.tp.tp.size()),
       Dn_(env.spec.cfg.mla.qk_nope_head_dim),
       Dr_(env.spec.cfg.mla.qk_rope_head_dim),
@@ -309,12 +310,15 @@ LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
   LLMT_CHECK(!payload_ || env.attention.payload_width() == Ckv_ + Dr_,
              "latent attention: the cp ring's payload of ", env.attention.payload_width(),
              " values a position is not kv_lora_rank + qk_rope_head_dim = ", Ckv_ + Dr_);
+  LLMT_CHECK(!recompute_up_ || (Cq_ > 0 && env.scratch.mla.qkv.defined()), prefix,
+             ": recomputing the up projections needs a query latent and the model's scratch");
 }
 
 std::vector<TensorSpec> LatentAttention::saved() const {
   const int64_t R = env_.tp.R, N = env_.tp.N;
   const DType t = env_.tp.compute;
   std::vector<TensorSpec> out = core_saved(env_, H_, H_, D_, recompute_core_);
+  if (recompute_up_) out[0].shape = {0, 3 * H_, D_};
   if (Cq_ > 0) {
     out.push_back({"q_a", {R, Cq_}, false, t});
     out.push_back({"q_rstd", {R}});
@@ -323,6 +327,7 @@ std::vector<TensorSpec> LatentAttention::saved() const {
   out.push_back({"c", {R, Ckv_}, false, t});
   out.push_back({"kv_rstd", {R}});
   out.push_back({"kv_latent", {N, Ckv_}, false, t});
+  if (recompute_up_) out.push_back({"k_pe", {N, Dr_}, false, t});
   return out;
 }
 
@@ -345,15 +350,53 @@ Tensor LatentAttention::values_of(Tensor att, Tensor into) const {
   return o;
 }
 
+Tensor LatentAttention::qkv_of(std::span<const Tensor> s) const {
+  if (!recompute_up_) return s[0];
+  BlockScratch::Mla& m = env_.scratch.mla;
+  const Tensor kv_latent = s[kv_latent_at()];
+  if (m.qkv_of != kv_latent.data) {
+    build_qkv(m.qkv, head_of(env_.scratch.d_att, {env_.tp.N, H_ * D_}), s[lat_ + 2], kv_latent,
+              s[kv_latent_at() + 1]);
+    m.qkv_of = kv_latent.data;
+  }
+  return m.qkv;
+}
+
+void LatentAttention::build_qkv(Tensor qkv, Tensor q, Tensor q_latent, Tensor kv_latent,
+                                Tensor k_pe) const {
+  const auto& cfg = env_.spec.cfg;
+  const BlockScratch::Mla& m = env_.scratch.mla;
+  const int64_t N = env_.tp.N;
+  if (q_latent.defined()) q_up_.forward(q, q_latent, env_.w(q_up_w_), Tensor());
+  kv_up_.forward(m.kv, kv_latent, env_.w(kv_up_w_), Tensor());
+  // The core's heads (N,3H,D) in fp32: q; [k_nope | k_pe] (k_pe in every head); [v | 0]; RoPE on
+  // the last Dr dims of the queries and keys, rounded once, as Attention's projection is.
+  const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
+  const Tensor w2 = work.view({N, 3 * H_ * D_});
+  if (Dv_ < D_) ops::fill_zero(work);
+  ops::copy_blocks(w2, q, {1, H_ * D_, 0, 0, 0, 0});
+  ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
+  ops::copy_blocks(w2, k_pe, {H_, Dr_, H_ * D_ + Dn_, D_, 0, 0});
+  ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
+  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_},
+                    cfg.rope_scaling);
+  if (work.data == qkv.data)
+    env_.round(qkv);
+  else
+    ops::convert(qkv, work);
+}
+
 std::pair<Tensor, Tensor> LatentAttention::core(std::span<const Tensor> s) const {
-  return attention_core(env_, recompute_core_, s,
+  // (Keyed by the kv latent: under recompute_up every layer's qkv is the same scratch.)
+  return attention_core(env_, recompute_core_, s, s[kv_latent_at()].data,
                         [&](Tensor out, Tensor lse) { run_core(out, lse, s); });
 }
 
 void LatentAttention::run_core(Tensor out, Tensor lse, std::span<const Tensor> s) const {
-  if (!payload_) return env_.attention.forward(out, lse, s[0]);
+  const Tensor qkv = qkv_of(s);
+  if (!payload_) return env_.attention.forward(out, lse, qkv);
   fill_payload(s);
-  env_.attention.forward(out, lse, s[0], *this);
+  env_.attention.forward(out, lse, qkv, *this);
 }
 
 Tensor LatentAttention::payload_latent(Tensor p) const {
@@ -369,7 +412,7 @@ Tensor LatentAttention::payload_kpe(Tensor p) const {
 void LatentAttention::fill_payload(std::span<const Tensor> s) const {
   const Tensor p = env_.attention.payload();
   ops::copy(payload_latent(p), s[kv_latent_at()]);
-  ops::copy_blocks(payload_kpe(p), s[0].view({env_.tp.N, 3 * H_ * D_}),
+  ops::copy_blocks(payload_kpe(p), qkv_of(s).view({env_.tp.N, 3 * H_ * D_}),
                    {1, Dr_, 0, 0, H_ * D_ + Dn_, 0});
 }
 
@@ -406,7 +449,7 @@ void LatentAttention::contract(Tensor d_p, Tensor dkv, Tensor p) const {
 
 Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
   const auto& cfg = env_.spec.cfg;
-  const BlockScratch::Mla& m = env_.scratch.mla;
+  BlockScratch::Mla& m = env_.scratch.mla;
   const int64_t N = env_.tp.N, R = env_.tp.R;
   const bool sp = env_.tp.sp();
   const DType ops_t = env_.tp.compute;
@@ -423,44 +466,33 @@ Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
   Tensor xr = x.view({R, cfg.d_model});
   // Queries (N,H*D), f32, in the backward's d_att scratch (free during a forward).
   Tensor q = head_of(env_.scratch.d_att, {N, H_ * D_});
+  Tensor q_latent;
   size_t i = lat_;
   if (Cq_ > 0) {
-    Tensor qa = s[i], q_rstd = s[i + 1], q_latent = s[i + 2];
+    Tensor qa = s[i], q_rstd = s[i + 1];
+    q_latent = s[i + 2];
     i += 3;
     ops::linear_forward(qa, xr, env_.w(q_a_), Tensor(), ops_t);
     env_.round(qa);
     latent(q_latent, q_rstd, qa, q_norm_);
-    q_up_.forward(q, q_latent, env_.w(q_up_w_), Tensor());
   } else {
     q_up_.forward(q, q_up_.input(x), env_.w(q_up_w_), Tensor());
   }
-  // Keys and values: kv_a's output split into c (saved) and k_pe (gathered, m.k_pe).
+  // Keys and values: kv_a's output split into c (saved) and k_pe (gathered: m.k_pe, or saved
+  // under recompute_up).
   Tensor c = s[i], kv_rstd = s[i + 1], kv_latent = s[i + 2];
   ops::linear_forward(m.kva, xr, env_.w(kv_a_), Tensor(), ops_t);
   ops::copy_blocks(c, m.kva, {1, Ckv_, 0, 0, 0, 0});
   env_.round(c);
-  Tensor kpe_rows = sp ? head_of(m.rows, {R, Dr_}) : m.k_pe;
+  const Tensor k_pe = recompute_up_ ? s[i + 3] : m.k_pe;
+  Tensor kpe_rows = sp ? head_of(m.rows, {R, Dr_}) : k_pe;
   ops::copy_blocks(kpe_rows, m.kva, {1, Dr_, 0, 0, Ckv_, 0});
   env_.round(kpe_rows);
-  if (sp) tp::gather_from_sequence_forward(*tp, m.k_pe, kpe_rows);
+  if (sp) tp::gather_from_sequence_forward(*tp, k_pe, kpe_rows);
   latent(kv_latent, kv_rstd, c, kv_norm_);
-  kv_up_.forward(m.kv, kv_latent, env_.w(kv_up_w_), Tensor());
-  // The core's heads (N,3H,D) in fp32: q; [k_nope | k_pe] (k_pe in every head); [v | 0]; RoPE on
-  // the last Dr dims of the queries and keys, rounded once, as Attention's projection is.
-  Tensor qkv = s[0];
-  const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
-  const Tensor w2 = work.view({N, 3 * H_ * D_});
-  if (Dv_ < D_) ops::fill_zero(work);
-  ops::copy_blocks(w2, q, {1, H_ * D_, 0, 0, 0, 0});
-  ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
-  ops::copy_blocks(w2, m.k_pe, {H_, Dr_, H_ * D_ + Dn_, D_, 0, 0});
-  ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
-  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_},
-                    cfg.rope_scaling);
-  if (work.data == qkv.data)
-    env_.round(qkv);
-  else
-    ops::convert(qkv, work);
+  const Tensor qkv = recompute_up_ ? m.qkv : s[0];
+  build_qkv(qkv, q, q_latent, kv_latent, k_pe);
+  if (recompute_up_) m.qkv_of = kv_latent.data;
   if (recompute_core_) env_.scratch.core_of = nullptr;  // recomputed below from this qkv
   const auto [att, lse] = core(s);
   if (!recompute_core_) {
@@ -479,6 +511,8 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
   const int64_t N = env_.tp.N, R = env_.tp.R;
   const bool sp = env_.tp.sp();
   const DType ops_t = env_.tp.compute;
+  // (Rebuilt first, under recompute_up: it uses d_att and d_qkv.)
+  const Tensor qkv = qkv_of(s);
   const auto [att, lse] = core(s);
   // The output's gradient (N,H*Dv), zero-padded to the core's heads in d_att.
   const Tensor d_o = Dv_ == D_ ? sc.d_att.view({N, H_ * Dv_}) : head_of(m.kv, {N, H_ * Dv_});
@@ -493,9 +527,9 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
   Tensor d_payload;
   if (payload_) {
     fill_payload(s);
-    d_payload = env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse, *this);
+    d_payload = env_.attention.backward(sc.d_qkv, sc.d_att, qkv, att, lse, *this);
   } else {
-    env_.attention.backward(sc.d_qkv, sc.d_att, s[0], att, lse);
+    env_.attention.backward(sc.d_qkv, sc.d_att, qkv, att, lse);
   }
   ops::rope_backward(sc.d_qkv, payload_ ? H_ : 2 * H_, 0, cfg.rope_theta, env_.positions(),
                      {Dn_, Dr_}, cfg.rope_scaling);
@@ -671,12 +705,13 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T) {
 }
 
 MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed,
-               bool recompute_act)
+               bool recompute_act, bool recompute_moe_act)
     : env_(env),
       cfg_(env.spec.cfg.moe),
       rows_(moe_rows(env.tp, env.T)),
       layer_(layer),
       recomputed_(recomputed),
+      recompute_act_(recompute_moe_act),
       E_(cfg_.num_experts),
       k_(cfg_.top_k),
       Fe_(cfg_.d_ff_expert),
@@ -689,18 +724,25 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bo
       fc2_w_(env.param(prefix + ".experts.fc2.weight")) {
   LLMT_CHECK(env.tp.tp.size() == 1 || env.tp.sp(),
              "a mixture-of-experts layer under tp needs sequence parallelism");
+  LLMT_CHECK(!recompute_moe_act || ep() || env.scratch.moe_act_out.defined(), "layer ", layer,
+             ": recomputing the routed experts' activation needs the model's scratch for it");
   if (cfg_.shared_experts > 0) {
     shared_.emplace(env, prefix + ".shared", env.spec.shared_ffn, recompute_act);
     st_shared_ = shared_->stash().size();
   }
 }
 
-std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute) {
-  const int64_t C = spec.cfg.d_model, Fe = spec.cfg.moe.d_ff_expert, Fe1 = spec.expert_fc1_out;
-  return {{"xr", {R, C}, false, compute},
-          {"hr", {R, Fe1}, false, compute},
-          {"gr", {R, Fe}, false, compute},
-          {"er", {R, C}, false, compute}};
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute,
+                                      bool keep_act) {
+  const int64_t C = spec.cfg.d_model, Fe1 = spec.expert_fc1_out;
+  std::vector<TensorSpec> out{{"xr", {R, C}, false, compute}, {"hr", {R, Fe1}, false, compute}};
+  if (keep_act) out.push_back(ep_act_specs(spec, R, compute)[0]);
+  out.push_back({"er", {R, C}, false, compute});
+  return out;
+}
+
+std::vector<TensorSpec> ep_act_specs(const ModelSpec& spec, int64_t R, DType compute) {
+  return {{"gr", {R, spec.cfg.moe.d_ff_expert}, false, compute}};
 }
 
 std::vector<TensorSpec> ep_fp8_specs(const ModelSpec& spec, int64_t R, const Fp8Recipe& fp8) {
@@ -724,6 +766,7 @@ std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R) {
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
+  const int64_t Mg = recompute_act_ ? 0 : Mh;
   // The routed rows, the experts' fc1 outputs, activations and outputs in the compute type (each
   // written by one op, which rounds it once); the router's tensors f32.
   const DType t = env_.tp.compute;
@@ -731,7 +774,7 @@ std::vector<TensorSpec> MoeMlp::saved() const {
                               {"weights", {N, k_}},        {"counts", {rows_.segments, E_}},
                               {"offsets", {E_ + 1}},       {"assign", {M}},
                               {"slot", {N, k_}},           {"xp", {M, C}, false, t},
-                              {"h", {Mh, Fe1_}, false, t}, {"g", {Mh, Fe_}, false, t},
+                              {"h", {Mh, Fe1_}, false, t}, {"g", {Mg, Fe_}, false, t},
                               {"eo", {M, C}, false, t}};
   if (shared_)
     for (const TensorSpec& t : shared_->saved()) out.push_back(t);
@@ -797,24 +840,38 @@ MoeMlp::EpRows MoeMlp::ep_dispatch(std::span<const Tensor> s, const std::vector<
         env_.moe_stats.ep_rows +=
             (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
-  const std::vector<Tensor> t = allocate_specs(
-      env_.alloc, ep_rows_specs(env_.spec, R, env_.tp.compute), MemCategory::activations, r.buf);
+  const std::vector<Tensor> t =
+      allocate_specs(env_.alloc, ep_rows_specs(env_.spec, R, env_.tp.compute, !recompute_act_),
+                     MemCategory::activations, r.buf);
   r.xr = t[0];
   r.hr = t[1];
-  r.gr = t[2];
-  r.er = t[3];
-  // The rows to the experts' ranks and the experts' first GEMM and activation.
+  if (!recompute_act_) r.gr = t[2];
+  r.er = t.back();
+  // The rows to the experts' ranks and the experts' first GEMM (and activation).
   ep.all_to_allv(r.xr, r.recv, s[7], r.send).wait();
   Buffer fp8_buf;
   const Fp8Scratch q = fp8_scratch(R, fp8_buf);
   experts_forward(r.hr, r.xr, fc1_w_, r.groups, r.weight_of, q);
   env_.round(r.hr);
-  if (gelu_)
-    ops::gelu_forward(r.gr, r.hr);
-  else
-    ops::swiglu_forward(r.gr, r.hr);
-  env_.round(r.gr);
+  if (!recompute_act_) activate(r.gr, r.hr);
   return r;
+}
+
+void MoeMlp::activate(Tensor g, Tensor h) const {
+  if (gelu_)
+    ops::gelu_forward(g, h);
+  else
+    ops::swiglu_forward(g, h);
+  env_.round(g);
+}
+
+Tensor MoeMlp::ep_activation(const EpRows& r, Buffer& buf) const {
+  if (r.gr.defined()) return r.gr;
+  const Tensor g =
+      allocate_specs(env_.alloc, ep_act_specs(env_.spec, r.hr.size(0), env_.tp.compute),
+                     MemCategory::activations, buf)[0];
+  activate(g, r.hr);
+  return g;
 }
 
 void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& off) {
@@ -832,9 +889,10 @@ void MoeMlp::ep_forward(std::span<const Tensor> s, const std::vector<int64_t>& o
   }
   EpRows r = ep_dispatch(s, off, /*count=*/!replaying);
   {
-    Buffer fp8_buf;
+    Buffer act_buf, fp8_buf;
+    const Tensor gr = ep_activation(r, act_buf);
     const Fp8Scratch q = fp8_scratch(r.xr.size(0), fp8_buf);
-    experts_forward(r.er, r.gr, fc2_w_, r.groups, r.weight_of, q);
+    experts_forward(r.er, gr, fc2_w_, r.groups, r.weight_of, q);
   }
   env_.round(r.er);
   ep.all_to_allv(eo, r.send, r.er, r.recv).wait();
@@ -958,12 +1016,10 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
     const Fp8Scratch q = fp8_scratch(M, none);
     experts_forward(h, xp, fc1_w_, off, {}, q);
     env_.round(h.rows(0, M));
-    if (gelu_)
-      ops::gelu_forward(g.rows(0, M), h.rows(0, M));
-    else
-      ops::swiglu_forward(g.rows(0, M), h.rows(0, M));
-    env_.round(g.rows(0, M));
-    experts_forward(eo, g, fc2_w_, off, {}, q);
+    const Tensor ga = recompute_act_ ? head_of(sc.moe_act_out, {h.size(0), Fe_}) : g;
+    activate(ga.rows(0, M), h.rows(0, M));
+    if (recompute_act_) env_.scratch.moe_act_of = h.data;
+    experts_forward(eo, ga, fc2_w_, off, {}, q);
     env_.round(eo.rows(0, M));
   }
   const Tensor y = sc.moe_y;
@@ -1088,16 +1144,28 @@ void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor 
     auto it = ep_rows_.find(env_.scratch.layer_input);
     LLMT_CHECK(it != ep_rows_.end(), "MoE backward_weight before its forward");
     const EpRows& r = it->second;
-    Buffer fp8_buf;
+    Buffer act_buf, fp8_buf;
+    const Tensor gr = ep_activation(r, act_buf);
     const Fp8Scratch q = fp8_scratch(r.xr.size(0), fp8_buf);
-    experts_backward_weight(fc2_w_, r.d_er, r.gr, r.groups, r.weight_of, q);
+    experts_backward_weight(fc2_w_, r.d_er, gr, r.groups, r.weight_of, q);
     experts_backward_weight(fc1_w_, r.dh_r, r.xr, r.groups, r.weight_of, q);
     ep_rows_.erase(it);
   } else {
     const std::vector<int64_t> off = offsets(s);
+    const int64_t M = off.back();
+    Tensor g = s[9];
+    if (recompute_act_) {
+      BlockScratch& sc = env_.scratch;
+      const Tensor h = s[8];
+      g = head_of(sc.moe_act_out, {h.size(0), Fe_});
+      if (sc.moe_act_of != h.data) {
+        activate(g.rows(0, M), h.rows(0, M));
+        sc.moe_act_of = h.data;
+      }
+    }
     Buffer none;
-    const Fp8Scratch q = fp8_scratch(off.back(), none);
-    experts_backward_weight(fc2_w_, st[1], s[9], off, {}, q);
+    const Fp8Scratch q = fp8_scratch(M, none);
+    experts_backward_weight(fc2_w_, st[1], g, off, {}, q);
     experts_backward_weight(fc1_w_, st[2], s[7], off, {}, q);
   }
   ops::linear_backward(Tensor(), env_.g(router_w_), Tensor(), st[0], x.view({N, C}), Tensor());
@@ -1154,17 +1222,18 @@ void MoeMlp::experts_backward_weight(int64_t w, Tensor dout, Tensor in,
 
 namespace {
 
-std::unique_ptr<Branch> make_attention(const BlockEnv& env, int64_t layer, bool recompute_core) {
+std::unique_ptr<Branch> make_attention(const BlockEnv& env, int64_t layer, LayerRecompute rc) {
   const std::string prefix = "layers." + std::to_string(layer) + ".attn";
   if (env.spec.cfg.mla_attention())
-    return std::make_unique<LatentAttention>(env, prefix, recompute_core);
-  return std::make_unique<Attention>(env, prefix, recompute_core);
+    return std::make_unique<LatentAttention>(env, prefix, rc.core(), rc.mla_up());
+  return std::make_unique<Attention>(env, prefix, rc.core());
 }
 
 std::unique_ptr<Branch> make_mlp(const BlockEnv& env, int64_t layer, LayerRecompute rc) {
   const std::string prefix = "layers." + std::to_string(layer) + ".mlp";
   if (env.spec.cfg.moe.layer(layer))
-    return std::make_unique<MoeMlp>(env, prefix, layer, rc.mode == Recompute::full, rc.act());
+    return std::make_unique<MoeMlp>(env, prefix, layer, rc.mode == Recompute::full, rc.act(),
+                                    rc.moe_act());
   return std::make_unique<Mlp>(env, prefix, 0, rc.act());
 }
 
@@ -1179,7 +1248,7 @@ Layer::Layer(const BlockEnv& env, int64_t layer, LayerRecompute recompute, std::
       replay_(replay),
       norm_1_(env, "layers." + std::to_string(layer) + ".norm_1"),
       norm_2_(env, "layers." + std::to_string(layer) + ".norm_2"),
-      attn_block_(make_attention(env, layer, recompute.core())),
+      attn_block_(make_attention(env, layer, recompute)),
       mlp_block_(make_mlp(env, layer, recompute)) {
   // [res_in, a, res_mid, m], or without the norms' outputs [res_in, res_mid].
   mid_ = recompute_.norms() ? 1 : 2;

@@ -109,9 +109,10 @@ struct BlockScratch {
   Tensor d_u, d_g;            // (B,T,F1), (B,T,F)
   Tensor core_att, core_lse;  // (B,T,H,D), (B,H,T) selective recompute's attention core
   Tensor replay_out;          // (R,C) full recompute: the replayed layer's output, discarded
-  // Selective recompute of the norms and the activation (RecomputeModules): one norm's output
-  // (R,C) and one MLP's activation output (B,T,F), in the compute type.
-  Tensor norm_out, act_out;
+  // Selective recompute of the norms and the activations (RecomputeModules): one norm's output
+  // (R,C), one MLP's activation output (B,T,F) and, without ep, one MoE layer's routed experts'
+  // (M,Fe), in the compute type.
+  Tensor norm_out, act_out, moe_act_out;
   Tensor stash;  // the non-view stash entries of a back-to-back backward
   // Distributed saved inputs (Layer::distributed): the residual stream in full, (R,C) in the
   // compute type; the forward passes it between two, a replay gathers its input into [0].
@@ -129,6 +130,10 @@ struct BlockScratch {
   // gradient dx (R,C).
   struct Mla {
     Tensor kv, k_pe, rows, kva, d_kva, d_lat, d_kpe, d_rows, d_qa, dx;
+    // Selective recompute of the up projections ("mla_up_proj"): one layer's core input qkv
+    // (B,T,3H,D), compute type, and the saved set it was rebuilt for (its kv latent's data).
+    Tensor qkv;
+    const void* qkv_of = nullptr;
   } mla;
   // Multi-token prediction (MtpModule; f32): a norm's output or its gradient x (R,C), the
   // gradient of eh_proj's input d_cat (R,2C), and `carry` (R,C), the gradient of a module's
@@ -138,10 +143,11 @@ struct BlockScratch {
   } mtp;
   // Which saved set the recompute scratch holds now (its first tensor's data), so a zero-bubble
   // backward_weight replays only when another micro-batch or layer has used it since.
-  const void* core_of = nullptr;    // core_att/core_lse: computed from this qkv
-  const void* replay_of = nullptr;  // the replay set: replayed from this res_in
-  const void* norm_of = nullptr;    // norm_out: the norm of this res_in or res_mid
-  const void* act_of = nullptr;     // act_out: the activation of this fc1 output u
+  const void* core_of = nullptr;     // core_att/core_lse: computed from this qkv
+  const void* replay_of = nullptr;   // the replay set: replayed from this res_in
+  const void* norm_of = nullptr;     // norm_out: the norm of this res_in or res_mid
+  const void* act_of = nullptr;      // act_out: the activation of this fc1 output u
+  const void* moe_act_of = nullptr;  // moe_act_out: the activation of these experts' fc1 rows h
   // The saved input (res_in) of the layer whose blocks run now: one per (layer, micro-batch),
   // what a block keys per-micro-batch state of its own by (MoeMlp under expert parallelism).
   const void* layer_input = nullptr;
@@ -281,9 +287,14 @@ class Attention final : public Branch {
 // block).
 class LatentAttention final : public Branch, private KvExpansion {
  public:
-  LatentAttention(const BlockEnv& env, const std::string& prefix, bool recompute_core);
-  // qkv (B,T,3H,D) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq), q_rstd (R), q_latent (N,Cq),]
-  // c (R,Ckv), kv_rstd (R), kv_latent (N,Ckv); activations in the compute type.
+  // recompute_up (selective recompute's "mla_up_proj"; needs q_lora_rank > 0): qkv is not saved
+  // but the gathered RoPE key k_pe before its rotation is; the core's input is rebuilt from the
+  // latents into scratch.mla.qkv where backward needs it.
+  LatentAttention(const BlockEnv& env, const std::string& prefix, bool recompute_core,
+                  bool recompute_up = false);
+  // qkv (B,T,3H,D) (0 positions under recompute_up) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq),
+  // q_rstd (R), q_latent (N,Cq),] c (R,Ckv), kv_rstd (R), kv_latent (N,Ckv)[, k_pe (N,Dr) under
+  // recompute_up]; activations in the compute type.
   std::vector<TensorSpec> saved() const override;
   // d proj out (N,C), d q (N,H*D), d kv (N,H*(Dn+Dv)), d kv_a (R,Ckv+Dr) [, d q_a (R,Cq)] (views),
   // the latent norms' weight gradients (Cq + Ckv).
@@ -296,6 +307,13 @@ class LatentAttention final : public Branch, private KvExpansion {
   // The core output's first Dv dims of each head (N,H*Dv): att itself when Dv = D, else copied
   // into `into`.
   Tensor values_of(Tensor att, Tensor into) const;
+  // The core's input of saved set s: s[0], or (recompute_up) scratch.mla.qkv rebuilt from its
+  // latents unless it holds them still.
+  Tensor qkv_of(std::span<const Tensor> s) const;
+  // qkv (B,T,3H,D) := the heads of the queries' latent q_latent (N,Cq), or of the queries q
+  // (N,H*D) f32 already projected (q_latent undefined), and of the kv latent (N,Ckv) and the
+  // gathered RoPE key k_pe (N,Dr), RoPE applied and rounded once.
+  void build_qkv(Tensor qkv, Tensor q, Tensor q_latent, Tensor kv_latent, Tensor k_pe) const;
   // The core's output and lse of saved set s (attention_core), run through the payload ring when
   // the core moves one.
   std::pair<Tensor, Tensor> core(std::span<const Tensor> s) const;
@@ -310,7 +328,7 @@ class LatentAttention final : public Branch, private KvExpansion {
   size_t kv_latent_at() const { return lat_ + (Cq_ > 0 ? 5 : 2); }  // kv_latent in the saved set
   size_t st_norms() const { return Cq_ > 0 ? 5 : 4; }               // the norms' entry of the stash
   const BlockEnv& env_;
-  bool recompute_core_;
+  bool recompute_core_, recompute_up_;
   int64_t H_, Dn_, Dr_, Dv_, D_, Cq_, Ckv_;
   bool payload_;  // the core is a cp ring that moves the payload
   size_t lat_;    // the first latent tensor in the saved set
@@ -368,7 +386,11 @@ MoeRows moe_rows(const TpLayers& tp, int64_t T);
 // back-to-back backwards, input half to weight half under zero-bubble schedules); and what the
 // input backward adds for a moment (fc2's and fc1's input gradients dgr (R,Fe), dxr (R,C), f32).
 // R depends on the routing (R k at balance).
-std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute);
+// keep_act false: without gr (selective recompute's "moe_act"), which then lives in ep_act_specs'
+// buffer only while fc2's forward or weight gradient reads it.
+std::vector<TensorSpec> ep_rows_specs(const ModelSpec& spec, int64_t R, DType compute,
+                                      bool keep_act = true);
+std::vector<TensorSpec> ep_act_specs(const ModelSpec& spec, int64_t R, DType compute);
 // Under ep with train.fp8 on: the quantised copies of R received rows' GEMM inputs (two of R x
 // the widest of C, Fe1 and Fe) and their tiles' maxima, allocated for one pass's expert GEMMs
 // (forward, backward_input, backward_weight each); none without FP8.
@@ -396,11 +418,15 @@ class MoeMlp final : public Branch {
  public:
   // recomputed: the layer recomputes fully (train.recompute = "full"): under ep its forward keeps
   // no received rows, its backward dispatches them again. recompute_act: the shared experts'
-  // activation is recomputed (Mlp's; the routed experts keep theirs).
+  // activation is recomputed (Mlp's). recompute_moe_act: the routed experts' activation g is not
+  // kept (selective recompute's "moe_act"): the forward writes it into scratch.moe_act_out (under
+  // ep a buffer of its own, ep_act_specs) for fc2, and fc2's weight gradient recomputes it from
+  // h there.
   MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bool recomputed = false,
-         bool recompute_act = false);
+         bool recompute_act = false, bool recompute_moe_act = false);
   // logits (N,E), idx (N,k) i32, weights (N,k), counts (S,E) i32, offsets (E+1) i32, assign (M)
-  // i32, slot (N,k) i32, xp (M,C), h (M,Fe1), g (M,Fe), eo (M,C) [, the shared Mlp's]
+  // i32, slot (N,k) i32, xp (M,C), h (M,Fe1), g (M,Fe) (0 rows under ep or recompute_moe_act),
+  // eo (M,C) [, the shared Mlp's]
   std::vector<TensorSpec> saved() const override;
   // d logits (N,E), d eo (M,C), d h (M,Fe1) [, the shared Mlp's]
   std::vector<TensorSpec> stash() const override;
@@ -429,7 +455,13 @@ class MoeMlp final : public Branch {
     std::vector<int64_t> send, recv;         // elements per peer: to it, from it (rows x C)
     std::vector<int64_t> groups, weight_of;  // grouped GEMM row runs (peer, local expert)
     Tensor xr, hr, gr, er, d_er, dh_r;       // (R,C), (R,Fe1), (R,Fe), (R,C), (R,C), (R,Fe1)
+    // (gr undefined under recompute_moe_act: the activation lives in a buffer of its own while
+    // fc2's forward or weight gradient reads it, ep_act_specs.)
   };
+  // g (rows,Fe) := the experts' activation of their fc1 output h (rows,Fe1), rounded.
+  void activate(Tensor g, Tensor h) const;
+  // Under ep with recompute_moe_act: r.hr's activation, in `buf` allocated for it.
+  Tensor ep_activation(const EpRows& r, Buffer& buf) const;
   bool ep() const { return env_.ep != nullptr && env_.ep->size() > 1; }
   // The experts' grouped GEMMs (ops::grouped_linear_*) over the row runs `groups` (weight_of:
   // each run's local expert; empty: one run per expert) of weight stack `w` (a param index), with
@@ -463,7 +495,7 @@ class MoeMlp final : public Branch {
   const MoeConfig& cfg_;
   const MoeRows rows_;
   int64_t layer_;
-  bool recomputed_;
+  bool recomputed_, recompute_act_;  // recompute_act_: the routed experts' (recompute_moe_act)
   int64_t E_, k_, Fe_, Fe1_, capacity_;
   size_t st_shared_ = 0;  // the shared Mlp's stash entries
   bool gelu_;

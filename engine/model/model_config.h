@@ -24,15 +24,20 @@ enum class Recompute : uint8_t { none, selective, full };
 // --recompute-modules): core_attn the attention core (output and log-sum-exp); layernorm the
 // layer's two norms (their outputs, the inputs of qkv and fc1, not saved; the norms' statistics
 // are); act the MLP's activation (GELU or SwiGLU; its output, fc2's input, not saved), of the
-// dense MLPs and the shared experts. Each reruns the same op on the same saved inputs, so no mode
-// changes a bit of the result.
-enum class RecomputeModule : uint8_t { core_attn, layernorm, act };
+// dense MLPs and the shared experts; moe_act the routed experts' activation (its output, the
+// experts' fc2 input, not saved; under ep not kept with the received rows); mla_up_proj latent
+// attention's up projections (the queries, keys and values of every head, the core's input, not
+// saved: rerun from the saved latents and the RoPE key). Each reruns the same ops on the same
+// saved inputs, so no mode changes a bit of the result.
+enum class RecomputeModule : uint8_t { core_attn, layernorm, act, moe_act, mla_up_proj };
 struct RecomputeModules {
   uint8_t bits = 1u << static_cast<int>(RecomputeModule::core_attn);
   bool has(RecomputeModule m) const { return (bits >> static_cast<int>(m)) & 1u; }
   bool core_attn() const { return has(RecomputeModule::core_attn); }
   bool layernorm() const { return has(RecomputeModule::layernorm); }
   bool act() const { return has(RecomputeModule::act); }
+  bool moe_act() const { return has(RecomputeModule::moe_act); }
+  bool mla_up_proj() const { return has(RecomputeModule::mla_up_proj); }
   bool operator==(const RecomputeModules&) const = default;
 };
 // One layer's recompute: its mode and, under selective, the modules it reruns (none otherwise).
@@ -42,6 +47,8 @@ struct LayerRecompute {
   bool core() const { return mode == Recompute::selective && modules.core_attn(); }
   bool norms() const { return mode == Recompute::selective && modules.layernorm(); }
   bool act() const { return mode == Recompute::selective && modules.act(); }
+  bool moe_act() const { return mode == Recompute::selective && modules.moe_act(); }
+  bool mla_up() const { return mode == Recompute::selective && modules.mla_up_proj(); }
 };
 // [model.moe] router: softmax over the experts' logits, or an independent sigmoid per expert.
 enum class MoeRouter : uint8_t { softmax, sigmoid };

@@ -274,6 +274,14 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
     if (any_selective && modules.layernorm()) sc.norm_out = lay.take({R, C}, compute_);
     if (any_selective && modules.act())
       sc.act_out = lay.take({B_, T_, std::max(spec_.ffn_dim, spec_.shared_ffn) / p}, compute_);
+    // The routed experts' activation of one MoE layer's rows (under ep each layer allocates it
+    // for its received rows: ep_act_specs).
+    if (any_selective && modules.moe_act() && has_moe && (ep == nullptr || ep->size() == 1))
+      sc.moe_act_out =
+          lay.take({moe_rows(tp_, T_).R * cfg.moe.top_k, cfg.moe.d_ff_expert}, compute_);
+    // Latent attention's core input, rebuilt from the latents (H, D: the core's heads).
+    if (any_selective && modules.mla_up_proj() && cfg.mla_attention())
+      sc.mla.qkv = lay.take({B_, T_, 3 * H, D}, compute_);
     for (int kind = 0; kind < 2; ++kind) {
       if (!full_of[kind]) continue;
       // One layer's full saved set but its input: a replay reads the layer's own saved input.

@@ -137,6 +137,21 @@ LAYOUTS = {  # name: (ranks, sets)
     "selective": (1, ["train.recompute=\"selective\""]),
     "norm-act": (1, ["train.recompute=\"selective\"",
                      "train.recompute_modules=[\"core_attn\", \"layernorm\", \"act\"]"]),
+    # The routed experts' activation recomputed (MoE config): not saved (the model's scratch holds
+    # one layer's), and under ep not kept with the received rows (a buffer of its own for the
+    # moment fc2's forward or weight gradient reads it), in the V's chunks of a split stage.
+    "moe-act": (1, ["train.recompute=\"selective\"", "train.recompute_modules=[\"moe_act\"]"]),
+    "ep2-pp2-zb-v-moe-act-bf16": (4, ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                                      "model.n_layers=4", "parallel.pp_schedule=\"zb-v\"",
+                                      "parallel.virtual_stages=2", "parallel.pp_layers=[1, 1, 0, 2]",
+                                      "train.precision=\"bf16\"",
+                                      "train.recompute=\"selective\"",
+                                      "train.recompute_modules=[\"layernorm\", \"moe_act\"]"]),
+    # Latent attention's up projections recomputed (MLA config): the core's input rebuilt from the
+    # latents into one buffer of the model's scratch, under tp + sp with the core recomputed too.
+    "tp2-sp-up-proj-bf16": (2, ["parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true",
+                                "train.precision=\"bf16\"", "train.recompute=\"selective\"",
+                                "train.recompute_modules=[\"core_attn\", \"mla_up_proj\"]"]),
     "pp2-full-first": (2, ["parallel.pp=2", "parallel.dp=1", "train.recompute=\"full\"",
                            "train.recompute_layers=1"]),
     # Capacity under cp (MoE config): the chunks' counts that rank the assignments.
@@ -240,12 +255,14 @@ MOE_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero2-dp2-accum2", "zero3-
                "dp2-bf16-gradc", "zero2-dp2-accum2-fp16-gradc", "tp2-sp-dp2-bf16-gradc",
                "ep2-dp4-bf16-gradc", "bf16-fp8", "ep2-dp4-fp8", "hsdp2-zero3-dp4",
                "ep2-hsdp2-zero2-dp4", "zero3-dp4-qw", "ep2-zero3-dp4-qw", "ep2-hpz2-zero3-dp4",
-               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v", "ep2-pp2-dualpipev", "norm-act"]
+               "ep2-hpz2-zero3-dp4-qg", "pp2-zb-v", "ep2-pp2-zb-v", "ep2-pp2-dualpipev", "norm-act",
+               "moe-act", "ep2-pp2-zb-v-moe-act-bf16"]
 # --layouts mla: latent attention (configs/mla-tiny.toml) under tp + sp (its latents gathered),
 # pp, cp, ZeRO, recompute and 16 bits.
 MLA_LAYOUTS = ["single", "bf16", "zero3-dp3", "tp2-sp", "tp2-sp-bf16", "tp2-sp-full",
                "tp2-sp-dp2-zero3", "pp2", "pp2-zb-h1-dp2-zero2", "cp2-ring", "cp2-ulysses-dp2-zero1",
-               "cp2-tp2-sp-zero1", "full", "selective", "tp2-sp-norm-act-bf16"]
+               "cp2-tp2-sp-zero1", "full", "selective", "tp2-sp-norm-act-bf16",
+               "tp2-sp-up-proj-bf16"]
 # --layouts mtp: multi-token prediction (configs/mtp-tiny.toml: two modules with the head) under
 # tp + sp, cp, ZeRO, recompute and 16 bits, and under pp (rank 0 the first stage: the last
 # stage's copy of wte summed with it).
@@ -258,7 +275,8 @@ MUON_LAYOUTS = ["single", "bf16", "dp2", "zero1-dp2", "zero3-dp3", "tp2-sp", "tp
                 "pp2-dp2-zero2"]
 MUON_MOE_LAYOUTS = ["zero3-dp3", "ep2-zero3-dp4", "tp2-sp-dp2-zero3", "ep2-tp2-sp-zero3"]
 DENSE_LAYOUTS = [n for n in LAYOUTS
-                 if n not in ("full", "selective", "norm-act", "pp2-full-first")
+                 if n not in ("full", "selective", "norm-act", "moe-act", "pp2-full-first",
+                              "tp2-sp-up-proj-bf16")
                  and not n.startswith(("ep", "capacity"))]
 PEAK_BOUND = 0.01
 KINDS = ["all_reduce", "reduce_scatter", "all_gather", "send", "recv", "all_to_all"]

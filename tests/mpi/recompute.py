@@ -4,7 +4,9 @@ with train.recompute = "none", "selective" (the attention core), "selective" of 
 activation (train.recompute_modules = ["layernorm", "act"]: their outputs recomputed for the
 weight gradients, also in a zero-bubble schedule's deferred weight half) and "full" (and "full"
 on the first layer only, train.recompute_layers = 1), in fp32 and bf16, with dropout 0.1 and a
-validation pass every 5 steps, and require every step's loss, grad_norm and val_loss and the
+validation pass every 5 steps (with routed experts the third mode reruns theirs too,
+"moe_act"; with latent attention also its up projections and the core, "mla_up_proj" and
+"core_attn"), and require every step's loss, grad_norm and val_loss and the
 final parameters (--dump-final) to be bitwise those of "none". Also checks that recompute lowers
 the peak activation bytes (selective < none, full < selective, norms and activation < none); the
 exact bytes per layer are
@@ -25,6 +27,7 @@ pp2-interleaved-tp2 (every chunk's input received as a part), pp2-zb-h1-tp2 (the
 gathers and replays again) and pp2-zb-v-tp2 (the V's turn hands the part over within the rank).
 Their activation bytes are plan_memory.py's to check."""
 import os
+import tomllib
 
 from harness import finish, parse_args, train
 
@@ -83,6 +86,17 @@ def main():
     args = parse_args(lambda ap: ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS)))
     ranks, sets = LAYOUTS[args.layout]
     modes = MODES
+    # The third mode also reruns what the model has of the routed experts' activation and latent
+    # attention's up projections (with the core, recomputed from the rebuilt queries and keys).
+    with open(args.config, "rb") as f:
+        model = tomllib.load(f)["model"]
+    listed = ["layernorm", "act"]
+    if model.get("moe", {}).get("num_experts", 0) > 0:
+        listed.append("moe_act")
+    if model.get("attention") == "mla" and model.get("mla", {}).get("q_lora_rank", 0) > 0:
+        listed = ["core_attn"] + listed + ["mla_up_proj"]
+    modes = [(m, ['train.recompute_modules=[' + ", ".join(f'"{x}"' for x in listed) + ']']
+              if m == "selective-norm-act" else extra) for m, extra in modes]
     if "parallel.tp=2" in sets and "parallel.sequence_parallel=true" not in sets:
         modes = modes + [("full-dist", DIST)]
         if "parallel.pp=2" in sets:

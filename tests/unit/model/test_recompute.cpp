@@ -1,7 +1,9 @@
 // Activation recompute: the gradients of none / selective (each module: the attention core, the
 // norms, the activation, and all three) / full are bitwise equal (with dropout), and the
 // activation bytes the allocator counts per layer are exactly the formulas of docs/model.md
-// ("Activation memory"), for GPT and Llama at two shapes each, in fp32 and with 16-bit storage.
+// ("Activation memory"), for GPT and Llama at two shapes each, in fp32 and with 16-bit storage;
+// likewise the routed experts' activation ("moe_act") of a mixture-of-experts model and latent
+// attention's up projections ("mla_up_proj").
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -96,12 +98,15 @@ const Case kCases[] = {
     {Arch::llama, 1, 48, 96, 6, 3, 256},
 };
 
-int64_t activation_bytes(const Case& k, int64_t layers, RecomputeOptions r,
-                         DType compute = DType::f32) {
+int64_t activation_bytes(const ModelConfig& c, int64_t B, RecomputeOptions r, DType compute) {
   auto backend = make_cpu_backend();
   Allocator alloc(*backend);
-  Transformer model(ModelSpec::from_config(config(k, layers)), alloc, k.B, compute, {}, {}, r);
+  Transformer model(ModelSpec::from_config(c), alloc, B, compute, {}, {}, r);
   return alloc.stats().live[static_cast<int>(MemCategory::activations)];
+}
+int64_t activation_bytes(const Case& k, int64_t layers, RecomputeOptions r,
+                         DType compute = DType::f32) {
+  return activation_bytes(config(k, layers), k.B, r, compute);
 }
 
 TEST(Recompute, ActivationBytesPerLayerAreTheFormulas) {
@@ -132,11 +137,13 @@ TEST(Recompute, ActivationBytesPerLayerAreTheFormulas) {
   }
 }
 
-// One step of forward + backward over two micro-batches; the gradients as raw bits.
-std::vector<float> gradients(const Case& k, RecomputeOptions r, DType compute) {
+// One step of forward + backward over two micro-batches of model c (k's B and T); the gradients
+// as raw bits.
+std::vector<float> gradients(const ModelConfig& c, const Case& k, RecomputeOptions r,
+                             DType compute) {
   auto backend = make_cpu_backend();
   Allocator alloc(*backend);
-  Transformer model(ModelSpec::from_config(config(k, 3)), alloc, k.B, compute, {}, {}, r);
+  Transformer model(ModelSpec::from_config(c), alloc, k.B, compute, {}, {}, r);
   model.init(11);
   Buffer tok = alloc.allocate_tensor({2, k.B, k.T}, DType::i32, MemCategory::other);
   Tensor tokens = tok.tensor({k.B, k.T}, DType::i32);
@@ -152,6 +159,9 @@ std::vector<float> gradients(const Case& k, RecomputeOptions r, DType compute) {
   }
   const Tensor g = model.flat_grads();
   return std::vector<float>(g.f32(), g.f32() + g.numel());
+}
+std::vector<float> gradients(const Case& k, RecomputeOptions r, DType compute) {
+  return gradients(config(k, 3), k, r, compute);
 }
 
 TEST(Recompute, GradientsAreBitwiseThoseOfNone) {
@@ -171,6 +181,101 @@ TEST(Recompute, GradientsAreBitwiseThoseOfNone) {
             << " layers " << r.layers;
       }
     }
+}
+
+// A Llama with MoE layers 1.. (E experts of Fe, top-k, a shared expert): "moe_act" drops each
+// MoE layer's routed activation output, e M Fe bytes (M = B T k routed rows), held once in the
+// model's scratch instead; bitwise gradients with it alone and with every module.
+ModelConfig moe_config(const Case& k, int64_t layers, int64_t E, int64_t top, int64_t Fe) {
+  ModelConfig c = config(k, layers);
+  c.moe.num_experts = E;
+  c.moe.top_k = top;
+  c.moe.d_ff_expert = Fe;
+  c.moe.shared_experts = 1;
+  c.moe.d_ff_shared = 32;
+  c.moe.first_dense_layers = 1;
+  c.moe.z_loss_coef = 1e-3f;
+  return c;
+}
+
+TEST(Recompute, RoutedExpertsActivationIsRecomputed) {
+  const Case k = kCases[2];  // Llama, B 2, T 32, C 64
+  const int64_t E = 4, top = 2, Fe = 48, M = k.B * k.T * top;
+  const RecomputeOptions moe_act{Recompute::selective, 0, modules({RecomputeModule::moe_act}),
+                                 false};
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const int64_t e = static_cast<int64_t>(dtype_size(t));
+    auto bytes = [&](int64_t layers, RecomputeOptions r) {
+      return activation_bytes(moe_config(k, layers, E, top, Fe), k.B, r, t);
+    };
+    // Layers 2 and 3 are MoE layers: e M Fe fewer each.
+    EXPECT_EQ((bytes(4, {}) - bytes(2, {})) - (bytes(4, moe_act) - bytes(2, moe_act)),
+              2 * e * M * Fe)
+        << dtype_name(t);
+    // One MoE layer of two: what it does not keep, the scratch holds.
+    EXPECT_EQ(bytes(2, moe_act), bytes(2, {})) << dtype_name(t);
+  }
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const ModelConfig c = moe_config(k, 3, E, top, Fe);
+    const std::vector<float> none = gradients(c, k, {}, t);
+    for (const RecomputeOptions& r :
+         {moe_act,
+          RecomputeOptions{Recompute::selective, 0,
+                           modules({core_attn, layernorm, act, RecomputeModule::moe_act}), false},
+          RecomputeOptions{Recompute::selective, 2, modules({RecomputeModule::moe_act}), false}}) {
+      const std::vector<float> g = gradients(c, k, r, t);
+      ASSERT_EQ(g.size(), none.size());
+      EXPECT_EQ(std::memcmp(g.data(), none.data(), g.size() * 4), 0)
+          << dtype_name(t) << " modules " << int{r.modules.bits} << " layers " << r.layers;
+    }
+  }
+}
+
+// Latent attention (DeepSeek-V3's at toy ranks: query latent 24, kv latent 16, heads of [nope 8
+// | rope 4], values 6 zero-padded to the core's 12): "mla_up_proj" keeps the latents and the
+// gathered RoPE key k_pe (B T Dr) instead of the core's input qkv (B T 3H D), which the model's
+// scratch holds once; bitwise gradients with it alone, with the core recomputed from the rebuilt
+// qkv, and with every module.
+ModelConfig mla_config(const Case& k, int64_t layers) {
+  ModelConfig c = config(k, layers);
+  c.attention = AttentionKind::mla;
+  c.n_kv_heads = k.H;
+  c.mla = {.q_lora_rank = 24,
+           .kv_lora_rank = 16,
+           .qk_nope_head_dim = 8,
+           .qk_rope_head_dim = 4,
+           .v_head_dim = 6};
+  return c;
+}
+
+TEST(Recompute, LatentAttentionUpProjectionsAreRecomputed) {
+  const Case k = kCases[2];  // Llama, B 2, T 32, 4 heads
+  const int64_t sb = k.B * k.T, D = 12, Dr = 4;
+  const RecomputeOptions up{Recompute::selective, 0, modules({mla_up_proj}), false};
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const int64_t e = static_cast<int64_t>(dtype_size(t));
+    auto bytes = [&](int64_t layers, RecomputeOptions r) {
+      return activation_bytes(mla_config(k, layers), k.B, r, t);
+    };
+    const int64_t qkv = e * sb * 3 * k.H * D, kpe = e * sb * Dr;
+    EXPECT_EQ((bytes(4, {}) - bytes(2, {})) - (bytes(4, up) - bytes(2, up)), 2 * (qkv - kpe))
+        << dtype_name(t);
+    EXPECT_EQ(bytes(2, up) - bytes(2, {}), -2 * (qkv - kpe) + qkv) << dtype_name(t);
+  }
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const ModelConfig c = mla_config(k, 3);
+    const std::vector<float> none = gradients(c, k, {}, t);
+    for (const RecomputeOptions& r :
+         {up, RecomputeOptions{Recompute::selective, 0, modules({core_attn, mla_up_proj}), false},
+          RecomputeOptions{Recompute::selective, 0,
+                           modules({core_attn, layernorm, act, mla_up_proj}), false},
+          RecomputeOptions{Recompute::selective, 2, modules({core_attn, mla_up_proj}), false}}) {
+      const std::vector<float> g = gradients(c, k, r, t);
+      ASSERT_EQ(g.size(), none.size());
+      EXPECT_EQ(std::memcmp(g.data(), none.data(), g.size() * 4), 0)
+          << dtype_name(t) << " modules " << int{r.modules.bits} << " layers " << r.layers;
+    }
+  }
 }
 
 }  // namespace

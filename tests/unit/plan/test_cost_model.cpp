@@ -235,6 +235,57 @@ TEST(CostModel, RecomputingNormsAndActivationReplaysTheirOpsNotMatmuls) {
   EXPECT_DOUBLE_EQ(per_mb(cheap, "layernorm_forward"), (2 * L + 1 + 2 * L - 1) * norm);
 }
 
+// Recomputing latent attention's up projections ("mla_up_proj") replays q_b's and kv_b's forward
+// GEMMs once per layer and micro-batch: hardware FLOPs exceed the model's by 2 x their weights a
+// token and layer (q_b 24 x 4 heads x 12, kv_b 16 x 4 x (8 + 6)); with the core recomputed too,
+// by the core's forward as well.
+TEST(CostModel, RecomputingTheUpProjectionsReplaysTheirGemms) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const auto cost = [&](const char* modules) {
+    return predict_step(
+        tiny({"model.arch=\"llama\"", "model.n_kv_heads=4", "model.attention=\"mla\"",
+              "model.mla.q_lora_rank=24", "model.mla.kv_lora_rank=16",
+              "model.mla.qk_nope_head_dim=8", "model.mla.qk_rope_head_dim=4",
+              "model.mla.v_head_dim=6", "train.recompute=\"selective\"", modules}),
+        1, hw);
+  };
+  const double tokens = 8 * 32, layers = 4, up = 2.0 * (24 * 4 * 12 + 16 * 4 * (8 + 6));
+  const StepCost up_only = cost("train.recompute_modules=[\"mla_up_proj\"]");
+  EXPECT_DOUBLE_EQ(up_only.hardware_flops - up_only.model_flops, tokens * layers * up);
+  const StepCost core = cost("train.recompute_modules=[\"core_attn\"]");
+  const StepCost both = cost("train.recompute_modules=[\"core_attn\", \"mla_up_proj\"]");
+  EXPECT_DOUBLE_EQ(both.hardware_flops - core.hardware_flops, tokens * layers * up);
+  EXPECT_LT(up_only.stages[0].memory.activations, core.stages[0].memory.activations);
+}
+
+// Recomputing the routed experts' activation ("moe_act") under ep leaves it out of the rows a
+// layer keeps from its forward to its weight backward: every rank's concurrent peak falls (and
+// stays within the categories' peaks summed; it did not when the replay still held the rows
+// whole), and the activations by the activation's bytes of the rows in flight.
+TEST(CostModel, RecomputingTheRoutedActivationLeavesTheReceivedRowsWithoutIt) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  const auto cost = [&](const char* modules) {
+    return predict_step(
+        tiny({"model.moe.num_experts=4", "model.moe.d_ff_expert=64", "parallel.ep=2",
+              "parallel.pp=2", "parallel.dp=2", "train.micro_batch_size=1",
+              "train.recompute=\"selective\"", modules}),
+        4, hw);
+  };
+  const StepCost kept = cost("train.recompute_modules=[\"layernorm\"]");
+  const StepCost dropped = cost("train.recompute_modules=[\"layernorm\", \"moe_act\"]");
+  ASSERT_EQ(kept.stages.size(), 2u);
+  // One layer's received rows at balanced routing: N k rows of the activation, Fe wide, fp32.
+  const double gr = 32.0 * 2 * 64 * 4;
+  for (size_t i = 0; i < 2; ++i) {
+    const MemoryEstimate& a = kept.stages[i].memory;
+    const MemoryEstimate& b = dropped.stages[i].memory;
+    EXPECT_LT(dropped.stages[i].peak, kept.stages[i].peak) << i;
+    EXPECT_LE(dropped.stages[i].peak, b.total()) << i;
+    // 1F1B: pp rank i holds 2 - i micro-batches of its 2 MoE layers at the peak.
+    EXPECT_DOUBLE_EQ(a.activations - b.activations, (2.0 - static_cast<double>(i)) * 2 * gr) << i;
+  }
+}
+
 TEST(CostModel, BandwidthFollowsTheNode) {
   // tp 4 fits the 4-device node; tp 2 x dp 4 puts the dp group across nodes.
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
@@ -495,11 +546,11 @@ TEST(CostModel, LatentCpRingMovesTheLatentAndExpandsTheBlocks) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   auto with = [&](const std::string& schedule) {
     return predict_step(
-        tiny({"model.arch=\"llama\"", "model.attention=\"mla\"", "model.mla.q_lora_rank=24",
-              "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=8",
-              "model.mla.qk_rope_head_dim=4", "model.mla.v_head_dim=6", "parallel.cp=2",
-              "parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\"",
-              "train.micro_batch_size=1"}),
+        tiny({"model.arch=\"llama\"", "model.n_kv_heads=4", "model.attention=\"mla\"",
+              "model.mla.q_lora_rank=24", "model.mla.kv_lora_rank=16",
+              "model.mla.qk_nope_head_dim=8", "model.mla.qk_rope_head_dim=4",
+              "model.mla.v_head_dim=6", "parallel.cp=2", "parallel.pp=2",
+              "parallel.pp_schedule=\"" + schedule + "\"", "train.micro_batch_size=1"}),
         4, hw);
   };
   const StepCost latent = with("1f1b"), kv = with("zb-h1");
@@ -785,13 +836,14 @@ TEST_F(CostModelSearch, TriesRecomputeOfTheNormsAndTheActivation) {
 }
 
 // On a model whose every MLP is routed experts (no dense layer, no shared experts) "act" has
-// nothing to rerun (a run refuses it): the search's variant recomputes the norms alone, and its
-// candidates re-parse.
+// nothing to rerun (a run refuses it): the search's variant recomputes the norms and the routed
+// experts' activation ("moe_act"), and its candidates re-parse.
 TEST_F(CostModelSearch, RecomputesTheNormsAloneWhereEveryMlpIsRouted) {
   const std::string path = model(4);
   const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=64"};
   const SearchResult r = search_layouts(path, moe, parse_config(path, moe), 2, hw_, 1000000);
-  const int norms = 1 << static_cast<int>(RecomputeModule::layernorm);
+  const int norms = (1 << static_cast<int>(RecomputeModule::layernorm)) |
+                    (1 << static_cast<int>(RecomputeModule::moe_act));
   int seen = 0;
   for (const Candidate& c : r.ranked) {
     EXPECT_FALSE(c.cfg.train.recompute == Recompute::selective &&

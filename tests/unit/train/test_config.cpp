@@ -602,7 +602,7 @@ eval_interval = 25
 eval_iters = 4
 recompute = "selective"
 recompute_layers = 1
-recompute_modules = ["layernorm", "core_attn", "act"]
+recompute_modules = ["layernorm", "core_attn", "act", "moe_act"]
 fp8 = "blockwise"
 fp8_block = 64
 on_nonfinite = "skip"
@@ -1328,7 +1328,8 @@ TEST(ConfigErrors, RecomputeModules) {
   expect_contains(error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"mlp\"]\n"),
                   {"train.recompute_modules",
                    "entry 1: expected one of \"core_attn\", "
-                   "\"layernorm\", \"act\", found a string (\"mlp\")"});
+                   "\"layernorm\", \"act\", \"moe_act\", \"mla_up_proj\", found a string "
+                   "(\"mlp\")"});
   expect_contains(
       error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"act\", \"act\"]\n"),
       {"entry 2: \"act\" is listed twice"});
@@ -1341,7 +1342,32 @@ TEST(ConfigErrors, RecomputeModules) {
                            "recompute_modules = [\"act\"]\n"),
                   {"train.recompute_modules lists \"act\"",
                    "every MLP of this model is a mixture of routed "
-                   "experts without shared experts"});
+                   "experts without shared experts",
+                   "(\"moe_act\" reruns the routed experts')"});
+  // "moe_act" needs routed experts, and with them is read back and written as listed.
+  expect_contains(
+      error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"moe_act\"]\n"),
+      {"train.recompute_modules lists \"moe_act\"",
+       "this model has no mixture-of-experts layer (model.moe.num_experts=0)"});
+  const Config m = parse_config_string(
+      "[model.moe]\nnum_experts = 4\n[train]\nrecompute = \"selective\"\n"
+      "recompute_modules = [\"moe_act\", \"layernorm\"]\n",
+      "t.toml");
+  EXPECT_TRUE(m.train.recompute_modules.moe_act() && !m.train.recompute_modules.act());
+  EXPECT_EQ(recompute_modules_text(m.train.recompute_modules), "[\"layernorm\", \"moe_act\"]");
+  // "mla_up_proj" needs latent attention with a query latent.
+  expect_contains(
+      error_of("[train]\nrecompute = \"selective\"\nrecompute_modules = [\"mla_up_proj\"]\n"),
+      {"train.recompute_modules lists \"mla_up_proj\"", "but model.attention=\"mha\""});
+  const std::string mla =
+      "[model]\narch = \"llama\"\nattention = \"mla\"\nn_kv_heads = 12\n[model.mla]\n";
+  expect_contains(error_of(mla + "q_lora_rank = 0\n[train]\nrecompute = \"selective\"\n"
+                                 "recompute_modules = [\"mla_up_proj\"]\n"),
+                  {"model.mla.q_lora_rank=0 projects the queries from the layer's input"});
+  EXPECT_TRUE(parse_config_string(mla + "q_lora_rank = 64\n[train]\nrecompute = \"selective\"\n"
+                                        "recompute_modules = [\"mla_up_proj\"]\n",
+                                  "t.toml")
+                  .train.recompute_modules.mla_up_proj());
   // With a dense first layer, or shared experts, "act" has an MLP to rerun.
   for (const char* moe : {"first_dense_layers = 1\n", "shared_experts = 1\n"})
     EXPECT_TRUE(parse_config_string(std::string("[model.moe]\nnum_experts = 4\n") + moe +
