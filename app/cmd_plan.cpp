@@ -13,6 +13,7 @@
 
 #include "app/commands.h"
 #include "checkpoints/layout.h"
+#include "config/json.h"
 #include "core/check.h"
 #include "engine/schedule/schedule.h"
 #include "plan/cost_model.h"
@@ -166,7 +167,7 @@ void print_cost(const StepCost& c, const HardwareProfile& hw) {
 }
 
 void print_json(const StepCost& c, const HardwareProfile& hw, const ModelSpec& spec) {
-  std::string s = concat("{\"hardware\": \"", hw.name, "\", \"world\": ", c.world,
+  std::string s = concat("{\"hardware\": ", json_string(hw.name), ", \"world\": ", c.world,
                          ", \"parameters\": ", spec.num_params() - spec.num_mtp_params(),
                          ", \"active_parameters\": ", spec.num_active_params(),
                          ", \"mtp_parameters\": ", spec.num_mtp_params(),
@@ -310,22 +311,19 @@ Run add_plan_command(CLI::App& app) {
       if (args->json) {
         // {"valid": V, "fitting": F, "ranked": [{"sets": [...], "step_s": ..., ...}, ...]}
         std::string j =
-            concat("{\"hardware\": \"", hw.name, "\", \"world\": ", args->world,
+            concat("{\"hardware\": ", json_string(hw.name), ", \"world\": ", args->world,
                    ", \"valid\": ", r.valid, ", \"fitting\": ", r.fitting, ", \"ranked\": [");
         for (size_t i = 0; i < r.ranked.size(); ++i) {
           const Candidate& c = r.ranked[i];
           std::string sets;
-          for (const std::string& x : c.sets) {
-            std::string q;
-            for (char ch : x) q += ch == '"' ? std::string("\\\"") : std::string(1, ch);
-            sets += concat(sets.empty() ? "" : ", ", "\"", q, "\"");
-          }
+          for (const std::string& x : c.sets)
+            sets += concat(sets.empty() ? "" : ", ", json_string(x));
           char nums[160];
           std::snprintf(nums, sizeof nums, "\"step_s\": %.17g, \"mfu\": %.17g, \"memory\": %.17g",
                         c.cost.step_s, c.cost.mfu,
                         c.cost.stages[static_cast<size_t>(c.cost.most_memory)].peak);
-          j += concat(i ? ", " : "", "{\"layout\": \"", layout_text(c.cfg, args->world),
-                      "\", \"sets\": [", sets, "], ", nums, "}");
+          j += concat(i ? ", " : "", "{\"layout\": ", json_string(layout_text(c.cfg, args->world)),
+                      ", \"sets\": [", sets, "], ", nums, "}");
         }
         std::printf("%s]}\n", j.c_str());
         return 0;

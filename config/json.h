@@ -1,8 +1,8 @@
-// The one JSON reader of the project: JSONL corpora (data prepare reads one string field of each
-// line, skipping the rest undecoded: JsonScanner) and the JSON files checkpoint import reads
-// (Hugging Face config.json, safetensors headers, the shard index), decoded whole (parse_json).
-// RFC 8259: every escape, surrogate pairs to UTF-8, numbers as double (exact for integers up to
-// 2^53), object members in file order; no NaN or Infinity.
+// The one JSON reader of the project (and its string writer, json_string): JSONL corpora (data
+// prepare reads one string field of each line, skipping the rest undecoded: JsonScanner) and the
+// JSON files checkpoint import reads (Hugging Face config.json, safetensors headers, the shard
+// index), decoded whole (parse_json). RFC 8259: every escape, surrogate pairs to UTF-8, numbers as
+// double (exact for integers up to 2^53), object members in file order; no NaN or Infinity.
 #pragma once
 
 #include <cstddef>
@@ -59,5 +59,10 @@ class JsonScanner {
 
 // The whole of `text` as one value; throws Error naming `where` and the position.
 Json parse_json(std::string_view text, const std::string& where);
+
+// A JSON string literal of s (RFC 8259): quotes, backslashes and control characters escaped,
+// other bytes as they are. For strings that may hold any of those (layouts with their TOML
+// quotes, tokenizer pieces, profile names).
+std::string json_string(std::string_view s);
 
 }  // namespace llmt

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "config/json.h"
 #include "core/check.h"
 
 namespace llmt {
@@ -68,28 +69,6 @@ int32_t Tokenizer::unk_id() const {
 std::string Tokenizer::piece(int32_t id) const {
   return sp_->IdToPiece(id);
 }
-
-namespace {
-
-// A JSON string literal of s (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 std::string hf_tokenizer_mismatch(const Tokenizer& tok) {
   // Two spaces, a newline, a tab, U+FB01 (NFKC: "fi") and U+4E2D (outside a small vocabulary).

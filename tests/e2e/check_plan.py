@@ -184,6 +184,18 @@ def main():
                            "--write", str(frag)], capture_output=True, text=True)
     check(proc.returncode == 0 and " 1. step " in proc.stdout and " 3. step " in proc.stdout,
           "plan --search prints the top 3")
+    # --json: valid JSON whatever the layouts hold (selective recompute's modules print as
+    # TOML strings inside the layout text), every candidate, each with its overrides.
+    proc = subprocess.run([args.llmtrain, "plan", "--config", args.config, "--search", "--world",
+                           "4", "--top", "1000", "--json"], capture_output=True, text=True)
+    try:
+        ranked = json.loads(proc.stdout)["ranked"]
+    except (ValueError, KeyError) as e:
+        ranked = []
+        print(f"plan --search --json: {e}")
+    check(proc.returncode == 0 and ranked and all(r["sets"] for r in ranked) and
+          any('["layernorm"' in r["layout"] for r in ranked),
+          f"plan --search --json parses ({len(ranked)} candidates, some with recompute modules)")
     cfg = pathlib.Path(args.workdir) / "searched.toml"
     cfg.write_text(f'include = ["{papers / "gpt2-1558m.toml"}", "{frag}"]\n')
     proc = subprocess.run([args.llmtrain, "config", "validate", "--config", str(cfg),
