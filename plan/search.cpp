@@ -237,12 +237,15 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             if (zero == 3) zero_groups.push_back({0, node_dp});
           }
           // Recompute none, selective (the attention core), full, full with its inputs
-          // distributed over tp (tp > 1 without SP), and selective of the norms and the
-          // activation (no matmul replayed).
+          // distributed over tp (tp > 1 without SP), selective of the norms and the
+          // activations (no matmul replayed), and with latent attention (a query latent)
+          // selective of all of it, the core and the up projections too (DeepSeek-V3's choice
+          // with the core's).
           for (const auto& [shard_group, hpz] : zero_groups)
-            for (int rc = 0; rc < 5; ++rc) {
-              const bool distribute = rc == 3, cheap = rc == 4;
+            for (int rc = 0; rc < 6; ++rc) {
+              const bool distribute = rc == 3, up = rc == 5, cheap = rc == 4 || up;
               if (distribute && (s.tp == 1 || s.sp)) continue;
+              if (up && !(base.model.mla_attention() && base.model.mla.q_lora_rank > 0)) continue;
               Candidate c{sets, shaped, {}};
               c.cfg.parallel.ep = ep;
               c.cfg.parallel.zero_stage = zero;
@@ -269,7 +272,10 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
                                                     : 0u) |
                     (c.cfg.model.moe.num_experts > 0
                          ? 1u << static_cast<int>(RecomputeModule::moe_act)
-                         : 0u));
+                         : 0u) |
+                    (up ? (1u << static_cast<int>(RecomputeModule::core_attn)) |
+                              (1u << static_cast<int>(RecomputeModule::mla_up_proj))
+                        : 0u));
               c.cfg.train.recompute_layers = 0;
               c.cfg.train.distribute_saved_activations = distribute;
               try {

@@ -835,10 +835,38 @@ TEST_F(CostModelSearch, TriesRecomputeOfTheNormsAndTheActivation) {
   EXPECT_EQ(seen.size(), 4u);  // not the user's ["act"]: the search chooses the modules
 }
 
+// With latent attention (a query latent) the search also tries selective recompute of all of it,
+// the attention core and the up projections with the norms and the activation ("mla_up_proj",
+// DeepSeek-V3's choice with the core); each such candidate re-parses and its fragment lists the
+// modules. A multi-head attention model's search never lists them (TriesRecomputeOfTheNormsAndTheActivation: four
+// kinds).
+TEST_F(CostModelSearch, TriesRecomputingLatentAttentionsUpProjections) {
+  const std::string path =
+      write("mla.toml",
+            "[model]\narch = \"llama\"\nn_layers = 4\nd_model = 64\nn_heads = 4\nn_kv_heads = 4\n"
+            "vocab_size = 256\nseq_len = 32\nattention = \"mla\"\n[model.mla]\nq_lora_rank = 24\n"
+            "kv_lora_rank = 16\nqk_nope_head_dim = 8\nqk_rope_head_dim = 4\nv_head_dim = 6\n"
+            "[train]\nglobal_batch_size = 24\n");
+  const SearchResult r = search(path, 2);
+  const int all = (1 << static_cast<int>(RecomputeModule::core_attn)) |
+                  (1 << static_cast<int>(RecomputeModule::layernorm)) |
+                  (1 << static_cast<int>(RecomputeModule::act)) |
+                  (1 << static_cast<int>(RecomputeModule::mla_up_proj));
+  int seen = 0;
+  for (const Candidate& c : r.ranked) {
+    if (!c.cfg.train.recompute_modules.mla_up_proj()) continue;
+    ++seen;
+    EXPECT_EQ(c.cfg.train.recompute_modules.bits, all);
+    EXPECT_EQ(parse_config(path, c.sets).train.recompute_modules, c.cfg.train.recompute_modules);
+    EXPECT_NE(layout_fragment(c, 2, hw_).find("\"mla_up_proj\""), std::string::npos);
+  }
+  EXPECT_GT(seen, 0);
+}
+
 // On a model whose every MLP is routed experts (no dense layer, no shared experts) "act" has
 // nothing to rerun (a run refuses it): the search's variant recomputes the norms and the routed
 // experts' activation ("moe_act"), and its candidates re-parse.
-TEST_F(CostModelSearch, RecomputesTheNormsAloneWhereEveryMlpIsRouted) {
+TEST_F(CostModelSearch, RecomputesNoDenseActivationWhereEveryMlpIsRouted) {
   const std::string path = model(4);
   const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=64"};
   const SearchResult r = search_layouts(path, moe, parse_config(path, moe), 2, hw_, 1000000);
