@@ -711,7 +711,7 @@ MoeMlp::MoeMlp(const BlockEnv& env, const std::string& prefix, int64_t layer, bo
       rows_(moe_rows(env.tp, env.T)),
       layer_(layer),
       recomputed_(recomputed),
-      recompute_act_(recompute_moe_act),
+      recompute_moe_act_(recompute_moe_act),
       E_(cfg_.num_experts),
       k_(cfg_.top_k),
       Fe_(cfg_.d_ff_expert),
@@ -766,7 +766,7 @@ std::vector<TensorSpec> ep_backward_specs(const ModelSpec& spec, int64_t R) {
 std::vector<TensorSpec> MoeMlp::saved() const {
   const int64_t N = rows_.R, M = N * k_, C = env_.spec.cfg.d_model;
   const int64_t Mh = ep() ? 0 : M;  // under ep the experts' activations are EpRows'
-  const int64_t Mg = recompute_act_ ? 0 : Mh;
+  const int64_t Mg = recompute_moe_act_ ? 0 : Mh;
   // The routed rows, the experts' fc1 outputs, activations and outputs in the compute type (each
   // written by one op, which rounds it once); the router's tensors f32.
   const DType t = env_.tp.compute;
@@ -841,11 +841,11 @@ MoeMlp::EpRows MoeMlp::ep_dispatch(std::span<const Tensor> s, const std::vector<
             (r.send[static_cast<size_t>(p)] + r.recv[static_cast<size_t>(p)]) / C;
   const int64_t R = r.groups.back();
   const std::vector<Tensor> t =
-      allocate_specs(env_.alloc, ep_rows_specs(env_.spec, R, env_.tp.compute, !recompute_act_),
+      allocate_specs(env_.alloc, ep_rows_specs(env_.spec, R, env_.tp.compute, !recompute_moe_act_),
                      MemCategory::activations, r.buf);
   r.xr = t[0];
   r.hr = t[1];
-  if (!recompute_act_) r.gr = t[2];
+  if (!recompute_moe_act_) r.gr = t[2];
   r.er = t.back();
   // The rows to the experts' ranks and the experts' first GEMM (and activation).
   ep.all_to_allv(r.xr, r.recv, s[7], r.send).wait();
@@ -853,7 +853,7 @@ MoeMlp::EpRows MoeMlp::ep_dispatch(std::span<const Tensor> s, const std::vector<
   const Fp8Scratch q = fp8_scratch(R, fp8_buf);
   experts_forward(r.hr, r.xr, fc1_w_, r.groups, r.weight_of, q);
   env_.round(r.hr);
-  if (!recompute_act_) activate(r.gr, r.hr);
+  if (!recompute_moe_act_) activate(r.gr, r.hr);
   return r;
 }
 
@@ -1016,9 +1016,9 @@ Tensor MoeMlp::forward(std::span<const Tensor> s, Tensor x) {
     const Fp8Scratch q = fp8_scratch(M, none);
     experts_forward(h, xp, fc1_w_, off, {}, q);
     env_.round(h.rows(0, M));
-    const Tensor ga = recompute_act_ ? head_of(sc.moe_act_out, {h.size(0), Fe_}) : g;
+    const Tensor ga = recompute_moe_act_ ? head_of(sc.moe_act_out, {h.size(0), Fe_}) : g;
     activate(ga.rows(0, M), h.rows(0, M));
-    if (recompute_act_) env_.scratch.moe_act_of = h.data;
+    if (recompute_moe_act_) env_.scratch.moe_act_of = h.data;
     experts_forward(eo, ga, fc2_w_, off, {}, q);
     env_.round(eo.rows(0, M));
   }
@@ -1154,7 +1154,7 @@ void MoeMlp::backward_weight(std::span<const Tensor> s, const Stash& st, Tensor 
     const std::vector<int64_t> off = offsets(s);
     const int64_t M = off.back();
     Tensor g = s[9];
-    if (recompute_act_) {
+    if (recompute_moe_act_) {
       BlockScratch& sc = env_.scratch;
       const Tensor h = s[8];
       g = head_of(sc.moe_act_out, {h.size(0), Fe_});

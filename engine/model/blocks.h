@@ -495,7 +495,7 @@ class MoeMlp final : public Branch {
   const MoeConfig& cfg_;
   const MoeRows rows_;
   int64_t layer_;
-  bool recomputed_, recompute_act_;  // recompute_act_: the routed experts' (recompute_moe_act)
+  bool recomputed_, recompute_moe_act_;
   int64_t E_, k_, Fe_, Fe1_, capacity_;
   size_t st_shared_ = 0;  // the shared Mlp's stash entries
   bool gelu_;
