@@ -479,13 +479,16 @@ Run add_plan_command(CLI::App& app) {
             "(sharding saves nothing there): %s\n",
             thin.size(), thin.size() == 1 ? " has" : "s have", list.c_str());
     }
+    const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
+    const StepCost cost = predict_step(cfg, world, hw);
     if (mesh.size(Axis::cp) > 1) {
       // Context parallelism: the groups, each rank's positions, and the cp bytes of a step on a
-      // rank of the stage with the most layers (cp_bytes_per_layer, checked against the
-      // communicator's counters by tests/mpi/cp_volume.py).
+      // rank of the stage with the most layers (the cost model's, from cp_bytes_per_layer and the
+      // replays of the cores' forwards; checked against the communicator's counters by
+      // tests/mpi/cp_volume.py).
       const int cp = mesh.size(Axis::cp), tp = mesh.size(Axis::tp);
       const int64_t T = cfg.model.seq_len, c = T / (2 * cp);
-      const int64_t heads = cfg.model.n_heads, kv = spec.n_kv_heads;
+      const int64_t kv = spec.n_kv_heads;
       const int u = ulysses_degree(par.cp_impl, cp, static_cast<int>(par.cp_ulysses));
       if (par.cp_impl == CpImpl::hybrid)
         std::printf("context parallel: all-to-all over %d consecutive cp ranks, ring over %d\n", u,
@@ -508,33 +511,37 @@ Run add_plan_command(CLI::App& app) {
       const int n_groups = world / cp;
       if (listed < n_groups) groups += concat(" ... (", n_groups, " groups)");
       std::printf("  cp groups:%s\n", groups.c_str());
-      const int64_t most = *std::max_element(layers.begin(), layers.end());
       const int64_t payload = cp_kv_payload(cfg);
-      if (ring_payload(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), payload) > 0)
+      const bool ring = par.cp_impl == CpImpl::ring;
+      if (cp_payload(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), payload) > 0)
         std::printf(
-            "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
-            "%lld) and expands the blocks it receives\n",
+            ring
+                ? "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
+                  "%lld) and expands the blocks it receives\n"
+                : "  the all-to-all moves the queries; the group all-gathers each position's kv "
+                  "latent and RoPE key (%lld values, not K/V's %lld) and each rank expands its "
+                  "heads' K/V\n",
             static_cast<long long>(payload), static_cast<long long>(2 * kv / tp * spec.head_dim));
-      else if (cfg.model.mla_attention() && par.cp_impl == CpImpl::ring)
-        std::printf("  the ring moves latent attention's K/V (%s)\n",
-                    par.cp_latent ? "the schedule defers the weight gradients the latent ring "
-                                    "adds as the blocks pass"
-                                  : "parallel.cp_latent = false");
-      const CpBytes b =
-          cp_bytes_per_layer(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), mbs, T, heads / tp,
-                             kv / tp, spec.head_dim, compute_dtype(cfg.train.precision), payload);
-      const double per_step = static_cast<double>(most * m);
+      else if (cfg.model.mla_attention())
+        std::printf("  %s latent attention's K/V (%s)\n",
+                    ring ? "the ring moves" : "the all-to-all moves",
+                    !par.cp_latent ? "parallel.cp_latent = false"
+                    : par.cp_impl == CpImpl::hybrid
+                        ? "hybrid: its ring would pass several ranks' payloads"
+                        : "the schedule defers the weight gradients the latent's expansion adds "
+                          "in the input half");
+      const StageCost& st = *std::max_element(
+          cost.stages.begin(), cost.stages.end(),
+          [](const StageCost& a, const StageCost& b) { return a.layers < b.layers; });
+      const AxisBytes& b = st.bytes[static_cast<int>(Axis::cp)];
       std::printf(
-          "  cp bytes per step per rank (%lld layers x %d micro-batches): send %.0f, "
-          "recv %.0f, all_to_all %.0f\n",
-          static_cast<long long>(most), m, b.send * per_step, b.recv * per_step,
-          b.all_to_all * per_step);
+          "  cp bytes per step per rank (%lld layers x %d micro-batches%s): send %.0f, "
+          "recv %.0f, all_to_all %.0f, all_gather %.0f, reduce_scatter %.0f\n",
+          static_cast<long long>(st.layers), m,
+          cfg.train.recompute != Recompute::none ? ", with the recomputed cores' forwards" : "",
+          b.send, b.recv, b.all_to_all, b.all_gather, b.reduce_scatter);
     }
-    {
-      const HardwareProfile hw = load_hardware(args->hardware, plan_threads(cfg, world));
-      const StepCost cost = predict_step(cfg, world, hw);
-      print_cost(cost, hw);
-    }
+    print_cost(cost, hw);
     if (!args->schedule) return 0;
 
     Schedule sched;

@@ -729,7 +729,7 @@ struct RankLayers {
                    // and a head each, and two norms
   double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
   double fp8_fpt = 0;        // of those, the GEMMs with FP8 inputs (train.fp8), replays included
-  double cp_expand_fpt = 0;  // the latent cp ring's kv_b GEMMs on other ranks' blocks
+  double cp_expand_fpt = 0;  // the latent cp core's kv_b GEMMs on other ranks' payloads
   bool moe = false;
   double moe_layers = 0;  // MoE layers, and those a full recompute replays in backward
   double moe_replays = 0;
@@ -743,46 +743,58 @@ struct RankLayers {
   // under SP); under distributed saved inputs each gathers its input, as does each forward of a
   // chunk that receives its input (input_gathers).
   double full_replays = 0, input_gathers = 0;
+  // Layers whose attention core selective recompute replays in backward, per micro-batch
+  // (replayed_layers): each replay runs the core's forward communication (cp) again, as full
+  // recompute's replays do. (The recompute FLOPs still count every recomputing layer's core:
+  // one layer a micro-batch too many without pp.)
+  double core_replays = 0;
   std::vector<std::vector<int64_t>> chunk_layers;  // global layers of each chunk
   int boundaries = 0, boundaries_back = 0;         // chunk ends that send forward; that send back
 };
 
-// Full recompute: which layers replay their forward in backward, as Layer::full_set decides it
-// over this rank's actions in order (no pp: each micro-batch's forward, then its backward). The
-// model's replay set holds the last fully recomputed layer a forward or a replay ran (its
-// scratch.replay_of); a layer's backward (input or weight half) replays unless the set holds its
-// own micro-batch. Under distributed saved inputs the forward forgets it wherever it writes the
-// residual stream whole for a consumer that saves or sends a part (Transformer::forward_layers).
-// Per micro-batch: r.full_replays and r.moe_replays, and r.input_gathers.
-void replayed_layers(const Job& j, int pr, RankLayers& r) {
-  const int64_t k_full = j.cfg.train.recompute_layers;
-  auto full = [&](int64_t k) { return k_full == 0 || k < k_full; };
+// Which layers replay in backward, over this rank's actions in order (no pp: each micro-batch's
+// forward, then its backward; a split backward's halves each as a backward). The model keeps one
+// slot per kind: full recompute's replay set (Layer::full_set, scratch.replay_of) holds the last
+// fully recomputed layer a forward or a replay ran; selective recompute's core scratch
+// (scratch.core_of) the last recomputing layer's core output, computed by its forward or a replay.
+// A layer's backward (input or weight half; the weight half reads the core's output too)
+// replays unless the slot holds its own (layer, micro-batch): without pp the last layer's
+// forward leaves it for its backward. Under distributed saved inputs (full recompute only) the
+// forward forgets the set wherever it writes the residual stream whole for a consumer that saves
+// or sends a part (Transformer::forward_layers), and counts the inputs it gathers.
+// Per micro-batch.
+struct Replays {
+  double layers = 0, moe = 0, input_gathers = 0;
+};
+Replays replayed_layers(const Job& j, int pr, const RankLayers& r, bool distributed) {
+  const int64_t k_re = j.cfg.train.recompute_layers;
+  auto re = [&](int64_t k) { return k_re == 0 || k < k_re; };
   std::pair<int64_t, int> last{-1, -1};  // (global layer, micro-batch)
-  double replays = 0, moe = 0, gathers = 0;
+  Replays n;
   // The multi-token prediction modules' layers, after the head chunk's (recomputed when
   // train.recompute covers every layer).
   std::vector<int64_t> mtp;
-  if (k_full == 0)
+  if (k_re == 0)
     for (int64_t k = 0; k < static_cast<int64_t>(r.mtp); ++k) mtp.push_back(j.mc.n_layers + k);
   const auto is_head = [&](int c) { return stage_of(j.shape, pr, c) == j.p * j.v - 1; };
   auto forward = [&](int c, int mb) {
     const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
-    const int64_t n = static_cast<int64_t>(ls.size());
+    const int64_t size = static_cast<int64_t>(ls.size());
     const bool head = is_head(c), embedding = stage_of(j.shape, pr, c) == 0;
-    auto part = [&](int64_t k) { return j.distribute && (k < n ? full(k) : !head); };
+    auto part = [&](int64_t k) { return distributed && (k < size ? re(k) : !head); };
     if (part(0)) last = {-1, -1};
-    if (part(0) && !embedding) ++gathers;
-    for (int64_t k = 0; k < n; ++k) {
+    if (part(0) && !embedding) ++n.input_gathers;
+    for (int64_t k = 0; k < size; ++k) {
       if (part(k + 1)) last = {-1, -1};
-      if (full(k)) last = {ls[static_cast<size_t>(k)], mb};
+      if (re(k)) last = {ls[static_cast<size_t>(k)], mb};
     }
-    if (is_head(c))
+    if (head)
       for (const int64_t l : mtp) last = {l, mb};
   };
   auto replay = [&](std::pair<int64_t, int> mine) {
     if (last != mine) {
-      ++replays;
-      moe += j.mc.moe.layer(mine.first);
+      ++n.layers;
+      n.moe += j.mc.moe.layer(mine.first);
     }
     last = mine;
   };
@@ -791,7 +803,7 @@ void replayed_layers(const Job& j, int pr, RankLayers& r) {
     if (is_head(c))
       for (auto l = mtp.rbegin(); l != mtp.rend(); ++l) replay({*l, mb});
     for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k)
-      if (full(k)) replay({ls[static_cast<size_t>(k)], mb});
+      if (re(k)) replay({ls[static_cast<size_t>(k)], mb});
   };
   if (j.p == 1) {
     for (int mb = 0; mb < j.m; ++mb) {
@@ -806,9 +818,10 @@ void replayed_layers(const Job& j, int pr, RankLayers& r) {
         backward(a.chunk, a.mb);
     }
   }
-  r.full_replays = replays / j.m;
-  r.moe_replays = moe / j.m;
-  r.input_gathers = gathers / j.m;
+  n.layers /= j.m;
+  n.moe /= j.m;
+  n.input_gathers /= j.m;
+  return n;
 }
 
 RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
@@ -820,7 +833,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   r.chunk_moe_full.assign(static_cast<size_t>(j.v), 0);
   r.chunk_moe_act.assign(static_cast<size_t>(j.v), 0);
   const bool moe_act = j.rc == Recompute::selective && j.cfg.train.recompute_modules.moe_act();
-  int64_t layers = 0, core_replays = 0;
+  int64_t layers = 0;
   for (int c = 0; c < j.v; ++c) {
     const int st = stage_of(j.shape, pr, c);
     if (j.p > 1) {  // (the turn of a V is a hand-off within the rank)
@@ -847,7 +860,6 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.chunk_moe_act[static_cast<size_t>(c)] += is_moe && re && moe_act;
       r.fpt += j.layer_fpt(l);
       if (re) r.recompute_fpt += j.recompute_fpt(l);
-      core_replays += re && j.core_replays();
       if (!j.layer_fp8_params.empty()) {
         const double w = j.layer_fp8_params[static_cast<size_t>(l)];
         r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0) +
@@ -873,20 +885,29 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.recompute_fpt += j.mtp_recompute_fpt;
     r.fp8_fpt += j.mtp_fp8_fpt;
   }
-  if (j.rc == Recompute::full) replayed_layers(j, pr, r);
+  if (j.rc == Recompute::full) {
+    const Replays n = replayed_layers(j, pr, r, j.distribute);
+    r.full_replays = n.layers;
+    r.moe_replays = n.moe;
+    r.input_gathers = n.input_gathers;
+  }
+  if (j.core_replays()) r.core_replays = replayed_layers(j, pr, r, false).layers;
   // The latent cp ring (cp_kv_payload): every forward of a layer's core (the selective
   // recompute's and full recompute's replays included) expands the cp-1 blocks it receives with
   // kv_b, and its backward expands them again and contracts their gradients (input and weight):
-  // 2 Ckv H (Dn+Dv) FLOPs a token each, for the model's H heads (/tp with the rest).
-  if (ring_payload(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), cp_kv_payload(j.cfg)) >
+  // 2 Ckv H (Dn+Dv) FLOPs a token each, for the model's H heads (/tp with the rest). Latent
+  // Ulysses: every core forward, and the backward again, expands the rank's H/u heads at u times
+  // its positions (one such GEMM a token beside the local expansion the K/V were built from); the
+  // contractions replace the layer's own kv_b backward.
+  const int u = ulysses_degree(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses));
+  if (cp_payload(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), cp_kv_payload(j.cfg)) >
       0) {
     const MlaConfig& a = j.mc.mla;
     const double gemm = 2.0 * static_cast<double>(a.kv_lora_rank * j.mc.n_heads *
                                                   (a.qk_nope_head_dim + a.v_head_dim));
-    if (j.core_replays() && j.cfg.train.recompute_layers == 0)
-      core_replays += static_cast<int64_t>(r.mtp);
-    const double cores = r.L + r.mtp + static_cast<double>(core_replays) + r.full_replays;
-    r.cp_expand_fpt = (j.cp - 1.0) * gemm * (cores + 3.0 * (r.L + r.mtp));
+    const double cores = r.L + r.mtp + r.core_replays + r.full_replays;
+    r.cp_expand_fpt =
+        u > 1 ? gemm * (cores + r.L + r.mtp) : (j.cp - 1.0) * gemm * (cores + 3.0 * (r.L + r.mtp));
   }
   return r;
 }
@@ -969,9 +990,14 @@ AxisBytes cp_bytes(const Job& j, const RankLayers& r) {
                                        j.mbs, j.mc.seq_len, j.mc.n_heads / j.tp,
                                        j.spec.n_kv_heads / j.tp, j.spec.head_dim,
                                        compute_dtype(j.cfg.train.precision), cp_kv_payload(j.cfg));
-  k.send = b.send * (r.L + r.mtp) * j.m;
-  k.recv = b.recv * (r.L + r.mtp) * j.m;
-  k.all_to_all = b.all_to_all * (r.L + r.mtp) * j.m;
+  // Each replay of a core's forward (selective recompute of the core, full recompute) moves its
+  // forward's share again.
+  const double layers = (r.L + r.mtp) * j.m, replays = (r.core_replays + r.full_replays) * j.m;
+  k.send = b.send * layers + b.forward.send * replays;
+  k.recv = b.recv * layers + b.forward.recv * replays;
+  k.all_to_all = b.all_to_all * layers + b.forward.all_to_all * replays;
+  k.all_gather = b.all_gather * layers + b.forward.all_gather * replays;
+  k.reduce_scatter = b.reduce_scatter * layers;
   k.all_reduce =
       j.m * (r.moe_layers + r.moe_replays) * 2 * (j.cp - 1.0) / j.cp * 4 * moe_count_elements(j);
   return k;
@@ -1304,7 +1330,8 @@ void rank_memory(const Job& j, int pr, const ModelSpec& rs, const RankLayers& r,
 }
 
 // Time. tp and pp transfers sit on the critical path; the ring's transfers hide behind the
-// attention blocks as far as they last; Ulysses' all-to-alls do not hide. dp: DDP's buckets,
+// attention blocks as far as they last; Ulysses' all-to-alls (and latent Ulysses' gathers and
+// reduce-scatters of the payload) do not hide. dp: DDP's buckets,
 // ZeRO-1's reduce-scatters (each unit's started as the last micro-batch's backward completes it,
 // ZeroSequence) and ZeRO-2/3's per-micro-batch collectives overlap the backward (two thirds of a
 // micro-batch's compute and other ops) or, for ZeRO-3's gathers, the whole micro-batch; stages
@@ -1324,7 +1351,8 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   const double attn_s =
       j.per_rank_tokens * r.L * j.attn_fpt / j.tp / j.eff_peak * j.hw.comm_overlap;
   s.comm_s[static_cast<int>(Axis::cp)] =
-      std::max(0.0, k.send / bw(Axis::cp) - attn_s) + (k.all_to_all + k.all_reduce) / bw(Axis::cp);
+      std::max(0.0, k.send / bw(Axis::cp) - attn_s) +
+      (k.all_to_all + k.all_gather + k.reduce_scatter + k.all_reduce) / bw(Axis::cp);
   s.other_ops_s = s.other_ops_bytes / j.hw.memory_bandwidth;
   const double m = j.m;
   const double mb_s = (s.compute_s + s.other_ops_s) / m * j.hw.comm_overlap, bwd_s = mb_s * 2 / 3;

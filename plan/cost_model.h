@@ -37,7 +37,7 @@ struct StageCost {
   int64_t layers = 0;
   bool embedding = false, head = false;
   double flops = 0;  // FLOPs this rank runs in a step, recompute included
-  // Of which beyond the model's FLOPs: the recompute's, and the latent cp ring's expansions of
+  // Of which beyond the model's FLOPs: the recompute's, and the latent cp core's expansions of
   // other ranks' blocks (hardware FLOPs).
   double recompute_flops = 0;
   std::array<AxisBytes, kNumAxes> bytes{};  // by Axis

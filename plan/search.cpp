@@ -73,7 +73,7 @@ struct LayoutShape {
   PipeSchedule schedule;
   CpImpl cp_impl;
   std::vector<int64_t> pp_layers;  // layers of each global stage; empty: the even split
-  bool cp_latent = true;           // latent attention's ring: the latent, or the K/V
+  bool cp_latent = true;           // latent attention's cp: the latent, or the K/V
   int max_deferred = -1;           // DualPipeV's parallel.pp_max_deferred
 };
 
@@ -102,7 +102,7 @@ std::string layout_text(const Config& cfg, int world) {
   const MeshShape mesh = mesh_shape(p, world);
   std::string s = concat("tp ", p.tp, p.sequence_parallel && p.tp > 1 ? " sp" : "", ", cp ", p.cp);
   if (p.cp > 1) s += concat(" ", std::string(cp_impl_name(p.cp_impl)));
-  if (p.cp > 1 && p.cp_impl == CpImpl::ring && cfg.model.mla_attention())
+  if (p.cp > 1 && p.cp_impl != CpImpl::hybrid && cfg.model.mla_attention())
     s += p.cp_latent ? " of the latent" : " of K/V";
   s += concat(", pp ", p.pp);
   if (p.pp > 1) {
@@ -174,15 +174,16 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
           }
           std::vector<CpImpl> impls{CpImpl::ring};
           if (cp > 1) impls.push_back(CpImpl::ulysses);
-          // Latent attention's ring moves the latent (fewer bytes, more kv_b GEMMs and copies)
-          // or the K/V: both are tried where the schedule lets it move the latent.
+          // Latent attention's ring or Ulysses group moves the latent (fewer bytes, more kv_b
+          // GEMMs and copies) or the K/V: both are tried where the schedule lets it move the
+          // latent.
           for (auto [sched, v, deferred] : schedules) {
             const bool both =
                 cp > 1 && base.model.mla_attention() && !(pp > 1 && splits_backward(sched));
             for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
               for (CpImpl impl : impls)
                 for (bool latent : {true, false})
-                  if (latent || (both && impl == CpImpl::ring))
+                  if (latent || both)
                     shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent, deferred});
           }
         }

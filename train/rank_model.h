@@ -19,10 +19,11 @@ std::unique_ptr<Transformer> make_rank_model(const Config& cfg, const ModelSpec&
                                              Allocator& alloc, Communicator* tp, Communicator* cp,
                                              Communicator* ep);
 
-// The K/V payload a cp ring moves for this config (ContextParallel::payload; docs/parallelism.md,
-// "Context parallelism"): multi-head latent attention's kv latent and RoPE key, kv_lora_rank +
-// qk_rope_head_dim values a position, unless parallel.cp_latent is false or the schedule splits
-// the backward (the payload's weight gradient is added during the input half); else 0.
+// The K/V payload a cp ring or Ulysses group moves for this config (ContextParallel::payload,
+// cp_payload; docs/parallelism.md, "Context parallelism"): multi-head latent attention's kv
+// latent and RoPE key, kv_lora_rank + qk_rope_head_dim values a position, unless
+// parallel.cp_latent is false or the schedule splits the backward (the payload's weight gradient
+// is added during the input half); else 0.
 int64_t cp_kv_payload(const Config& cfg);
 
 }  // namespace llmt

@@ -308,7 +308,7 @@ LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
   LLMT_CHECK(Dv_ <= D_ && env.spec.head_dim == D_, "latent attention: v_head_dim ", Dv_,
              " above the core's head dim ", D_);
   LLMT_CHECK(!payload_ || env.attention.payload_width() == Ckv_ + Dr_,
-             "latent attention: the cp ring's payload of ", env.attention.payload_width(),
+             "latent attention: the cp core's payload of ", env.attention.payload_width(),
              " values a position is not kv_lora_rank + qk_rope_head_dim = ", Ckv_ + Dr_);
   LLMT_CHECK(!recompute_up_ || (Cq_ > 0 && env.scratch.mla.qkv.defined()), prefix,
              ": recomputing the up projections needs a query latent and the model's scratch");
@@ -416,35 +416,42 @@ void LatentAttention::fill_payload(std::span<const Tensor> s) const {
                    {1, Dr_, 0, 0, H_ * D_ + Dn_, 0});
 }
 
+Tensor LatentAttention::kv_up_heads(Tensor w, int64_t head0, int64_t h) const {
+  return w.rows(head0 * (Dn_ + Dv_), (head0 + h) * (Dn_ + Dv_));
+}
+
 // As forward assembles a key and value head from kv_b's output and k_pe, rounded once: the
 // payload's k_pe is rotated and rounded already (RoPE leaves the other dims alone), and a 16-bit
-// kv rounds kv_b's output as it stores it, as forward's convert does.
-void LatentAttention::expand(Tensor kv, Tensor p) const {
-  const Tensor kvb = env_.scratch.mla.kv;  // (N,H*(Dn+Dv)) f32
-  kv_up_.forward(kvb, payload_latent(p), env_.w(kv_up_w_), Tensor());
-  const Tensor k2 = kv.view({env_.tp.N, 2 * H_ * D_});
+// kv rounds kv_b's output as it stores it, as forward's convert does. (h heads from head0: kv_b's
+// rows of those heads.)
+void LatentAttention::expand(Tensor kv, Tensor p, int64_t head0, int64_t h) const {
+  const int64_t N = env_.tp.N, E = Dn_ + Dv_;
+  const Tensor kvb = head_of(env_.scratch.mla.kv, {N, h * E});  // (N,h*(Dn+Dv)) f32
+  kv_up_.forward(kvb, payload_latent(p), kv_up_heads(env_.w(kv_up_w_), head0, h), Tensor());
+  const Tensor k2 = kv.view({N, 2 * h * D_});
   if (Dv_ < D_) ops::fill_zero(kv);
-  ops::copy_blocks(k2, kvb, {H_, Dn_, 0, D_, 0, Dn_ + Dv_});
-  ops::copy_blocks(k2, payload_kpe(p), {H_, Dr_, Dn_, D_, 0, 0});
-  ops::copy_blocks(k2, kvb, {H_, Dv_, H_ * D_, D_, Dn_, Dn_ + Dv_});
+  ops::copy_blocks(k2, kvb, {h, Dn_, 0, D_, 0, E});
+  ops::copy_blocks(k2, payload_kpe(p), {h, Dr_, Dn_, D_, 0, 0});
+  ops::copy_blocks(k2, kvb, {h, Dv_, h * D_, D_, Dn_, E});
   if (kv.dtype == DType::f32) env_.round(kv);
 }
 
 // A block's dK/dV, rounded as backward_input rounds d_qkv: [d k_nope | d v] through kv_b into
 // the latent's gradient (and kv_b's weight gradient, from the block's latent), the keys' RoPE
 // dims summed over the heads into k_pe's (still rotated: backward_input un-rotates the sum).
-void LatentAttention::contract(Tensor d_p, Tensor dkv, Tensor p) const {
+void LatentAttention::contract(Tensor d_p, Tensor dkv, Tensor p, int64_t head0, int64_t h) const {
   const BlockScratch::Mla& m = env_.scratch.mla;
-  const int64_t N = env_.tp.N;
+  const int64_t N = env_.tp.N, E = Dn_ + Dv_;
   env_.round(dkv);
-  const Tensor d2 = dkv.view({N, 2 * H_ * D_});
-  ops::copy_blocks(m.kv, d2, {H_, Dn_, 0, Dn_ + Dv_, 0, D_});
-  ops::copy_blocks(m.kv, d2, {H_, Dv_, Dn_, Dn_ + Dv_, H_ * D_, D_});
+  const Tensor d2 = dkv.view({N, 2 * h * D_}), dkvb = head_of(m.kv, {N, h * E});
+  ops::copy_blocks(dkvb, d2, {h, Dn_, 0, E, 0, D_});
+  ops::copy_blocks(dkvb, d2, {h, Dv_, Dn_, E, h * D_, D_});
   const Tensor d_lat = head_of(m.d_lat, {N, Ckv_});
-  kv_up_.partial_input_grad(d_lat, m.kv, env_.w(kv_up_w_));
-  kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), m.kv, payload_latent(p));
+  kv_up_.partial_input_grad(d_lat, dkvb, kv_up_heads(env_.w(kv_up_w_), head0, h));
+  kv_up_.backward_weight(kv_up_heads(env_.g(kv_up_w_), head0, h), Tensor(), dkvb,
+                         payload_latent(p));
   ops::add_inplace(payload_latent(d_p), d_lat);
-  ops::copy_blocks(payload_kpe(d_p), d2, {H_, Dr_, 0, 0, Dn_, D_}, /*add=*/true);
+  ops::copy_blocks(payload_kpe(d_p), d2, {h, Dr_, 0, 0, Dn_, D_}, /*add=*/true);
 }
 
 Tensor LatentAttention::forward(std::span<const Tensor> s, Tensor x) {
@@ -522,7 +529,7 @@ Tensor LatentAttention::backward_input(std::span<const Tensor> s, Stash& st, Ten
     ops::fill_zero(sc.d_att);
     ops::copy_blocks(sc.d_att.view({N, H_ * D_}), d_o, {H_, Dv_, 0, D_, 0, Dv_});
   }
-  // The payload ring returns the payload's gradient (kv_b's weight gradient added on the way)
+  // The payload core returns the payload's gradient (kv_b's weight gradient added on the way)
   // and leaves dqkv's K/V heads zero.
   Tensor d_payload;
   if (payload_) {
@@ -602,7 +609,7 @@ void LatentAttention::backward_weight(std::span<const Tensor> s, const Stash& st
   } else {
     q_up_.backward_weight(env_.g(q_up_w_), Tensor(), st[1], q_up_.input(x));
   }
-  // (The payload ring added kv_b's weight gradient block by block in backward_input.)
+  // (The payload core added kv_b's weight gradient block by block in backward_input.)
   if (!payload_) kv_up_.backward_weight(env_.g(kv_up_w_), Tensor(), st[2], s[kv_latent_at()]);
   ops::linear_backward(Tensor(), env_.g(kv_a_), Tensor(), st[3], xr, Tensor(), ops_t);
   const Tensor norms = st[st_norms()];

@@ -282,7 +282,9 @@ class Attention final : public Branch {
 // (Ckv + Dr values, not 2·H·D) and every rank expands the blocks it receives with kv_b
 // (KvExpansion): the backward contracts each block's dK/dV into the latent's gradient and adds
 // kv_b's weight gradient as the block passes, so that runs in the input half (zero-bubble
-// schedules, which defer it, keep the expanded K/V: cp_kv_payload). Under FP8 kv_b's inputs are
+// schedules, which defer it, keep the expanded K/V: cp_kv_payload). Under Ulysses the group
+// all-gathers the payloads and each rank expands its H/u heads' K/V (rows of kv_b) for all of
+// them; the contraction adds those rows' weight gradient. Under FP8 kv_b's inputs are
 // quantised block by block (their tiles never cross a block's rows; tensorwise: a scale per
 // block).
 class LatentAttention final : public Branch, private KvExpansion {
@@ -321,8 +323,11 @@ class LatentAttention final : public Branch, private KvExpansion {
   // The payload ring: this rank's payload (N*(Ckv+Dr), compute type) := [kv_latent | the rotated
   // k_pe of qkv's first key head]; a block's K/V from its payload, and back.
   void fill_payload(std::span<const Tensor> s) const;
-  void expand(Tensor kv, Tensor p) const override;
-  void contract(Tensor d_p, Tensor dkv, Tensor p) const override;
+  void expand(Tensor kv, Tensor p, int64_t head0, int64_t h) const override;
+  void contract(Tensor d_p, Tensor dkv, Tensor p, int64_t head0, int64_t h) const override;
+  // Rows [head0 E, (head0+h) E) of kv_b's weight or its gradient (OC,Ckv), E = Dn + Dv: heads
+  // [head0, head0+h) of this tp rank's.
+  Tensor kv_up_heads(Tensor w, int64_t head0, int64_t h) const;
   Tensor payload_latent(Tensor p) const;                            // (N,Ckv) view of a payload
   Tensor payload_kpe(Tensor p) const;                               // (N,Dr)
   size_t kv_latent_at() const { return lat_ + (Cq_ > 0 ? 5 : 2); }  // kv_latent in the saved set

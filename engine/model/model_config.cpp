@@ -221,10 +221,11 @@ void check_model_layout(const ModelConfig& m, const ParallelConfig& p, Rules& r)
                      ": each tp rank projects its own rows of the sequence down to the latents, "
                      "which are gathered over tp; set parallel.sequence_parallel = true"));
   if (!p.cp_latent)
-    r.require(m.mla_attention(), {"parallel.cp_latent", "model.attention"},
-              "parallel.cp_latent=false makes a cp ring move latent attention's expanded K/V "
-              "instead of its kv latent, but model.attention=\"mha\" has no latent: remove "
-              "parallel.cp_latent");
+    r.require(
+        m.mla_attention(), {"parallel.cp_latent", "model.attention"},
+        "parallel.cp_latent=false makes context parallelism move latent attention's "
+        "expanded K/V instead of its kv latent, but model.attention=\"mha\" has no latent: remove "
+        "parallel.cp_latent");
   if (m.mtp_depth > 0 && p.tp > 1)
     r.require(p.sequence_parallel, {"model.mtp_depth", "parallel.tp"},
               concat("model.mtp_depth=", m.mtp_depth, " with parallel.tp=", p.tp,

@@ -25,14 +25,16 @@ class Communicator;
 class KvExpansion {
  public:
   virtual ~KvExpansion() = default;
-  // kv (B,T,2KV,D) in the compute type := the K/V of the B*T positions whose payload is p
-  // (B*T*P, compute type).
-  virtual void expand(Tensor kv, Tensor p) const = 0;
-  // d_p (B*T*P) f32 += the payload's gradient, given the K/V's gradient dkv (B,T,2KV,D) f32 of
-  // the positions whose payload is p; the map's weight gradients += their part (now: a rank holds
-  // another rank's payload only during the ring, so this runs in the backward's input half, and
-  // the schedule must run the weight half with it: no zero-bubble split).
-  virtual void contract(Tensor d_p, Tensor dkv, Tensor p) const = 0;
+  // kv (B,T,2h,D) in the compute type := the K/V of kv heads [head0, head0+h) (all of them, or
+  // Ulysses' share) of the B*T positions whose payload is p (B*T*P, compute type): keys then
+  // values, as a qkv row holds them.
+  virtual void expand(Tensor kv, Tensor p, int64_t head0, int64_t h) const = 0;
+  // d_p (B*T*P) f32 += the payload's gradient through those heads, given their K/V's gradient dkv
+  // (B,T,2h,D) f32 of the positions whose payload is p; the map's weight gradients += their part
+  // (now: a rank holds another rank's payload only inside the core, so this runs in the
+  // backward's input half, and the schedule must run the weight half with it: no zero-bubble
+  // split).
+  virtual void contract(Tensor d_p, Tensor dkv, Tensor p, int64_t head0, int64_t h) const = 0;
 };
 
 class AttentionCore {

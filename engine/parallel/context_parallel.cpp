@@ -34,8 +34,9 @@ int ulysses_degree(CpImpl impl, int cp, int cp_ulysses) {
   return 1;
 }
 
-int64_t ring_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload) {
-  return cp > 1 && ulysses_degree(impl, cp, cp_ulysses) == 1 ? payload : 0;
+int64_t cp_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload) {
+  const int u = ulysses_degree(impl, cp, cp_ulysses);
+  return cp > 1 && (u == 1 || u == cp) ? payload : 0;
 }
 
 std::vector<int32_t> SequenceShard::positions() const {
@@ -68,22 +69,33 @@ using Piece = std::pair<Shape, DType>;
 // The pieces of ContextParallelAttention's buffer, in the order its constructor carves them:
 // positions; with an all-to-all (u > 1) the send/recv staging of this rank's qkv (B, Tl, W, D)
 // and the head-sharded qkv, its gradient, output, output gradient (B, u Tl, H/u (+2 KV/u), D)
-// and LSE; with a ring (r > 1) two K/V blocks and two dK/dV accumulators (with a payload of P
-// values a position: two payloads and their gradients' accumulators, then one block's K/V and
-// its f32 dK/dV after the rest), a block's partial output and LSE, and (16-bit) the output merged
-// in fp32. q/k/v and the output are in the compute type `t`, their gradients, partial results
-// and the staging (which moves both) fp32.
+// and LSE (with a payload the staging holds B Tl H D values, only queries and outputs moving,
+// followed by this rank's payload, the group's gathered payloads, their gradients, this rank's
+// reduce-scattered gradient and one block's K/V and f32 dK/dV); with a ring (r > 1) two K/V blocks
+// and two dK/dV accumulators (with a payload of P values a position: two payloads and their
+// gradients' accumulators, then one block's K/V and its f32 dK/dV after the rest), a block's
+// partial output and LSE, and (16-bit) the output merged in fp32. q/k/v and the output are in the
+// compute type `t`, their gradients, partial results and the staging (which moves both) fp32.
 std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H, int64_t KV,
                                  int64_t D, DType t, int64_t P) {
   const int64_t Tg = u * Tl, Hg = H / u, KVg = KV / u, W = H + 2 * KV;
   std::vector<Piece> out{{Shape({Tl}), DType::i32}, {Shape({r, Tg}), DType::i32}};
   if (u > 1) {
-    for (int i = 0; i < 2; ++i) out.push_back({Shape({B * Tl * W * D}), DType::f32});
+    const int64_t moved = P > 0 ? H : W;
+    for (int i = 0; i < 2; ++i) out.push_back({Shape({B * Tl * moved * D}), DType::f32});
     out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), t});
     out.push_back({Shape({B, Tg, Hg + 2 * KVg, D}), DType::f32});
     out.push_back({Shape({B, Tg, Hg, D}), t});
     out.push_back({Shape({B, Tg, Hg, D}), DType::f32});
     out.push_back({Shape({B, Hg, Tg}), DType::f32});
+    if (P > 0) {
+      out.push_back({Shape({B * Tl * P}), t});
+      out.push_back({Shape({u * B * Tl * P}), t});
+      out.push_back({Shape({u * B * Tl * P}), DType::f32});
+      out.push_back({Shape({B * Tl * P}), DType::f32});
+      out.push_back({Shape({B, Tl, 2 * KVg, D}), t});
+      out.push_back({Shape({B, Tl, 2 * KVg, D}), DType::f32});
+    }
   }
   if (r > 1) {
     const Shape block = P > 0 ? Shape({B * Tg * P}) : Shape({B, Tg, 2 * KVg, D});
@@ -110,7 +122,7 @@ size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T
                        int64_t KV, int64_t D, DType compute, int64_t payload) {
   if (cp <= 1) return 0;
   const int u = ulysses_degree(impl, cp, cp_ulysses);
-  const int64_t P = ring_payload(impl, cp, cp_ulysses, payload);
+  const int64_t P = cp_payload(impl, cp, cp_ulysses, payload);
   size_t total = 0;
   for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D, compute, P))
     total += piece_bytes(p);
@@ -124,17 +136,24 @@ CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t 
   const int u = ulysses_degree(impl, cp, ulysses), r = cp / u;
   const double Tl = static_cast<double>(T) / cp, Bd = static_cast<double>(B);
   const double v = static_cast<double>(dtype_size(compute)) / 4.0;  // q/k/v, output: e'/e
+  const int64_t P = cp_payload(impl, cp, ulysses, payload);
   if (u > 1) {
-    const double Q = 4.0 * Bd * Tl * static_cast<double>((H + 2 * KV) * D);
+    // (With a payload only the queries move, and the payload is gathered.)
+    const double Q = 4.0 * Bd * Tl * static_cast<double>((P > 0 ? H : H + 2 * KV) * D);
     const double O = 4.0 * Bd * Tl * static_cast<double>(H * D);
     b.all_to_all = (u - 1.0) / u * ((2.0 * v + 1.0) * Q + (v + 1.0) * O);
+    b.forward.all_to_all = (u - 1.0) / u * v * (Q + O);
+    const double E = 4.0 * Bd * Tl * static_cast<double>(P);
+    b.all_gather = 2.0 * (u - 1.0) * v * E;
+    b.forward.all_gather = (u - 1.0) * v * E;
+    b.reduce_scatter = (u - 1.0) * E;
   }
   if (r > 1) {
     // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E;
     // or their payload (pure ring).
-    const int64_t P = ring_payload(impl, cp, ulysses, payload);
     const double E = 4.0 * Bd * Tl * static_cast<double>(P > 0 ? P : 2 * KV * D);
     b.send = b.recv = ((2.0 + (u > 1 ? 1.0 : 0.0)) * (r - 1.0) * v + r) * E;
+    b.forward.send = b.forward.recv = (r - 1.0) * v * E;
   }
   return b;
 }
@@ -182,12 +201,16 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   Tg_ = u_ * Tl_;
   Hg_ = H / u_;
   KVg_ = KV / u_;
-  P_ = ring_payload(cp_.impl, p, cp_.ulysses, cp_.payload);
+  P_ = cp_payload(cp_.impl, p, cp_.ulysses, cp_.payload);
   // One buffer, carved in 64-byte aligned pieces (buffer_pieces' order).
   std::vector<Tensor*> targets{&local_pos_, &ring_pos_};
-  if (u_ > 1)
+  if (u_ > 1) {
     for (Tensor* t : {&send_, &recv_, &g_qkv_, &g_dqkv_, &g_out_, &g_dout_, &g_lse_})
       targets.push_back(t);
+    if (P_ > 0)
+      for (Tensor* t : {&own_p_, &gath_p_, &dgath_p_, &down_p_, &kvx_, &dkvx_})
+        targets.push_back(t);
+  }
   if (r_ > 1) {
     for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &part_out_, &part_lse_})
       targets.push_back(t);
@@ -283,7 +306,7 @@ Tensor ContextParallelAttention::block_kv(int i, Tensor cur, Tensor qkv, const K
   if (i == 0)
     ops::copy_heads(kvx_, 0, qkv, Hg_, 2 * KVg_);
   else
-    x->expand(kvx_, cur);
+    x->expand(kvx_, cur, 0, KVg_);
   return kvx_;
 }
 
@@ -347,7 +370,7 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
     if (x) ops::fill_zero(dkvx_);
     ops::attention_block_backward(dqkv, dkv, dout, qkv, kv, 0, out, lse, pos_of(j), pos_of(src),
                                   Hg_, KVg_, scale_);
-    if (x) x->contract(dcur, dkvx_, cur);
+    if (x) x->contract(dcur, dkvx_, cur, 0, KVg_);
     Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
     moving.device_wait();
     acc.device_wait();
@@ -359,13 +382,30 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
 
 void ContextParallelAttention::forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) {
   LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
-  attend(out, lse, qkv, &x);
+  if (u_ == 1) {
+    attend(out, lse, qkv, &x);
+    return;
+  }
+  latent_heads(qkv, x);
+  attend(g_out_, g_lse_, g_qkv_);
+  heads_to_seq(out, g_out_);
+  ops::fill_zero(lse);
 }
 
+// (Ulysses: as backward without a payload, the head-sharded output and lse recomputed; the
+// queries' gradient goes back through the all-to-all, the K/V heads' into the payloads'.)
 Tensor ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
                                           Tensor lse, const KvExpansion& x) {
   LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
-  return attend_backward(dqkv, dout, qkv, out, lse, &x);
+  if (u_ == 1) return attend_backward(dqkv, dout, qkv, out, lse, &x);
+  latent_heads(qkv, x);
+  attend(g_out_, g_lse_, g_qkv_);
+  if (g_out_.dtype == DType::f32 && compute_ != DType::f32) ops::round_to(g_out_, compute_);
+  seq_to_heads(g_dout_, dout);
+  attend_backward(g_dqkv_, g_dout_, g_qkv_, g_out_, g_lse_);
+  ops::fill_zero(dqkv);
+  heads_to_seq(dqkv, g_dqkv_, /*queries_only=*/true);
+  return latent_heads_backward(x);
 }
 
 // ---- Ulysses ------------------------------------------------------------------------------------
@@ -382,9 +422,16 @@ struct HeadGroups {
   int64_t n[3];
   int count;
 };
-HeadGroups groups_of(int64_t W, int64_t H, int64_t KV) {
-  if (W == H) return {{0, 0, 0}, {H, 0, 0}, 1};
+HeadGroups groups_of(int64_t W, int64_t H, int64_t KV, bool queries_only) {
+  if (W == H || queries_only) return {{0, 0, 0}, {H, 0, 0}, 1};
   return {{0, H, H + KV}, {H, KV, KV}, 3};
+}
+
+// The heads of a group's share: w = the sum of its groups' n/p.
+int64_t share_width(const HeadGroups& g, int p) {
+  int64_t w = 0;
+  for (int e = 0; e < g.count; ++e) w += g.n[e] / p;
+  return w;
 }
 
 // An all-to-all staging buffer (fp32-sized) as a flat tensor of type t: 16-bit q/k/v and
@@ -395,11 +442,11 @@ Tensor staging(const Tensor& buf, DType t) {
 
 }  // namespace
 
-void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
+void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq, bool queries_only) {
   Communicator& comm = *uly_;
   const int p = u_;
-  const int64_t W = seq.size(2), w = W / p;
-  const HeadGroups g = groups_of(W, H_, KV_);
+  const HeadGroups g = groups_of(seq.size(2), H_, KV_, queries_only);
+  const int64_t w = share_width(g, p);
   const int64_t block = B_ * Tl_ * w * D_;
   const Tensor send = staging(send_, seq.dtype), recv = staging(recv_, seq.dtype);
   for (int k = 0; k < p; ++k) {
@@ -414,28 +461,41 @@ void ContextParallelAttention::seq_to_heads(Tensor heads, Tensor seq) {
   Tensor in = send.rows(0, p * block), got = recv.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
   // recv block i is (B, Tl, w, D) of group rank i's positions: row b of it goes to positions
-  // [i*Tl, (i+1)*Tl) of batch row b.
+  // [i*Tl, (i+1)*Tl) of batch row b (queries_only: into its first w heads).
   const int64_t chunk = Tl_ * w * D_;
-  Tensor src_rows = got.view({p * B_, chunk}), dst_rows = heads.view({B_ * p, chunk});
+  Tensor src_rows = got.view({p * B_, chunk});
+  Tensor dst_rows = heads.view({B_ * p, Tl_ * heads.size(2) * D_});
   for (int i = 0; i < p; ++i)
-    for (int64_t b = 0; b < B_; ++b)
-      ops::copy(dst_rows.rows(b * p + i, b * p + i + 1), src_rows.rows(i * B_ + b, i * B_ + b + 1));
+    for (int64_t b = 0; b < B_; ++b) {
+      const Tensor dst = dst_rows.rows(b * p + i, b * p + i + 1),
+                   src = src_rows.rows(i * B_ + b, i * B_ + b + 1);
+      if (queries_only)
+        ops::copy_heads(dst.view({1, Tl_, heads.size(2), D_}), 0, src.view({1, Tl_, w, D_}), 0, w);
+      else
+        ops::copy(dst, src);
+    }
 }
 
-void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
+void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads, bool queries_only) {
   Communicator& comm = *uly_;
   const int p = u_;
-  const int64_t W = seq.size(2), w = W / p;
-  const HeadGroups g = groups_of(W, H_, KV_);
+  const HeadGroups g = groups_of(seq.size(2), H_, KV_, queries_only);
+  const int64_t w = share_width(g, p);
   const int64_t block = B_ * Tl_ * w * D_, chunk = Tl_ * w * D_;
   // In the heads' type: the output moves in the compute type even where `seq` is fp32 (selective
   // recompute's scratch), copy_heads widening it.
   const Tensor send = staging(send_, heads.dtype), recv = staging(recv_, heads.dtype);
-  Tensor src_rows = heads.view({B_ * p, chunk});
+  Tensor src_rows = heads.view({B_ * p, Tl_ * heads.size(2) * D_});
   Tensor dst_rows = send.rows(0, p * block).view({p * B_, chunk});
   for (int i = 0; i < p; ++i)
-    for (int64_t b = 0; b < B_; ++b)
-      ops::copy(dst_rows.rows(i * B_ + b, i * B_ + b + 1), src_rows.rows(b * p + i, b * p + i + 1));
+    for (int64_t b = 0; b < B_; ++b) {
+      const Tensor dst = dst_rows.rows(i * B_ + b, i * B_ + b + 1),
+                   src = src_rows.rows(b * p + i, b * p + i + 1);
+      if (queries_only)
+        ops::copy_heads(dst.view({1, Tl_, w, D_}), 0, src.view({1, Tl_, heads.size(2), D_}), 0, w);
+      else
+        ops::copy(dst, src);
+    }
   Tensor in = send.rows(0, p * block), got = recv.rows(0, p * block);
   comm.all_to_all(got, in).device_wait();
   for (int k = 0; k < p; ++k) {
@@ -447,6 +507,38 @@ void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads) {
       off += share;
     }
   }
+}
+
+// ---- Ulysses over the payload -------------------------------------------------------------------
+// Group rank k holds query heads [k Hg, (k+1) Hg) of every position of the group after the
+// all-to-all; its K/V heads are the same heads (latent attention: KV = H), expanded from each
+// group rank i's payload (block i of the gathered ones: sample b's positions [i Tl, (i+1) Tl)).
+
+void ContextParallelAttention::latent_heads(Tensor qkv, const KvExpansion& x) {
+  seq_to_heads(g_qkv_, qkv, /*queries_only=*/true);
+  uly_->all_gather(gath_p_, own_p_).device_wait();
+  const int64_t n = B_ * Tl_ * P_, Wg = Hg_ + 2 * KVg_, head0 = uly_->rank() * KVg_;
+  const Tensor rows = g_qkv_.view({B_ * u_, Tl_, Wg, D_});
+  for (int i = 0; i < u_; ++i) {
+    x.expand(kvx_, gath_p_.rows(i * n, (i + 1) * n), head0, KVg_);
+    for (int64_t b = 0; b < B_; ++b)
+      ops::copy_heads(rows.rows(b * u_ + i, b * u_ + i + 1), Hg_, kvx_.rows(b, b + 1), 0, 2 * KVg_);
+  }
+}
+
+Tensor ContextParallelAttention::latent_heads_backward(const KvExpansion& x) {
+  const int64_t n = B_ * Tl_ * P_, Wg = Hg_ + 2 * KVg_, head0 = uly_->rank() * KVg_;
+  const Tensor rows = g_dqkv_.view({B_ * u_, Tl_, Wg, D_});
+  ops::fill_zero(dgath_p_);
+  for (int i = 0; i < u_; ++i) {
+    for (int64_t b = 0; b < B_; ++b)
+      ops::copy_heads(dkvx_.rows(b, b + 1), 0, rows.rows(b * u_ + i, b * u_ + i + 1), Hg_,
+                      2 * KVg_);
+    x.contract(dgath_p_.rows(i * n, (i + 1) * n), dkvx_, gath_p_.rows(i * n, (i + 1) * n), head0,
+               KVg_);
+  }
+  uly_->reduce_scatter(down_p_, dgath_p_).device_wait();
+  return down_p_;
 }
 
 }  // namespace llmt

@@ -12,7 +12,11 @@
 //            receives, and the accumulators are the payload's gradient.
 //   ulysses  an all-to-all turns the sequence-sharded q/k/v into head-sharded ones (every
 //            position of H/cp query and KV/cp kv heads), attention runs on whole sequences, and
-//            an all-to-all turns the output back. Needs the head counts divisible by cp.
+//            an all-to-all turns the output back. Needs the head counts divisible by cp. With a
+//            payload only the queries go through the all-to-all: the group all-gathers every
+//            position's payload and each rank expands its own H/cp heads' K/V from it (a slice of
+//            the expansion, no more FLOPs than expanding its own positions' K/V for every head);
+//            backward reduce-scatters the payloads' gradients.
 //   hybrid   both (USP, Megatron's a2a+p2p): all-to-all over groups of u consecutive cp ranks
 //            (H/u heads of those u ranks' positions), then the ring over the cp/u such groups.
 // Parameters are replicated over cp; their gradients are summed over dp x cp with the data-
@@ -69,10 +73,20 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 //   ring part:    send = recv = (2(r-1) e'/e + r) E: K/V twice around, the dK/dV accumulators
 //                 one hop more, and (r-1) e'/e E more under hybrid, whose backward replays the
 //                 ring forward for the head-sharded output and lse
-// A pure ring with a K/V payload of P values a position (`payload`, ring_payload) moves the
-// payload instead: E = e B Tl P.
+// A pure ring with a K/V payload of P values a position (`payload`, cp_payload) moves the
+// payload instead: E = e B Tl P. Pure Ulysses with a payload moves the queries, not q/k/v
+// (Q = e B Tl H D above), and all-gathers the payload twice (forward, and again in backward)
+// and reduce-scatters its fp32 gradient once: all_gather = 2 (u-1) e'/e E, reduce_scatter =
+// (u-1) E, E = e B Tl P.
+// `forward`: the forward's share of those, which every replay of the core's forward (selective
+// recompute of the core, full recompute) moves again: the ring's (r-1) e'/e E, the all-to-all's
+// (u-1)/u e'/e (Q + O), latent Ulysses' all-gather (u-1) e'/e E.
 struct CpBytes {
-  double send = 0, recv = 0, all_to_all = 0;
+  struct Kinds {
+    double send = 0, recv = 0, all_to_all = 0, all_gather = 0, reduce_scatter = 0;
+  };
+  double send = 0, recv = 0, all_to_all = 0, all_gather = 0, reduce_scatter = 0;
+  Kinds forward;
 };
 CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D, DType compute = DType::f32, int64_t payload = 0);
@@ -82,9 +96,10 @@ size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T
                        int64_t KV, int64_t D, DType compute = DType::f32, int64_t payload = 0);
 // The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
 int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
-// The payload width the ring moves: `payload` under a pure ring (cp > 1, no all-to-all), else 0
-// (Ulysses exchanges heads, which a payload shared by every head does not have: K/V move).
-int64_t ring_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload);
+// The payload width the cp core moves: `payload` under a pure ring or pure Ulysses (cp > 1), else
+// 0: hybrid moves K/V (its ring would pass gathered payloads whose expansion is a head slice of
+// several ranks' positions; not built).
+int64_t cp_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload);
 
 // The cp group of one model (none: no context parallelism).
 struct ContextParallel {
@@ -92,7 +107,7 @@ struct ContextParallel {
   CpImpl impl = CpImpl::ring;
   int ulysses = 0;  // hybrid: the all-to-all group size u (1 < u < cp, dividing cp)
   // > 0: the model's K/V expand from a payload of this many values a position (KvExpansion),
-  // which a pure ring moves instead of the K/V (ring_payload).
+  // which a pure ring or pure Ulysses moves instead of the K/V (cp_payload).
   int64_t payload = 0;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
@@ -114,10 +129,11 @@ class ContextParallelAttention final : public AttentionCore {
   void forward(Tensor out, Tensor lse, Tensor qkv) override;
   // dqkv (B,Tl,W,D) assigned; out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
-  // The ring with a K/V payload (cp.payload under a pure ring): this rank's payload in
-  // payload() (B*Tl*P), the ring's first block; the blocks it receives expanded by x.
+  // With a K/V payload (cp.payload under a pure ring or pure Ulysses): this rank's payload in
+  // payload() (B*Tl*P; the ring's first block); the ring's blocks, or Ulysses' gathered
+  // payloads, expanded by x.
   int64_t payload_width() const override { return P_; }
-  Tensor payload() const override { return P_ > 0 ? kv_[0] : Tensor(); }
+  Tensor payload() const override { return P_ > 0 ? (u_ > 1 ? own_p_ : kv_[0]) : Tensor(); }
   void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) override;
   Tensor backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                   const KvExpansion& x) override;
@@ -138,8 +154,15 @@ class ContextParallelAttention final : public AttentionCore {
   Tensor block_kv(int i, Tensor cur, Tensor qkv, const KvExpansion* x);
   // Ulysses: a sequence-sharded qkv (B,Tl,W,D) or output (B,Tl,H,D) -> its head-sharded share of
   // the u ranks' positions, (B,Tg,W/u,D) or (B,Tg,H/u,D), through one all-to-all; and back.
-  void seq_to_heads(Tensor heads, Tensor seq);
-  void heads_to_seq(Tensor seq, Tensor heads);
+  // queries_only: of a qkv only the H query heads move, into (out of) heads [0, H/u) of `heads`.
+  void seq_to_heads(Tensor heads, Tensor seq, bool queries_only = false);
+  void heads_to_seq(Tensor seq, Tensor heads, bool queries_only = false);
+  // Ulysses with a payload: g_qkv_ := this rank's share of the queries (all-to-all) and the K/V
+  // of its H/u heads at every position of the group, expanded by x from the gathered payloads;
+  // and backward, from g_dqkv_'s K/V heads: the payloads' gradients contracted block by block and
+  // reduce-scattered, this rank's positions' in down_p_ (returned).
+  void latent_heads(Tensor qkv, const KvExpansion& x);
+  Tensor latent_heads_backward(const KvExpansion& x);
 
   ContextParallel cp_;
   std::unique_ptr<Communicator> own_ring_, own_uly_;  // hybrid: split off the cp group
@@ -159,10 +182,15 @@ class ContextParallelAttention final : public AttentionCore {
   // ring: (B,Tg,2KVg,D) in flight (K/V in the compute type) and the dK/dV accumulators (f32);
   // with a payload, (B*Tl*P) payloads in the compute type and their gradients' accumulators (f32)
   Tensor kv_[2], dkv_[2];
-  Tensor kvx_, dkvx_;           // ring with a payload: (B,Tl,2KV,D) one block's K/V, f32 dK/dV
+  // with a payload: (B,Tl,2KVg,D) one block's K/V (compute type) and its dK/dV (f32)
+  Tensor kvx_, dkvx_;
   Tensor part_out_, part_lse_;  // ring: (B,Tg,Hg,D), (B,Hg,Tg) one block's result
   Tensor merged_;               // ring, 16-bit: (B,Tg,Hg,D) the output merged in fp32
-  Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D fp32 each, any type)
+  Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D fp32 each, any type; with a
+                                // payload B*Tl*H*D: only queries and outputs move)
+  // ulysses with a payload: this rank's (B*Tl*P) and the group's gathered (u*B*Tl*P) payloads in
+  // the compute type, their gradients (f32) and this rank's reduce-scattered one (f32)
+  Tensor own_p_, gath_p_, dgath_p_, down_p_;
   // ulysses: head-sharded (B,Tg,.,D) (q/k/v and the output in the compute type), lse
   Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;
 };

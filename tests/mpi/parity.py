@@ -147,6 +147,14 @@ LAYOUTS = {
     "cp4-ring-kv": (4, ["parallel.cp=4", "parallel.cp_latent=false"], []),
     "cp2-ulysses": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses"], []),
     "cp4-ulysses": (4, ["parallel.cp=4", "parallel.cp_impl=ulysses"], ["model.n_kv_heads=4"]),
+    # Latent attention's Ulysses: the queries through the all-to-all, the latent all-gathered and
+    # each rank's heads expanded (a row slice of kv_b); the expanded K/V through the all-to-all
+    # when parallel.cp_latent = false.
+    "cp4-ulysses-latent": (4, ["parallel.cp=4", "parallel.cp_impl=ulysses"], []),
+    "cp2-ulysses-kv": (2, ["parallel.cp=2", "parallel.cp_impl=ulysses", "parallel.cp_latent=false"],
+                       []),
+    "cp2-ulysses-tp2-sp": (4, ["parallel.cp=2", "parallel.cp_impl=ulysses", "parallel.tp=2",
+                               "parallel.sequence_parallel=true"], []),
     # Hybrid: all-to-all over pairs of cp ranks, ring over the two pairs.
     "cp4-hybrid": (4, ["parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"], []),
     "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"], []),

@@ -65,6 +65,8 @@ LAYOUTS = {
     # Latent attention's cp ring moves the kv latent: a replay or the core's recompute runs the
     # ring (and its expansions) again.
     "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "cp2-ulysses-tp2-sp": (4, ["parallel.cp=2", "parallel.cp_impl=ulysses", "parallel.tp=2",
+                               "parallel.sequence_parallel=true"]),
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"]),
 }

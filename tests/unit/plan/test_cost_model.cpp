@@ -565,6 +565,39 @@ TEST(CostModel, LatentCpRingMovesTheLatentAndExpandsTheBlocks) {
   EXPECT_DOUBLE_EQ(latent.stages[0].recompute_flops, extra);
 }
 
+// Latent attention under Ulysses: the all-to-all moves the queries alone, the payload (kv latent
+// and RoPE key, P = 20 values a position) is all-gathered in forward and again in backward and
+// its gradient reduce-scattered, where the K/V Ulysses (parallel.cp_latent = false) sends q/k/v.
+// Each core forward and each backward expands the rank's H/u heads at every position of the
+// group: one more kv_b GEMM a token each.
+TEST(CostModel, LatentUlyssesGathersTheLatentAndExpandsItsHeads) {
+  const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
+  auto with = [&](bool latent) {
+    return predict_step(
+        tiny({"model.arch=\"llama\"", "model.n_kv_heads=4", "model.attention=\"mla\"",
+              "model.mla.q_lora_rank=24", "model.mla.kv_lora_rank=16",
+              "model.mla.qk_nope_head_dim=8", "model.mla.qk_rope_head_dim=4",
+              "model.mla.v_head_dim=6", "parallel.cp=2", "parallel.cp_impl=\"ulysses\"",
+              concat("parallel.cp_latent=", latent ? "true" : "false"), "parallel.pp=2",
+              "train.micro_batch_size=1"}),
+        4, hw);
+  };
+  const StepCost latent = with(true), kv = with(false);
+  const AxisBytes &l = latent.stages[0].bytes[static_cast<int>(Axis::cp)],
+                  &k = kv.stages[0].bytes[static_cast<int>(Axis::cp)];
+  // A micro-batch of 1 x 16 positions a rank, 4 heads of D = 12, fp32; 2 layers x 8 micro-batches.
+  const double q = 4.0 * 16 * 4 * 12, qkv = 3 * q, o = q, e = 4.0 * 16 * 20, n = 2 * 8;
+  EXPECT_DOUBLE_EQ(k.all_to_all, n * 0.5 * (3 * qkv + 2 * o));
+  EXPECT_DOUBLE_EQ(l.all_to_all, n * 0.5 * (3 * q + 2 * o));
+  EXPECT_DOUBLE_EQ(l.all_gather, n * 2 * e);
+  EXPECT_DOUBLE_EQ(l.reduce_scatter, n * e);
+  EXPECT_EQ(k.all_gather + k.reduce_scatter, 0.0);
+  EXPECT_LT(l.total(), 0.7 * k.total());  // 0.68 at these dims
+  const double expand = 2.0 * 16 * 4 * (8 + 6), extra = 2 * expand * 2 * 8 * 16;
+  EXPECT_DOUBLE_EQ(latent.stages[0].flops - kv.stages[0].flops, extra);
+  EXPECT_DOUBLE_EQ(latent.stages[0].recompute_flops, extra);
+}
+
 // A search shares each rank model's figures between layouts (ActivationCache); a layout costed
 // after others that share its rank model gives what it gives alone, also where the schedule
 // changes what the model holds (under ep with ZB-H1 the received rows' gradients are a stash).
@@ -838,8 +871,8 @@ TEST_F(CostModelSearch, TriesRecomputeOfTheNormsAndTheActivation) {
 // With latent attention (a query latent) the search also tries selective recompute of all of it,
 // the attention core and the up projections with the norms and the activation ("mla_up_proj",
 // DeepSeek-V3's choice with the core); each such candidate re-parses and its fragment lists the
-// modules. A multi-head attention model's search never lists them (TriesRecomputeOfTheNormsAndTheActivation: four
-// kinds).
+// modules. A multi-head attention model's search never lists them
+// (TriesRecomputeOfTheNormsAndTheActivation: four kinds).
 TEST_F(CostModelSearch, TriesRecomputingLatentAttentionsUpProjections) {
   const std::string path =
       write("mla.toml",
@@ -861,6 +894,30 @@ TEST_F(CostModelSearch, TriesRecomputingLatentAttentionsUpProjections) {
     EXPECT_NE(layout_fragment(c, 2, hw_).find("\"mla_up_proj\""), std::string::npos);
   }
   EXPECT_GT(seen, 0);
+}
+
+// On a latent-attention model (8192 positions: the search tries cp from there) the search tries
+// the ring and Ulysses each moving the latent and moving the K/V (hybrid is not searched); each
+// such fragment names its choice.
+TEST_F(CostModelSearch, TriesTheLatentAndTheKvUnderRingAndUlysses) {
+  const std::string path =
+      write("mla.toml",
+            "[model]\narch = \"llama\"\nn_layers = 2\nd_model = 64\nn_heads = 4\nn_kv_heads = 4\n"
+            "vocab_size = 256\nseq_len = 8192\nattention = \"mla\"\n[model.mla]\nq_lora_rank = 24\n"
+            "kv_lora_rank = 16\nqk_nope_head_dim = 8\nqk_rope_head_dim = 4\nv_head_dim = 6\n"
+            "[train]\nglobal_batch_size = 2\n");
+  std::set<std::pair<CpImpl, bool>> seen;
+  for (const Candidate& c : search(path, 2).ranked) {
+    if (c.cfg.parallel.cp == 1) continue;
+    seen.insert({c.cfg.parallel.cp_impl, c.cfg.parallel.cp_latent});
+    EXPECT_NE(layout_fragment(c, 2, hw_).find(c.cfg.parallel.cp_latent ? "cp_latent = true"
+                                                                       : "cp_latent = false"),
+              std::string::npos);
+  }
+  EXPECT_EQ(seen, (std::set<std::pair<CpImpl, bool>>{{CpImpl::ring, true},
+                                                     {CpImpl::ring, false},
+                                                     {CpImpl::ulysses, true},
+                                                     {CpImpl::ulysses, false}}));
 }
 
 // On a model whose every MLP is routed experts (no dense layer, no shared experts) "act" has
