@@ -53,7 +53,10 @@ Shrunk shrink_overrides(const Config& c) {
       "optimizer.warmup_steps=1",
       "optimizer.decay_steps=0",
   };
-  if (pp == 1 && interleaved) s.overrides.push_back("parallel.pp_schedule=\"1f1b\"");
+  if (pp == 1) {  // (no pipeline: no schedule)
+    s.overrides.push_back("parallel.pp_schedule=\"1f1b\"");
+    s.overrides.push_back("parallel.pp_max_deferred=-1");
+  }
   if (c.model.mla_attention()) {
     // Latent attention at toy ranks: a low-rank query where the setup has one, values narrower
     // than the query/key heads as DeepSeek's are.

@@ -44,6 +44,12 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
                          ? " (or parallel.pp_max_deferred = 0: no backward split)"
                          : ""));
   }
+  // One stage runs no pipeline: a schedule set there would be accepted and do nothing.
+  r.require(p.pp != 1 || p.pp_schedule == PipeSchedule::one_f_one_b,
+            {"parallel.pp_schedule", "parallel.pp"},
+            concat("parallel.pp_schedule=\"", schedule_name(p.pp_schedule),
+                   "\" orders the micro-batches of pipeline stages, but parallel.pp=1 runs no "
+                   "pipeline: remove parallel.pp_schedule, or set parallel.pp > 1"));
   r.at_least<int64_t>("parallel.virtual_stages", p.virtual_stages, 1);
   r.at_least<int64_t>("parallel.pp_max_deferred", p.pp_max_deferred, -1);
   r.require(p.pp_max_deferred == -1 || splits_backward(p.pp_schedule),
