@@ -512,24 +512,21 @@ Run add_plan_command(CLI::App& app) {
       if (listed < n_groups) groups += concat(" ... (", n_groups, " groups)");
       std::printf("  cp groups:%s\n", groups.c_str());
       const int64_t payload = cp_kv_payload(cfg);
-      const bool ring = par.cp_impl == CpImpl::ring;
-      if (cp_payload(par.cp_impl, cp, static_cast<int>(par.cp_ulysses), payload) > 0)
+      if (cp_payload(cp, payload) > 0)
         std::printf(
-            ring
-                ? "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
-                  "%lld) and expands the blocks it receives\n"
-                : "  the all-to-all moves the queries; the group all-gathers each position's kv "
-                  "latent and RoPE key (%lld values, not K/V's %lld) and each rank expands its "
-                  "heads' K/V\n",
+            "  %s each position's kv latent and RoPE key (%lld values, not K/V's %lld), and each "
+            "rank expands its heads' K/V from them\n",
+            par.cp_impl == CpImpl::ring      ? "the ring moves"
+            : par.cp_impl == CpImpl::ulysses ? "the all-to-all moves the queries; the group gathers"
+                                             : "the all-to-all moves the queries; each group "
+                                               "gathers, and the ring passes the group's,",
             static_cast<long long>(payload), static_cast<long long>(2 * kv / tp * spec.head_dim));
       else if (cfg.model.mla_attention())
         std::printf("  %s latent attention's K/V (%s)\n",
-                    ring ? "the ring moves" : "the all-to-all moves",
-                    !par.cp_latent ? "parallel.cp_latent = false"
-                    : par.cp_impl == CpImpl::hybrid
-                        ? "hybrid: its ring would pass several ranks' payloads"
-                        : "the schedule defers the weight gradients the latent's expansion adds "
-                          "in the input half");
+                    par.cp_impl == CpImpl::ring ? "the ring moves" : "the all-to-all moves",
+                    par.cp_latent ? "the schedule defers the weight gradients the latent's "
+                                    "expansion adds in the input half"
+                                  : "parallel.cp_latent = false");
       const StageCost& st = *std::max_element(
           cost.stages.begin(), cost.stages.end(),
           [](const StageCost& a, const StageCost& b) { return a.layers < b.layers; });

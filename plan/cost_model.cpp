@@ -892,22 +892,25 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.input_gathers = n.input_gathers;
   }
   if (j.core_replays()) r.core_replays = replayed_layers(j, pr, r, false).layers;
-  // The latent cp ring (cp_kv_payload): every forward of a layer's core (the selective
-  // recompute's and full recompute's replays included) expands the cp-1 blocks it receives with
-  // kv_b, and its backward expands them again and contracts their gradients (input and weight):
-  // 2 Ckv H (Dn+Dv) FLOPs a token each, for the model's H heads (/tp with the rest). Latent
-  // Ulysses: every core forward, and the backward again, expands the rank's H/u heads at u times
-  // its positions (one such GEMM a token beside the local expansion the K/V were built from); the
-  // contractions replace the layer's own kv_b backward.
+  // The latent cp core (cp_kv_payload), in kv_b GEMMs of 2 Ckv H (Dn+Dv) FLOPs a token for the
+  // model's H heads (/tp with the rest), beyond the layer's own. Ring: every forward of a layer's
+  // core (the selective recompute's and full recompute's replays included) expands the cp-1
+  // blocks it receives, and its backward expands them again and contracts their gradients (input
+  // and weight). Ulysses: every core forward, and the backward again, expands the rank's H/u heads
+  // at u times its positions, one GEMM a token; the contractions replace the layer's own kv_b
+  // backward. Hybrid: every core forward expands the rank's heads of all r blocks (r GEMMs a
+  // token), and the backward replays that, expands the blocks again and contracts them (2r in
+  // place of the layer's 2).
   const int u = ulysses_degree(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses));
-  if (cp_payload(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses), cp_kv_payload(j.cfg)) >
-      0) {
+  if (cp_payload(j.cp, cp_kv_payload(j.cfg)) > 0) {
     const MlaConfig& a = j.mc.mla;
     const double gemm = 2.0 * static_cast<double>(a.kv_lora_rank * j.mc.n_heads *
                                                   (a.qk_nope_head_dim + a.v_head_dim));
-    const double cores = r.L + r.mtp + r.core_replays + r.full_replays;
-    r.cp_expand_fpt =
-        u > 1 ? gemm * (cores + r.L + r.mtp) : (j.cp - 1.0) * gemm * (cores + 3.0 * (r.L + r.mtp));
+    const double cores = r.L + r.mtp + r.core_replays + r.full_replays, layers = r.L + r.mtp;
+    const double rr = static_cast<double>(j.cp) / u;
+    r.cp_expand_fpt = u == 1    ? (j.cp - 1.0) * gemm * (cores + 3.0 * layers)
+                      : rr == 1 ? gemm * (cores + layers)
+                                : gemm * (rr * cores + (4.0 * rr - 2.0) * layers);
   }
   return r;
 }

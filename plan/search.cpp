@@ -102,8 +102,7 @@ std::string layout_text(const Config& cfg, int world) {
   const MeshShape mesh = mesh_shape(p, world);
   std::string s = concat("tp ", p.tp, p.sequence_parallel && p.tp > 1 ? " sp" : "", ", cp ", p.cp);
   if (p.cp > 1) s += concat(" ", std::string(cp_impl_name(p.cp_impl)));
-  if (p.cp > 1 && p.cp_impl != CpImpl::hybrid && cfg.model.mla_attention())
-    s += p.cp_latent ? " of the latent" : " of K/V";
+  if (p.cp > 1 && cfg.model.mla_attention()) s += p.cp_latent ? " of the latent" : " of K/V";
   s += concat(", pp ", p.pp);
   if (p.pp > 1) {
     s += concat(" ", schedule_name(p.pp_schedule));

@@ -34,9 +34,8 @@ int ulysses_degree(CpImpl impl, int cp, int cp_ulysses) {
   return 1;
 }
 
-int64_t cp_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload) {
-  const int u = ulysses_degree(impl, cp, cp_ulysses);
-  return cp > 1 && (u == 1 || u == cp) ? payload : 0;
+int64_t cp_payload(int cp, int64_t payload) {
+  return cp > 1 ? payload : 0;
 }
 
 std::vector<int32_t> SequenceShard::positions() const {
@@ -70,8 +69,9 @@ using Piece = std::pair<Shape, DType>;
 // positions; with an all-to-all (u > 1) the send/recv staging of this rank's qkv (B, Tl, W, D)
 // and the head-sharded qkv, its gradient, output, output gradient (B, u Tl, H/u (+2 KV/u), D)
 // and LSE (with a payload the staging holds B Tl H D values, only queries and outputs moving,
-// followed by this rank's payload, the group's gathered payloads, their gradients, this rank's
-// reduce-scattered gradient and one block's K/V and f32 dK/dV); with a ring (r > 1) two K/V blocks
+// followed by this rank's payload, the group's gathered payloads, without a ring their gradients,
+// this rank's reduce-scattered gradient and one rank's block of K/V and f32 dK/dV of this rank's
+// heads); with a ring (r > 1) two K/V blocks
 // and two dK/dV accumulators (with a payload of P values a position: two payloads and their
 // gradients' accumulators, then one block's K/V and its f32 dK/dV after the rest), a block's
 // partial output and LSE, and (16-bit) the output merged in fp32. q/k/v and the output are in the
@@ -91,7 +91,7 @@ std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H,
     if (P > 0) {
       out.push_back({Shape({B * Tl * P}), t});
       out.push_back({Shape({u * B * Tl * P}), t});
-      out.push_back({Shape({u * B * Tl * P}), DType::f32});
+      if (r == 1) out.push_back({Shape({u * B * Tl * P}), DType::f32});
       out.push_back({Shape({B * Tl * P}), DType::f32});
       out.push_back({Shape({B, Tl, 2 * KVg, D}), t});
       out.push_back({Shape({B, Tl, 2 * KVg, D}), DType::f32});
@@ -122,7 +122,7 @@ size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T
                        int64_t KV, int64_t D, DType compute, int64_t payload) {
   if (cp <= 1) return 0;
   const int u = ulysses_degree(impl, cp, cp_ulysses);
-  const int64_t P = cp_payload(impl, cp, cp_ulysses, payload);
+  const int64_t P = cp_payload(cp, payload);
   size_t total = 0;
   for (const Piece& p : buffer_pieces(u, cp / u, B, T / cp, H, KV, D, compute, P))
     total += piece_bytes(p);
@@ -136,7 +136,7 @@ CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t 
   const int u = ulysses_degree(impl, cp, ulysses), r = cp / u;
   const double Tl = static_cast<double>(T) / cp, Bd = static_cast<double>(B);
   const double v = static_cast<double>(dtype_size(compute)) / 4.0;  // q/k/v, output: e'/e
-  const int64_t P = cp_payload(impl, cp, ulysses, payload);
+  const int64_t P = cp_payload(cp, payload);
   if (u > 1) {
     // (With a payload only the queries move, and the payload is gathered.)
     const double Q = 4.0 * Bd * Tl * static_cast<double>((P > 0 ? H : H + 2 * KV) * D);
@@ -150,8 +150,8 @@ CpBytes cp_bytes_per_layer(CpImpl impl, int cp, int ulysses, int64_t B, int64_t 
   }
   if (r > 1) {
     // The ring's K/V after the all-to-all: u*Tl positions of KV/u heads, as many bytes as E;
-    // or their payload (pure ring).
-    const double E = 4.0 * Bd * Tl * static_cast<double>(P > 0 ? P : 2 * KV * D);
+    // or the payloads of those u*Tl positions.
+    const double E = 4.0 * Bd * Tl * static_cast<double>(P > 0 ? u * P : 2 * KV * D);
     b.send = b.recv = ((2.0 + (u > 1 ? 1.0 : 0.0)) * (r - 1.0) * v + r) * E;
     b.forward.send = b.forward.recv = (r - 1.0) * v * E;
   }
@@ -182,6 +182,7 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
              " ranks does not divide cp = ", p);
   r_ = p / u_;
   ring_rank_ = rank / u_;
+  uly_rank_ = rank % u_;
   LLMT_CHECK(H % u_ == 0 && KV % u_ == 0, cp_impl_name(cp_.impl), ": this rank's ", H,
              " query and ", KV, " kv heads are not divisible by the all-to-all group of ", u_,
              " ranks");
@@ -201,15 +202,18 @@ ContextParallelAttention::ContextParallelAttention(ContextParallel cp, Allocator
   Tg_ = u_ * Tl_;
   Hg_ = H / u_;
   KVg_ = KV / u_;
-  P_ = cp_payload(cp_.impl, p, cp_.ulysses, cp_.payload);
+  P_ = cp_payload(p, cp_.payload);
   // One buffer, carved in 64-byte aligned pieces (buffer_pieces' order).
   std::vector<Tensor*> targets{&local_pos_, &ring_pos_};
   if (u_ > 1) {
     for (Tensor* t : {&send_, &recv_, &g_qkv_, &g_dqkv_, &g_out_, &g_dout_, &g_lse_})
       targets.push_back(t);
-    if (P_ > 0)
-      for (Tensor* t : {&own_p_, &gath_p_, &dgath_p_, &down_p_, &kvx_, &dkvx_})
-        targets.push_back(t);
+    if (P_ > 0) {
+      targets.push_back(&own_p_);
+      targets.push_back(&gath_p_);
+      if (r_ == 1) targets.push_back(&dgath_p_);
+      for (Tensor* t : {&down_p_, &kvs_, &dkvs_}) targets.push_back(t);
+    }
   }
   if (r_ > 1) {
     for (Tensor* t : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &part_out_, &part_lse_})
@@ -300,14 +304,27 @@ void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Te
 // payload travels where the K/V do: this rank's is in kv_[0] already, and each block's K/V are
 // this rank's own (step 0) or expanded from the payload received (x->expand) into kvx_.
 
-// The K/V of step i's block: `cur` itself, or with a payload kvx_ filled from qkv or cur.
+// The K/V of step i's block: `cur` itself, or with a payload kvx_ filled from qkv or cur (under
+// hybrid every block, this group's too, from its u ranks' payloads: the queries came alone).
 Tensor ContextParallelAttention::block_kv(int i, Tensor cur, Tensor qkv, const KvExpansion* x) {
   if (x == nullptr) return cur;
-  if (i == 0)
+  if (u_ > 1)
+    expand_group(kvx_, 0, cur, *x);
+  else if (i == 0)
     ops::copy_heads(kvx_, 0, qkv, Hg_, 2 * KVg_);
   else
     x->expand(kvx_, cur, 0, KVg_);
   return kvx_;
+}
+
+// The ring's first block, this ring rank's: its K/V heads of qkv; with a payload under a pure
+// ring the payload the block wrote there (payload()), under hybrid its group's gathered payloads
+// (copied: a ring pass leaves another rank's block in kv_[0]).
+void ContextParallelAttention::first_block(Tensor qkv, const KvExpansion* x) {
+  if (x == nullptr)
+    ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
+  else if (u_ > 1)
+    ops::copy(kv_[0], gath_p_);
 }
 
 void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv, const KvExpansion* x) {
@@ -321,7 +338,7 @@ void ContextParallelAttention::attend(Tensor out_to, Tensor lse, Tensor qkv, con
   Communicator& comm = *ring_;
   const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  if (x == nullptr) ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
+  first_block(qkv, x);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2];
     const int src = (j - i + p) % p;
@@ -358,7 +375,7 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
   Communicator& comm = *ring_;
   const int p = r_, j = ring_rank_;
   const int next = (j + 1) % p, prev = (j + p - 1) % p;
-  if (x == nullptr) ops::copy_heads(kv_[0], 0, qkv, Hg_, 2 * KVg_);
+  first_block(qkv, x);
   ops::fill_zero(dkv_[0]);
   for (int i = 0; i < p; ++i) {
     const Tensor cur = kv_[i % 2], dcur = dkv_[i % 2];
@@ -370,7 +387,8 @@ Tensor ContextParallelAttention::attend_backward(Tensor dqkv, Tensor dout, Tenso
     if (x) ops::fill_zero(dkvx_);
     ops::attention_block_backward(dqkv, dkv, dout, qkv, kv, 0, out, lse, pos_of(j), pos_of(src),
                                   Hg_, KVg_, scale_);
-    if (x) x->contract(dcur, dkvx_, cur, 0, KVg_);
+    if (x && u_ > 1) contract_group(dcur, dkvx_, 0, cur, *x);
+    if (x && u_ == 1) x->contract(dcur, dkvx_, cur, 0, KVg_);
     Handle acc = comm.send_recv(dcur, next, dkv_[(i + 1) % 2], prev, kTagDkv);
     moving.device_wait();
     acc.device_wait();
@@ -386,26 +404,34 @@ void ContextParallelAttention::forward(Tensor out, Tensor lse, Tensor qkv, const
     attend(out, lse, qkv, &x);
     return;
   }
-  latent_heads(qkv, x);
-  attend(g_out_, g_lse_, g_qkv_);
+  gather_latent(qkv, x);
+  attend(g_out_, g_lse_, g_qkv_, r_ > 1 ? &x : nullptr);
   heads_to_seq(out, g_out_);
   ops::fill_zero(lse);
 }
 
-// (Ulysses: as backward without a payload, the head-sharded output and lse recomputed; the
-// queries' gradient goes back through the all-to-all, the K/V heads' into the payloads'.)
+// (With an all-to-all group: as backward without a payload, the head-sharded output and lse
+// recomputed; the queries' gradient goes back through the all-to-all, the K/V heads' into the
+// gathered payloads' gradients (the ring's accumulators under hybrid), reduce-scattered.)
 Tensor ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
                                           Tensor lse, const KvExpansion& x) {
   LLMT_CHECK(P_ > 0, "the cp attention core moves no K/V payload");
   if (u_ == 1) return attend_backward(dqkv, dout, qkv, out, lse, &x);
-  latent_heads(qkv, x);
-  attend(g_out_, g_lse_, g_qkv_);
+  gather_latent(qkv, x);
+  const KvExpansion* ring_x = r_ > 1 ? &x : nullptr;
+  attend(g_out_, g_lse_, g_qkv_, ring_x);
   if (g_out_.dtype == DType::f32 && compute_ != DType::f32) ops::round_to(g_out_, compute_);
   seq_to_heads(g_dout_, dout);
-  attend_backward(g_dqkv_, g_dout_, g_qkv_, g_out_, g_lse_);
+  Tensor d_gathered = attend_backward(g_dqkv_, g_dout_, g_qkv_, g_out_, g_lse_, ring_x);
   ops::fill_zero(dqkv);
   heads_to_seq(dqkv, g_dqkv_, /*queries_only=*/true);
-  return latent_heads_backward(x);
+  if (r_ == 1) {
+    ops::fill_zero(dgath_p_);
+    contract_group(dgath_p_, g_dqkv_, Hg_, gath_p_, x);
+    d_gathered = dgath_p_;
+  }
+  uly_->reduce_scatter(down_p_, d_gathered).device_wait();
+  return down_p_;
 }
 
 // ---- Ulysses ------------------------------------------------------------------------------------
@@ -514,31 +540,33 @@ void ContextParallelAttention::heads_to_seq(Tensor seq, Tensor heads, bool queri
 // all-to-all; its K/V heads are the same heads (latent attention: KV = H), expanded from each
 // group rank i's payload (block i of the gathered ones: sample b's positions [i Tl, (i+1) Tl)).
 
-void ContextParallelAttention::latent_heads(Tensor qkv, const KvExpansion& x) {
+void ContextParallelAttention::gather_latent(Tensor qkv, const KvExpansion& x) {
   seq_to_heads(g_qkv_, qkv, /*queries_only=*/true);
   uly_->all_gather(gath_p_, own_p_).device_wait();
-  const int64_t n = B_ * Tl_ * P_, Wg = Hg_ + 2 * KVg_, head0 = uly_->rank() * KVg_;
-  const Tensor rows = g_qkv_.view({B_ * u_, Tl_, Wg, D_});
+  if (r_ == 1) expand_group(g_qkv_, Hg_, gath_p_, x);
+}
+
+void ContextParallelAttention::expand_group(Tensor dst, int64_t h0, Tensor payloads,
+                                            const KvExpansion& x) {
+  const int64_t n = B_ * Tl_ * P_, head0 = uly_rank_ * KVg_;
+  const Tensor rows = dst.view({B_ * u_, Tl_, dst.size(2), D_});
   for (int i = 0; i < u_; ++i) {
-    x.expand(kvx_, gath_p_.rows(i * n, (i + 1) * n), head0, KVg_);
+    x.expand(kvs_, payloads.rows(i * n, (i + 1) * n), head0, KVg_);
     for (int64_t b = 0; b < B_; ++b)
-      ops::copy_heads(rows.rows(b * u_ + i, b * u_ + i + 1), Hg_, kvx_.rows(b, b + 1), 0, 2 * KVg_);
+      ops::copy_heads(rows.rows(b * u_ + i, b * u_ + i + 1), h0, kvs_.rows(b, b + 1), 0, 2 * KVg_);
   }
 }
 
-Tensor ContextParallelAttention::latent_heads_backward(const KvExpansion& x) {
-  const int64_t n = B_ * Tl_ * P_, Wg = Hg_ + 2 * KVg_, head0 = uly_->rank() * KVg_;
-  const Tensor rows = g_dqkv_.view({B_ * u_, Tl_, Wg, D_});
-  ops::fill_zero(dgath_p_);
+void ContextParallelAttention::contract_group(Tensor d_payloads, Tensor src, int64_t h0,
+                                              Tensor payloads, const KvExpansion& x) {
+  const int64_t n = B_ * Tl_ * P_, head0 = uly_rank_ * KVg_;
+  const Tensor rows = src.view({B_ * u_, Tl_, src.size(2), D_});
   for (int i = 0; i < u_; ++i) {
     for (int64_t b = 0; b < B_; ++b)
-      ops::copy_heads(dkvx_.rows(b, b + 1), 0, rows.rows(b * u_ + i, b * u_ + i + 1), Hg_,
-                      2 * KVg_);
-    x.contract(dgath_p_.rows(i * n, (i + 1) * n), dkvx_, gath_p_.rows(i * n, (i + 1) * n), head0,
+      ops::copy_heads(dkvs_.rows(b, b + 1), 0, rows.rows(b * u_ + i, b * u_ + i + 1), h0, 2 * KVg_);
+    x.contract(d_payloads.rows(i * n, (i + 1) * n), dkvs_, payloads.rows(i * n, (i + 1) * n), head0,
                KVg_);
   }
-  uly_->reduce_scatter(down_p_, dgath_p_).device_wait();
-  return down_p_;
 }
 
 }  // namespace llmt

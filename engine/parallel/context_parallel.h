@@ -19,6 +19,9 @@
 //            backward reduce-scatters the payloads' gradients.
 //   hybrid   both (USP, Megatron's a2a+p2p): all-to-all over groups of u consecutive cp ranks
 //            (H/u heads of those u ranks' positions), then the ring over the cp/u such groups.
+//            With a payload: the queries through the all-to-all, the payloads gathered in each
+//            group, and the ring moves a group's u ranks' payloads, each rank expanding its
+//            heads of every block.
 // Parameters are replicated over cp; their gradients are summed over dp x cp with the data-
 // parallel ones (engine/data_parallel), and the loss is averaged over the global tokens.
 //
@@ -73,14 +76,14 @@ SequenceShard zigzag_shard(int64_t T, int cp, int rank);
 //   ring part:    send = recv = (2(r-1) e'/e + r) E: K/V twice around, the dK/dV accumulators
 //                 one hop more, and (r-1) e'/e E more under hybrid, whose backward replays the
 //                 ring forward for the head-sharded output and lse
-// A pure ring with a K/V payload of P values a position (`payload`, cp_payload) moves the
-// payload instead: E = e B Tl P. Pure Ulysses with a payload moves the queries, not q/k/v
-// (Q = e B Tl H D above), and all-gathers the payload twice (forward, and again in backward)
-// and reduce-scatters its fp32 gradient once: all_gather = 2 (u-1) e'/e E, reduce_scatter =
-// (u-1) E, E = e B Tl P.
+// With a K/V payload of P values a position (`payload`, cp_payload) the ring moves the payloads
+// of its block's u Tl positions instead: E = e B Tl u P; the all-to-all moves the queries, not
+// q/k/v (Q = e B Tl H D above), and the group all-gathers the payload twice (forward, and again
+// in backward) and reduce-scatters its fp32 gradient once: all_gather = 2 (u-1) e'/e E',
+// reduce_scatter = (u-1) E', E' = e B Tl P.
 // `forward`: the forward's share of those, which every replay of the core's forward (selective
 // recompute of the core, full recompute) moves again: the ring's (r-1) e'/e E, the all-to-all's
-// (u-1)/u e'/e (Q + O), latent Ulysses' all-gather (u-1) e'/e E.
+// (u-1)/u e'/e (Q + O), the payload's all-gather (u-1) e'/e E'.
 struct CpBytes {
   struct Kinds {
     double send = 0, recv = 0, all_to_all = 0, all_gather = 0, reduce_scatter = 0;
@@ -96,10 +99,8 @@ size_t cp_buffer_bytes(CpImpl impl, int cp, int cp_ulysses, int64_t B, int64_t T
                        int64_t KV, int64_t D, DType compute = DType::f32, int64_t payload = 0);
 // The Ulysses degree u of an implementation: 1 (ring), cp (ulysses), `cp_ulysses` (hybrid).
 int ulysses_degree(CpImpl impl, int cp, int cp_ulysses);
-// The payload width the cp core moves: `payload` under a pure ring or pure Ulysses (cp > 1), else
-// 0: hybrid moves K/V (its ring would pass gathered payloads whose expansion is a head slice of
-// several ranks' positions; not built).
-int64_t cp_payload(CpImpl impl, int cp, int cp_ulysses, int64_t payload);
+// The payload width the cp core moves: `payload` (any implementation) when cp > 1, else 0.
+int64_t cp_payload(int cp, int64_t payload);
 
 // The cp group of one model (none: no context parallelism).
 struct ContextParallel {
@@ -129,9 +130,8 @@ class ContextParallelAttention final : public AttentionCore {
   void forward(Tensor out, Tensor lse, Tensor qkv) override;
   // dqkv (B,Tl,W,D) assigned; out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) override;
-  // With a K/V payload (cp.payload under a pure ring or pure Ulysses): this rank's payload in
-  // payload() (B*Tl*P; the ring's first block); the ring's blocks, or Ulysses' gathered
-  // payloads, expanded by x.
+  // With a K/V payload (cp.payload): this rank's payload in payload() (B*Tl*P; a pure ring's
+  // first block); the ring's blocks, or the group's gathered payloads, expanded by x.
   int64_t payload_width() const override { return P_; }
   Tensor payload() const override { return P_ > 0 ? (u_ > 1 ? own_p_ : kv_[0]) : Tensor(); }
   void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) override;
@@ -152,17 +152,25 @@ class ContextParallelAttention final : public AttentionCore {
   Tensor attend_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                          const KvExpansion* x = nullptr);
   Tensor block_kv(int i, Tensor cur, Tensor qkv, const KvExpansion* x);
+  // kv_[0] := this ring rank's block (qkv's K/V heads, or the payloads).
+  void first_block(Tensor qkv, const KvExpansion* x);
   // Ulysses: a sequence-sharded qkv (B,Tl,W,D) or output (B,Tl,H,D) -> its head-sharded share of
   // the u ranks' positions, (B,Tg,W/u,D) or (B,Tg,H/u,D), through one all-to-all; and back.
   // queries_only: of a qkv only the H query heads move, into (out of) heads [0, H/u) of `heads`.
   void seq_to_heads(Tensor heads, Tensor seq, bool queries_only = false);
   void heads_to_seq(Tensor seq, Tensor heads, bool queries_only = false);
-  // Ulysses with a payload: g_qkv_ := this rank's share of the queries (all-to-all) and the K/V
-  // of its H/u heads at every position of the group, expanded by x from the gathered payloads;
-  // and backward, from g_dqkv_'s K/V heads: the payloads' gradients contracted block by block and
-  // reduce-scattered, this rank's positions' in down_p_ (returned).
-  void latent_heads(Tensor qkv, const KvExpansion& x);
-  Tensor latent_heads_backward(const KvExpansion& x);
+  // An all-to-all group with a payload: g_qkv_'s query heads := this rank's share (all-to-all),
+  // gath_p_ := the group's payloads (all-gather), and without a ring g_qkv_'s K/V heads := this
+  // rank's heads expanded from them (expand_group).
+  void gather_latent(Tensor qkv, const KvExpansion& x);
+  // dst (B,Tg,.,D) heads [h0, h0+2KVg) := the K/V of this rank's KVg heads at the u Tl positions
+  // whose payloads (u*B*Tl*P, group rank i's at block i: positions [i Tl, (i+1) Tl) of every
+  // sample) are `payloads`, block by block through kvs_; and back: d_payloads (u*B*Tl*P f32) +=
+  // their gradients from src's dK/dV heads [h0, h0+2KVg) (x.contract: kv_b's weight gradient of
+  // those heads too), through dkvs_.
+  void expand_group(Tensor dst, int64_t h0, Tensor payloads, const KvExpansion& x);
+  void contract_group(Tensor d_payloads, Tensor src, int64_t h0, Tensor payloads,
+                      const KvExpansion& x);
 
   ContextParallel cp_;
   std::unique_ptr<Communicator> own_ring_, own_uly_;  // hybrid: split off the cp group
@@ -170,8 +178,9 @@ class ContextParallelAttention final : public AttentionCore {
   Communicator* uly_ = nullptr;  // the all-to-all group: u ranks (null when u = 1)
   int64_t B_, T_, Tl_, H_, KV_, D_;
   int u_ = 1, r_ = 1;      // Ulysses and ring degrees, u * r = cp
-  int ring_rank_ = 0;      // this rank's in the ring (cp rank / u); groups' shapes from u and r,
-                           // which a model built for counting knows without its split groups
+  int ring_rank_ = 0;      // this rank's in the ring (cp rank / u) and in its all-to-all group
+  int uly_rank_ = 0;       // (cp rank % u); groups' shapes from u and r, which a model built for
+                           // counting knows without its split groups
   int64_t Tg_, Hg_, KVg_;  // what the ring attends: u*Tl positions of H/u and KV/u heads
   int64_t P_ = 0;          // the K/V payload's width a position (0: K/V travel)
   DType compute_;
@@ -180,16 +189,20 @@ class ContextParallelAttention final : public AttentionCore {
   Tensor local_pos_;  // (Tl) i32: this rank's positions
   Tensor ring_pos_;   // (r, Tg) i32: each ring rank's positions after the all-to-all
   // ring: (B,Tg,2KVg,D) in flight (K/V in the compute type) and the dK/dV accumulators (f32);
-  // with a payload, (B*Tl*P) payloads in the compute type and their gradients' accumulators (f32)
+  // with a payload, (B*Tg*P) payloads in the compute type and their gradients' accumulators (f32)
   Tensor kv_[2], dkv_[2];
-  // with a payload: (B,Tl,2KVg,D) one block's K/V (compute type) and its dK/dV (f32)
+  // ring with a payload: (B,Tg,2KVg,D) one block's K/V (compute type) and its dK/dV (f32)
   Tensor kvx_, dkvx_;
+  // all-to-all group with a payload: (B,Tl,2KVg,D) one group rank's K/V of this rank's heads
+  // (compute type) and their dK/dV (f32)
+  Tensor kvs_, dkvs_;
   Tensor part_out_, part_lse_;  // ring: (B,Tg,Hg,D), (B,Hg,Tg) one block's result
   Tensor merged_;               // ring, 16-bit: (B,Tg,Hg,D) the output merged in fp32
   Tensor send_, recv_;          // ulysses: all-to-all staging (B*Tl*W*D fp32 each, any type; with a
                                 // payload B*Tl*H*D: only queries and outputs move)
-  // ulysses with a payload: this rank's (B*Tl*P) and the group's gathered (u*B*Tl*P) payloads in
-  // the compute type, their gradients (f32) and this rank's reduce-scattered one (f32)
+  // all-to-all group with a payload: this rank's (B*Tl*P) and the group's gathered (u*B*Tl*P)
+  // payloads in the compute type, without a ring their gradients (f32; with one the ring's
+  // accumulators hold them), and this rank's reduce-scattered one (f32)
   Tensor own_p_, gath_p_, dgath_p_, down_p_;
   // ulysses: head-sharded (B,Tg,.,D) (q/k/v and the output in the compute type), lse
   Tensor g_qkv_, g_dqkv_, g_out_, g_dout_, g_lse_;

@@ -24,10 +24,6 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
               concat("parallel.cp_ulysses=", p.cp_ulysses, " applies to parallel.cp_impl=",
                      "\"hybrid\" only; parallel.cp_impl is \"", cp_impl_name(p.cp_impl), "\""));
   }
-  r.require(p.cp_latent || p.cp_impl != CpImpl::hybrid, {"parallel.cp_latent", "parallel.cp_impl"},
-            "parallel.cp_latent=false chooses what a cp ring or Ulysses group moves, but "
-            "parallel.cp_impl=\"hybrid\" exchanges the K/V anyway: remove parallel.cp_latent, or "
-            "set parallel.cp_impl = \"ring\" or \"ulysses\"");
   r.require(p.dp == -1 || p.dp >= 1, {"parallel.dp"},
             concat("parallel.dp=", p.dp, " must be >= 1, or -1 for the rest of the world size"));
   if (p.pp > 1) {

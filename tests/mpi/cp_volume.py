@@ -30,12 +30,13 @@ Multi-head latent attention (configs/mla-tiny.toml): heads of D = qk_nope + qk_r
 zero-padded to D), KV = H; a pure ring moves each position's kv latent and rotated RoPE key
 instead of its K/V, P = kv_lora_rank + qk_rope_head_dim values: E = 4 B Tl P, and its buffers are
 two payloads and two payload-gradient accumulators (v E and E) plus one block's K/V and its f32
-dK/dV (v K and K, K = 4 B Tl 2KV D). Pure Ulysses moves only the queries through the all-to-all
+dK/dV (v K and K, K = 4 B Tl 2KV D). Ulysses moves only the queries through the all-to-all
 (Q = 4 B Tl H D in its formula), all-gathers the payloads twice (forward; backward again):
-all_gather = 2 (u-1) v E, and reduce-scatters their fp32 gradients once: reduce_scatter =
-(u-1) E; its staging holds B Tl H D floats each, and it adds this rank's payload and its
-gradient (v E, E), the group's gathered payloads and their gradients (u v E, u E) and one
-block's K/V and dK/dV of its heads (v K/u, K/u). Hybrid moves the K/V as for any model.
+all_gather = 2 (u-1) v E', E' = 4 B Tl P, and reduce-scatters their fp32 gradients once:
+reduce_scatter = (u-1) E'; its staging holds B Tl H D floats each, and it adds this rank's
+payload and its gradient (v E', E'), the group's gathered payloads (u v E') and, without a
+ring, their gradients (u E'), and one rank's K/V and dK/dV of its heads (v K/u, K/u). Hybrid
+does both, its ring passing a group's payloads (E = u E').
 
 `llmtrain plan` prints the same send/recv/all-to-all bytes per step (its C++ formula,
 cp_bytes_per_layer): they must equal the counters exactly.
@@ -82,10 +83,11 @@ def analytic(cfg, p, u, params, v, replays):
     if mla:
         D, KV = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]), H
     E, Q, O = 4 * B * Tl * 2 * KV * D, 4 * B * Tl * (H + 2 * KV) * D, 4 * B * Tl * H * D
-    K = E  # one block's K/V
-    payload = mla and u in (1, p)
+    K = E  # one ring block's K/V (u Tl positions of KV/u heads)
+    payload = mla
+    El = 4 * B * Tl * (int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]))  # a rank's payload
     if payload:
-        E = 4 * B * Tl * (int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]))
+        E = u * El  # the ring's block: the payloads of its u ranks' positions
     comm = {"all_reduce": 2 * (p - 1) / p * 4 * params}
     buffers = up64(4 * Tl) + up64(4 * p * Tl)
     if u > 1:
@@ -95,10 +97,11 @@ def analytic(cfg, p, u, params, v, replays):
         buffers += (2 * up64(moved) + up64(Q) + up64(int(v * Q)) + up64(O) + up64(int(v * O)) +
                     up64(4 * B * H * Tl))
         if payload:
-            comm["all_gather"] = micro * (2 * L + replays) * (u - 1) * v * E
-            comm["reduce_scatter"] = micro * L * (u - 1) * E
-            buffers += (up64(int(v * E)) + up64(int(u * v * E)) + up64(u * E) + up64(E) +
-                        up64(int(v * K / u)) + up64(K // u))
+            comm["all_gather"] = micro * (2 * L + replays) * (u - 1) * v * El
+            comm["reduce_scatter"] = micro * L * (u - 1) * El
+            buffers += (up64(int(v * El)) + up64(int(u * v * El)) +
+                        (up64(u * El) if r == 1 else 0) + up64(El) + up64(int(v * K / u)) +
+                        up64(K // u))
     if r > 1:
         comm["send"] = comm["recv"] = (micro * L * ((2 + (u > 1)) * (r - 1) * v + r) * E +
                                        micro * replays * (r - 1) * v * E)

@@ -67,6 +67,7 @@ LAYOUTS = {
     "cp2-tp2-sp": (4, ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
     "cp2-ulysses-tp2-sp": (4, ["parallel.cp=2", "parallel.cp_impl=ulysses", "parallel.tp=2",
                                "parallel.sequence_parallel=true"]),
+    "cp4-hybrid": (4, ["parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"]),
     "cp2-ep2-pp2-zb-h1": (4, ["parallel.cp=2", "parallel.ep=2", "parallel.pp=2",
                               "parallel.pp_schedule=zb-h1"]),
 }
