@@ -514,12 +514,16 @@ Run add_plan_command(CLI::App& app) {
       const int64_t payload = cp_kv_payload(cfg);
       if (cp_payload(cp, payload) > 0)
         std::printf(
-            "  %s each position's kv latent and RoPE key (%lld values, not K/V's %lld), and each "
-            "rank expands its heads' K/V from them\n",
-            par.cp_impl == CpImpl::ring      ? "the ring moves"
-            : par.cp_impl == CpImpl::ulysses ? "the all-to-all moves the queries; the group gathers"
-                                             : "the all-to-all moves the queries; each group "
-                                               "gathers, and the ring passes the group's,",
+            par.cp_impl == CpImpl::ring
+                ? "  the ring moves each position's kv latent and RoPE key (%lld values, not K/V's "
+                  "%lld), and each rank expands the blocks it receives\n"
+            : par.cp_impl == CpImpl::ulysses
+                ? "  the all-to-all moves the queries; the group all-gathers each position's kv "
+                  "latent and RoPE key (%lld values, not K/V's %lld), and each rank expands its "
+                  "heads' K/V\n"
+                : "  the all-to-all moves the queries; each group all-gathers each position's kv "
+                  "latent and RoPE key (%lld values, not K/V's %lld), the ring passes a group's, "
+                  "and each rank expands its heads' K/V\n",
             static_cast<long long>(payload), static_cast<long long>(2 * kv / tp * spec.head_dim));
       else if (cfg.model.mla_attention())
         std::printf("  %s latent attention's K/V (%s)\n",
