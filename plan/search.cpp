@@ -72,6 +72,7 @@ struct LayoutShape {
   bool sp;
   PipeSchedule schedule;
   CpImpl cp_impl;
+  int cp_ulysses;                  // hybrid's all-to-all group (0 otherwise)
   std::vector<int64_t> pp_layers;  // layers of each global stage; empty: the even split
   bool cp_latent = true;           // latent attention's cp: the latent, or the K/V
   int max_deferred = -1;           // DualPipeV's parallel.pp_max_deferred
@@ -87,7 +88,7 @@ std::vector<std::string> shape_sets(const LayoutShape& s, int dp) {
       concat("parallel.pp_schedule=\"", schedule_name(s.schedule), "\""),
       concat("parallel.virtual_stages=", s.v),
       concat("parallel.cp_impl=\"", std::string(cp_impl_name(s.cp_impl)), "\""),
-      "parallel.cp_ulysses=0",
+      concat("parallel.cp_ulysses=", s.cp_ulysses),
       concat("parallel.cp_latent=", s.cp_latent ? "true" : "false"),
       concat("parallel.pp_layers=", toml_text(s.pp_layers)),
       concat("parallel.pp_max_deferred=", s.max_deferred)};
@@ -102,6 +103,7 @@ std::string layout_text(const Config& cfg, int world) {
   const MeshShape mesh = mesh_shape(p, world);
   std::string s = concat("tp ", p.tp, p.sequence_parallel && p.tp > 1 ? " sp" : "", ", cp ", p.cp);
   if (p.cp > 1) s += concat(" ", std::string(cp_impl_name(p.cp_impl)));
+  if (p.cp_impl == CpImpl::hybrid) s += concat(" u", p.cp_ulysses);
   if (p.cp > 1 && cfg.model.mla_attention()) s += p.cp_latent ? " of the latent" : " of K/V";
   s += concat(", pp ", p.pp);
   if (p.pp > 1) {
@@ -171,8 +173,12 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             for (int v : {2, 4})
               if (pp * v <= L) schedules.push_back({PipeSchedule::interleaved, v, -1});
           }
-          std::vector<CpImpl> impls{CpImpl::ring};
-          if (cp > 1) impls.push_back(CpImpl::ulysses);
+          // (implementation, hybrid's all-to-all group): the ring, Ulysses, and hybrid over every
+          // group size 1 < u < cp dividing cp (the heads' divisibility is the rules').
+          std::vector<std::pair<CpImpl, int>> impls{{CpImpl::ring, 0}};
+          if (cp > 1) impls.push_back({CpImpl::ulysses, 0});
+          for (int u = 2; u < cp; ++u)
+            if (cp % u == 0) impls.push_back({CpImpl::hybrid, u});
           // Latent attention's ring or Ulysses group moves the latent (fewer bytes, more kv_b
           // GEMMs and copies) or the K/V: both are tried where the schedule lets it move the
           // latent.
@@ -180,10 +186,10 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
             const bool both =
                 cp > 1 && base.model.mla_attention() && !(pp > 1 && splits_backward(sched));
             for (const std::vector<int64_t>& split : stage_splits(L, int64_t{pp} * v))
-              for (CpImpl impl : impls)
+              for (auto [impl, u] : impls)
                 for (bool latent : {true, false})
                   if (latent || both)
-                    shapes.push_back({tp, cp, pp, v, sp, sched, impl, split, latent, deferred});
+                    shapes.push_back({tp, cp, pp, v, sp, sched, impl, u, split, latent, deferred});
           }
         }
       }
@@ -344,6 +350,7 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
                          layout_text(c.cfg, world), "\n[parallel]\n");
   s += concat("tp = ", p.tp, "\ncp = ", p.cp, "\n");
   if (p.cp > 1) s += concat("cp_impl = \"", std::string(cp_impl_name(p.cp_impl)), "\"\n");
+  if (p.cp_impl == CpImpl::hybrid) s += concat("cp_ulysses = ", p.cp_ulysses, "\n");
   if (p.cp > 1 && c.cfg.model.mla_attention())
     s += concat("cp_latent = ", p.cp_latent ? "true" : "false", "\n");
   s += concat(

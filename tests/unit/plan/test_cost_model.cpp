@@ -897,27 +897,34 @@ TEST_F(CostModelSearch, TriesRecomputingLatentAttentionsUpProjections) {
 }
 
 // On a latent-attention model (8192 positions: the search tries cp from there) the search tries
-// the ring and Ulysses each moving the latent and moving the K/V (hybrid is not searched); each
-// such fragment names its choice.
-TEST_F(CostModelSearch, TriesTheLatentAndTheKvUnderRingAndUlysses) {
+// the ring, Ulysses and hybrid (at cp 4: all-to-all groups of 2) each moving the latent and
+// moving the K/V; each such fragment names its choice and parses back to the candidate's layout.
+TEST_F(CostModelSearch, TriesTheLatentAndTheKvUnderEveryCpImplementation) {
   const std::string path =
       write("mla.toml",
             "[model]\narch = \"llama\"\nn_layers = 2\nd_model = 64\nn_heads = 4\nn_kv_heads = 4\n"
             "vocab_size = 256\nseq_len = 8192\nattention = \"mla\"\n[model.mla]\nq_lora_rank = 24\n"
             "kv_lora_rank = 16\nqk_nope_head_dim = 8\nqk_rope_head_dim = 4\nv_head_dim = 6\n"
             "[train]\nglobal_batch_size = 2\n");
-  std::set<std::pair<CpImpl, bool>> seen;
-  for (const Candidate& c : search(path, 2).ranked) {
-    if (c.cfg.parallel.cp == 1) continue;
-    seen.insert({c.cfg.parallel.cp_impl, c.cfg.parallel.cp_latent});
-    EXPECT_NE(layout_fragment(c, 2, hw_).find(c.cfg.parallel.cp_latent ? "cp_latent = true"
-                                                                       : "cp_latent = false"),
+  std::set<std::tuple<CpImpl, int64_t, bool>> seen;
+  for (const Candidate& c : search(path, 4).ranked) {
+    const ParallelConfig& p = c.cfg.parallel;
+    if (p.cp == 1) continue;
+    seen.insert({p.cp_impl, p.cp_ulysses, p.cp_latent});
+    const std::string fragment = layout_fragment(c, 4, hw_);
+    EXPECT_NE(fragment.find(p.cp_latent ? "cp_latent = true" : "cp_latent = false"),
               std::string::npos);
+    EXPECT_EQ(p.cp_impl == CpImpl::hybrid, fragment.find("cp_ulysses = 2") != std::string::npos);
+    const Config parsed = parse_config(path, c.sets);
+    EXPECT_EQ(parsed.parallel.cp_impl, p.cp_impl);
+    EXPECT_EQ(parsed.parallel.cp_ulysses, p.cp_ulysses);
   }
-  EXPECT_EQ(seen, (std::set<std::pair<CpImpl, bool>>{{CpImpl::ring, true},
-                                                     {CpImpl::ring, false},
-                                                     {CpImpl::ulysses, true},
-                                                     {CpImpl::ulysses, false}}));
+  EXPECT_EQ(seen, (std::set<std::tuple<CpImpl, int64_t, bool>>{{CpImpl::ring, 0, true},
+                                                               {CpImpl::ring, 0, false},
+                                                               {CpImpl::ulysses, 0, true},
+                                                               {CpImpl::ulysses, 0, false},
+                                                               {CpImpl::hybrid, 2, true},
+                                                               {CpImpl::hybrid, 2, false}}));
 }
 
 // On a model whose every MLP is routed experts (no dense layer, no shared experts) "act" has
