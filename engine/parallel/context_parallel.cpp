@@ -71,11 +71,11 @@ using Piece = std::pair<Shape, DType>;
 // and LSE (with a payload the staging holds B Tl H D values, only queries and outputs moving,
 // followed by this rank's payload, the group's gathered payloads, without a ring their gradients,
 // this rank's reduce-scattered gradient and one rank's block of K/V and f32 dK/dV of this rank's
-// heads); with a ring (r > 1) two K/V blocks
-// and two dK/dV accumulators (with a payload of P values a position: two payloads and their
-// gradients' accumulators, then one block's K/V and its f32 dK/dV after the rest), a block's
-// partial output and LSE, and (16-bit) the output merged in fp32. q/k/v and the output are in the
-// compute type `t`, their gradients, partial results and the staging (which moves both) fp32.
+// heads); with a ring (r > 1) two K/V blocks and two dK/dV accumulators (with a payload of P
+// values a position: two blocks of its u ranks' payloads and their gradients' accumulators, then
+// one block's K/V and its f32 dK/dV after the rest), a block's partial output and LSE, and
+// (16-bit) the output merged in fp32. q/k/v and the output are in the compute type `t`, their
+// gradients, partial results and the staging (which moves both) fp32.
 std::vector<Piece> buffer_pieces(int u, int r, int64_t B, int64_t Tl, int64_t H, int64_t KV,
                                  int64_t D, DType t, int64_t P) {
   const int64_t Tg = u * Tl, Hg = H / u, KVg = KV / u, W = H + 2 * KV;
