@@ -300,9 +300,11 @@ void ContextParallelAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Te
 // keys) is computed, the K/V move one rank on (to j+1, from j-1). Step 0 is the local block,
 // written to out/lse directly; later ones merge in. With the zigzag split, a rank src < j gives
 // both local chunks src's first chunk, src > j gives the second local chunk both of src's: half
-// a block each, the same on every rank. With a K/V payload (x; a pure ring: Tg = Tl, Hg = H) the
-// payload travels where the K/V do: this rank's is in kv_[0] already, and each block's K/V are
-// this rank's own (step 0) or expanded from the payload received (x->expand) into kvx_.
+// a block each, the same on every rank. With a K/V payload (x) the payload travels where the K/V
+// do. A pure ring (Tg = Tl, Hg = H): this rank's is in kv_[0] already, and each block's K/V are
+// this rank's own (step 0) or expanded from the payload received (x->expand) into kvx_. Under
+// hybrid a block is its group's u payloads (first_block copies this group's), every block
+// expanded (expand_group) for this rank's heads.
 
 // The K/V of step i's block: `cur` itself, or with a payload kvx_ filled from qkv or cur (under
 // hybrid every block, this group's too, from its u ranks' payloads: the queries came alone).

@@ -108,7 +108,7 @@ struct ContextParallel {
   CpImpl impl = CpImpl::ring;
   int ulysses = 0;  // hybrid: the all-to-all group size u (1 < u < cp, dividing cp)
   // > 0: the model's K/V expand from a payload of this many values a position (KvExpansion),
-  // which a pure ring or pure Ulysses moves instead of the K/V (cp_payload).
+  // which the cp core moves instead of the K/V, under every implementation (cp_payload).
   int64_t payload = 0;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }

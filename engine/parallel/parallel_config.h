@@ -18,8 +18,8 @@ struct ParallelConfig {
   int64_t cp = 1;                 // context parallel degree (engine/parallel/context_parallel.h)
   CpImpl cp_impl = CpImpl::ring;  // how attention crosses the cp group: ring, ulysses, hybrid
   int64_t cp_ulysses = 0;         // hybrid: all-to-all over this many ranks, ring over cp/it
-  // Latent attention under a pure ring: the ring moves each position's kv latent and RoPE key
-  // and every rank expands the blocks it receives (true), or the expanded K/V (false).
+  // Latent attention under any cp implementation: each position's kv latent and RoPE key move
+  // and every rank expands its heads' K/V from them (true), or the expanded K/V move (false).
   bool cp_latent = true;
   int64_t dp = -1;  // data parallel degree; -1 = world / (tp * cp * pp)
   // Expert parallel degree: a mixture of experts' experts split over groups of ep consecutive dp
