@@ -586,9 +586,9 @@ struct Job {
   // selective recompute's "mla_up_proj" replays.
   double mla_up_fpt = 0;
   // Multi-token prediction (model.mtp_depth), on the head's rank: the modules' FLOPs per token
-  // (eh_proj, the layers, their heads), what recompute replays of their layers, and their GEMMs
-  // with FP8 inputs.
-  double mtp_fpt = 0, mtp_recompute_fpt = 0, mtp_fp8_fpt = 0;
+  // (eh_proj, the layers, their heads) and their GEMMs with FP8 inputs; one module's layer's
+  // FLOPs per token, and of those with FP8 inputs (what a full recompute's replay runs a third of).
+  double mtp_fpt = 0, mtp_fp8_fpt = 0, mtp_layer_fpt = 0, mtp_layer_fp8_fpt = 0;
   std::array<double, kNumAxes> bw{};  // each axis's group's bandwidth
   double bw_dp = 0;                   // dp x cp's
   double bw_zero = 0;                 // ZeRO's shard group's (dp x cp's without hybrid sharding)
@@ -599,8 +599,10 @@ struct Job {
   double f_tp = 0, f_dp = 0;
 
   // One layer's FLOPs per token: 6 x matmul weights + 6CT of attention, the forward a third;
-  // selective recompute of the core repeats the attention core's forward (2CT; the norms and
-  // the activation it may rerun are no matmuls: other ops), full recompute the layer's forward.
+  // a replay of selective recompute's core repeats the attention core's forward (2CT; the norms
+  // and the activation it may rerun are no matmuls: other ops), a rebuild of latent attention's
+  // qkv its up projections' forward (mla_up_fpt), full recompute's the layer's forward
+  // (replayed_layers counts them).
   double layer_fpt(int64_t l) const { return 6 * layer_params[static_cast<size_t>(l)] + attn_fpt; }
   bool core_replays() const {
     return rc == Recompute::selective && cfg.train.recompute_modules.core_attn();
@@ -608,10 +610,12 @@ struct Job {
   bool up_replays() const {
     return rc == Recompute::selective && cfg.train.recompute_modules.mla_up_proj();
   }
-  double recompute_fpt(int64_t l) const {
-    return rc == Recompute::full
-               ? layer_fpt(l) / 3
-               : (core_replays() ? attn_fpt / 3 : 0.0) + (up_replays() ? mla_up_fpt : 0.0);
+  // One layer's FLOPs per token, and of those with FP8 inputs (global layers; a multi-token
+  // prediction module's layer past the model's).
+  double any_layer_fpt(int64_t l) const { return l < mc.n_layers ? layer_fpt(l) : mtp_layer_fpt; }
+  double any_layer_fp8_fpt(int64_t l) const {
+    if (layer_fp8_params.empty()) return 0;
+    return l < mc.n_layers ? 6 * layer_fp8_params[static_cast<size_t>(l)] : mtp_layer_fp8_fpt;
   }
 
  private:
@@ -679,19 +683,12 @@ void Job::derive() {
       w += spec.matmul_weights(i);
       if (spec.params[i].kind != ParamKind::router) fp8 += spec.matmul_weights(i);
     }
-    const double layers = 6 * (w - D * eh) + D * j.attn_fpt;
     j.mtp_fpt = 6 * w + D * (j.attn_fpt + j.head_fpt);
-    if (j.cfg.train.recompute_layers == 0)
-      j.mtp_recompute_fpt = j.rc == Recompute::full
-                                ? layers / 3
-                                : D * ((j.core_replays() ? j.attn_fpt / 3 : 0.0) +
-                                       (j.up_replays() ? j.mla_up_fpt : 0.0));
-    if (j.cfg.train.fp8 != Fp8Scaling::none)
-      j.mtp_fp8_fpt =
-          6 * (fp8 - D * eh) +
-          (j.rc == Recompute::full && j.cfg.train.recompute_layers == 0 ? 2 * (fp8 - D * eh)
-                                                                        : 0.0) +
-          (j.up_replays() && j.cfg.train.recompute_layers == 0 ? D * j.mla_up_fpt : 0.0);
+    j.mtp_layer_fpt = 6 * (w / D - eh) + j.attn_fpt;
+    if (j.cfg.train.fp8 != Fp8Scaling::none) {
+      j.mtp_fp8_fpt = 6 * (fp8 - D * eh);
+      j.mtp_layer_fp8_fpt = 6 * (fp8 / D - eh);
+    }
   }
   if (j.p > 1) j.schedule = make_schedule(j.par.pp_schedule, j.shape);
   j.stage_layers = j.par.pp_layers.empty()
@@ -727,7 +724,8 @@ struct RankLayers {
   double L = 0, e = 0, h = 0;  // layers; whether the rank holds the embedding, the head
   double mtp = 0;  // multi-token prediction modules (with the head): a layer, an embedding lookup
                    // and a head each, and two norms
-  double fpt = 0, recompute_fpt = 0;  // FLOPs per token of its layers, of their recompute
+  // FLOPs per token of its layers, and of what recompute replays of them (replayed_layers).
+  double fpt = 0, recompute_fpt = 0;
   double fp8_fpt = 0;        // of those, the GEMMs with FP8 inputs (train.fp8), replays included
   double cp_expand_fpt = 0;  // the latent cp core's kv_b GEMMs on other ranks' payloads
   bool moe = false;
@@ -745,31 +743,38 @@ struct RankLayers {
   double full_replays = 0, input_gathers = 0;
   // Layers whose attention core selective recompute replays in backward, per micro-batch
   // (replayed_layers): each replay runs the core's forward communication (cp) again, as full
-  // recompute's replays do. (The recompute FLOPs still count every recomputing layer's core:
-  // one layer a micro-batch too many without pp.)
+  // recompute's replays do.
   double core_replays = 0;
   std::vector<std::vector<int64_t>> chunk_layers;  // global layers of each chunk
   int boundaries = 0, boundaries_back = 0;         // chunk ends that send forward; that send back
 };
 
-// Which layers replay in backward, over this rank's actions in order (no pp: each micro-batch's
-// forward, then its backward; a split backward's halves each as a backward). The model keeps one
-// slot per kind: full recompute's replay set (Layer::full_set, scratch.replay_of) holds the last
-// fully recomputed layer a forward or a replay ran; selective recompute's core scratch
-// (scratch.core_of) the last recomputing layer's core output, computed by its forward or a replay.
-// A layer's backward (input or weight half; the weight half reads the core's output too)
-// replays unless the slot holds its own (layer, micro-batch): without pp the last layer's
-// forward leaves it for its backward. Under distributed saved inputs (full recompute only) the
-// forward forgets the set wherever it writes the residual stream whole for a consumer that saves
-// or sends a part (Transformer::forward_layers), and counts the inputs it gathers.
+// What recompute replays in backward, over this rank's actions in order (no pp: each
+// micro-batch's forward, then its backward). The model keeps one slot per kind of replay, which
+// holds the last (layer, micro-batch) a forward or a replay ran: full recompute's replay set
+// (Layer::full_set, scratch.replay_of); under selective recompute the core's scratch
+// (scratch.core_of: the attention core's output) and latent attention's up projections'
+// (scratch.mla.qkv_of: the core's input qkv). A layer's backward input half rebuilds its qkv and
+// replays its core unless the slots hold them; its weight half (a split backward's) replays the
+// core unless the slot holds it, rebuilding the qkv first unless that slot holds it; under full
+// recompute each half replays the layer unless the set holds it. Without pp the last layer's
+// forward leaves every slot to its backward. Under distributed saved inputs (full recompute only)
+// the forward forgets the set wherever it writes the residual stream whole for a consumer that
+// saves or sends a part (Transformer::forward_layers), and counts the inputs it gathers.
 // Per micro-batch.
 struct Replays {
-  double layers = 0, moe = 0, input_gathers = 0;
+  double layers = 0, moe = 0;  // layers replayed (full) or cores replayed (selective); MoE ones
+  double input_gathers = 0;
+  double ups = 0;               // up-projection rebuilds (selective "mla_up_proj")
+  double fpt = 0, fp8_fpt = 0;  // FLOPs per token of all of them, and of those with FP8 inputs
 };
-Replays replayed_layers(const Job& j, int pr, const RankLayers& r, bool distributed) {
+Replays replayed_layers(const Job& j, int pr, const RankLayers& r) {
   const int64_t k_re = j.cfg.train.recompute_layers;
+  const bool full = j.rc == Recompute::full, core = j.core_replays(), up = j.up_replays();
+  const bool distributed = full && j.distribute, fp8 = j.cfg.train.fp8 != Fp8Scaling::none;
   auto re = [&](int64_t k) { return k_re == 0 || k < k_re; };
-  std::pair<int64_t, int> last{-1, -1};  // (global layer, micro-batch)
+  using Slot = std::pair<int64_t, int>;  // (global layer, micro-batch)
+  Slot last{-1, -1}, qkv{-1, -1};        // the replay set or the core's scratch; the qkv's
   Replays n;
   // The multi-token prediction modules' layers, after the head chunk's (recomputed when
   // train.recompute covers every layer).
@@ -786,41 +791,58 @@ Replays replayed_layers(const Job& j, int pr, const RankLayers& r, bool distribu
     if (part(0) && !embedding) ++n.input_gathers;
     for (int64_t k = 0; k < size; ++k) {
       if (part(k + 1)) last = {-1, -1};
-      if (re(k)) last = {ls[static_cast<size_t>(k)], mb};
+      if (re(k)) last = qkv = {ls[static_cast<size_t>(k)], mb};
     }
     if (head)
-      for (const int64_t l : mtp) last = {l, mb};
+      for (const int64_t l : mtp) last = qkv = {l, mb};
   };
-  auto replay = [&](std::pair<int64_t, int> mine) {
+  auto rebuild = [&](Slot mine) {
+    if (qkv != mine) {
+      ++n.ups;
+      n.fpt += j.mla_up_fpt;
+      n.fp8_fpt += fp8 ? j.mla_up_fpt : 0.0;
+    }
+    qkv = mine;
+  };
+  auto replay = [&](Slot mine) {
     if (last != mine) {
       ++n.layers;
       n.moe += j.mc.moe.layer(mine.first);
+      if (full) {
+        n.fpt += j.any_layer_fpt(mine.first) / 3;
+        n.fp8_fpt += j.any_layer_fp8_fpt(mine.first) / 3;
+      } else {
+        n.fpt += j.attn_fpt / 3;
+        if (up) rebuild(mine);
+      }
     }
     last = mine;
   };
-  auto backward = [&](int c, int mb) {
+  auto backward = [&](int c, int mb, bool weight_half) {
+    auto layer = [&](int64_t l) {
+      if (up && !weight_half) rebuild({l, mb});
+      if (full || core) replay({l, mb});
+    };
     const std::vector<int64_t>& ls = r.chunk_layers[static_cast<size_t>(c)];
     if (is_head(c))
-      for (auto l = mtp.rbegin(); l != mtp.rend(); ++l) replay({*l, mb});
+      for (auto l = mtp.rbegin(); l != mtp.rend(); ++l) layer(*l);
     for (int64_t k = static_cast<int64_t>(ls.size()) - 1; k >= 0; --k)
-      if (re(k)) replay({ls[static_cast<size_t>(k)], mb});
+      if (re(k)) layer(ls[static_cast<size_t>(k)]);
   };
   if (j.p == 1) {
     for (int mb = 0; mb < j.m; ++mb) {
       forward(0, mb);
-      backward(0, mb);
+      backward(0, mb, false);
     }
   } else {
     for (const Action& a : j.schedule.ranks[static_cast<size_t>(pr)]) {
       if (a.kind == ActionKind::forward) forward(a.chunk, a.mb);
-      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input ||
-          a.kind == ActionKind::backward_weight)
-        backward(a.chunk, a.mb);
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input)
+        backward(a.chunk, a.mb, false);
+      if (a.kind == ActionKind::backward_weight) backward(a.chunk, a.mb, true);
     }
   }
-  n.layers /= j.m;
-  n.moe /= j.m;
-  n.input_gathers /= j.m;
+  for (double* x : {&n.layers, &n.moe, &n.input_gathers, &n.ups, &n.fpt, &n.fp8_fpt}) *x /= j.m;
   return n;
 }
 
@@ -859,12 +881,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
       r.chunk_moe_full[static_cast<size_t>(c)] += is_moe && re && j.rc == Recompute::full;
       r.chunk_moe_act[static_cast<size_t>(c)] += is_moe && re && moe_act;
       r.fpt += j.layer_fpt(l);
-      if (re) r.recompute_fpt += j.recompute_fpt(l);
-      if (!j.layer_fp8_params.empty()) {
-        const double w = j.layer_fp8_params[static_cast<size_t>(l)];
-        r.fp8_fpt += 6 * w + (re && j.rc == Recompute::full ? 2 * w : 0.0) +
-                     (re && j.up_replays() ? j.mla_up_fpt : 0.0);
-      }
+      r.fp8_fpt += j.any_layer_fp8_fpt(l);
     }
   }
   r.L = static_cast<double>(layers);
@@ -882,16 +899,20 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   }
   if (r.mtp > 0) {
     r.fpt += j.mtp_fpt;
-    r.recompute_fpt += j.mtp_recompute_fpt;
     r.fp8_fpt += j.mtp_fp8_fpt;
   }
-  if (j.rc == Recompute::full) {
-    const Replays n = replayed_layers(j, pr, r, j.distribute);
-    r.full_replays = n.layers;
-    r.moe_replays = n.moe;
-    r.input_gathers = n.input_gathers;
+  if (j.rc != Recompute::none) {
+    const Replays n = replayed_layers(j, pr, r);
+    r.recompute_fpt = n.fpt;
+    r.fp8_fpt += n.fp8_fpt;
+    if (j.rc == Recompute::full) {
+      r.full_replays = n.layers;
+      r.moe_replays = n.moe;
+      r.input_gathers = n.input_gathers;
+    } else {
+      r.core_replays = n.layers;
+    }
   }
-  if (j.core_replays()) r.core_replays = replayed_layers(j, pr, r, false).layers;
   // The latent cp core (cp_kv_payload), in kv_b GEMMs of 2 Ckv H (Dn+Dv) FLOPs a token for the
   // model's H heads (/tp with the rest), beyond the layer's own. Ring: every forward of a layer's
   // core (the selective recompute's and full recompute's replays included) expands the cp-1
@@ -911,6 +932,7 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     r.cp_expand_fpt = u == 1    ? (j.cp - 1.0) * gemm * (cores + 3.0 * layers)
                       : rr == 1 ? gemm * (cores + layers)
                                 : gemm * (rr * cores + (4.0 * rr - 2.0) * layers);
+    if (j.cfg.train.fp8 != Fp8Scaling::none) r.fp8_fpt += r.cp_expand_fpt;  // (kv_b's GEMMs)
   }
   return r;
 }

@@ -190,16 +190,30 @@ TEST(CostModel, OtherOpsAreTheOpsTheModelRuns) {
   EXPECT_DOUBLE_EQ(gelu({"parallel.pp=2", "parallel.dp=1"}, 2), L * N * F * (4 + 4));
 }
 
+// Full recompute replays a layer's forward (a third of its 6 x 12 C^2 + 6 C T FLOPs a token) in
+// backward unless the replay set still holds it: without pp the last layer's forward leaves it
+// for its backward (L - 1 replays a micro-batch). Under 1F1B at pp 2 the first stage's backward
+// follows another micro-batch's forward (both its layers replay), the last stage's its own
+// forward (one). Selective recompute of the core replays the core's forward (2 C T) likewise.
 TEST(CostModel, RecomputeAddsFlopsNotModelFlops) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   const StepCost none = predict_step(tiny({}), 1, hw);
   const StepCost full = predict_step(tiny({"train.recompute=\"full\""}), 1, hw);
   EXPECT_EQ(none.model_flops, full.model_flops);
   EXPECT_EQ(none.hardware_flops, none.model_flops);
-  EXPECT_GT(full.hardware_flops, full.model_flops);
   EXPECT_GT(full.step_s, none.step_s);
   EXPECT_LT(full.stages[0].memory.activations, none.stages[0].memory.activations);
   EXPECT_NEAR(full.hfu / full.mfu, full.hardware_flops / full.model_flops, 1e-12);
+  const double C = 64, T = 32, tokens = 8 * T, L = 4, core = 2 * C * T;
+  const double layer = (6 * 12 * C * C + 6 * C * T) / 3;
+  EXPECT_DOUBLE_EQ(full.hardware_flops - full.model_flops, tokens * (L - 1) * layer);
+  const StepCost pp2 = predict_step(tiny({"train.recompute=\"full\"", "parallel.pp=2",
+                                          "parallel.dp=1", "train.micro_batch_size=2"}),
+                                    2, hw);
+  EXPECT_DOUBLE_EQ(pp2.stages[0].recompute_flops, tokens * 2 * layer);
+  EXPECT_DOUBLE_EQ(pp2.stages[1].recompute_flops, tokens * 1 * layer);
+  const StepCost sel = predict_step(tiny({"train.recompute=\"selective\""}), 1, hw);
+  EXPECT_DOUBLE_EQ(sel.hardware_flops - sel.model_flops, tokens * (L - 1) * core);
 }
 
 // Selective recompute of the norms and the activation replays no matmul (hardware FLOPs are the
@@ -236,9 +250,10 @@ TEST(CostModel, RecomputingNormsAndActivationReplaysTheirOpsNotMatmuls) {
 }
 
 // Recomputing latent attention's up projections ("mla_up_proj") replays q_b's and kv_b's forward
-// GEMMs once per layer and micro-batch: hardware FLOPs exceed the model's by 2 x their weights a
-// token and layer (q_b 24 x 4 heads x 12, kv_b 16 x 4 x (8 + 6)); with the core recomputed too,
-// by the core's forward as well.
+// GEMMs in backward for every layer of a micro-batch but the last, whose forward left its qkv in
+// the scratch: hardware FLOPs exceed the model's by 2 x their weights a token and such layer (q_b
+// 24 x 4 heads x 12, kv_b 16 x 4 x (8 + 6)); with the core recomputed too, by the core's forward
+// as well.
 TEST(CostModel, RecomputingTheUpProjectionsReplaysTheirGemms) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   const auto cost = [&](const char* modules) {
@@ -251,10 +266,10 @@ TEST(CostModel, RecomputingTheUpProjectionsReplaysTheirGemms) {
   };
   const double tokens = 8 * 32, layers = 4, up = 2.0 * (24 * 4 * 12 + 16 * 4 * (8 + 6));
   const StepCost up_only = cost("train.recompute_modules=[\"mla_up_proj\"]");
-  EXPECT_DOUBLE_EQ(up_only.hardware_flops - up_only.model_flops, tokens * layers * up);
+  EXPECT_DOUBLE_EQ(up_only.hardware_flops - up_only.model_flops, tokens * (layers - 1) * up);
   const StepCost core = cost("train.recompute_modules=[\"core_attn\"]");
   const StepCost both = cost("train.recompute_modules=[\"core_attn\", \"mla_up_proj\"]");
-  EXPECT_DOUBLE_EQ(both.hardware_flops - core.hardware_flops, tokens * layers * up);
+  EXPECT_DOUBLE_EQ(both.hardware_flops - core.hardware_flops, tokens * (layers - 1) * up);
   EXPECT_LT(up_only.stages[0].memory.activations, core.stages[0].memory.activations);
 }
 
@@ -458,7 +473,8 @@ TEST(CostModel, Fp8EmulationTimesItsGemmsAtTheFp32Peak) {
     sets.push_back("train.fp8=\"blockwise\"");
     const StageCost fp8 = predict_step(tiny(sets), 1, hw).stages[0];
     EXPECT_DOUBLE_EQ(fp8.flops, base.flops) << full;
-    const double f = tokens * L * 12 * C * C * (full ? 8 : 6);
+    // (Full recompute replays the forward of every layer but the last: L - 1 a micro-batch.)
+    const double f = tokens * 12 * C * C * (6 * L + (full ? 2 * (L - 1) : 0));
     EXPECT_NEAR(fp8.compute_s, base.compute_s + f / (1e12 * 0.5) - f / (8e12 * 0.5),
                 1e-12 * base.compute_s)
         << full;
