@@ -669,9 +669,14 @@ void Job::derive() {
   // The attention core, forward and backward (ModelSpec::attention_width: C, or latent
   // attention's H (Dqk + Dv) / 2).
   j.attn_fpt = 6 * spec.attention_width() * j.T;
+  // (A cp core that expands every block from the payloads, Ulysses or hybrid over the latent,
+  // leaves kv_b out of qkv's build: LatentAttention::build_qkv.)
+  const bool own_kv = cp_payload(j.cp, cp_kv_payload(j.cfg)) == 0 ||
+                      ulysses_degree(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses)) == 1;
   for (size_t i = 0; i < spec.params.size(); ++i)
-    if (spec.params[i].layer == 0 && (spec.params[i].name.ends_with(".attn.q_b.weight") ||
-                                      spec.params[i].name.ends_with(".attn.kv_b.weight")))
+    if (spec.params[i].layer == 0 &&
+        (spec.params[i].name.ends_with(".attn.q_b.weight") ||
+         (own_kv && spec.params[i].name.ends_with(".attn.kv_b.weight"))))
       j.mla_up_fpt += 2 * spec.matmul_weights(i);
   if (mc.mtp_depth > 0) {
     // Each module: eh_proj (2C x C), its layer, its head; its layer recomputed when
@@ -921,7 +926,9 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
   // at u times its positions, one GEMM a token; the contractions replace the layer's own kv_b
   // backward. Hybrid: every core forward expands the rank's heads of all r blocks (r GEMMs a
   // token), and the backward replays that, expands the blocks again and contracts them (2r in
-  // place of the layer's 2).
+  // place of the layer's 2). Under both the layer's forward and full recompute's replays build
+  // qkv without kv_b's GEMM (one a token less each; the up projections' rebuilds leave it out of
+  // mla_up_fpt).
   const int u = ulysses_degree(j.par.cp_impl, j.cp, static_cast<int>(j.par.cp_ulysses));
   if (cp_payload(j.cp, cp_kv_payload(j.cfg)) > 0) {
     const MlaConfig& a = j.mc.mla;
@@ -930,8 +937,8 @@ RankLayers rank_layers(const Job& j, int pr, const ModelSpec& rs) {
     const double cores = r.L + r.mtp + r.core_replays + r.full_replays, layers = r.L + r.mtp;
     const double rr = static_cast<double>(j.cp) / u;
     r.cp_expand_fpt = u == 1    ? (j.cp - 1.0) * gemm * (cores + 3.0 * layers)
-                      : rr == 1 ? gemm * (cores + layers)
-                                : gemm * (rr * cores + (4.0 * rr - 2.0) * layers);
+                      : rr == 1 ? gemm * (layers + r.core_replays)
+                                : gemm * (rr * cores + (4.0 * rr - 3.0) * layers - r.full_replays);
     if (j.cfg.train.fp8 != Fp8Scaling::none) r.fp8_fpt += r.cp_expand_fpt;  // (kv_b's GEMMs)
   }
   return r;

@@ -292,6 +292,7 @@ LatentAttention::LatentAttention(const BlockEnv& env, const std::string& prefix,
       Cq_(env.spec.cfg.mla.q_lora_rank),
       Ckv_(env.spec.cfg.mla.kv_lora_rank),
       payload_(env.attention.payload_width() > 0),
+      W_(core_heads(env.attention, H_)),
       lat_(recompute_core ? 1 : 3),
       q_a_(env.param_opt(prefix + ".q_a.weight")),
       q_norm_(env.param_opt(prefix + ".q_a_norm.weight")),
@@ -318,7 +319,7 @@ std::vector<TensorSpec> LatentAttention::saved() const {
   const int64_t R = env_.tp.R, N = env_.tp.N;
   const DType t = env_.tp.compute;
   std::vector<TensorSpec> out = core_saved(env_, H_, H_, D_, recompute_core_);
-  if (recompute_up_) out[0].shape = {0, 3 * H_, D_};
+  out[0].shape = recompute_up_ ? Shape{0, W_, D_} : Shape{env_.B, env_.T, W_, D_};
   if (Cq_ > 0) {
     out.push_back({"q_a", {R, Cq_}, false, t});
     out.push_back({"q_rstd", {R}});
@@ -350,6 +351,10 @@ Tensor LatentAttention::values_of(Tensor att, Tensor into) const {
   return o;
 }
 
+int64_t LatentAttention::core_heads(const AttentionCore& core, int64_t H) {
+  return core.payload_width() > 0 && !core.reads_own_kv() ? H + 1 : 3 * H;
+}
+
 Tensor LatentAttention::qkv_of(std::span<const Tensor> s) const {
   if (!recompute_up_) return s[0];
   BlockScratch::Mla& m = env_.scratch.mla;
@@ -367,18 +372,23 @@ void LatentAttention::build_qkv(Tensor qkv, Tensor q, Tensor q_latent, Tensor kv
   const auto& cfg = env_.spec.cfg;
   const BlockScratch::Mla& m = env_.scratch.mla;
   const int64_t N = env_.tp.N;
+  // A core that expands every block's K/V from the payloads (W = H + 1) reads only the queries
+  // and the rotated k_pe (fill_payload): kv_b is not run here.
+  const bool own_kv = W_ == 3 * H_;
   if (q_latent.defined()) q_up_.forward(q, q_latent, env_.w(q_up_w_), Tensor());
-  kv_up_.forward(m.kv, kv_latent, env_.w(kv_up_w_), Tensor());
-  // The core's heads (N,3H,D) in fp32: q; [k_nope | k_pe] (k_pe in every head); [v | 0]; RoPE on
-  // the last Dr dims of the queries and keys, rounded once, as Attention's projection is.
-  const Tensor work = qkv.dtype == DType::f32 ? qkv : env_.scratch.d_qkv;
-  const Tensor w2 = work.view({N, 3 * H_ * D_});
-  if (Dv_ < D_) ops::fill_zero(work);
+  if (own_kv) kv_up_.forward(m.kv, kv_latent, env_.w(kv_up_w_), Tensor());
+  // The core's heads (N,W,D) in fp32: q; [k_nope | k_pe] (k_pe in every head; W = H + 1: [0 |
+  // k_pe]); [v | 0]; RoPE on the last Dr dims of the queries and keys, rounded once, as
+  // Attention's projection is.
+  const Tensor work =
+      qkv.dtype == DType::f32 ? qkv : head_of(env_.scratch.d_qkv, {env_.B, env_.T, W_, D_});
+  const Tensor w2 = work.view({N, W_ * D_});
+  if (Dv_ < D_ || !own_kv) ops::fill_zero(work);
   ops::copy_blocks(w2, q, {1, H_ * D_, 0, 0, 0, 0});
-  ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
-  ops::copy_blocks(w2, k_pe, {H_, Dr_, H_ * D_ + Dn_, D_, 0, 0});
-  ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
-  ops::rope_forward(work, 2 * H_, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_},
+  if (own_kv) ops::copy_blocks(w2, m.kv, {H_, Dn_, H_ * D_, D_, 0, Dn_ + Dv_});
+  ops::copy_blocks(w2, k_pe, {own_kv ? H_ : 1, Dr_, H_ * D_ + Dn_, D_, 0, 0});
+  if (own_kv) ops::copy_blocks(w2, m.kv, {H_, Dv_, 2 * H_ * D_, D_, Dn_, Dn_ + Dv_});
+  ops::rope_forward(work, own_kv ? 2 * H_ : H_ + 1, 0, cfg.rope_theta, env_.positions(), {Dn_, Dr_},
                     cfg.rope_scaling);
   if (work.data == qkv.data)
     env_.round(qkv);
@@ -412,7 +422,7 @@ Tensor LatentAttention::payload_kpe(Tensor p) const {
 void LatentAttention::fill_payload(std::span<const Tensor> s) const {
   const Tensor p = env_.attention.payload();
   ops::copy(payload_latent(p), s[kv_latent_at()]);
-  ops::copy_blocks(payload_kpe(p), qkv_of(s).view({env_.tp.N, 3 * H_ * D_}),
+  ops::copy_blocks(payload_kpe(p), qkv_of(s).view({env_.tp.N, W_ * D_}),
                    {1, Dr_, 0, 0, H_ * D_ + Dn_, 0});
 }
 

@@ -131,7 +131,7 @@ struct BlockScratch {
   struct Mla {
     Tensor kv, k_pe, rows, kva, d_kva, d_lat, d_kpe, d_rows, d_qa, dx;
     // Selective recompute of the up projections ("mla_up_proj"): one layer's core input qkv
-    // (B,T,3H,D), compute type, and the saved set it was rebuilt for (its kv latent's data).
+    // (B,T,W,D) (core_heads), compute type, and the saved set it was rebuilt for (its kv latent).
     Tensor qkv;
     const void* qkv_of = nullptr;
   } mla;
@@ -294,7 +294,11 @@ class LatentAttention final : public Branch, private KvExpansion {
   // latents into scratch.mla.qkv where backward needs it.
   LatentAttention(const BlockEnv& env, const std::string& prefix, bool recompute_core,
                   bool recompute_up = false);
-  // qkv (B,T,3H,D) (0 positions under recompute_up) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq),
+  // The heads W of the core's input qkv: 3H (queries, keys, values), or H + 1 where the core
+  // expands every block's K/V from the payloads itself (Ulysses, hybrid: reads_own_kv false): the
+  // queries and one key head, whose RoPE dims hold the rotated k_pe the payload takes.
+  static int64_t core_heads(const AttentionCore& core, int64_t H);
+  // qkv (B,T,W,D) (0 positions under recompute_up) [, att (B,T,H,D), lse (B,H,T)], [q_a (R,Cq),
   // q_rstd (R), q_latent (N,Cq),] c (R,Ckv), kv_rstd (R), kv_latent (N,Ckv)[, k_pe (N,Dr) under
   // recompute_up]; activations in the compute type.
   std::vector<TensorSpec> saved() const override;
@@ -312,7 +316,7 @@ class LatentAttention final : public Branch, private KvExpansion {
   // The core's input of saved set s: s[0], or (recompute_up) scratch.mla.qkv rebuilt from its
   // latents unless it holds them still.
   Tensor qkv_of(std::span<const Tensor> s) const;
-  // qkv (B,T,3H,D) := the heads of the queries' latent q_latent (N,Cq), or of the queries q
+  // qkv (B,T,W,D) := the heads of the queries' latent q_latent (N,Cq), or of the queries q
   // (N,H*D) f32 already projected (q_latent undefined), and of the kv latent (N,Ckv) and the
   // gathered RoPE key k_pe (N,Dr), RoPE applied and rounded once.
   void build_qkv(Tensor qkv, Tensor q, Tensor q_latent, Tensor kv_latent, Tensor k_pe) const;
@@ -335,7 +339,8 @@ class LatentAttention final : public Branch, private KvExpansion {
   const BlockEnv& env_;
   bool recompute_core_, recompute_up_;
   int64_t H_, Dn_, Dr_, Dv_, D_, Cq_, Ckv_;
-  bool payload_;  // the core is a cp ring that moves the payload
+  bool payload_;  // the cp core moves the payload
+  int64_t W_;     // qkv's heads (core_heads)
   size_t lat_;    // the first latent tensor in the saved set
   int64_t q_a_, q_norm_, q_up_w_, kv_a_, kv_norm_, kv_up_w_, proj_w_;
   ColumnParallelLinear q_up_, kv_up_;

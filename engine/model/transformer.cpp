@@ -281,7 +281,7 @@ Transformer::Transformer(const ModelSpec& spec, Allocator& alloc, int64_t micro_
           lay.take({moe_rows(tp_, T_).R * cfg.moe.top_k, cfg.moe.d_ff_expert}, compute_);
     // Latent attention's core input, rebuilt from the latents (H, D: the core's heads).
     if (any_selective && modules.mla_up_proj() && cfg.mla_attention())
-      sc.mla.qkv = lay.take({B_, T_, 3 * H, D}, compute_);
+      sc.mla.qkv = lay.take({B_, T_, LatentAttention::core_heads(*attention_, H), D}, compute_);
     for (int kind = 0; kind < 2; ++kind) {
       if (!full_of[kind]) continue;
       // One layer's full saved set but its input: a replay reads the layer's own saved input.

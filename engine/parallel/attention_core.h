@@ -50,9 +50,13 @@ class AttentionCore {
   virtual std::vector<Communicator*> own_communicators() const { return {}; }
   // > 0: this core moves K/V as a KvExpansion payload of this many values a position. The caller
   // then writes its positions' payload (B*T*P, compute type) into payload() and calls the two
-  // below instead of forward/backward; qkv's K/V are still this rank's own (its local block).
+  // below instead of forward/backward; qkv's K/V are still this rank's own (its local block),
+  // where the core reads them (reads_own_kv).
   virtual int64_t payload_width() const { return 0; }
   virtual Tensor payload() const { return {}; }
+  // With a payload: whether the core reads qkv's K/V heads (a ring's local block) or expands every
+  // block's K/V from the payloads (Ulysses, hybrid), so that the caller need not build them.
+  virtual bool reads_own_kv() const { return true; }
   virtual void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x);
   // dqkv's query heads assigned, its K/V heads zero; returns the payload's gradient (B*T*P) f32,
   // a view of the core's buffers valid until its next call. Runs x.contract (weight gradients).

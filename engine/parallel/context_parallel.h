@@ -134,6 +134,7 @@ class ContextParallelAttention final : public AttentionCore {
   // first block); the ring's blocks, or the group's gathered payloads, expanded by x.
   int64_t payload_width() const override { return P_; }
   Tensor payload() const override { return P_ > 0 ? (u_ > 1 ? own_p_ : kv_[0]) : Tensor(); }
+  bool reads_own_kv() const override { return P_ == 0 || u_ == 1; }
   void forward(Tensor out, Tensor lse, Tensor qkv, const KvExpansion& x) override;
   Tensor backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
                   const KvExpansion& x) override;

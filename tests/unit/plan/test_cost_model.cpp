@@ -584,8 +584,9 @@ TEST(CostModel, LatentCpRingMovesTheLatentAndExpandsTheBlocks) {
 // Latent attention under Ulysses: the all-to-all moves the queries alone, the payload (kv latent
 // and RoPE key, P = 20 values a position) is all-gathered in forward and again in backward and
 // its gradient reduce-scattered, where the K/V Ulysses (parallel.cp_latent = false) sends q/k/v.
-// Each core forward and each backward expands the rank's H/u heads at every position of the
-// group: one more kv_b GEMM a token each.
+// Each core forward expands the rank's H/u heads at every position of the group in place of the
+// layer's own kv_b forward (qkv is built without K/V), and the backward expands them again: one
+// more kv_b GEMM a token a layer.
 TEST(CostModel, LatentUlyssesGathersTheLatentAndExpandsItsHeads) {
   const HardwareProfile hw = parse_hardware(kGpu, "gpu", 1);
   auto with = [&](bool latent) {
@@ -609,9 +610,14 @@ TEST(CostModel, LatentUlyssesGathersTheLatentAndExpandsItsHeads) {
   EXPECT_DOUBLE_EQ(l.reduce_scatter, n * e);
   EXPECT_EQ(k.all_gather + k.reduce_scatter, 0.0);
   EXPECT_LT(l.total(), 0.7 * k.total());  // 0.68 at these dims
-  const double expand = 2.0 * 16 * 4 * (8 + 6), extra = 2 * expand * 2 * 8 * 16;
+  const double expand = 2.0 * 16 * 4 * (8 + 6), extra = expand * 2 * 8 * 16;
   EXPECT_DOUBLE_EQ(latent.stages[0].flops - kv.stages[0].flops, extra);
   EXPECT_DOUBLE_EQ(latent.stages[0].recompute_flops, extra);
+  // Each saved qkv keeps the queries and one key head (H + 1 of the 3H heads): 2H - 1 heads of
+  // 16 positions x D fewer per layer and micro-batch in flight.
+  EXPECT_EQ(latent.stages[0].in_flight, kv.stages[0].in_flight);
+  EXPECT_DOUBLE_EQ(kv.stages[0].memory.activations - latent.stages[0].memory.activations,
+                   latent.stages[0].in_flight * 2 * 16 * (2 * 4 - 1) * 12 * 4.0);
 }
 
 // A search shares each rank model's figures between layouts (ActivationCache); a layout costed
