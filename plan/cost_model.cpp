@@ -531,8 +531,8 @@ struct Job {
         zero_group(group / replicas),
         secondary_group(static_cast<int>(zero_secondary_group(par, cp))),
         qg_block(par.zero_stage == 3 && par.zero_quantized_gradients ? par.zero_quant_block : 0),
-        qg_hops2(secondary_group > 0 && secondary_group < zero_group ? zero_group / secondary_group
-                                                                     : 1),
+        qg_group(static_cast<int>(zero_qg_group(par, cp))),
+        qg_hops2(qg_group > 0 && qg_group < zero_group ? zero_group / qg_group : 1),
         mbs(c.train.micro_batch_size),
         m(static_cast<int>(c.train.global_batch_size / (mbs * dp))),
         sp(par.sequence_parallel && tp > 1),
@@ -560,10 +560,11 @@ struct Job {
   const int replicas, zero_group;
   // hpZ: the secondary copy's group (zero_hierarchical_partition x cp ranks), 0 without it.
   const int secondary_group;
-  // qgZ: the gradients' block (0: reduce-scattered), and the second hop's ranks (1: one hop;
-  // with hpZ's groups cutting the shard group, their number in it).
+  // qgZ: the gradients' block (0: reduce-scattered), the first hop's group (zero_qg_group; 0:
+  // one hop), and the second hop's ranks (1: one hop; where the first hop's groups cut the shard
+  // group, their number in it).
   const int64_t qg_block;
-  const int qg_hops2;
+  const int qg_group, qg_hops2;
   const int64_t mbs;
   const int m;  // micro-batches per step per dp rank
   const bool sp, sixteen;
@@ -593,6 +594,7 @@ struct Job {
   double bw_dp = 0;                   // dp x cp's
   double bw_zero = 0;                 // ZeRO's shard group's (dp x cp's without hybrid sharding)
   double bw_secondary = 0;            // hpZ's secondary group's
+  double bw_qg = 0;                   // qgZ's first hop's group's
   double bw_ep = 0;                   // an ep group's: ep consecutive ranks of dp x cp
   double per_rank_tokens = 0;         // positions of a step on one rank
   double E = 0;                       // one (N, C) f32 activation, bytes
@@ -714,6 +716,8 @@ void Job::derive() {
   j.bw_secondary = within_node(j.hw, j.tp * std::max(1, j.secondary_group))
                        ? j.hw.intra_node_bandwidth
                        : j.hw.inter_node_bandwidth;
+  j.bw_qg = within_node(j.hw, j.tp * std::max(1, j.qg_group)) ? j.hw.intra_node_bandwidth
+                                                              : j.hw.inter_node_bandwidth;
   // The ep group's members are ep consecutive ranks of the dp x cp group (Mesh::expert_group):
   // world ranks tp apart, so it spans tp x ep ranks.
   j.bw_ep = within_node(j.hw, j.tp * j.ep) ? j.hw.intra_node_bandwidth : j.hw.inter_node_bandwidth;
@@ -1392,10 +1396,10 @@ void stage_time(const Job& j, const RankLayers& r, const DpCost& dc, StageCost& 
   // all-reduced over the replicas (dp x cp's span) as the last micro-batch's reduce-scatter of it
   // completes: behind that backward with the reduce-scatters (stage 1: blocking, on the way).
   // hpZ's gathers of the secondary rows run within their group, at its span's bandwidth; so does
-  // qgZ's first all-to-all where hpZ's groups cut the shard group (its second crosses them).
+  // qgZ's first all-to-all within its groups where they cut the shard group (its second crosses
+  // them).
   const double rs_s = g.reduce_scatter / j.bw_zero +
-                      dc.qg_hop1 / (j.qg_hops2 > 1 ? j.bw_secondary : j.bw_zero) +
-                      dc.qg_hop2 / j.bw_zero,
+                      dc.qg_hop1 / (j.qg_hops2 > 1 ? j.bw_qg : j.bw_zero) + dc.qg_hop2 / j.bw_zero,
                ag_s = (g.all_gather - dc.secondary_gather) / j.bw_zero +
                       dc.secondary_gather / j.bw_secondary,
                ar_s = dc.replica_all_reduce / j.bw_dp;

@@ -136,6 +136,7 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
   // ZeRO++'s quantised weights and gradients, kept from the config on the stage-3 candidates.
   const bool qwz = base.parallel.zero_quantized_weights;
   const bool qgz = base.parallel.zero_quantized_gradients;
+  const int64_t qg_group = base.parallel.zero_quantized_gradients_group;
   // [offload]: the optimizer's kept on every candidate, ZeRO-3's shards' on the stage-3 ones.
   const OffloadTarget offload_params = base.offload.params;
   // Without the optimizer's offload, a candidate without ZeRO-3's has no "nvme" left: its folder
@@ -260,6 +261,13 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
               // qwZ and qgZ stay the config's choice (they change the numbers), on stage 3 only.
               c.cfg.parallel.zero_quantized_weights = zero == 3 && qwz;
               c.cfg.parallel.zero_quantized_gradients = zero == 3 && qgz;
+              // (qgZ's first hop too, where its groups cut this candidate's dp and shard groups.)
+              c.cfg.parallel.zero_quantized_gradients_group =
+                  zero == 3 && qgz && qg_group > 0 && dp % qg_group == 0 &&
+                          (qg_group * s.cp) % ep == 0 &&
+                          (shard_group == 0 || shard_group % qg_group == 0)
+                      ? qg_group
+                      : 0;
               c.cfg.offload.params = zero == 3 ? offload_params : OffloadTarget::none;
               if (offload_only_params && zero == 3) {
                 c.cfg.offload.nvme_dir = base.offload.nvme_dir;
@@ -300,6 +308,8 @@ SearchResult search_layouts(const std::string& path, const std::vector<std::stri
                                       c.cfg.parallel.zero_quantized_weights ? "true" : "false"));
               c.sets.push_back(concat("parallel.zero_quantized_gradients=",
                                       c.cfg.parallel.zero_quantized_gradients ? "true" : "false"));
+              c.sets.push_back(concat("parallel.zero_quantized_gradients_group=",
+                                      c.cfg.parallel.zero_quantized_gradients_group));
               c.sets.push_back(
                   concat("offload.params=\"",
                          kOffloadTargetNames[static_cast<size_t>(c.cfg.offload.params)], "\""));

@@ -286,6 +286,7 @@ const std::vector<Section>& sections() {
                     .add("zero_shard_group", &P::zero_shard_group)
                     .add("zero_quantized_weights", &P::zero_quantized_weights)
                     .add("zero_quantized_gradients", &P::zero_quantized_gradients)
+                    .add("zero_quantized_gradients_group", &P::zero_quantized_gradients_group)
                     .add("zero_quant_block", &P::zero_quant_block)
                     .add("zero_hierarchical_partition", &P::zero_hierarchical_partition)
                     .add("sequence_parallel", &P::sequence_parallel)
@@ -612,6 +613,7 @@ const std::vector<std::string>& ddp_overrides() {
                                              "parallel.zero_shard_group=0",
                                              "parallel.zero_quantized_weights=false",
                                              "parallel.zero_quantized_gradients=false",
+                                             "parallel.zero_quantized_gradients_group=0",
                                              "parallel.zero_quant_block=256",
                                              "parallel.zero_hierarchical_partition=0",
                                              "offload.params=\"none\""};
@@ -680,6 +682,19 @@ void validate_layout(const Config& c, int world) {
                                 " does not divide parallel.zero_hierarchical_partition(", n, ")",
                                 p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
                                 ": each secondary group must hold every expert"));
+    }
+    if (p.zero_quantized_gradients_group > 0 && dp >= 1) {
+      const int64_t n = p.zero_quantized_gradients_group;
+      if (dp % n != 0)
+        errors.push_back(concat("parallel.zero_quantized_gradients_group=", n,
+                                " does not divide dp(", dp,
+                                "): qgZ's first hop runs within groups of that many consecutive "
+                                "dp ranks"));
+      else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
+        errors.push_back(concat("parallel.ep=", p.ep,
+                                " does not divide parallel.zero_quantized_gradients_group(", n, ")",
+                                p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
+                                ": each first-hop group must hold every expert"));
     }
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)

@@ -105,20 +105,26 @@ Zero::Zero(const ParallelConfig& cfg, const OptimizerConfig& opt, Mesh& mesh, Co
     secondary_ = alloc.allocate(static_cast<size_t>(total) * dtype_size(t), MemCategory::params);
     ops::fill_zero(secondary_.tensor({total}, t));  // (padding rows: gathered, never read)
   }
-  // qgZ: the first hop within hpZ's groups where they cut the shard group (then the second across
-  // them, among the ranks at the same place), else one hop over the shard group.
+  // qgZ: the first hop within groups of zero_quantized_gradients_group dp ranks (by default hpZ's)
+  // where they cut the shard group (then the second across them, among the ranks at the same
+  // place), else one hop over the shard group.
   if (cfg.zero_quantized_gradients) {
     LLMT_CHECK(zero_stage() == 3, "qgZ quantises ZeRO-3's reduce-scatters, not stage ",
                zero_stage(), "'s");
     grad_quant_block_ = cfg.zero_quant_block;
+    const int64_t hop = cfg.zero_quantized_gradients_group > 0 ? cfg.zero_quantized_gradients_group
+                                                               : cfg.zero_hierarchical_partition;
+    LLMT_CHECK(hop == 0 || dp % hop == 0, "qgZ's first hop of ", hop,
+               " dp ranks does not divide dp=", dp);
     for (int k = 0; k < kParts; ++k) {
       const size_t kk = static_cast<size_t>(k);
       if (!grad_groups_[kk]) continue;
-      Communicator* inner = secondary_group_[kk];
+      const int chunks = hop > 0 ? dp / static_cast<int>(hop) : 1;
+      Communicator* inner =
+          hop > 0 ? &mesh.zero_shard_group(GradGroup::of_index(k), spec.ep_size, chunks) : nullptr;
       if (inner && inner->size() < n_[k]) {
         qg1_[kk] = inner;
-        qg2_[kk] = &mesh.zero_cross_group(GradGroup::of_index(k), spec.ep_size, replicas,
-                                          dp / static_cast<int>(cfg.zero_hierarchical_partition));
+        qg2_[kk] = &mesh.zero_cross_group(GradGroup::of_index(k), spec.ep_size, replicas, chunks);
         LLMT_CHECK(qg1_[kk]->size() * qg2_[kk]->size() == n_[k], "qgZ's hops over ",
                    qg1_[kk]->size(), " and ", qg2_[kk]->size(), " ranks, its group has ", n_[k]);
       } else {

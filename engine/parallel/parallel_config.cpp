@@ -116,6 +116,21 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
             concat("parallel.zero_quantized_gradients=true quantises ZeRO-3's reduce-scatters of "
                    "the gradients, but parallel.zero_stage=",
                    p.zero_stage, "; set zero_stage to 3"));
+  r.require(p.zero_quantized_gradients_group >= 0, {"parallel.zero_quantized_gradients_group"},
+            concat("parallel.zero_quantized_gradients_group=", p.zero_quantized_gradients_group,
+                   " must be >= 1 (the dp ranks of qgZ's first hop), or 0 for hpZ's groups"));
+  r.require(p.zero_quantized_gradients_group <= 0 || p.zero_quantized_gradients,
+            {"parallel.zero_quantized_gradients_group", "parallel.zero_quantized_gradients"},
+            concat("parallel.zero_quantized_gradients_group=", p.zero_quantized_gradients_group,
+                   " sets the first hop of qgZ's all-to-alls, but "
+                   "parallel.zero_quantized_gradients=false; set it to true, or leave the group "
+                   "at 0"));
+  r.require(p.zero_quantized_gradients_group <= 0 || p.zero_shard_group <= 0 ||
+                p.zero_shard_group % p.zero_quantized_gradients_group == 0,
+            {"parallel.zero_quantized_gradients_group", "parallel.zero_shard_group"},
+            concat("parallel.zero_quantized_gradients_group=", p.zero_quantized_gradients_group,
+                   " does not divide parallel.zero_shard_group=", p.zero_shard_group,
+                   ": the first hop's groups must lie inside the shard groups"));
   r.require(p.zero_quant_block >= 1, {"parallel.zero_quant_block"},
             concat("parallel.zero_quant_block=", p.zero_quant_block, " must be >= 1"));
   r.require(p.zero_quant_block == 256 || p.zero_quant_block < 1 || p.zero_quantized_weights ||

@@ -47,9 +47,13 @@ struct ParallelConfig {
   bool zero_quantized_weights = false;
   // ZeRO++'s qgZ: ZeRO-3 reduce-scatters the gradients as int4 codes with an fp32 scale per block
   // of zero_quant_block values (ops::quantize_int, 4 bits), by all-to-all: one hop over the shard
-  // group, or with hpZ two, within zero_hierarchical_partition's groups, then across them (the
-  // paper's hierarchical all-to-all); each hop sums the dequantised values in fp32.
+  // group, or two, within groups of zero_quantized_gradients_group consecutive dp ranks (x cp;
+  // by default hpZ's, zero_hierarchical_partition), then across them (the paper's hierarchical
+  // all-to-all); each hop sums the dequantised values in fp32.
   bool zero_quantized_gradients = false;
+  // qgZ's first hop: groups of this many consecutive dp ranks (a node's, say); 0 = hpZ's groups
+  // with hpZ on, else one hop. Divides dp (and the shard group); needs zero_quantized_gradients.
+  int64_t zero_quantized_gradients_group = 0;
   int64_t zero_quant_block = 256;  // qwZ's and qgZ's block
   // ZeRO++'s hpZ: ZeRO-3 keeps a secondary copy of the weights (compute type) sharded within
   // groups of this many consecutive dp ranks (x cp), so that every gather of a unit after its
@@ -70,6 +74,14 @@ inline int64_t zero_replicas(const ParallelConfig& p, int64_t dp) {
 inline int64_t zero_secondary_group(const ParallelConfig& p, int64_t cp) {
   return p.zero_stage == 3 && p.zero_hierarchical_partition > 0 ? p.zero_hierarchical_partition * cp
                                                                 : 0;
+}
+
+// qgZ's first hop in ranks of the dp x cp group (zero_quantized_gradients_group, or hpZ's
+// zero_hierarchical_partition, x cp), or 0: one hop over the shard group.
+inline int64_t zero_qg_group(const ParallelConfig& p, int64_t cp) {
+  if (p.zero_stage != 3 || !p.zero_quantized_gradients) return 0;
+  return p.zero_quantized_gradients_group > 0 ? p.zero_quantized_gradients_group * cp
+                                              : zero_secondary_group(p, cp);
 }
 
 // [parallel]'s own rules: degrees, schedules and their options, pp_layers against the model's

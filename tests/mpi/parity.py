@@ -353,6 +353,10 @@ LAYOUTS = {
     "qg1-hpz1-hsdp2-zero3-dp4": (4, QG1 + ["parallel.zero_hierarchical_partition=1",
                                            "parallel.zero_shard_group=2"], []),
     "qg1-pp2-zero3-dp2": (4, QG1 + ["parallel.pp=2"], []),
+    # Two hops without hpZ's copy (qgZ's own groups), and in groups other than hpZ's.
+    "qg1-hop2-zero3-dp4": (4, QG1 + ["parallel.zero_quantized_gradients_group=2"], []),
+    "qg1-hop2-hpz1-zero3-dp4": (4, QG1 + ["parallel.zero_quantized_gradients_group=2",
+                                          "parallel.zero_hierarchical_partition=1"], []),
     "qg1-hpz1-cp2-zero3-dp2": (4, QG1 + ["parallel.cp=2",
                                          "parallel.zero_hierarchical_partition=1"], []),
     "qg1-hpz2-ep2-zero3-dp4": (4, QG1 + ["parallel.ep=2",

@@ -225,6 +225,9 @@ LAYOUTS = {  # name: (ranks, sets)
     # (within "dp_shard", across "dp_replica"), inside hybrid sharding's shard groups ("dp_cross").
     "zero3-dp4-qg": (4, ["parallel.dp=4", "parallel.zero_stage=3",
                          "parallel.zero_quantized_gradients=true", "parallel.zero_quant_block=64"]),
+    "zero3-dp4-qg-hop2": (4, ["parallel.dp=4", "parallel.zero_stage=3",
+                              "parallel.zero_quantized_gradients=true",
+                              "parallel.zero_quantized_gradients_group=2"]),
     "hpz2-zero3-dp4-accum-qg-bf16": (4, ["parallel.dp=4", "parallel.zero_stage=3",
                                          "parallel.zero_hierarchical_partition=2",
                                          "parallel.zero_quantized_gradients=true",

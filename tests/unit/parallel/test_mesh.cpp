@@ -240,6 +240,25 @@ TEST(Layout, HierarchicalPartitionDividesDp) {
             "sharded within groups of that many consecutive dp ranks");
 }
 
+TEST(Layout, QuantisedGradientsGroupDividesDp) {
+  const std::vector<std::string> qg{"parallel.zero_stage=3",
+                                    "parallel.zero_quantized_gradients=true",
+                                    "train.global_batch_size=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), qg.begin(), qg.end());
+    return more;
+  };
+  EXPECT_EQ(layout_error(with({"parallel.zero_quantized_gradients_group=2"}), 4), "");
+  EXPECT_EQ(layout_error(with({"parallel.zero_quantized_gradients_group=3"}), 4),
+            "parallel.zero_quantized_gradients_group=3 does not divide dp(4): qgZ's first hop "
+            "runs within groups of that many consecutive dp ranks");
+  EXPECT_EQ(layout_error(with({"parallel.zero_quantized_gradients_group=1", "parallel.ep=2",
+                               "model.moe.num_experts=4", "model.moe.d_ff_expert=16"}),
+                         4),
+            "parallel.ep=2 does not divide parallel.zero_quantized_gradients_group(1): each "
+            "first-hop group must hold every expert");
+}
+
 TEST(Layout, DpRestAndBatch) {
   EXPECT_EQ(layout_error({"parallel.tp=2"}, 8), "");  // dp = 4, 8 % (4*2) == 0
   const Config c = parse_config_string(kBase, "base.toml", {"parallel.tp=2"});

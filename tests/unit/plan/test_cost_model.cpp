@@ -401,9 +401,9 @@ TEST(CostModel, HierarchicalPartitionGathersInsideTheNodeAfterTheFirst) {
 // qgZ: ZeRO-3's reduce-scatters become int4 all-to-alls, 33 words per block of 256 gradients
 // (the scale and 32 words of codes) where fp32 moves 256 (within a block per shard: the tiny
 // model's shards end in partial blocks). One hop over the 8 ranks moves 7/8 of the blocks,
-// across the nodes; with hpZ's groups of 4 (a node) the first hop moves 6 of every 7 of those
-// bytes (3/4 of 8 shards' blocks) inside the node and only the second (1/2 of 2 sums' blocks)
-// across.
+// across the nodes; with hpZ's groups of 4 (a node), or qgZ's own, the first hop moves 6 of every 7
+// of those bytes (3/4 of 8 shards' blocks) inside the node and only the second (1/2 of 2 sums'
+// blocks) across.
 TEST(CostModel, QuantisedGradientsCrossTheNodesInInt4Once) {
   const HardwareProfile hw = parse_hardware(concat(kGpu, "comm_overlap = 0\n"), "gpu", 1);
   const std::vector<std::string> zero{"parallel.dp=8", "parallel.zero_stage=3",
@@ -429,6 +429,16 @@ TEST(CostModel, QuantisedGradientsCrossTheNodesInInt4Once) {
   EXPECT_NEAR(comm(two), comm(h) - rs / 10e9 + a2a * 6 / 7 / 100e9 + a2a / 7 / 10e9,
               1e-12 * comm(h));
   EXPECT_LT(comm(two), comm(one));
+  // The same two hops in qgZ's own groups of 4 (zero_quantized_gradients_group), without hpZ's
+  // secondary copy (params as plain ZeRO-3's) and its gathers.
+  std::vector<std::string> own = qg;
+  own.push_back("parallel.zero_quantized_gradients_group=4");
+  const StageCost hops = predict_step(tiny(own), 8, hw).stages[0];
+  EXPECT_DOUBLE_EQ(dp(hops).all_to_all, dp(one).all_to_all);
+  EXPECT_EQ(hops.memory.params, plain.memory.params);
+  EXPECT_LT(plain.memory.params, h.memory.params);
+  EXPECT_NEAR(comm(hops), comm(plain) - rs / 10e9 + a2a * 6 / 7 / 100e9 + a2a / 7 / 10e9,
+              1e-12 * comm(plain));
 }
 
 // [offload] "nvme": ZeRO-3's shards and AdamW's state leave the device's memory for the files
@@ -828,6 +838,7 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   const std::vector<std::string> qw{"parallel.zero_stage=3",
                                     "parallel.zero_quantized_weights=true",
                                     "parallel.zero_quantized_gradients=true",
+                                    "parallel.zero_quantized_gradients_group=2",
                                     "parallel.zero_quant_block=64",
                                     "offload.params=nvme",
                                     "offload.nvme_dir=/tmp"};
@@ -841,6 +852,10 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
     EXPECT_EQ(c.cfg.offload.params == OffloadTarget::nvme, p.zero_stage == 3)
         << layout_text(c.cfg, 4);
     EXPECT_EQ(p.zero_quant_block, p.zero_stage == 3 ? 64 : 256) << layout_text(c.cfg, 4);
+    // qgZ's first hop kept where its groups of 2 cut the candidate's dp ranks.
+    const int64_t dp = mesh_shape(p, 4).size(Axis::dp);
+    EXPECT_EQ(p.zero_quantized_gradients_group, p.zero_stage == 3 && dp % 2 == 0 ? 2 : 0)
+        << layout_text(c.cfg, 4);
     // Without ZeRO-3 no "nvme" is left: the folder goes too (a rule refuses it unused), and the
     // printed overrides on the user's config give the candidate's [offload].
     EXPECT_EQ(c.cfg.offload.nvme_dir, p.zero_stage == 3 ? "/tmp" : "") << layout_text(c.cfg, 4);
@@ -849,6 +864,7 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
     const Config again = parse_config(path, sets);
     EXPECT_EQ(again.offload.params, c.cfg.offload.params) << layout_text(c.cfg, 4);
     EXPECT_EQ(again.offload.nvme_dir, c.cfg.offload.nvme_dir) << layout_text(c.cfg, 4);
+    EXPECT_EQ(again.parallel.zero_quantized_gradients_group, p.zero_quantized_gradients_group);
     stage3 += p.zero_stage == 3;
   }
   EXPECT_GT(stage3, 0);

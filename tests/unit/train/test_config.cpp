@@ -204,6 +204,7 @@ const std::vector<std::pair<std::string, SameFn>>& key_comparisons() {
       LLMT_KEY("parallel.zero_shard_group", parallel.zero_shard_group),
       LLMT_KEY("parallel.zero_quantized_weights", parallel.zero_quantized_weights),
       LLMT_KEY("parallel.zero_quantized_gradients", parallel.zero_quantized_gradients),
+      LLMT_KEY("parallel.zero_quantized_gradients_group", parallel.zero_quantized_gradients_group),
       LLMT_KEY("parallel.zero_quant_block", parallel.zero_quant_block),
       LLMT_KEY("parallel.zero_hierarchical_partition", parallel.zero_hierarchical_partition),
       LLMT_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
@@ -642,6 +643,7 @@ zero_stage = 3
 zero_shard_group = 1
 zero_quantized_weights = true
 zero_quantized_gradients = true
+zero_quantized_gradients_group = 1
 zero_quant_block = 64
 zero_hierarchical_partition = 1
 sequence_parallel = true
