@@ -658,44 +658,28 @@ void validate_layout(const Config& c, int world) {
                               p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
                               ": each group of ep consecutive ranks of the dp",
                               p.cp > 1 ? " x cp" : "", " group shares out the experts"));
-    if (p.zero_shard_group > 0 && dp >= 1) {
-      const int64_t n = p.zero_shard_group;
+    // Groups of n consecutive dp ranks (x cp), set by `key`: n divides dp, and under ep each
+    // group holds every expert (its ep groups lie inside it).
+    auto dp_groups = [&](const char* key, int64_t n, const std::string& what,
+                         const std::string& experts) {
+      if (n <= 0 || dp < 1) return;
       if (dp % n != 0)
-        errors.push_back(concat("parallel.zero_shard_group=", n, " does not divide dp(", dp,
-                                "): ZeRO shards within groups of that many consecutive dp ranks "
-                                "and replicates across dp/zero_shard_group of them"));
+        errors.push_back(concat("parallel.", key, "=", n, " does not divide dp(", dp, "): ", what));
       else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
-        errors.push_back(concat("parallel.ep=", p.ep, " does not divide parallel.zero_shard_group(",
-                                n, ")", p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
-                                ": each shard group must hold every expert, so its ep groups "
-                                "must lie inside it"));
-    }
-    if (p.zero_hierarchical_partition > 0 && dp >= 1) {
-      const int64_t n = p.zero_hierarchical_partition;
-      if (dp % n != 0)
-        errors.push_back(concat("parallel.zero_hierarchical_partition=", n, " does not divide dp(",
-                                dp,
-                                "): the secondary copy is sharded within groups of that many "
-                                "consecutive dp ranks"));
-      else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
-        errors.push_back(concat("parallel.ep=", p.ep,
-                                " does not divide parallel.zero_hierarchical_partition(", n, ")",
-                                p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
-                                ": each secondary group must hold every expert"));
-    }
-    if (p.zero_quantized_gradients_group > 0 && dp >= 1) {
-      const int64_t n = p.zero_quantized_gradients_group;
-      if (dp % n != 0)
-        errors.push_back(concat("parallel.zero_quantized_gradients_group=", n,
-                                " does not divide dp(", dp,
-                                "): qgZ's first hop runs within groups of that many consecutive "
-                                "dp ranks"));
-      else if (p.ep > 1 && (n * p.cp) % p.ep != 0)
-        errors.push_back(concat("parallel.ep=", p.ep,
-                                " does not divide parallel.zero_quantized_gradients_group(", n, ")",
-                                p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(),
-                                ": each first-hop group must hold every expert"));
-    }
+        errors.push_back(concat("parallel.ep=", p.ep, " does not divide parallel.", key, "(", n,
+                                ")", p.cp > 1 ? concat("*cp(", p.cp, ")") : std::string(), ": ",
+                                experts));
+    };
+    dp_groups("zero_shard_group", p.zero_shard_group,
+              "ZeRO shards within groups of that many consecutive dp ranks and replicates across "
+              "dp/zero_shard_group of them",
+              "each shard group must hold every expert, so its ep groups must lie inside it");
+    dp_groups("zero_hierarchical_partition", p.zero_hierarchical_partition,
+              "the secondary copy is sharded within groups of that many consecutive dp ranks",
+              "each secondary group must hold every expert");
+    dp_groups("zero_quantized_gradients_group", p.zero_quantized_gradients_group,
+              "qgZ's first hop runs within groups of that many consecutive dp ranks",
+              "each first-hop group must hold every expert");
     const int64_t gbs = c.train.global_batch_size, mbs = c.train.micro_batch_size;
     if (dp >= 1 && gbs % (dp * mbs) != 0)
       errors.push_back(concat("train.global_batch_size=", gbs, " is not divisible by dp(", dp,

@@ -125,12 +125,15 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
                    " sets the first hop of qgZ's all-to-alls, but "
                    "parallel.zero_quantized_gradients=false; set it to true, or leave the group "
                    "at 0"));
-  r.require(p.zero_quantized_gradients_group <= 0 || p.zero_shard_group <= 0 ||
-                p.zero_shard_group % p.zero_quantized_gradients_group == 0,
-            {"parallel.zero_quantized_gradients_group", "parallel.zero_shard_group"},
-            concat("parallel.zero_quantized_gradients_group=", p.zero_quantized_gradients_group,
-                   " does not divide parallel.zero_shard_group=", p.zero_shard_group,
-                   ": the first hop's groups must lie inside the shard groups"));
+  // Groups of n dp ranks (set by `key`) inside hybrid sharding's shard groups.
+  auto inside_shard_groups = [&](const char* key, int64_t n, const char* groups) {
+    r.require(n <= 0 || p.zero_shard_group <= 0 || p.zero_shard_group % n == 0,
+              {concat("parallel.", key), "parallel.zero_shard_group"},
+              concat("parallel.", key, "=", n, " does not divide parallel.zero_shard_group=",
+                     p.zero_shard_group, ": the ", groups, " must lie inside the shard groups"));
+  };
+  inside_shard_groups("zero_quantized_gradients_group", p.zero_quantized_gradients_group,
+                      "first hop's groups");
   r.require(p.zero_quant_block >= 1, {"parallel.zero_quant_block"},
             concat("parallel.zero_quant_block=", p.zero_quant_block, " must be >= 1"));
   r.require(p.zero_quant_block == 256 || p.zero_quant_block < 1 || p.zero_quantized_weights ||
@@ -150,12 +153,8 @@ void check_parallel_config(const ParallelConfig& p, int64_t n_layers, Rules& r) 
                    " keeps a secondary copy of ZeRO-3's gathered weights, but "
                    "parallel.zero_stage=",
                    p.zero_stage, "; set zero_stage to 3"));
-  r.require(p.zero_hierarchical_partition <= 0 || p.zero_shard_group <= 0 ||
-                p.zero_shard_group % p.zero_hierarchical_partition == 0,
-            {"parallel.zero_hierarchical_partition", "parallel.zero_shard_group"},
-            concat("parallel.zero_hierarchical_partition=", p.zero_hierarchical_partition,
-                   " does not divide parallel.zero_shard_group=", p.zero_shard_group,
-                   ": the secondary groups must lie inside the shard groups"));
+  inside_shard_groups("zero_hierarchical_partition", p.zero_hierarchical_partition,
+                      "secondary groups");
   r.positive("parallel.bucket_mb", p.bucket_mb);
 }
 
