@@ -370,6 +370,11 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
       "\npp_layers = ", toml_text(p.pp_layers), "\nep = ", p.ep, "\nzero_stage = ", p.zero_stage,
       "\nzero_shard_group = ", p.zero_shard_group,
       "\nzero_hierarchical_partition = ", p.zero_hierarchical_partition,
+      // (ZeRO++'s keys as the candidate has them: a user's qwZ/qgZ stay on stage 3 only.)
+      "\nzero_quantized_weights = ", p.zero_quantized_weights ? "true" : "false",
+      "\nzero_quantized_gradients = ", p.zero_quantized_gradients ? "true" : "false",
+      "\nzero_quantized_gradients_group = ", p.zero_quantized_gradients_group,
+      "\nzero_quant_block = ", p.zero_quant_block,
       "\nsequence_parallel = ", p.sequence_parallel ? "true" : "false", "\n\n[train]\n");
   s += concat("micro_batch_size = ", c.cfg.train.micro_batch_size, "\nrecompute = \"",
               kRecompute[static_cast<int>(c.cfg.train.recompute)], "\"\nrecompute_layers = 0\n");

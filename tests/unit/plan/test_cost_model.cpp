@@ -869,6 +869,27 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   }
   EXPECT_GT(stage3, 0);
   EXPECT_LT(stage3, static_cast<int>(r.ranked.size()));
+  // --write's fragment on a config that sets them gives each candidate's ZeRO++ keys (a
+  // stage-1 candidate included on that config would otherwise keep qwZ/qgZ and be refused).
+  const std::string base = write(
+      "zeropp.toml", concat("include = [\"", path, "\"]\n[parallel]\n", "zero_stage = 3\n",
+                            "zero_quantized_weights = true\n", "zero_quantized_gradients = true\n",
+                            "zero_quantized_gradients_group = 2\n", "zero_quant_block = 64\n"));
+  const SearchResult z = search_layouts(base, {}, parse_config(base, {}), 4, hw_, 1000000);
+  std::set<bool> checked;
+  for (const Candidate& c : z.ranked) {
+    const ParallelConfig& p = c.cfg.parallel;
+    if (!checked.insert(p.zero_stage == 3).second) continue;
+    const std::string frag = write("zeropp-best.toml", layout_fragment(c, 4, hw_));
+    const std::string cfg =
+        write("zeropp-run.toml", concat("include = [\"", base, "\", \"", frag, "\"]\n"));
+    const ParallelConfig again = parse_config(cfg, {}).parallel;
+    EXPECT_EQ(again.zero_quantized_weights, p.zero_quantized_weights) << layout_text(c.cfg, 4);
+    EXPECT_EQ(again.zero_quantized_gradients, p.zero_quantized_gradients);
+    EXPECT_EQ(again.zero_quantized_gradients_group, p.zero_quantized_gradients_group);
+    EXPECT_EQ(again.zero_quant_block, p.zero_quant_block);
+  }
+  EXPECT_EQ(checked.size(), 2u);
 }
 
 // The search tries selective recompute of the attention core and of the norms and the activation
