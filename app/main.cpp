@@ -2,11 +2,13 @@
 // C.toml` is `llmtrain train --config C.toml`, as job scripts write it. Exit codes (docs/slurm.md):
 // 0 success, 1 runtime failure, 2 usage or configuration error, 75 stopped early by a signal or
 // train.time_limit after saving a checkpoint (resume with checkpoint.load = "auto").
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app/commands.h"
@@ -116,8 +118,13 @@ int main(int argc_in, char** argv_in) {
     if (app.got_subcommand("generate")) return run_generate();
     return 2;
   } catch (const llmt::ConfigError& e) {
-    // Every rank reads the same config and fails alike: rank 0 alone says so.
-    if (llmt::world_rank_from_env() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    // Every rank reads the same config and fails alike: rank 0 alone says so. The others exit a
+    // moment later: mpirun tears the job down when the first rank exits non-zero, which on a
+    // loaded machine can kill rank 0 before its message is out (seen in mpi_generate).
+    if (llmt::world_rank_from_env() == 0)
+      std::fprintf(stderr, "error: %s\n", e.what());
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
