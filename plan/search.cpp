@@ -382,6 +382,14 @@ std::string layout_fragment(const Candidate& c, int world, const HardwareProfile
     s +=
         concat("recompute_modules = ", recompute_modules_text(c.cfg.train.recompute_modules), "\n");
   if (c.cfg.train.distribute_saved_activations) s += "distribute_saved_activations = true\n";
+  // [offload] as the candidate has it: ZeRO-3's shards' offload stays on stage 3 only, and a
+  // candidate left without "nvme" has no folder (a rule refuses one unused).
+  const OffloadConfig& o = c.cfg.offload;
+  s += concat("\n[offload]\noptimizer = ",
+              toml_string(kOffloadTargetNames[static_cast<size_t>(o.optimizer)]),
+              "\nparams = ", toml_string(kOffloadTargetNames[static_cast<size_t>(o.params)]),
+              "\nnvme_dir = ", toml_text(o.nvme_dir), "\nbuffer_mb = ", toml_text(o.buffer_mb),
+              "\n");
   return s;
 }
 

@@ -869,12 +869,14 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
   }
   EXPECT_GT(stage3, 0);
   EXPECT_LT(stage3, static_cast<int>(r.ranked.size()));
-  // --write's fragment on a config that sets them gives each candidate's ZeRO++ keys (a
-  // stage-1 candidate included on that config would otherwise keep qwZ/qgZ and be refused).
+  // --write's fragment on a config that sets them gives each candidate's ZeRO++ keys and
+  // [offload] (a stage-1 candidate included on that config would otherwise keep qwZ/qgZ and the
+  // shards' offload, and be refused).
   const std::string base = write(
       "zeropp.toml", concat("include = [\"", path, "\"]\n[parallel]\n", "zero_stage = 3\n",
                             "zero_quantized_weights = true\n", "zero_quantized_gradients = true\n",
-                            "zero_quantized_gradients_group = 2\n", "zero_quant_block = 64\n"));
+                            "zero_quantized_gradients_group = 2\n", "zero_quant_block = 64\n",
+                            "[offload]\nparams = \"nvme\"\nnvme_dir = \"/tmp\"\n"));
   const SearchResult z = search_layouts(base, {}, parse_config(base, {}), 4, hw_, 1000000);
   std::set<bool> checked;
   for (const Candidate& c : z.ranked) {
@@ -883,11 +885,14 @@ TEST_F(CostModelSearch, KeepsQuantisedWeightsAndGradientsOnStageThreeOnly) {
     const std::string frag = write("zeropp-best.toml", layout_fragment(c, 4, hw_));
     const std::string cfg =
         write("zeropp-run.toml", concat("include = [\"", base, "\", \"", frag, "\"]\n"));
-    const ParallelConfig again = parse_config(cfg, {}).parallel;
-    EXPECT_EQ(again.zero_quantized_weights, p.zero_quantized_weights) << layout_text(c.cfg, 4);
-    EXPECT_EQ(again.zero_quantized_gradients, p.zero_quantized_gradients);
-    EXPECT_EQ(again.zero_quantized_gradients_group, p.zero_quantized_gradients_group);
-    EXPECT_EQ(again.zero_quant_block, p.zero_quant_block);
+    const Config again = parse_config(cfg, {});
+    EXPECT_EQ(again.parallel.zero_quantized_weights, p.zero_quantized_weights)
+        << layout_text(c.cfg, 4);
+    EXPECT_EQ(again.parallel.zero_quantized_gradients, p.zero_quantized_gradients);
+    EXPECT_EQ(again.parallel.zero_quantized_gradients_group, p.zero_quantized_gradients_group);
+    EXPECT_EQ(again.parallel.zero_quant_block, p.zero_quant_block);
+    EXPECT_EQ(again.offload.params, c.cfg.offload.params);
+    EXPECT_EQ(again.offload.nvme_dir, p.zero_stage == 3 ? "/tmp" : "");
   }
   EXPECT_EQ(checked.size(), 2u);
 }
