@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "engine/parallel/mesh.h"
 #include "train/config.h"
@@ -104,6 +105,13 @@ global_batch_size = 8
 micro_batch_size = 2
 )";
 
+// A test's overrides followed by the ones its cases share.
+std::vector<std::string> joined(std::vector<std::string> more,
+                                const std::vector<std::string>& shared) {
+  more.insert(more.end(), shared.begin(), shared.end());
+  return more;
+}
+
 std::string layout_error(const std::vector<std::string>& sets, int world) {
   try {
     validate_layout(parse_config_string(kBase, "base.toml", sets), world);
@@ -140,10 +148,7 @@ TEST(Layout, InterleavedNeedsMicroBatchesDivisibleByPp) {
   // 8 / (dp 1 * 2) = 4 micro-batches: fine for pp 2 and 4, not for pp 4 with dp 2 (m = 2).
   const std::vector<std::string> il{"parallel.pp_schedule=interleaved", "parallel.virtual_stages=2",
                                     "model.n_layers=8"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), il.begin(), il.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), il); };
   EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 8),
             "parallel.pp_schedule=\"interleaved\" needs the micro-batches per step, "
@@ -155,10 +160,7 @@ TEST(Layout, DualPipeVNeedsTwicePpMinusOneMicroBatches) {
   // 8 / (dp 1 * 2) = 4 micro-batches: enough for pp 2 (3), not for pp 4 (7) or for pp 2 x dp 2.
   const std::vector<std::string> dpv{"parallel.pp_schedule=dualpipev", "parallel.virtual_stages=2",
                                      "model.n_layers=8"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), dpv.begin(), dpv.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), dpv); };
   EXPECT_EQ(layout_error(with({"parallel.pp=2"}), 2), "");
   EXPECT_EQ(layout_error(with({"parallel.pp=4"}), 4),
             "parallel.pp_schedule=\"dualpipev\" needs at least 2*pp-1=7 micro-batches per step, "
@@ -192,10 +194,7 @@ TEST(Layout, DualPipeVNeedsTwicePpMinusOneMicroBatches) {
 TEST(Layout, ExpertParallelDividesTheDpCpGroup) {
   // ep groups are ep consecutive ranks of the dp x cp group: dp 2 x cp 2 takes ep 4.
   const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=16"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), moe.begin(), moe.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), moe); };
   EXPECT_EQ(layout_error(with({"parallel.ep=2"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.ep=4", "parallel.cp=2"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.ep=2", "parallel.cp=2"}), 2), "");
@@ -210,10 +209,7 @@ TEST(Layout, ExpertParallelDividesTheDpCpGroup) {
 TEST(Layout, ZeroShardGroupDividesDpAndHoldsTheEpGroups) {
   const std::vector<std::string> moe{"model.moe.num_experts=4", "model.moe.d_ff_expert=16",
                                      "parallel.zero_stage=1", "train.global_batch_size=16"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), moe.begin(), moe.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), moe); };
   EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=2"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=4"}), 4), "");  // one replica
   EXPECT_EQ(layout_error(with({"parallel.zero_shard_group=3"}), 4),
@@ -230,10 +226,7 @@ TEST(Layout, ZeroShardGroupDividesDpAndHoldsTheEpGroups) {
 
 TEST(Layout, HierarchicalPartitionDividesDp) {
   const std::vector<std::string> z3{"parallel.zero_stage=3", "train.global_batch_size=16"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), z3.begin(), z3.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), z3); };
   EXPECT_EQ(layout_error(with({"parallel.zero_hierarchical_partition=2"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.zero_hierarchical_partition=3"}), 4),
             "parallel.zero_hierarchical_partition=3 does not divide dp(4): the secondary copy is "
@@ -244,10 +237,7 @@ TEST(Layout, QuantisedGradientsGroupDividesDp) {
   const std::vector<std::string> qg{"parallel.zero_stage=3",
                                     "parallel.zero_quantized_gradients=true",
                                     "train.global_batch_size=16"};
-  auto with = [&](std::vector<std::string> more) {
-    more.insert(more.end(), qg.begin(), qg.end());
-    return more;
-  };
+  auto with = [&](std::vector<std::string> more) { return joined(std::move(more), qg); };
   EXPECT_EQ(layout_error(with({"parallel.zero_quantized_gradients_group=2"}), 4), "");
   EXPECT_EQ(layout_error(with({"parallel.zero_quantized_gradients_group=3"}), 4),
             "parallel.zero_quantized_gradients_group=3 does not divide dp(4): qgZ's first hop "
