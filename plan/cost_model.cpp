@@ -774,7 +774,6 @@ struct RankLayers {
 struct Replays {
   double layers = 0, moe = 0;  // layers replayed (full) or cores replayed (selective); MoE ones
   double input_gathers = 0;
-  double ups = 0;               // up-projection rebuilds (selective "mla_up_proj")
   double fpt = 0, fp8_fpt = 0;  // FLOPs per token of all of them, and of those with FP8 inputs
 };
 Replays replayed_layers(const Job& j, int pr, const RankLayers& r) {
@@ -807,7 +806,6 @@ Replays replayed_layers(const Job& j, int pr, const RankLayers& r) {
   };
   auto rebuild = [&](Slot mine) {
     if (qkv != mine) {
-      ++n.ups;
       n.fpt += j.mla_up_fpt;
       n.fp8_fpt += fp8 ? j.mla_up_fpt : 0.0;
     }
@@ -851,7 +849,7 @@ Replays replayed_layers(const Job& j, int pr, const RankLayers& r) {
       if (a.kind == ActionKind::backward_weight) backward(a.chunk, a.mb, true);
     }
   }
-  for (double* x : {&n.layers, &n.moe, &n.input_gathers, &n.ups, &n.fpt, &n.fp8_fpt}) *x /= j.m;
+  for (double* x : {&n.layers, &n.moe, &n.input_gathers, &n.fpt, &n.fp8_fpt}) *x /= j.m;
   return n;
 }
 
